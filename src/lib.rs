@@ -1,0 +1,10 @@
+//! sluice: a database service for schema-checked ingest.
+//!
+//! Table rows arrive as NDJSON, are checked column by column against the table's types
+//! ([`types`]) and decoded straight into Arrow record batches ([`ingest`]).
+#![deny(missing_docs, unreachable_pub)]
+#![warn(clippy::unwrap_used)]
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+pub mod ingest;
+pub mod types;
