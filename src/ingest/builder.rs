@@ -20,8 +20,14 @@ pub(super) enum Values {
     Timestamp(Vec<i64>),
     Interval(Vec<i64>),
     /// UTF-8 text: `string` and the JSON types.
-    Text { offsets: Vec<i32>, data: Vec<u8> },
-    Binary { offsets: Vec<i32>, data: Vec<u8> },
+    Text {
+        offsets: Vec<i32>,
+        data: Vec<u8>,
+    },
+    Binary {
+        offsets: Vec<i32>,
+        data: Vec<u8>,
+    },
 }
 
 /// One column being built: values plus validity.
@@ -109,7 +115,9 @@ impl ColumnBuilder {
                 let offsets = unsafe { OffsetBuffer::new_unchecked(ScalarBuffer::from(offsets)) };
                 // SAFETY: the decoder appends only UTF-8 (see above), and every offset is at a
                 // value boundary, so each value is valid UTF-8.
-                Arc::new(unsafe { StringArray::new_unchecked(offsets, Buffer::from_vec(data), nulls) })
+                Arc::new(unsafe {
+                    StringArray::new_unchecked(offsets, Buffer::from_vec(data), nulls)
+                })
             }
             Values::Binary { offsets, data } => {
                 // SAFETY: as for text, offsets are non-decreasing and within `data`.

@@ -130,13 +130,12 @@ impl Decoder {
                 .inputs
                 .iter()
                 .map(|(_, t)| {
-                    let bytes = if matches!(t, ColumnType::String | ColumnType::Binary)
-                        || t.is_json()
-                    {
-                        per_column_bytes
-                    } else {
-                        0
-                    };
+                    let bytes =
+                        if matches!(t, ColumnType::String | ColumnType::Binary) || t.is_json() {
+                            per_column_bytes
+                        } else {
+                            0
+                        };
                     ColumnBuilder::new(*t, row_guess, bytes)
                 })
                 .collect(),
@@ -149,7 +148,11 @@ impl Decoder {
         if !run.errors.errors.is_empty() || run.errors.truncated {
             return Err(IngestError::InvalidRows(run.errors));
         }
-        let columns = run.builders.into_iter().map(ColumnBuilder::finish).collect();
+        let columns = run
+            .builders
+            .into_iter()
+            .map(ColumnBuilder::finish)
+            .collect();
         let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(rows));
         RecordBatch::try_new_with_options(self.schema.clone(), columns, &options).map_err(|e| {
             // Unreachable unless a builder lost count; report it as a row-less request error

@@ -66,7 +66,9 @@ pub fn decompress(
                 Ok(body.to_vec())
             }
         }
-        ContentEncoding::Gzip => read_limited(flate2::read::MultiGzDecoder::new(body), encoding, limit),
+        ContentEncoding::Gzip => {
+            read_limited(flate2::read::MultiGzDecoder::new(body), encoding, limit)
+        }
         ContentEncoding::Zstd => {
             let decoder = zstd::stream::read::Decoder::with_buffer(body).map_err(|e| {
                 IngestError::Decompression {
@@ -143,12 +145,22 @@ mod tests {
         let cut = &packed[..packed.len() / 2];
         assert!(matches!(
             decompress(cut, ContentEncoding::Gzip, 1 << 20),
-            Err(IngestError::Decompression { encoding: "gzip", .. })
+            Err(IngestError::Decompression {
+                encoding: "gzip",
+                ..
+            })
         ));
         let zpacked = zstd::encode_all(&[b'x'; 10_000][..], 3).unwrap();
         assert!(matches!(
-            decompress(&zpacked[..zpacked.len() - 3], ContentEncoding::Zstd, 1 << 20),
-            Err(IngestError::Decompression { encoding: "zstd", .. })
+            decompress(
+                &zpacked[..zpacked.len() - 3],
+                ContentEncoding::Zstd,
+                1 << 20
+            ),
+            Err(IngestError::Decompression {
+                encoding: "zstd",
+                ..
+            })
         ));
         assert!(decompress(b"not gzip", ContentEncoding::Gzip, 1 << 20).is_err());
         assert!(decompress(b"not zstd", ContentEncoding::Zstd, 1 << 20).is_err());
@@ -156,9 +168,18 @@ mod tests {
 
     #[test]
     fn encoding_header() {
-        assert_eq!(ContentEncoding::from_header(None), Ok(ContentEncoding::Identity));
-        assert_eq!(ContentEncoding::from_header(Some("GZIP")), Ok(ContentEncoding::Gzip));
-        assert_eq!(ContentEncoding::from_header(Some("zstd")), Ok(ContentEncoding::Zstd));
+        assert_eq!(
+            ContentEncoding::from_header(None),
+            Ok(ContentEncoding::Identity)
+        );
+        assert_eq!(
+            ContentEncoding::from_header(Some("GZIP")),
+            Ok(ContentEncoding::Gzip)
+        );
+        assert_eq!(
+            ContentEncoding::from_header(Some("zstd")),
+            Ok(ContentEncoding::Zstd)
+        );
         assert!(ContentEncoding::from_header(Some("br")).is_err());
     }
 }

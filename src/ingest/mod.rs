@@ -103,7 +103,9 @@ pub enum IngestError {
         limit: usize,
     },
     /// The (decompressed) body is larger than the limit.
-    #[error("request body is larger than {limit} bytes after decompression; split it into smaller batches")]
+    #[error(
+        "request body is larger than {limit} bytes after decompression; split it into smaller batches"
+    )]
     BodyTooLarge {
         /// The byte limit.
         limit: usize,

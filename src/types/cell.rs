@@ -83,4 +83,3 @@ fn write_hex(out: &mut String, bytes: &[u8]) {
         let _ = write!(out, "{b:02x}");
     }
 }
-

@@ -579,7 +579,10 @@ impl<'a> Scanner<'a> {
     /// Any key that repeats in a large object, found by sorting (O(n log n) where checking
     /// each new key against all earlier ones would be quadratic).
     fn duplicate_in_frame(&self, frame: usize) -> Option<String> {
-        let mut keys: Vec<&[u8]> = self.keys[frame..].iter().map(|k| self.key_bytes(*k)).collect();
+        let mut keys: Vec<&[u8]> = self.keys[frame..]
+            .iter()
+            .map(|k| self.key_bytes(*k))
+            .collect();
         keys.sort_unstable();
         keys.windows(2)
             .find(|w| w[0] == w[1])
@@ -777,7 +780,13 @@ mod tests {
         let mut out = Vec::new();
         unescape_into(br#"a\n\u00e9\ud83d\ude00\/"#, &mut out, false).unwrap();
         assert_eq!(out, "a\né😀/".as_bytes());
-        assert_eq!(unescape_into(br#"\udc00"#, &mut Vec::new(), false), Err(0xDC00));
-        assert_eq!(unescape_into(br#"\ud800x"#, &mut Vec::new(), false), Err(0xD800));
+        assert_eq!(
+            unescape_into(br#"\udc00"#, &mut Vec::new(), false),
+            Err(0xDC00)
+        );
+        assert_eq!(
+            unescape_into(br#"\ud800x"#, &mut Vec::new(), false),
+            Err(0xD800)
+        );
     }
 }

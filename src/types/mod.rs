@@ -116,7 +116,10 @@ impl ColumnType {
     pub fn arrow_field(self, name: &str) -> Field {
         let mut metadata = HashMap::from([(SLUICE_TYPE_KEY.to_owned(), self.as_str().to_owned())]);
         if self.is_json() {
-            metadata.insert(EXTENSION_NAME_KEY.to_owned(), JSON_EXTENSION_NAME.to_owned());
+            metadata.insert(
+                EXTENSION_NAME_KEY.to_owned(),
+                JSON_EXTENSION_NAME.to_owned(),
+            );
             metadata.insert(EXTENSION_METADATA_KEY.to_owned(), "{}".to_owned());
         }
         Field::new(name, self.arrow_type(), true).with_metadata(metadata)
@@ -136,7 +139,9 @@ impl fmt::Display for ColumnType {
 
 /// A type name that is not one of sluice's column types.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown column type {name:?}; expected one of int, uint, float, boolean, string, timestamp, interval, binary, object, array, any")]
+#[error(
+    "unknown column type {name:?}; expected one of int, uint, float, boolean, string, timestamp, interval, binary, object, array, any"
+)]
 pub struct UnknownTypeError {
     /// The name that was given.
     pub name: String,
@@ -209,7 +214,9 @@ pub enum ValueError {
         found: &'static str,
     },
     /// An int or uint column got a number token with a fraction or an exponent.
-    #[error("expected an integer token, found {token:?} (decimal points and exponents are not accepted)")]
+    #[error(
+        "expected an integer token, found {token:?} (decimal points and exponents are not accepted)"
+    )]
     NotAnIntegerToken {
         /// The token as written.
         token: String,
@@ -233,7 +240,9 @@ pub enum ValueError {
         problem: &'static str,
     },
     /// A timestamp string that is not RFC 3339 or does not fit.
-    #[error("invalid timestamp {text:?}: {problem}; expected RFC 3339 such as \"2026-10-23T09:00:00Z\"")]
+    #[error(
+        "invalid timestamp {text:?}: {problem}; expected RFC 3339 such as \"2026-10-23T09:00:00Z\""
+    )]
     InvalidTimestamp {
         /// The string value.
         text: String,
@@ -241,7 +250,9 @@ pub enum ValueError {
         problem: &'static str,
     },
     /// An interval string that is not a fixed ISO 8601 duration or does not fit.
-    #[error("invalid interval {text:?}: {problem}; expected an ISO 8601 duration of hours, minutes and seconds such as \"PT1H2M3.5S\"")]
+    #[error(
+        "invalid interval {text:?}: {problem}; expected an ISO 8601 duration of hours, minutes and seconds such as \"PT1H2M3.5S\""
+    )]
     InvalidInterval {
         /// The string value.
         text: String,
@@ -249,13 +260,17 @@ pub enum ValueError {
         problem: &'static str,
     },
     /// A binary string that is not canonical padded standard base64.
-    #[error("invalid binary value: {problem}; expected canonical padded standard base64 such as \"aGVsbG8=\"")]
+    #[error(
+        "invalid binary value: {problem}; expected canonical padded standard base64 such as \"aGVsbG8=\""
+    )]
     InvalidBase64 {
         /// What is wrong with it.
         problem: String,
     },
     /// A string with an escaped lone surrogate, which UTF-8 cannot hold.
-    #[error("string contains an unpaired surrogate escape \\u{code:04X}, which cannot be stored as UTF-8")]
+    #[error(
+        "string contains an unpaired surrogate escape \\u{code:04X}, which cannot be stored as UTF-8"
+    )]
     UnpairedSurrogate {
         /// The surrogate code unit.
         code: u16,

@@ -125,7 +125,11 @@ fn integer_is_exact(text: &str, value: f64) -> bool {
 }
 
 /// Formats a float the way the statements API prints it: the shortest text that reads back as
-/// the same value, in plain notation from 1e-7 up to 1e21 and in exponent notation outside.
+/// the same value, in plain notation from 1e-7 up to 2^53 and in exponent notation outside.
+///
+/// Plain notation stops at 2^53 because above it the shortest digits padded with zeros form an
+/// integer token that is usually not the float's exact value, which the `float` input rule
+/// refuses; exponent notation reads back as the same float.
 ///
 /// ```
 /// use sluice::types::number::format_float;
@@ -135,7 +139,7 @@ fn integer_is_exact(text: &str, value: f64) -> bool {
 /// ```
 pub fn format_float(value: f64) -> String {
     let magnitude = value.abs();
-    if magnitude == 0.0 || (1e-7..1e21).contains(&magnitude) {
+    if magnitude == 0.0 || (1e-7..=9_007_199_254_740_992.0).contains(&magnitude) {
         format!("{value}")
     } else {
         format!("{value:e}")

@@ -114,7 +114,7 @@ fn fraction(s: &[u8], mut pos: usize) -> Result<(i128, usize), &'static str> {
 /// ```
 pub fn parse_timestamp(s: &[u8]) -> Result<i64, ValueError> {
     let err = |problem| ts_err(s, problem);
-    if s.len() < 20 {
+    if s.len() < 19 {
         if s.len() == 10 && digits::<4>(s, 0).is_some() && s.get(4) == Some(&b'-') {
             return Err(err("a date without a time is not a timestamp"));
         }
@@ -187,7 +187,8 @@ pub fn parse_timestamp(s: &[u8]) -> Result<i64, ValueError> {
         + i64::from(hour * 3600 + minute * 60 + second)
         - offset_seconds;
     let total = i128::from(seconds) * NANOS_PER_SECOND + nanos;
-    i64::try_from(total).map_err(|_| err("outside the range of 64-bit nanoseconds (1677-09-21 to 2262-04-11)"))
+    i64::try_from(total)
+        .map_err(|_| err("outside the range of 64-bit nanoseconds (1677-09-21 to 2262-04-11)"))
 }
 
 /// Formats nanoseconds since the epoch as RFC 3339 in UTC: `YYYY-MM-DDTHH:MM:SS[.f]Z`, with the
@@ -309,14 +310,18 @@ pub fn parse_interval(s: &[u8]) -> Result<i64, ValueError> {
             Some(b'M') => (1, 60 * NANOS_PER_SECOND),
             Some(b'S') => (2, NANOS_PER_SECOND),
             Some(b'D' | b'W' | b'Y') => {
-                return Err(err("days, weeks and years are calendar units and are not accepted"));
+                return Err(err(
+                    "days, weeks and years are calendar units and are not accepted",
+                ));
             }
             Some(b'h' | b'm' | b's') => return Err(err("unit designators must be upper case")),
             None => return Err(err("a number must end with a unit designator (H, M or S)")),
             Some(_) => return Err(err("unknown unit designator; expected H, M or S")),
         };
         if unit_index < next_unit {
-            return Err(err("components must be in the order H, M, S, each at most once"));
+            return Err(err(
+                "components must be in the order H, M, S, each at most once",
+            ));
         }
         if frac.is_some() && unit_index != 2 {
             return Err(err("only seconds may have a fraction"));
@@ -404,8 +409,14 @@ mod tests {
         assert!(parse_timestamp(b"1677-09-21T00:12:43.145224191Z").is_err());
         assert_eq!(format_timestamp(i64::MIN), "1677-09-21T00:12:43.145224192Z");
         assert_eq!(format_timestamp(i64::MAX), "2262-04-11T23:47:16.854775807Z");
-        assert_eq!(parse_interval(b"PT9223372036.854775807S").unwrap(), i64::MAX);
-        assert_eq!(parse_interval(b"-PT9223372036.854775808S").unwrap(), i64::MIN);
+        assert_eq!(
+            parse_interval(b"PT9223372036.854775807S").unwrap(),
+            i64::MAX
+        );
+        assert_eq!(
+            parse_interval(b"-PT9223372036.854775808S").unwrap(),
+            i64::MIN
+        );
         assert!(parse_interval(b"PT9223372036.854775808S").is_err());
         assert_eq!(format_interval(i64::MIN), "-PT2562047H47M16.854775808S");
     }
