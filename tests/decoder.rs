@@ -621,3 +621,44 @@ fn compressed_bodies_decode_after_bounded_decompression() {
         );
     }
 }
+
+/// A body of about `rows * 40` bytes whose rows are all valid.
+fn big_body(rows: usize) -> std::string::String {
+    (0..rows)
+        .map(|i| format!("{{\"a\":{i},\"s\":\"row {i}\",\"o\":{{\"k\":[{i}]}}}}\n"))
+        .collect()
+}
+
+#[test]
+fn parallel_decoding_matches_sequential_for_good_and_bad_bodies() {
+    let columns = [Column::new("a", Int), Column::new("s", String), Column::new("o", Object)];
+    let sequential = Decoder::new(&columns).with_parallelism(1);
+    let parallel = Decoder::new(&columns).with_parallelism(4);
+    let limits = Limits { max_body_bytes: 64 << 20, max_rows: 1 << 20, ..Limits::default() };
+    // About 10 MiB: split into several chunks.
+    let good = big_body(250_000);
+    let a = sequential.decode(good.as_bytes(), &limits).unwrap();
+    let b = parallel.decode(good.as_bytes(), &limits).unwrap();
+    assert_eq!(a, b);
+    assert_eq!(b.num_rows(), 250_000);
+
+    // Errors late in the body (a later chunk) report the same rows as a one-piece decode.
+    let mut bad = good.clone();
+    bad.push_str("{\"a\":\"late\"}\n");
+    bad.push_str(&big_body(10));
+    let middle = good[good.len() / 2..].find('\n').unwrap() + good.len() / 2 + 1;
+    bad.insert_str(middle, "{\"a\":1,\"zz\":0}\n");
+    let a = sequential.decode(bad.as_bytes(), &limits).unwrap_err();
+    let b = parallel.decode(bad.as_bytes(), &limits).unwrap_err();
+    assert_eq!(a, b);
+    let errors = row_errors(Err(b));
+    assert_eq!(errors.errors.len(), 2);
+    assert_eq!(errors.errors[1].row_index, 250_001);
+
+    // The row limit holds across chunks.
+    let few = Limits { max_rows: 249_999, ..limits };
+    assert_eq!(
+        parallel.decode(good.as_bytes(), &few).unwrap_err(),
+        IngestError::TooManyRows { limit: 249_999 }
+    );
+}

@@ -7,10 +7,42 @@ use arrow_schema::SchemaRef;
 
 use super::builder::{ColumnBuilder, Values};
 use super::{IngestError, Limits, RowError, RowErrors};
-use crate::types::json::{Discard, JsonError, JsonKind, Scanner, unescape_into};
+use crate::types::json::{Discard, JsonError, JsonKind, Scanner, short_eq, unescape_into};
 use crate::types::number::{float_value, int_value, uint_value};
 use crate::types::temporal::{parse_interval, parse_timestamp};
 use crate::types::{Column, ColumnType, ValueError, arrow_schema, decode_base64_into};
+
+/// Bodies are split for parallel decoding only into chunks of at least this many bytes.
+const PARALLEL_MIN_CHUNK_BYTES: usize = 2 << 20;
+
+/// Offsets that split `body` into about `parts` chunks, each starting at a row: 0, the split
+/// points, and `body.len()`.
+///
+/// A split point is just after a line break between `}` and `{` (`}\n{` or `}\r\n{`). In
+/// valid JSON that sequence cannot occur inside a row: strings hold no raw line breaks, and
+/// inside an array or object a `,` or `:` must separate a `}` from a following `{`. Invalid
+/// input may split elsewhere, but then a chunk fails and the body is decoded in one piece.
+fn row_boundaries(body: &[u8], parts: usize) -> Vec<usize> {
+    let mut bounds = vec![0];
+    for k in 1..parts {
+        let target = (body.len() / parts * k).max(bounds[bounds.len() - 1]);
+        let found = body[target..]
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| **b == b'\n')
+            .map(|(i, _)| target + i)
+            .find(|&nl| {
+                let before = if nl > 0 && body[nl - 1] == b'\r' { nl.checked_sub(2) } else { nl.checked_sub(1) };
+                before.is_some_and(|b| body[b] == b'}') && body.get(nl + 1) == Some(&b'{')
+            });
+        match found {
+            Some(nl) => bounds.push(nl + 1),
+            None => break,
+        }
+    }
+    bounds.push(body.len());
+    bounds
+}
 
 /// Where a row's field goes.
 #[derive(Debug, Clone, Copy)]
@@ -30,6 +62,8 @@ pub struct Decoder {
     inputs: Vec<(Box<[u8]>, ColumnType)>,
     /// Field name to target, for every column of the table.
     by_name: HashMap<Box<[u8]>, Target>,
+    /// Threads one large body may be decoded on.
+    parallelism: usize,
 }
 
 /// Why reading one field's value failed.
@@ -103,6 +137,7 @@ impl Decoder {
             schema: arrow_schema(columns),
             inputs,
             by_name,
+            parallelism: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
         }
     }
 
@@ -115,11 +150,70 @@ impl Decoder {
     ///
     /// Rows are JSON objects separated by any JSON whitespace (NDJSON with LF or CRLF, blank
     /// lines skipped) or by nothing at all (`{"a":1}{"a":2}`).
+    ///
+    /// Bodies of several MiB are split at row boundaries and decoded on up to
+    /// [`Decoder::with_parallelism`] threads; the result, including every error reported, is
+    /// the same as decoding the body in one piece.
     pub fn decode(&self, body: &[u8], limits: &Limits) -> Result<RecordBatch, IngestError> {
         let max_body = limits.max_body_bytes.min(i32::MAX as usize);
         if body.len() > max_body {
             return Err(IngestError::BodyTooLarge { limit: max_body });
         }
+        let parts = self.parallelism.min(body.len() / PARALLEL_MIN_CHUNK_BYTES);
+        if parts > 1 {
+            if let Some(batch) = self.decode_parallel(body, limits, parts) {
+                return batch;
+            }
+        }
+        self.decode_chunk(body, limits)
+    }
+
+    /// Sets how many threads one large body may be decoded on (at least 1).
+    pub fn with_parallelism(mut self, threads: usize) -> Self {
+        self.parallelism = threads.max(1);
+        self
+    }
+
+    /// Decodes `parts` row-aligned chunks of `body` on scoped threads. `None` when the body
+    /// cannot be split, or when any chunk fails: the caller then decodes the whole body in one
+    /// piece, so error reports (row indexes, the cap) are exactly the sequential ones.
+    fn decode_parallel(
+        &self,
+        body: &[u8],
+        limits: &Limits,
+        parts: usize,
+    ) -> Option<Result<RecordBatch, IngestError>> {
+        let bounds = row_boundaries(body, parts);
+        if bounds.len() < 3 {
+            return None;
+        }
+        let results: Vec<Option<Result<RecordBatch, IngestError>>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = bounds
+                .windows(2)
+                .map(|w| {
+                    let chunk = &body[w[0]..w[1]];
+                    scope.spawn(move || self.decode_chunk(chunk, limits))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().ok()).collect()
+        });
+        let mut batches = Vec::with_capacity(results.len());
+        for result in results {
+            batches.push(result?.ok()?);
+        }
+        let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+        if rows > limits.max_rows {
+            return Some(Err(IngestError::TooManyRows {
+                limit: limits.max_rows,
+            }));
+        }
+        arrow_select::concat::concat_batches(&self.schema, &batches)
+            .ok()
+            .map(Ok)
+    }
+
+    /// Decodes a body (or a row-aligned chunk of one) on the calling thread.
+    fn decode_chunk(&self, body: &[u8], limits: &Limits) -> Result<RecordBatch, IngestError> {
         // Row count is not known yet; guess from the body size (rows are rarely under 32 bytes).
         let row_guess = (body.len() / 64).clamp(16, limits.max_rows.max(16));
         let per_column_bytes = body.len() / self.inputs.len().max(1);
@@ -177,7 +271,7 @@ impl Decoder {
     #[inline]
     fn lookup(&self, key: &[u8], hint: usize) -> Option<Target> {
         if let Some((name, _)) = self.inputs.get(hint) {
-            if name.as_ref() == key {
+            if short_eq(name, key) {
                 return Some(Target::Input(hint));
             }
         }

@@ -165,6 +165,55 @@ static STRING_STOP: [u8; 256] = {
     table
 };
 
+/// The position of the first byte at or after `i` that is `"`, `\\` or a control character.
+#[inline]
+fn skip_plain_string_bytes(input: &[u8], mut i: usize) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    while let Some(chunk) = input.get(i..i + 8) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let w = u64::from_le_bytes(word);
+        // Per byte: zero after XOR with the quote or backslash, or below 0x20. The lowest
+        // flagged byte of each test is exact (borrows only run towards higher bytes).
+        let quote = w ^ (ONES * u64::from(b'"'));
+        let backslash = w ^ (ONES * u64::from(b'\\'));
+        let flags = (quote.wrapping_sub(ONES) & !quote)
+            | (backslash.wrapping_sub(ONES) & !backslash)
+            | (w.wrapping_sub(ONES * 0x20) & !w);
+        let flags = flags & HIGHS;
+        if flags != 0 {
+            return i + (flags.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    while i < input.len() && STRING_STOP[input[i] as usize] == 0 {
+        i += 1;
+    }
+    i
+}
+
+/// Byte equality tuned for short keys: keys are mostly under 16 bytes, where a call to
+/// `memcmp` costs more than the comparison.
+#[inline]
+pub fn short_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let n = a.len();
+    let word = |s: &[u8], at: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&s[at..at + 8]);
+        u64::from_ne_bytes(w)
+    };
+    match n {
+        0..8 => a.iter().zip(b).all(|(x, y)| x == y),
+        // Two overlapping words cover 8..=16 bytes.
+        8..=16 => word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8),
+        _ => a == b,
+    }
+}
+
 /// Objects with at most this many keys check each new key against the earlier ones; larger
 /// ones are checked once, sorted, at their end.
 const LINEAR_KEY_CHECK: usize = 16;
@@ -287,10 +336,9 @@ impl<'a> Scanner<'a> {
         let mut escaped = false;
         let mut i = start;
         loop {
-            // Fast path: skip bytes that cannot end the string or start an escape.
-            while i < input.len() && STRING_STOP[input[i] as usize] == 0 {
-                i += 1;
-            }
+            // Fast path: skip bytes that cannot end the string or start an escape, eight at
+            // a time, then one at a time near the end of the input.
+            i = skip_plain_string_bytes(input, i);
             match input.get(i) {
                 Some(b'"') => break,
                 Some(b'\\') => {
@@ -595,7 +643,7 @@ impl<'a> Scanner<'a> {
         let last_bytes = self.key_bytes(*last);
         earlier
             .iter()
-            .any(|k| self.key_bytes(*k) == last_bytes)
+            .any(|k| short_eq(self.key_bytes(*k), last_bytes))
             .then(|| String::from_utf8_lossy(last_bytes).into_owned())
     }
 }

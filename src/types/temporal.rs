@@ -77,26 +77,25 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 }
 
 /// Parses up to nine fractional digits after a `.` at `pos`; returns (nanos, next position).
-fn fraction(s: &[u8], mut pos: usize) -> Result<(i128, usize), &'static str> {
-    let start = pos;
-    let mut nanos: i128 = 0;
-    while let Some(&b) = s.get(pos) {
-        if !b.is_ascii_digit() {
-            break;
-        }
-        if pos - start == 9 {
-            return Err("more than nine fractional second digits");
-        }
-        nanos = nanos * 10 + i128::from(b - b'0');
-        pos += 1;
-    }
-    if pos == start {
+fn fraction(s: &[u8], pos: usize) -> Result<(i128, usize), &'static str> {
+    let run = s[pos.min(s.len())..]
+        .iter()
+        .take_while(|b| b.is_ascii_digit())
+        .count();
+    if run == 0 {
         return Err("a decimal point must be followed by digits");
     }
-    for _ in (pos - start)..9 {
-        nanos *= 10;
+    if run > 9 {
+        return Err("more than nine fractional second digits");
     }
-    Ok((nanos, pos))
+    let mut nanos: u32 = 0;
+    for &b in &s[pos..pos + run] {
+        nanos = nanos * 10 + u32::from(b - b'0');
+    }
+    const SCALE: [u32; 10] = [
+        1_000_000_000, 100_000_000, 10_000_000, 1_000_000, 100_000, 10_000, 1_000, 100, 10, 1,
+    ];
+    Ok((i128::from(nanos * SCALE[run]), pos + run))
 }
 
 /// Parses an RFC 3339 timestamp into nanoseconds since the Unix epoch (UTC).
