@@ -21,7 +21,11 @@ const ROWS: u64 = 100_000;
 fn arrow_json_schema() -> Arc<Schema> {
     Arc::new(Schema::new(vec![
         // "+00:00" rather than "UTC": arrow-json resolves named zones only with chrono-tz.
-        Field::new("time", DataType::Timestamp(TimeUnit::Nanosecond, Some("+00:00".into())), true),
+        Field::new(
+            "time",
+            DataType::Timestamp(TimeUnit::Nanosecond, Some("+00:00".into())),
+            true,
+        ),
         Field::new("service", DataType::Utf8, true),
         Field::new("name", DataType::Utf8, true),
         Field::new("message", DataType::Utf8, true),
@@ -72,14 +76,22 @@ fn arrow_json_decode(schema: &Arc<Schema>, body: &[u8]) -> usize {
 fn main() {
     let body = support::events_ndjson(ROWS, 42);
     let body = body.as_bytes();
-    let limits = Limits { max_body_bytes: 1 << 30, max_rows: 1 << 30, ..Limits::default() };
+    let limits = Limits {
+        max_body_bytes: 1 << 30,
+        max_rows: 1 << 30,
+        ..Limits::default()
+    };
     let decoder = Decoder::new(&support::event_columns()).with_parallelism(1);
     let parallel = Decoder::new(&support::event_columns());
     let schema = arrow_json_schema();
     assert_eq!(sluice_decode(&decoder, body, &limits), ROWS as usize);
     assert_eq!(arrow_json_decode(&schema, body), ROWS as usize);
     let mb = body.len() as f64 / 1e6;
-    println!("body: {ROWS} rows, {:.1} MB, {:.0} bytes/row", mb, body.len() as f64 / ROWS as f64);
+    println!(
+        "body: {ROWS} rows, {:.1} MB, {:.0} bytes/row",
+        mb,
+        body.len() as f64 / ROWS as f64
+    );
 
     let mut criterion = Criterion::default()
         .configure_from_args()
@@ -89,11 +101,15 @@ fn main() {
     {
         let mut group = criterion.benchmark_group("decode");
         group.throughput(Throughput::Bytes(body.len() as u64));
-        group.bench_function("sluice", |b| b.iter(|| sluice_decode(&decoder, body, &limits)));
+        group.bench_function("sluice", |b| {
+            b.iter(|| sluice_decode(&decoder, body, &limits))
+        });
         group.bench_function("sluice-parallel", |b| {
             b.iter(|| sluice_decode(&parallel, body, &limits))
         });
-        group.bench_function("arrow-json", |b| b.iter(|| arrow_json_decode(&schema, body)));
+        group.bench_function("arrow-json", |b| {
+            b.iter(|| arrow_json_decode(&schema, body))
+        });
         group.finish();
     }
     criterion.final_summary();
@@ -115,9 +131,21 @@ fn main() {
     let (s, p, a) = (mb / best_sluice, mb / best_parallel, mb / best_arrow);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
     println!("side by side (best of {rounds} interleaved runs):");
-    println!("  sluice, 1 thread     {s:8.1} MB/s  {:10.0} rows/s", ROWS as f64 / best_sluice);
-    println!("  sluice, {threads} threads    {p:8.1} MB/s  {:10.0} rows/s", ROWS as f64 / best_parallel);
-    println!("  arrow-json, 1 thread {a:8.1} MB/s  {:10.0} rows/s", ROWS as f64 / best_arrow);
+    println!(
+        "  sluice, 1 thread     {s:8.1} MB/s  {:10.0} rows/s",
+        ROWS as f64 / best_sluice
+    );
+    println!(
+        "  sluice, {threads} threads    {p:8.1} MB/s  {:10.0} rows/s",
+        ROWS as f64 / best_parallel
+    );
+    println!(
+        "  arrow-json, 1 thread {a:8.1} MB/s  {:10.0} rows/s",
+        ROWS as f64 / best_arrow
+    );
     println!("  ratio sluice 1 thread / arrow-json:  {:.2}x", s / a);
-    println!("  ratio sluice {threads} threads / arrow-json: {:.2}x", p / a);
+    println!(
+        "  ratio sluice {threads} threads / arrow-json: {:.2}x",
+        p / a
+    );
 }

@@ -631,10 +631,18 @@ fn big_body(rows: usize) -> std::string::String {
 
 #[test]
 fn parallel_decoding_matches_sequential_for_good_and_bad_bodies() {
-    let columns = [Column::new("a", Int), Column::new("s", String), Column::new("o", Object)];
+    let columns = [
+        Column::new("a", Int),
+        Column::new("s", String),
+        Column::new("o", Object),
+    ];
     let sequential = Decoder::new(&columns).with_parallelism(1);
     let parallel = Decoder::new(&columns).with_parallelism(4);
-    let limits = Limits { max_body_bytes: 64 << 20, max_rows: 1 << 20, ..Limits::default() };
+    let limits = Limits {
+        max_body_bytes: 64 << 20,
+        max_rows: 1 << 20,
+        ..Limits::default()
+    };
     // About 10 MiB: split into several chunks.
     let good = big_body(250_000);
     let a = sequential.decode(good.as_bytes(), &limits).unwrap();
@@ -656,7 +664,10 @@ fn parallel_decoding_matches_sequential_for_good_and_bad_bodies() {
     assert_eq!(errors.errors[1].row_index, 250_001);
 
     // The row limit holds across chunks.
-    let few = Limits { max_rows: 249_999, ..limits };
+    let few = Limits {
+        max_rows: 249_999,
+        ..limits
+    };
     assert_eq!(
         parallel.decode(good.as_bytes(), &few).unwrap_err(),
         IngestError::TooManyRows { limit: 249_999 }

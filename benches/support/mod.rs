@@ -46,8 +46,22 @@ pub fn event_columns() -> Vec<Column> {
     ]
 }
 
-const SERVICES: &[&str] = &["checkout", "search", "auth", "billing", "inventory", "gateway"];
-const NAMES: &[&str] = &["payment_failed", "request", "login", "cache_miss", "timeout", "retry"];
+const SERVICES: &[&str] = &[
+    "checkout",
+    "search",
+    "auth",
+    "billing",
+    "inventory",
+    "gateway",
+];
+const NAMES: &[&str] = &[
+    "payment_failed",
+    "request",
+    "login",
+    "cache_miss",
+    "timeout",
+    "retry",
+];
 const WORDS: &[&str] = &[
     "credit", "card", "gateway", "timed", "out", "user", "session", "expired", "upstream",
     "returned", "error", "slow", "query", "cart", "updated",

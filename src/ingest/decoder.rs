@@ -32,7 +32,11 @@ fn row_boundaries(body: &[u8], parts: usize) -> Vec<usize> {
             .filter(|(_, b)| **b == b'\n')
             .map(|(i, _)| target + i)
             .find(|&nl| {
-                let before = if nl > 0 && body[nl - 1] == b'\r' { nl.checked_sub(2) } else { nl.checked_sub(1) };
+                let before = if nl > 0 && body[nl - 1] == b'\r' {
+                    nl.checked_sub(2)
+                } else {
+                    nl.checked_sub(1)
+                };
                 before.is_some_and(|b| body[b] == b'}') && body.get(nl + 1) == Some(&b'{')
             });
         match found {

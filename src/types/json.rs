@@ -165,28 +165,39 @@ static STRING_STOP: [u8; 256] = {
     table
 };
 
-/// The position of the first byte at or after `i` that is `"`, `\\` or a control character.
+/// The position of the first byte at or after `i` that is `"`, `\\`, a control character or
+/// not ASCII.
 #[inline]
-fn skip_plain_string_bytes(input: &[u8], mut i: usize) -> usize {
+fn skip_ascii_string_bytes(input: &[u8], mut i: usize) -> usize {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGHS: u64 = 0x8080_8080_8080_8080;
     while let Some(chunk) = input.get(i..i + 8) {
         let mut word = [0u8; 8];
         word.copy_from_slice(chunk);
         let w = u64::from_le_bytes(word);
-        // Per byte: zero after XOR with the quote or backslash, or below 0x20. The lowest
-        // flagged byte of each test is exact (borrows only run towards higher bytes).
+        // Per byte: zero after XOR with the quote or backslash, below 0x20, or with the high
+        // bit set. The lowest flagged byte is exact (borrows only run towards higher bytes).
         let quote = w ^ (ONES * u64::from(b'"'));
         let backslash = w ^ (ONES * u64::from(b'\\'));
         let flags = (quote.wrapping_sub(ONES) & !quote)
             | (backslash.wrapping_sub(ONES) & !backslash)
-            | (w.wrapping_sub(ONES * 0x20) & !w);
+            | w.wrapping_sub(ONES * 0x20)
+            | w;
         let flags = flags & HIGHS;
         if flags != 0 {
             return i + (flags.trailing_zeros() / 8) as usize;
         }
         i += 8;
     }
+    while i < input.len() && STRING_STOP[input[i] as usize] == 0 && input[i] < 0x80 {
+        i += 1;
+    }
+    i
+}
+
+/// The position of the first byte at or after `i` that is `"`, `\\` or a control character.
+#[inline]
+fn skip_string_bytes(input: &[u8], mut i: usize) -> usize {
     while i < input.len() && STRING_STOP[input[i] as usize] == 0 {
         i += 1;
     }
@@ -231,25 +242,17 @@ enum KeyRef {
 pub struct Scanner<'a> {
     input: &'a [u8],
     pos: usize,
-    /// Offset of the first byte that is not valid UTF-8 (or `input.len()` when all is valid):
-    /// strings that reach past it are checked one by one.
-    utf8_valid_until: usize,
     keys: Vec<KeyRef>,
     key_scratch: Vec<u8>,
     max_nesting: usize,
 }
 
 impl<'a> Scanner<'a> {
-    /// A scanner over `input`, validating its UTF-8 once up front.
+    /// A scanner over `input`.
     pub fn new(input: &'a [u8]) -> Self {
-        let utf8_valid_until = match std::str::from_utf8(input) {
-            Ok(_) => input.len(),
-            Err(e) => e.valid_up_to(),
-        };
         Scanner {
             input,
             pos: 0,
-            utf8_valid_until,
             keys: Vec::new(),
             key_scratch: Vec::new(),
             max_nesting: MAX_NESTING,
@@ -334,16 +337,25 @@ impl<'a> Scanner<'a> {
         let start = self.pos;
         let input = self.input;
         let mut escaped = false;
+        let mut non_ascii = false;
         let mut i = start;
         loop {
-            // Fast path: skip bytes that cannot end the string or start an escape, eight at
-            // a time, then one at a time near the end of the input.
-            i = skip_plain_string_bytes(input, i);
+            // Fast path: skip bytes that cannot end the string or start an escape. Until the
+            // first non-ASCII byte, eight at a time; after it, by table.
+            i = if non_ascii {
+                skip_string_bytes(input, i)
+            } else {
+                skip_ascii_string_bytes(input, i)
+            };
             match input.get(i) {
                 Some(b'"') => break,
                 Some(b'\\') => {
                     escaped = true;
                     i = self.check_escape(i)?;
+                }
+                Some(&b) if b >= 0x80 => {
+                    non_ascii = true;
+                    i += 1;
                 }
                 Some(_) => {
                     self.pos = i;
@@ -355,7 +367,9 @@ impl<'a> Scanner<'a> {
                 }
             }
         }
-        if i > self.utf8_valid_until && std::str::from_utf8(&input[start..i]).is_err() {
+        // Only strings can hold non-ASCII bytes (anywhere else they are a syntax error), so
+        // checking these strings is checking the input.
+        if non_ascii && std::str::from_utf8(&input[start..i]).is_err() {
             self.pos = start;
             return Err(self.error(JsonErrorKind::InvalidUtf8));
         }
