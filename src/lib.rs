@@ -7,4 +7,5 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod ingest;
+pub mod log;
 pub mod types;

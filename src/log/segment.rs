@@ -1,0 +1,193 @@
+//! Segment files: naming, framing, scanning and the file handle the writer appends to.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use super::{FRAME_HEADER_BYTES, LogError, Lsn, MAX_RECORD_BYTES, Record, RecordKind};
+
+const SUFFIX: &str = ".log";
+
+fn segment_path(dir: &Path, first_lsn: Lsn) -> PathBuf {
+    dir.join(format!("{first_lsn:020}{SUFFIX}"))
+}
+
+/// The segment files in `dir`, oldest first, with the first LSN their names give.
+pub(super) fn list(dir: &Path) -> Result<Vec<(Lsn, PathBuf)>, LogError> {
+    let mut segments = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| LogError::io(dir, e))? {
+        let entry = entry.map_err(|e| LogError::io(dir, e))?;
+        let name = entry.file_name();
+        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(SUFFIX)) else {
+            continue;
+        };
+        if let Ok(first_lsn) = stem.parse::<Lsn>() {
+            segments.push((first_lsn, entry.path()));
+        }
+    }
+    segments.sort();
+    Ok(segments)
+}
+
+/// Appends one framed record to `buf`.
+pub(super) fn encode(buf: &mut Vec<u8>, lsn: Lsn, kind: RecordKind, payload: &[u8]) {
+    let len = payload.len() as u32;
+    let mut crc = crc32c::crc32c(&[kind as u8]);
+    crc = crc32c::crc32c_append(crc, &lsn.to_le_bytes());
+    crc = crc32c::crc32c_append(crc, payload);
+    buf.extend_from_slice(&len.to_le_bytes());
+    buf.extend_from_slice(&crc.to_le_bytes());
+    buf.push(kind as u8);
+    buf.extend_from_slice(&lsn.to_le_bytes());
+    buf.extend_from_slice(payload);
+}
+
+/// How much of a segment file holds whole, valid records.
+pub(super) struct SegmentScan {
+    /// Bytes up to the end of the last valid record.
+    pub(super) valid_len: u64,
+    /// The file's size.
+    pub(super) file_len: u64,
+}
+
+/// Reads a segment's records into `records`, stopping at the first record that is torn,
+/// fails its checksum, or does not carry the next LSN (the first must be `first_lsn`).
+pub(super) fn scan(
+    path: &Path,
+    records: &mut Vec<Record>,
+    first_lsn: Lsn,
+) -> Result<SegmentScan, LogError> {
+    let mut bytes = Vec::new();
+    File::open(path)
+        .and_then(|mut f| f.read_to_end(&mut bytes))
+        .map_err(|e| LogError::io(path, e))?;
+    let mut pos = 0usize;
+    let mut expected = first_lsn;
+    while let Some((record, next)) = decode_at(&bytes, pos) {
+        if record.lsn != expected {
+            break;
+        }
+        expected += 1;
+        records.push(record);
+        pos = next;
+    }
+    Ok(SegmentScan {
+        valid_len: pos as u64,
+        file_len: bytes.len() as u64,
+    })
+}
+
+/// Decodes the record framed at `pos`; `None` if it is torn or corrupt.
+fn decode_at(bytes: &[u8], pos: usize) -> Option<(Record, usize)> {
+    let header = bytes.get(pos..pos + FRAME_HEADER_BYTES)?;
+    let len = u32::from_le_bytes(header[0..4].try_into().ok()?) as usize;
+    let crc = u32::from_le_bytes(header[4..8].try_into().ok()?);
+    if len > MAX_RECORD_BYTES {
+        return None;
+    }
+    let kind_byte = header[8];
+    let lsn_bytes: [u8; 8] = header[9..17].try_into().ok()?;
+    let payload_start = pos + FRAME_HEADER_BYTES;
+    let payload = bytes.get(payload_start..payload_start + len)?;
+    let mut actual = crc32c::crc32c(&[kind_byte]);
+    actual = crc32c::crc32c_append(actual, &lsn_bytes);
+    actual = crc32c::crc32c_append(actual, payload);
+    if actual != crc {
+        return None;
+    }
+    let kind = RecordKind::from_byte(kind_byte)?;
+    Some((
+        Record {
+            lsn: Lsn::from_le_bytes(lsn_bytes),
+            kind,
+            payload: payload.to_vec(),
+        },
+        payload_start + len,
+    ))
+}
+
+/// Cuts a segment file to `len` bytes and syncs it.
+pub(super) fn truncate(path: &Path, len: u64) -> Result<(), LogError> {
+    let file = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| LogError::io(path, e))?;
+    file.set_len(len).map_err(|e| LogError::io(path, e))?;
+    file.sync_all().map_err(|e| LogError::io(path, e))
+}
+
+/// Syncs a directory, so that files created or removed in it survive a crash.
+pub(super) fn sync_dir(dir: &Path) -> Result<(), LogError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| LogError::io(dir, e))
+}
+
+/// The segment the writer appends to.
+pub(super) struct Segment {
+    file: File,
+    path: PathBuf,
+    first_lsn: Lsn,
+    len: u64,
+}
+
+impl Segment {
+    /// Creates a new, empty segment whose first record will have `first_lsn`.
+    pub(super) fn create(dir: &Path, first_lsn: Lsn) -> Result<Segment, LogError> {
+        let path = segment_path(dir, first_lsn);
+        let file = OpenOptions::new()
+            .create_new(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| LogError::io(&path, e))?;
+        Ok(Segment {
+            file,
+            path,
+            first_lsn,
+            len: 0,
+        })
+    }
+
+    /// Opens an existing segment to append after its (already repaired) end.
+    pub(super) fn open_append(path: &Path, first_lsn: Lsn) -> Result<Segment, LogError> {
+        let mut file = OpenOptions::new()
+            .append(true)
+            .open(path)
+            .map_err(|e| LogError::io(path, e))?;
+        let len = file
+            .seek(SeekFrom::End(0))
+            .map_err(|e| LogError::io(path, e))?;
+        Ok(Segment {
+            file,
+            path: path.to_owned(),
+            first_lsn,
+            len,
+        })
+    }
+
+    pub(super) fn write_all(&mut self, bytes: &[u8]) -> Result<(), LogError> {
+        self.file
+            .write_all(bytes)
+            .map_err(|e| LogError::io(&self.path, e))?;
+        self.len += bytes.len() as u64;
+        Ok(())
+    }
+
+    pub(super) fn sync_data(&self) -> Result<(), LogError> {
+        self.file
+            .sync_data()
+            .map_err(|e| LogError::io(&self.path, e))
+    }
+
+    pub(super) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(super) fn first_lsn(&self) -> Lsn {
+        self.first_lsn
+    }
+
+    pub(super) fn len(&self) -> u64 {
+        self.len
+    }
+}

@@ -1,0 +1,333 @@
+//! Commit log: append and reopen, group commit under concurrency, torn tails, corruption,
+//! truncation, budgets, and injected I/O failures.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use sluice::log::{CommitLog, Durability, FailPoint, LogConfig, LogError, Lsn, Record, RecordKind};
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sluice-log-{name}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    dir
+}
+
+fn segments(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn payload(i: u64) -> Vec<u8> {
+    format!("record {i} {}", "x".repeat((i % 300) as usize)).into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_appends_are_group_committed_and_survive_reopen() {
+    let dir = temp_dir("concurrent");
+    let (log, replay) = CommitLog::open(LogConfig::new(&dir)).unwrap();
+    assert!(replay.is_empty());
+    let mut tasks = Vec::new();
+    for task in 0..64u64 {
+        let log = log.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut acked = Vec::new();
+            for i in 0..20 {
+                let id = task * 1000 + i;
+                let lsn = log
+                    .append(RecordKind::TableBatch, payload(id))
+                    .await
+                    .unwrap();
+                acked.push((lsn, id));
+            }
+            acked
+        }));
+    }
+    let mut acked: BTreeMap<Lsn, u64> = BTreeMap::new();
+    for t in tasks {
+        for (lsn, id) in t.await.unwrap() {
+            assert!(acked.insert(lsn, id).is_none(), "LSN {lsn} given twice");
+        }
+    }
+    let stats = log.stats();
+    let (records, groups, syncs) = (
+        stats.records.load(Ordering::Relaxed),
+        stats.groups.load(Ordering::Relaxed),
+        stats.syncs.load(Ordering::Relaxed),
+    );
+    assert_eq!(records, 1280);
+    assert_eq!(groups, syncs);
+    assert!(
+        groups < records,
+        "{groups} groups for {records} records: no grouping happened"
+    );
+    log.close();
+
+    let (_log, replay) = CommitLog::open(LogConfig::new(&dir)).unwrap();
+    assert_eq!(replay.len(), 1280);
+    let lsns: Vec<Lsn> = replay.iter().map(|r| r.lsn).collect();
+    assert_eq!(lsns, (1..=1280).collect::<Vec<_>>());
+    for record in &replay {
+        assert_eq!(record.payload, payload(acked[&record.lsn]));
+        assert_eq!(record.kind, RecordKind::TableBatch);
+    }
+}
+
+#[test]
+fn appends_continue_after_reopen_and_kinds_round_trip() {
+    let dir = temp_dir("reopen");
+    let (log, _) = CommitLog::open(LogConfig::new(&dir)).unwrap();
+    assert_eq!(
+        log.append_blocking(RecordKind::Metadata, b"create".to_vec())
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        log.append_blocking(RecordKind::StreamAppend, b"hello".to_vec())
+            .unwrap(),
+        2
+    );
+    log.close();
+    assert!(matches!(
+        log.append_blocking(RecordKind::Metadata, vec![]),
+        Err(LogError::Closed)
+    ));
+    let (log, replay) = CommitLog::open(LogConfig::new(&dir)).unwrap();
+    assert_eq!(
+        replay,
+        vec![
+            Record {
+                lsn: 1,
+                kind: RecordKind::Metadata,
+                payload: b"create".to_vec()
+            },
+            Record {
+                lsn: 2,
+                kind: RecordKind::StreamAppend,
+                payload: b"hello".to_vec()
+            },
+        ]
+    );
+    assert_eq!(
+        log.append_blocking(RecordKind::TableBatch, vec![]).unwrap(),
+        3
+    );
+}
+
+/// Every way a crash can cut the last segment short leaves exactly the whole records before
+/// the cut, and the log goes on from there.
+#[test]
+fn torn_tails_are_cut_at_every_possible_length() {
+    let dir = temp_dir("torn");
+    let (log, _) = CommitLog::open(LogConfig::new(&dir)).unwrap();
+    for i in 0..5 {
+        log.append_blocking(RecordKind::TableBatch, payload(i))
+            .unwrap();
+    }
+    log.close();
+    let segment = segments(&dir).pop().unwrap();
+    let full = fs::read(&segment).unwrap();
+    // Record boundaries, from a clean read.
+    let mut ends = vec![0usize];
+    for i in 0..5 {
+        ends.push(ends[i] + 17 + payload(i as u64).len());
+    }
+    assert_eq!(*ends.last().unwrap(), full.len());
+    for cut in 0..full.len() {
+        fs::write(&segment, &full[..cut]).unwrap();
+        let (log, replay) = CommitLog::open(LogConfig::new(&dir)).unwrap();
+        let whole = ends.iter().filter(|&&e| e <= cut).count() - 1;
+        assert_eq!(replay.len(), whole, "cut at {cut}");
+        for (i, r) in replay.iter().enumerate() {
+            assert_eq!(r.payload, payload(i as u64));
+        }
+        assert_eq!(
+            fs::metadata(&segment).unwrap().len() as usize,
+            ends[whole],
+            "repaired"
+        );
+        assert_eq!(
+            log.append_blocking(RecordKind::Metadata, vec![1]).unwrap(),
+            whole as u64 + 1
+        );
+        log.close();
+    }
+}
+
+#[test]
+fn a_flipped_bit_in_the_tail_record_cuts_it_but_before_the_tail_refuses_to_open() {
+    let dir = temp_dir("corrupt");
+    let mut config = LogConfig::new(&dir);
+    config.segment_bytes = 300;
+    let (log, _) = CommitLog::open(config.clone()).unwrap();
+    for i in 0..40 {
+        log.append_blocking(RecordKind::TableBatch, payload(i))
+            .unwrap();
+    }
+    log.close();
+    let files = segments(&dir);
+    assert!(files.len() > 2, "several segments");
+
+    // Damage inside the last segment's last record: that record is cut off.
+    let last = files.last().unwrap();
+    let mut bytes = fs::read(last).unwrap();
+    let n = bytes.len();
+    bytes[n - 1] ^= 0x40;
+    fs::write(last, &bytes).unwrap();
+    let (log, replay) = CommitLog::open(config.clone()).unwrap();
+    assert_eq!(replay.len(), 39);
+    log.close();
+
+    // Damage in an earlier segment: acknowledged data would be lost, so opening fails.
+    let mut bytes = fs::read(&files[0]).unwrap();
+    bytes[20] ^= 0x01;
+    fs::write(&files[0], &bytes).unwrap();
+    match CommitLog::open(config) {
+        Err(LogError::Corrupt { offset, .. }) => assert_eq!(offset, 0),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+}
+
+#[test]
+fn truncation_deletes_only_segments_below_the_durable_position() {
+    let dir = temp_dir("truncate");
+    let mut config = LogConfig::new(&dir);
+    config.segment_bytes = 2000;
+    let (log, _) = CommitLog::open(config.clone()).unwrap();
+    for i in 0..100 {
+        log.append_blocking(RecordKind::TableBatch, payload(i))
+            .unwrap();
+    }
+    let before = segments(&dir).len();
+    let bytes_before = log.disk_bytes();
+    assert!(before > 3);
+    assert_eq!(log.truncate_before(1).unwrap(), 0);
+    let deleted = log.truncate_before(50).unwrap();
+    assert!(deleted > 0);
+    assert!(log.disk_bytes() < bytes_before);
+    log.close();
+    let (_log, replay) = CommitLog::open(config).unwrap();
+    // Everything from LSN 50 on is still there, and the log starts at a segment boundary.
+    let first = replay.first().unwrap().lsn;
+    assert!(first <= 50 && first > 1, "first {first}");
+    assert_eq!(replay.last().unwrap().lsn, 100);
+    let lsns: Vec<Lsn> = replay.iter().map(|r| r.lsn).collect();
+    assert_eq!(lsns, (first..=100).collect::<Vec<_>>());
+}
+
+#[test]
+fn over_budget_appends_are_refused_and_apply_nothing() {
+    let dir = temp_dir("budget");
+    let mut config = LogConfig::new(&dir);
+    config.max_log_bytes = 500;
+    config.segment_bytes = 200;
+    let (log, _) = CommitLog::open(config.clone()).unwrap();
+    let mut acked = 0;
+    loop {
+        match log.append_blocking(RecordKind::TableBatch, vec![7; 100]) {
+            Ok(_) => acked += 1,
+            Err(e) => {
+                assert!(matches!(e, LogError::Full { .. }), "{e}");
+                assert!(e.is_retryable());
+                break;
+            }
+        }
+    }
+    // Freeing segments lets appends in again.
+    assert!(log.truncate_before(acked).unwrap() > 0);
+    log.append_blocking(RecordKind::TableBatch, vec![7; 100])
+        .unwrap();
+    log.close();
+    let (_log, replay) = CommitLog::open(config).unwrap();
+    assert_eq!(replay.last().unwrap().lsn, acked + 1);
+}
+
+#[test]
+fn a_failed_sync_fails_its_group_poisons_the_log_and_restart_recovers() {
+    let dir = temp_dir("failsync");
+    let fail = Arc::new(AtomicBool::new(false));
+    let mut config = LogConfig::new(&dir);
+    let hook_flag = fail.clone();
+    config.fail_hook = Some(Arc::new(move |point| {
+        (point == FailPoint::BeforeSync && hook_flag.load(Ordering::SeqCst))
+            .then(|| std::io::Error::other("injected fsync failure"))
+    }));
+    let (log, _) = CommitLog::open(config.clone()).unwrap();
+    log.append_blocking(RecordKind::TableBatch, b"acked".to_vec())
+        .unwrap();
+    fail.store(true, Ordering::SeqCst);
+    let err = log
+        .append_blocking(RecordKind::TableBatch, b"unacked".to_vec())
+        .unwrap_err();
+    assert!(err.to_string().contains("injected fsync failure"), "{err}");
+    fail.store(false, Ordering::SeqCst);
+    assert!(matches!(
+        log.append_blocking(RecordKind::TableBatch, b"after".to_vec()),
+        Err(LogError::Poisoned)
+    ));
+    log.close();
+    let (_log, replay) = CommitLog::open(LogConfig::new(&dir)).unwrap();
+    // The acknowledged record is there; the failed one is there whole or not at all.
+    assert_eq!(replay[0].payload, b"acked");
+    assert!(replay.len() <= 2);
+    if let Some(r) = replay.get(1) {
+        assert_eq!(r.payload, b"unacked");
+    }
+}
+
+#[test]
+fn a_failed_write_applies_nothing() {
+    let dir = temp_dir("failwrite");
+    let mut config = LogConfig::new(&dir);
+    config.fail_hook = Some(Arc::new(|point| {
+        (point == FailPoint::BeforeWrite).then(|| std::io::Error::other("injected write failure"))
+    }));
+    let (log, _) = CommitLog::open(config).unwrap();
+    assert!(
+        log.append_blocking(RecordKind::TableBatch, b"x".to_vec())
+            .is_err()
+    );
+    log.close();
+    let (_log, replay) = CommitLog::open(LogConfig::new(&dir)).unwrap();
+    assert!(replay.is_empty());
+}
+
+#[test]
+fn durability_none_still_orders_and_reopens() {
+    let dir = temp_dir("nosync");
+    let mut config = LogConfig::new(&dir);
+    config.durability = Durability::None;
+    let (log, _) = CommitLog::open(config.clone()).unwrap();
+    for i in 0..10 {
+        log.append_blocking(RecordKind::TableBatch, payload(i))
+            .unwrap();
+    }
+    assert_eq!(log.stats().syncs.load(Ordering::Relaxed), 0);
+    log.close();
+    let (_log, replay) = CommitLog::open(config).unwrap();
+    assert_eq!(replay.len(), 10);
+}
+
+#[test]
+fn stray_files_are_ignored() {
+    let dir = temp_dir("stray");
+    fs::create_dir_all(&dir).unwrap();
+    fs::File::create(dir.join("notes.txt"))
+        .unwrap()
+        .write_all(b"hi")
+        .unwrap();
+    let (log, replay) = CommitLog::open(LogConfig::new(&dir)).unwrap();
+    assert!(replay.is_empty());
+    assert_eq!(
+        log.append_blocking(RecordKind::Metadata, vec![]).unwrap(),
+        1
+    );
+}
