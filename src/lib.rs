@@ -8,4 +8,6 @@
 
 pub mod ingest;
 pub mod log;
+pub mod storage;
+pub mod table;
 pub mod types;

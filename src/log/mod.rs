@@ -21,6 +21,7 @@
 
 mod segment;
 
+use std::collections::HashMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -209,9 +210,13 @@ pub struct LogStats {
     pub sync_nanos: AtomicU64,
 }
 
+/// Work to run on the writer thread once a record is durable, before it is acknowledged.
+pub type ApplyFn = Box<dyn FnOnce(Lsn) + Send>;
+
 struct Append {
     kind: RecordKind,
     payload: Vec<u8>,
+    apply: Option<ApplyFn>,
     done: oneshot::Sender<Result<Lsn, LogError>>,
 }
 
@@ -229,9 +234,13 @@ struct Shared {
     bytes: AtomicU64,
     /// First LSN of the active segment: where the last closed segment ends.
     active_first: AtomicU64,
+    /// The last durable (and applied) LSN.
+    last_lsn: AtomicU64,
     poisoned: AtomicBool,
     closing: AtomicBool,
     stats: LogStats,
+    /// For each consumer, the LSN below which it needs no record any more.
+    consumers: Mutex<HashMap<String, Lsn>>,
 }
 
 /// The commit log. Cheap to clone; appends from any task are grouped by one writer thread.
@@ -299,9 +308,11 @@ impl CommitLog {
             closed: Mutex::new(closed),
             bytes: AtomicU64::new(total_bytes),
             active_first: AtomicU64::new(active.first_lsn()),
+            last_lsn: AtomicU64::new(next_lsn - 1),
             poisoned: AtomicBool::new(false),
             closing: AtomicBool::new(false),
             stats: LogStats::default(),
+            consumers: Mutex::new(HashMap::new()),
         });
         let (tx, rx) = mpsc::unbounded_channel();
         let writer_shared = shared.clone();
@@ -326,13 +337,29 @@ impl CommitLog {
     /// sync answers an error for every append of its group: those records may or may not be in
     /// the log after a restart, but none is half-written.
     pub async fn append(&self, kind: RecordKind, payload: Vec<u8>) -> Result<Lsn, LogError> {
-        let done = self.submit(kind, payload)?;
+        let done = self.submit(kind, payload, None)?;
+        done.await.map_err(|_| LogError::Closed)?
+    }
+
+    /// Appends one record and, once it is durable, runs `apply` with its LSN on the writer
+    /// thread before acknowledging it.
+    ///
+    /// `apply` calls run in LSN order across all appenders, so state built by them (a table's
+    /// unflushed batches, a stream's tail) always holds a gap-free prefix of the log. `apply`
+    /// must be quick and must not block: it holds up every append behind it.
+    pub async fn append_applied(
+        &self,
+        kind: RecordKind,
+        payload: Vec<u8>,
+        apply: impl FnOnce(Lsn) + Send + 'static,
+    ) -> Result<Lsn, LogError> {
+        let done = self.submit(kind, payload, Some(Box::new(apply)))?;
         done.await.map_err(|_| LogError::Closed)?
     }
 
     /// Blocking [`CommitLog::append`], for callers outside an async runtime.
     pub fn append_blocking(&self, kind: RecordKind, payload: Vec<u8>) -> Result<Lsn, LogError> {
-        let done = self.submit(kind, payload)?;
+        let done = self.submit(kind, payload, None)?;
         done.blocking_recv().map_err(|_| LogError::Closed)?
     }
 
@@ -340,6 +367,7 @@ impl CommitLog {
         &self,
         kind: RecordKind,
         payload: Vec<u8>,
+        apply: Option<ApplyFn>,
     ) -> Result<oneshot::Receiver<Result<Lsn, LogError>>, LogError> {
         if payload.len() > MAX_RECORD_BYTES {
             return Err(LogError::RecordTooLarge(payload.len()));
@@ -362,14 +390,29 @@ impl CommitLog {
             .send(Msg::Append(Append {
                 kind,
                 payload,
+                apply,
                 done,
             }))
             .map_err(|_| LogError::Closed)?;
         Ok(rx)
     }
 
+    /// Registers a consumer of the log's records (tables, streams). Segments are deleted only
+    /// below the position every registered consumer has released. A new consumer needs
+    /// everything from the first record on.
+    pub fn consumer(&self, name: &str) -> LogConsumer {
+        if let Ok(mut consumers) = self.shared.consumers.lock() {
+            consumers.entry(name.to_owned()).or_insert(0);
+        }
+        LogConsumer {
+            log: self.clone(),
+            name: name.to_owned(),
+        }
+    }
+
     /// Deletes every closed segment whose records all have LSNs below `lsn`: the caller has
-    /// made them durable elsewhere. Returns how many segments were deleted.
+    /// made them durable elsewhere. Returns how many segments were deleted. Prefer
+    /// [`LogConsumer::release_before`], which respects every consumer.
     pub fn truncate_before(&self, lsn: Lsn) -> Result<usize, LogError> {
         let mut closed = self.shared.closed.lock().map_err(|_| LogError::Poisoned)?;
         let mut deleted = 0;
@@ -387,6 +430,11 @@ impl CommitLog {
             deleted += 1;
         }
         Ok(deleted)
+    }
+
+    /// The last LSN that is durable and applied (0 for an empty log).
+    pub fn last_lsn(&self) -> Lsn {
+        self.shared.last_lsn.load(Ordering::Acquire)
     }
 
     /// Bytes currently in the log's files.
@@ -409,6 +457,37 @@ impl CommitLog {
                 let _ = handle.join();
             }
         }
+    }
+}
+
+/// One consumer's handle on the log: it says how much of the log it still needs.
+#[derive(Debug, Clone)]
+pub struct LogConsumer {
+    log: CommitLog,
+    name: String,
+}
+
+impl LogConsumer {
+    /// Says that this consumer needs no record below `lsn` any more (it made them durable
+    /// elsewhere), and deletes the segments no consumer needs. Returns how many were deleted.
+    pub fn release_before(&self, lsn: Lsn) -> Result<usize, LogError> {
+        let floor = {
+            let mut consumers = self
+                .log
+                .shared
+                .consumers
+                .lock()
+                .map_err(|_| LogError::Poisoned)?;
+            let entry = consumers.entry(self.name.clone()).or_insert(0);
+            *entry = (*entry).max(lsn);
+            consumers.values().copied().min().unwrap_or(0)
+        };
+        self.log.truncate_before(floor)
+    }
+
+    /// The log itself.
+    pub fn log(&self) -> &CommitLog {
+        &self.log
     }
 }
 
@@ -449,6 +528,10 @@ fn writer_loop(
         match result {
             Ok(()) => {
                 for append in group.drain(..) {
+                    if let Some(apply) = append.apply {
+                        apply(next_lsn);
+                    }
+                    shared.last_lsn.store(next_lsn, Ordering::Release);
                     let _ = append.done.send(Ok(next_lsn));
                     next_lsn += 1;
                 }

@@ -1,0 +1,185 @@
+//! Object storage: the one place that knows which backend holds the data at rest.
+//!
+//! [`Storage::open`] builds an `object_store` from a URL: a local directory (the default, under
+//! the data directory), `s3://bucket/prefix` (credentials, endpoint and region from the
+//! standard `AWS_*` variables; path-style requests for MinIO and other S3-compatible servers),
+//! or `memory://` for tests. Everything else in sluice sees only [`Storage::store`] and paths
+//! relative to the database root.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use object_store::ObjectStore;
+use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
+use object_store::local::LocalFileSystem;
+use object_store::memory::InMemory;
+use object_store::prefix::PrefixStore;
+
+/// Why object storage could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// A URL sluice cannot use.
+    #[error("unsupported object store URL {url:?}: {reason}")]
+    InvalidUrl {
+        /// The URL given.
+        url: String,
+        /// Why it was refused.
+        reason: &'static str,
+    },
+    /// The backend refused its configuration.
+    #[error("cannot set up object store {url:?}: {source}")]
+    Backend {
+        /// The URL given.
+        url: String,
+        /// The backend's error.
+        #[source]
+        source: object_store::Error,
+    },
+    /// The local directory could not be created.
+    #[error("cannot create object store directory {path}: {source}")]
+    Io {
+        /// The directory.
+        path: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Which kind of backend a [`Storage`] uses (for logs and metrics only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// A local directory.
+    Local,
+    /// S3 or an S3-compatible server.
+    S3,
+    /// Process memory (tests).
+    Memory,
+}
+
+/// The object store holding one sluice database.
+#[derive(Debug, Clone)]
+pub struct Storage {
+    store: Arc<dyn ObjectStore>,
+    url: String,
+    backend: Backend,
+}
+
+impl Storage {
+    /// Builds the object store for `url`.
+    ///
+    /// - `memory://`: a fresh in-memory store;
+    /// - `s3://bucket[/prefix]`: S3 with settings from `AWS_*` variables; path-style requests,
+    ///   region `us-east-1` unless set, conditional create through `If-None-Match`/ETag;
+    /// - `file:///abs/dir` or a plain path: a local directory, created if missing.
+    ///
+    /// ```
+    /// # tokio_test_block(async {
+    /// let storage = sluice::storage::Storage::open("memory://").unwrap();
+    /// storage.store().put(&"a".into(), vec![1u8].into()).await.unwrap();
+    /// # });
+    /// # fn tokio_test_block<F: std::future::Future>(f: F) -> F::Output {
+    /// #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+    /// # }
+    /// ```
+    pub fn open(url: &str) -> Result<Storage, StorageError> {
+        let invalid = |reason| StorageError::InvalidUrl {
+            url: url.to_owned(),
+            reason,
+        };
+        let backend_error = |source| StorageError::Backend {
+            url: url.to_owned(),
+            source,
+        };
+        if url == "memory://" || url == "memory:" {
+            return Ok(Storage {
+                store: Arc::new(InMemory::new()),
+                url: url.to_owned(),
+                backend: Backend::Memory,
+            });
+        }
+        if let Some(rest) = url.strip_prefix("s3://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                return Err(invalid("an s3 URL needs a bucket: s3://bucket[/prefix]"));
+            }
+            let mut builder = AmazonS3Builder::from_env()
+                .with_bucket_name(bucket)
+                .with_virtual_hosted_style_request(false)
+                .with_conditional_put(S3ConditionalPut::ETagMatch);
+            if std::env::var_os("AWS_REGION").is_none()
+                && std::env::var_os("AWS_DEFAULT_REGION").is_none()
+            {
+                builder = builder.with_region("us-east-1");
+            }
+            let s3 = builder.build().map_err(backend_error)?;
+            let store: Arc<dyn ObjectStore> = match prefix.trim_matches('/') {
+                "" => Arc::new(s3),
+                p => Arc::new(PrefixStore::new(s3, p)),
+            };
+            return Ok(Storage {
+                store,
+                url: url.to_owned(),
+                backend: Backend::S3,
+            });
+        }
+        let dir = match url.strip_prefix("file://") {
+            Some(path) => path,
+            None if url.contains("://") => {
+                return Err(invalid("use a directory path, file://, s3:// or memory://"));
+            }
+            None => url,
+        };
+        if dir.is_empty() {
+            return Err(invalid("empty directory path"));
+        }
+        Self::local(Path::new(dir)).map(|mut s| {
+            s.url = url.to_owned();
+            s
+        })
+    }
+
+    /// A local directory store (created if missing).
+    pub fn local(dir: &Path) -> Result<Storage, StorageError> {
+        std::fs::create_dir_all(dir).map_err(|source| StorageError::Io {
+            path: dir.display().to_string(),
+            source,
+        })?;
+        let store = LocalFileSystem::new_with_prefix(dir)
+            .map_err(|source| StorageError::Backend {
+                url: dir.display().to_string(),
+                source,
+            })?
+            // Let conditional creates and deletes clean up empty directories.
+            .with_automatic_cleanup(true);
+        Ok(Storage {
+            store: Arc::new(store),
+            url: dir.display().to_string(),
+            backend: Backend::Local,
+        })
+    }
+
+    /// Wraps an existing store (for tests that inject faults).
+    pub fn from_store(store: Arc<dyn ObjectStore>, url: impl Into<String>) -> Storage {
+        Storage {
+            store,
+            url: url.into(),
+            backend: Backend::Memory,
+        }
+    }
+
+    /// The object store.
+    pub fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    /// The URL it was opened from.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The kind of backend.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+}

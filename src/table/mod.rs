@@ -1,0 +1,668 @@
+//! Tables: committed batches in memory until they are flushed as Parquet to object storage.
+//!
+//! An append goes to the commit log; once durable, the batch joins the table's unflushed set
+//! (on the log's writer thread, in LSN order, so the set is always a gap-free prefix of the
+//! table's records) and is visible to queries at once. A flush writes the unflushed batches as
+//! one Parquet file, commits it to the table's manifest together with the log position it
+//! covers, and only then drops the batches from memory: a query's [`TableSnapshot`] sees every
+//! committed row exactly once, in a file or in memory. After a restart, the log records past
+//! the manifest's position for this node are replayed; earlier ones are already in files.
+//!
+//! Compaction merges small files into one through a manifest commit that removes them.
+
+mod files;
+pub mod manifest;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
+use object_store::ObjectStoreExt as _;
+use object_store::path::Path;
+
+use crate::log::{CommitLog, LogConsumer, LogError, Lsn, Record, RecordKind};
+use crate::storage::Storage;
+use crate::types::{Column, arrow_schema};
+use manifest::{Change, Manifest};
+pub use manifest::{DataFile, ManifestState};
+
+/// Why a table operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TableError {
+    /// No table with this id.
+    #[error("table {0} does not exist")]
+    NotFound(String),
+    /// A table with this id exists with other columns.
+    #[error("table {0} already exists with different columns")]
+    AlreadyExists(String),
+    /// The batch's schema is not the table's.
+    #[error("batch schema does not match table {table}: {reason}")]
+    SchemaMismatch {
+        /// The table.
+        table: String,
+        /// The difference.
+        reason: String,
+    },
+    /// The table holds too many unflushed bytes; retry once a flush has caught up.
+    #[error("table {table} has {bytes} unflushed bytes (budget {budget}); retry later")]
+    Backpressure {
+        /// The table.
+        table: String,
+        /// Unflushed bytes.
+        bytes: usize,
+        /// The budget.
+        budget: usize,
+    },
+    /// The commit log refused or failed the append.
+    #[error(transparent)]
+    Log(#[from] LogError),
+    /// Object storage failed.
+    #[error("object store error: {0}")]
+    Storage(#[source] object_store::Error),
+    /// A manifest object that cannot be read.
+    #[error("manifest object {path} is unreadable: {reason}")]
+    CorruptManifest {
+        /// The object.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// A concurrent manifest change made this one impossible (compaction of a file another
+    /// writer already compacted).
+    #[error("manifest conflict: {0}")]
+    Conflict(String),
+    /// Encoding or decoding Arrow or Parquet data failed.
+    #[error("data encoding error: {0}")]
+    Encoding(String),
+    /// A background task could not run.
+    #[error("task failed: {0}")]
+    Task(String),
+}
+
+impl TableError {
+    /// Whether the caller may retry later with nothing applied.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            TableError::Backpressure { .. } => true,
+            TableError::Log(e) => e.is_retryable(),
+            _ => false,
+        }
+    }
+}
+
+/// Tuning of table storage.
+#[derive(Debug, Clone)]
+pub struct TableConfig {
+    /// Flush a table once its unflushed batches hold this many bytes.
+    pub flush_bytes: usize,
+    /// Flush a table once its oldest unflushed batch is this old.
+    pub flush_interval: Duration,
+    /// Refuse appends to a table holding this many unflushed bytes.
+    pub max_unflushed_bytes: usize,
+    /// Rows per Parquet row group.
+    pub row_group_rows: usize,
+    /// Compact once a table has this many files smaller than half the target.
+    pub compact_min_files: usize,
+    /// Target size of a compacted file.
+    pub compact_target_bytes: u64,
+    /// Write a manifest checkpoint every this many versions.
+    pub checkpoint_interval: u64,
+}
+
+impl Default for TableConfig {
+    fn default() -> Self {
+        TableConfig {
+            flush_bytes: 64 << 20,
+            flush_interval: Duration::from_secs(10),
+            max_unflushed_bytes: 512 << 20,
+            row_group_rows: 128 * 1024,
+            compact_min_files: 8,
+            compact_target_bytes: 128 << 20,
+            checkpoint_interval: 10,
+        }
+    }
+}
+
+/// What a query reads of a table at one moment: its files and its unflushed batches, which
+/// together hold every committed row exactly once.
+#[derive(Debug, Clone)]
+pub struct TableSnapshot {
+    /// The table's Arrow schema.
+    pub schema: SchemaRef,
+    /// Parquet files, paths relative to the database root.
+    pub files: Vec<DataFile>,
+    /// Committed batches not yet in a file, in commit order.
+    pub batches: Vec<RecordBatch>,
+    /// The manifest version of `files`.
+    pub version: u64,
+}
+
+impl TableSnapshot {
+    /// Rows in files and in memory.
+    pub fn num_rows(&self) -> u64 {
+        self.files.iter().map(|f| f.rows).sum::<u64>()
+            + self
+                .batches
+                .iter()
+                .map(|b| b.num_rows() as u64)
+                .sum::<u64>()
+    }
+}
+
+/// Size and state figures of one table.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TableStats {
+    /// Parquet files.
+    pub files: usize,
+    /// Bytes in Parquet files.
+    pub file_bytes: u64,
+    /// Rows in Parquet files.
+    pub file_rows: u64,
+    /// Unflushed batches.
+    pub unflushed_batches: usize,
+    /// Bytes held by unflushed batches.
+    pub unflushed_bytes: usize,
+    /// Rows in unflushed batches.
+    pub unflushed_rows: u64,
+}
+
+struct Unflushed {
+    lsn: Lsn,
+    batch: RecordBatch,
+    bytes: usize,
+}
+
+struct TableState {
+    manifest: ManifestState,
+    unflushed: VecDeque<Unflushed>,
+    unflushed_bytes: usize,
+    oldest_unflushed: Option<Instant>,
+}
+
+struct Table {
+    id: String,
+    schema: SchemaRef,
+    manifest: Manifest,
+    state: Mutex<TableState>,
+    /// One flush or compaction of this table at a time on this node.
+    maintenance: tokio::sync::Mutex<()>,
+}
+
+impl Table {
+    fn lock(&self) -> std::sync::MutexGuard<'_, TableState> {
+        // A panic while holding the lock leaves plain data behind; keep serving it.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn push(&self, lsn: Lsn, batch: RecordBatch) {
+        let bytes = batch.get_array_memory_size();
+        let mut state = self.lock();
+        state.unflushed_bytes += bytes;
+        state.oldest_unflushed.get_or_insert_with(Instant::now);
+        state.unflushed.push_back(Unflushed { lsn, batch, bytes });
+    }
+}
+
+fn table_dir(id: &str) -> String {
+    format!("tables/{id}")
+}
+
+/// Checks that a table id is safe to use in object paths.
+fn check_id(id: &str) -> Result<(), TableError> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(TableError::NotFound(format!("{id:?} (invalid table id)")))
+    }
+}
+
+/// All tables of one node: appends, snapshots, flushes and compaction.
+pub struct Tables {
+    log: CommitLog,
+    consumer: LogConsumer,
+    storage: Storage,
+    node_id: String,
+    config: TableConfig,
+    tables: RwLock<HashMap<String, Arc<Table>>>,
+}
+
+impl std::fmt::Debug for Tables {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tables")
+            .field("node_id", &self.node_id)
+            .field("storage", &self.storage.url())
+            .finish()
+    }
+}
+
+impl Tables {
+    /// Opens the table engine over `log` and `storage`, replaying the table records of
+    /// `replay` (the records [`CommitLog::open`] returned) that no Parquet file holds yet.
+    ///
+    /// `node_id` names this node's log in manifests; it must stay the same across restarts
+    /// of the same data directory.
+    pub async fn open(
+        log: CommitLog,
+        replay: &[Record],
+        storage: Storage,
+        node_id: &str,
+        config: TableConfig,
+    ) -> Result<Tables, TableError> {
+        let consumer = log.consumer("tables");
+        let tables = Tables {
+            log,
+            consumer,
+            storage,
+            node_id: node_id.to_owned(),
+            config,
+            tables: RwLock::new(HashMap::new()),
+        };
+        for record in replay.iter().filter(|r| r.kind == RecordKind::TableBatch) {
+            let (id, batch) = files::decode_record(&record.payload)?;
+            let table = match tables.get(&id) {
+                Some(t) => t,
+                None => match tables.open_table(&id).await {
+                    Ok(t) => t,
+                    // A table dropped since: its records have nowhere to go.
+                    Err(TableError::NotFound(_)) => continue,
+                    Err(e) => return Err(e),
+                },
+            };
+            let covered = table
+                .lock()
+                .manifest
+                .flushed
+                .get(&tables.node_id)
+                .copied()
+                .unwrap_or(0);
+            if record.lsn > covered {
+                table.push(record.lsn, batch);
+            }
+        }
+        tables.release_log()?;
+        Ok(tables)
+    }
+
+    fn get(&self, id: &str) -> Option<Arc<Table>> {
+        self.tables
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    fn insert(
+        &self,
+        id: &str,
+        manifest: Manifest,
+        state: ManifestState,
+    ) -> Result<Arc<Table>, TableError> {
+        let columns = state.table_columns()?;
+        let table = Arc::new(Table {
+            id: id.to_owned(),
+            schema: arrow_schema(&columns),
+            manifest,
+            state: Mutex::new(TableState {
+                manifest: state,
+                unflushed: VecDeque::new(),
+                unflushed_bytes: 0,
+                oldest_unflushed: None,
+            }),
+            maintenance: tokio::sync::Mutex::new(()),
+        });
+        let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
+        Ok(tables.entry(id.to_owned()).or_insert(table).clone())
+    }
+
+    /// Creates a table with these columns (computed columns are not stored). Creating an
+    /// existing table with the same columns is a no-op.
+    pub async fn create_table(&self, id: &str, columns: &[Column]) -> Result<(), TableError> {
+        check_id(id)?;
+        let manifest = Manifest::new(&table_dir(id), self.config.checkpoint_interval);
+        let state = manifest
+            .create(self.storage.store().as_ref(), columns)
+            .await?;
+        if self.get(id).is_none() {
+            self.insert(id, manifest, state)?;
+        }
+        Ok(())
+    }
+
+    /// Opens a table that exists in object storage (created by this or another node).
+    async fn open_table(&self, id: &str) -> Result<Arc<Table>, TableError> {
+        check_id(id)?;
+        if let Some(t) = self.get(id) {
+            return Ok(t);
+        }
+        let manifest = Manifest::new(&table_dir(id), self.config.checkpoint_interval);
+        let state = manifest.load(self.storage.store().as_ref()).await?;
+        self.insert(id, manifest, state)
+    }
+
+    async fn table(&self, id: &str) -> Result<Arc<Table>, TableError> {
+        match self.get(id) {
+            Some(t) => Ok(t),
+            None => self.open_table(id).await,
+        }
+    }
+
+    /// The Arrow schema of a table.
+    pub async fn schema(&self, id: &str) -> Result<SchemaRef, TableError> {
+        Ok(self.table(id).await?.schema.clone())
+    }
+
+    /// Appends a batch: durable in the commit log and visible to snapshots when this returns.
+    /// Returns the batch's log position.
+    ///
+    /// Refused with nothing applied when the table is over its unflushed budget
+    /// ([`TableError::Backpressure`]) or the log is over its byte budget.
+    pub async fn append(&self, id: &str, batch: RecordBatch) -> Result<Lsn, TableError> {
+        let table = self.table(id).await?;
+        if batch.schema().fields() != table.schema.fields() {
+            return Err(TableError::SchemaMismatch {
+                table: id.to_owned(),
+                reason: format!("expected {:?}, got {:?}", table.schema, batch.schema()),
+            });
+        }
+        let unflushed = table.lock().unflushed_bytes;
+        if unflushed > self.config.max_unflushed_bytes {
+            return Err(TableError::Backpressure {
+                table: id.to_owned(),
+                bytes: unflushed,
+                budget: self.config.max_unflushed_bytes,
+            });
+        }
+        let payload = files::encode_record(id, &batch)?;
+        let applied = table.clone();
+        let lsn = self
+            .log
+            .append_applied(RecordKind::TableBatch, payload, move |lsn| {
+                applied.push(lsn, batch);
+            })
+            .await?;
+        Ok(lsn)
+    }
+
+    /// What a query reads of the table now.
+    pub async fn snapshot(&self, id: &str) -> Result<TableSnapshot, TableError> {
+        let table = self.table(id).await?;
+        let state = table.lock();
+        Ok(TableSnapshot {
+            schema: table.schema.clone(),
+            files: state.manifest.files.clone(),
+            batches: state.unflushed.iter().map(|u| u.batch.clone()).collect(),
+            version: state.manifest.version,
+        })
+    }
+
+    /// Size figures of a table.
+    pub async fn stats(&self, id: &str) -> Result<TableStats, TableError> {
+        let table = self.table(id).await?;
+        let state = table.lock();
+        Ok(TableStats {
+            files: state.manifest.files.len(),
+            file_bytes: state.manifest.files.iter().map(|f| f.bytes).sum(),
+            file_rows: state.manifest.files.iter().map(|f| f.rows).sum(),
+            unflushed_batches: state.unflushed.len(),
+            unflushed_bytes: state.unflushed_bytes,
+            unflushed_rows: state
+                .unflushed
+                .iter()
+                .map(|u| u.batch.num_rows() as u64)
+                .sum(),
+        })
+    }
+
+    /// Ids of the tables this node has open.
+    pub fn open_tables(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .tables
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// Reads manifest versions other nodes committed to a table since this node last looked.
+    pub async fn refresh(&self, id: &str) -> Result<(), TableError> {
+        let table = self.table(id).await?;
+        let mut manifest = table.lock().manifest.clone();
+        if table
+            .manifest
+            .refresh(self.storage.store().as_ref(), &mut manifest)
+            .await?
+        {
+            let mut state = table.lock();
+            if manifest.version > state.manifest.version {
+                state.manifest = manifest;
+            }
+        }
+        Ok(())
+    }
+
+    /// Flushes a table's unflushed batches to one Parquet file. Returns the file, if any.
+    pub async fn flush(&self, id: &str) -> Result<Option<DataFile>, TableError> {
+        let table = self.table(id).await?;
+        let _maintenance = table.maintenance.lock().await;
+        // The cut: everything unflushed now. Appends may go on; they land after it.
+        let (batches, count, last_lsn, manifest) = {
+            let state = table.lock();
+            let Some(last) = state.unflushed.back() else {
+                return Ok(None);
+            };
+            (
+                state
+                    .unflushed
+                    .iter()
+                    .map(|u| u.batch.clone())
+                    .collect::<Vec<_>>(),
+                state.unflushed.len(),
+                last.lsn,
+                state.manifest.clone(),
+            )
+        };
+        let path = format!(
+            "{}/data/{}.parquet",
+            table_dir(&table.id),
+            uuid::Uuid::new_v4().simple()
+        );
+        let schema = table.schema.clone();
+        let row_group_rows = self.config.row_group_rows;
+        let (bytes, file) = tokio::task::spawn_blocking(move || {
+            files::write_parquet(&schema, &batches, row_group_rows, path)
+        })
+        .await
+        .map_err(|e| TableError::Task(e.to_string()))??;
+        self.storage
+            .store()
+            .put(&Path::from(file.path.as_str()), bytes.into())
+            .await
+            .map_err(TableError::Storage)?;
+        let change = Change {
+            added: vec![file.clone()],
+            removed: Vec::new(),
+            flushed: BTreeMap::from([(self.node_id.clone(), last_lsn)]),
+        };
+        let committed = table
+            .manifest
+            .commit(self.storage.store().as_ref(), &manifest, &change)
+            .await?;
+        {
+            // Swap in one step: the file appears and its batches leave together.
+            let mut state = table.lock();
+            state.manifest = committed;
+            for _ in 0..count {
+                if let Some(u) = state.unflushed.pop_front() {
+                    state.unflushed_bytes -= u.bytes;
+                }
+            }
+            state.oldest_unflushed = if state.unflushed.is_empty() {
+                None
+            } else {
+                Some(Instant::now())
+            };
+        }
+        self.release_log()?;
+        Ok(Some(file))
+    }
+
+    /// Flushes every table that is over its size or age threshold (or every table with
+    /// unflushed data when `all` is set, as at shutdown). Returns how many files were written.
+    pub async fn flush_due(&self, all: bool) -> Result<usize, TableError> {
+        let due: Vec<String> = {
+            let tables = self.tables.read().unwrap_or_else(|p| p.into_inner());
+            tables
+                .values()
+                .filter(|t| {
+                    let state = t.lock();
+                    !state.unflushed.is_empty()
+                        && (all
+                            || state.unflushed_bytes >= self.config.flush_bytes
+                            || state
+                                .oldest_unflushed
+                                .is_some_and(|at| at.elapsed() >= self.config.flush_interval))
+                })
+                .map(|t| t.id.clone())
+                .collect()
+        };
+        let mut written = 0;
+        let mut first_error = None;
+        for id in due {
+            match self.flush(&id).await {
+                Ok(Some(_)) => written += 1,
+                Ok(None) => {}
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(written),
+        }
+    }
+
+    /// Merges a table's small files into one when it has enough of them. Returns the new file.
+    pub async fn compact(&self, id: &str) -> Result<Option<DataFile>, TableError> {
+        let table = self.table(id).await?;
+        let _maintenance = table.maintenance.lock().await;
+        let manifest = table.lock().manifest.clone();
+        let small_limit = self.config.compact_target_bytes / 2;
+        let mut picked: Vec<DataFile> = Vec::new();
+        let mut total = 0u64;
+        for f in manifest.files.iter().filter(|f| f.bytes < small_limit) {
+            if total + f.bytes > self.config.compact_target_bytes && picked.len() >= 2 {
+                break;
+            }
+            total += f.bytes;
+            picked.push(f.clone());
+        }
+        if picked.len() < self.config.compact_min_files.max(2) {
+            return Ok(None);
+        }
+        let mut inputs = Vec::with_capacity(picked.len());
+        for f in &picked {
+            let bytes = self
+                .storage
+                .store()
+                .get(&Path::from(f.path.as_str()))
+                .await
+                .map_err(TableError::Storage)?
+                .bytes()
+                .await
+                .map_err(TableError::Storage)?;
+            inputs.push(bytes);
+        }
+        let path = format!(
+            "{}/data/{}.parquet",
+            table_dir(&table.id),
+            uuid::Uuid::new_v4().simple()
+        );
+        let schema = table.schema.clone();
+        let row_group_rows = self.config.row_group_rows;
+        let (bytes, file) = tokio::task::spawn_blocking(move || {
+            let batches = files::read_parquet(&inputs)?;
+            files::write_parquet(&schema, &batches, row_group_rows, path)
+        })
+        .await
+        .map_err(|e| TableError::Task(e.to_string()))??;
+        self.storage
+            .store()
+            .put(&Path::from(file.path.as_str()), bytes.into())
+            .await
+            .map_err(TableError::Storage)?;
+        let change = Change {
+            added: vec![file.clone()],
+            removed: picked.iter().map(|f| f.path.clone()).collect(),
+            flushed: BTreeMap::new(),
+        };
+        let committed = match table
+            .manifest
+            .commit(self.storage.store().as_ref(), &manifest, &change)
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                // The merged file was never referenced: remove it (best effort).
+                let _ = self
+                    .storage
+                    .store()
+                    .delete(&Path::from(file.path.as_str()))
+                    .await;
+                return Err(e);
+            }
+        };
+        // Replaced files stay in object storage: snapshots taken before this commit may
+        // still read them. Reclaiming them is a separate, delayed clean-up.
+        table.lock().manifest = committed;
+        Ok(Some(file))
+    }
+
+    /// Tells the log which records tables still need: those of unflushed batches.
+    fn release_log(&self) -> Result<(), TableError> {
+        // Read the tail first: a record applied while the tables are scanned is at or past it.
+        let tail = self.log.last_lsn() + 1;
+        let tables = self.tables.read().unwrap_or_else(|p| p.into_inner());
+        let oldest = tables
+            .values()
+            .filter_map(|t| t.lock().unflushed.front().map(|u| u.lsn))
+            .min();
+        drop(tables);
+        self.consumer
+            .release_before(oldest.unwrap_or(tail).min(tail))?;
+        Ok(())
+    }
+
+    /// Runs flushes (and compactions) on a timer until `shutdown` resolves, then flushes
+    /// everything. Errors are retried on the next tick.
+    pub async fn run_maintenance(
+        self: Arc<Self>,
+        tick: Duration,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        tokio::pin!(shutdown);
+        let mut interval = tokio::time::interval(tick);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = interval.tick() => {
+                    let _ = self.flush_due(false).await;
+                    for id in self.open_tables() {
+                        let _ = self.compact(&id).await;
+                    }
+                }
+            }
+        }
+        let _ = self.flush_due(true).await;
+    }
+}

@@ -1,0 +1,499 @@
+//! Table storage conformance: the same suite against every object-store backend (a local
+//! directory and memory; S3 when `SLUICE_TEST_S3_URL` is set).
+//!
+//! Every test appends rows with unique ids and checks, from a snapshot (Parquet files read back
+//! from the store plus unflushed batches), that each acknowledged id is there exactly once.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::Int64Type;
+use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+use object_store::ObjectStoreExt as _;
+use object_store::path::Path;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use sluice::ingest::{Decoder, Limits};
+use sluice::log::{CommitLog, LogConfig};
+use sluice::storage::Storage;
+use sluice::table::{TableConfig, TableError, TableSnapshot, Tables};
+use sluice::types::{Column, ColumnType};
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// One test's world: a data directory for logs and a store that outlives "restarts".
+struct World {
+    dir: PathBuf,
+    storage: Storage,
+}
+
+fn world(backend: &str) -> World {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("sluice-table-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let storage = match backend {
+        "memory" => Storage::open("memory://").unwrap(),
+        "local" => Storage::open(dir.join("objects").to_str().unwrap()).unwrap(),
+        "s3" => {
+            let base = std::env::var("SLUICE_TEST_S3_URL").expect("SLUICE_TEST_S3_URL");
+            Storage::open(&format!("{base}/table-{}-{n}", std::process::id())).unwrap()
+        }
+        other => panic!("unknown backend {other}"),
+    };
+    World { dir, storage }
+}
+
+impl World {
+    /// Opens (or reopens, after a "crash") node `node`'s log and table engine.
+    async fn open(&self, node: &str, config: TableConfig) -> (CommitLog, Tables) {
+        let (log, replay) = CommitLog::open(LogConfig::new(self.dir.join(node))).unwrap();
+        let tables = Tables::open(log.clone(), &replay, self.storage.clone(), node, config)
+            .await
+            .unwrap();
+        (log, tables)
+    }
+}
+
+fn columns() -> Vec<Column> {
+    vec![
+        Column::new("id", ColumnType::Int),
+        Column::new("time", ColumnType::Timestamp),
+        Column::new("note", ColumnType::String),
+        Column::new("took", ColumnType::Interval),
+        Column::new("var", ColumnType::Object),
+        Column::new("blob", ColumnType::Binary),
+    ]
+}
+
+/// A batch with ids `from..to`, through the real decoder.
+fn batch(from: i64, to: i64) -> RecordBatch {
+    let mut body = String::new();
+    for id in from..to {
+        body.push_str(&format!(
+            "{{\"id\":{id},\"time\":\"2026-10-23T09:{:02}:00Z\",\"note\":\"row {id}\",\"took\":\"PT{id}S\",\"var\":{{\"k\":[{id}]}},\"blob\":\"AAE=\"}}\n",
+            id % 60
+        ));
+    }
+    Decoder::new(&columns())
+        .decode(body.as_bytes(), &Limits::default())
+        .unwrap()
+}
+
+/// Every id in a snapshot, reading its Parquet files from the store.
+async fn ids(storage: &Storage, snapshot: &TableSnapshot) -> Vec<i64> {
+    let mut out = Vec::new();
+    let mut push = |b: &RecordBatch| {
+        let col = b.column_by_name("id").unwrap().as_primitive::<Int64Type>();
+        out.extend(col.values().iter().copied());
+    };
+    for f in &snapshot.files {
+        let bytes = storage
+            .store()
+            .get(&Path::from(f.path.as_str()))
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        assert_eq!(bytes.len() as u64, f.bytes);
+        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .unwrap()
+            .build()
+            .unwrap();
+        for b in reader {
+            push(&b.unwrap());
+        }
+    }
+    for b in &snapshot.batches {
+        push(b);
+    }
+    out
+}
+
+/// Asserts the table holds exactly the ids `0..n`, each once.
+async fn assert_exactly(storage: &Storage, tables: &Tables, table: &str, n: i64) {
+    let snapshot = tables.snapshot(table).await.unwrap();
+    let mut got = ids(storage, &snapshot).await;
+    got.sort_unstable();
+    assert_eq!(got.len() as i64, n, "row count");
+    assert_eq!(got, (0..n).collect::<Vec<_>>(), "each id exactly once");
+    assert_eq!(snapshot.num_rows() as i64, n);
+}
+
+async fn append_flush_reopen(backend: &str) {
+    let w = world(backend);
+    let (log, tables) = w.open("node-a", TableConfig::default()).await;
+    tables.create_table("t1", &columns()).await.unwrap();
+    tables.append("t1", batch(0, 10)).await.unwrap();
+    // Visible at once, before any flush.
+    assert_exactly(&w.storage, &tables, "t1", 10).await;
+    let file = tables.flush("t1").await.unwrap().expect("a file");
+    assert_eq!(file.rows, 10);
+    assert_eq!(file.time_ranges["time"].0, 1_792_746_000_000_000_000);
+    let s = tables.snapshot("t1").await.unwrap();
+    assert_eq!((s.files.len(), s.batches.len()), (1, 0));
+    tables.append("t1", batch(10, 25)).await.unwrap();
+    assert_exactly(&w.storage, &tables, "t1", 25).await;
+    // "Crash": drop everything without flushing the second batch.
+    log.close();
+    drop(tables);
+    let (log, tables) = w.open("node-a", TableConfig::default()).await;
+    assert_exactly(&w.storage, &tables, "t1", 25).await;
+    let s = tables.snapshot("t1").await.unwrap();
+    assert_eq!(
+        (s.files.len(), s.batches.len()),
+        (1, 1),
+        "flushed rows are not replayed"
+    );
+    tables.flush_due(true).await.unwrap();
+    log.close();
+    drop(tables);
+    let (_log, tables) = w.open("node-a", TableConfig::default()).await;
+    assert_exactly(&w.storage, &tables, "t1", 25).await;
+    assert_eq!(tables.snapshot("t1").await.unwrap().batches.len(), 0);
+}
+
+async fn parquet_keeps_types_and_metadata(backend: &str) {
+    let w = world(backend);
+    let (_log, tables) = w.open("n", TableConfig::default()).await;
+    tables.create_table("typed", &columns()).await.unwrap();
+    let original = batch(0, 5);
+    tables.append("typed", original.clone()).await.unwrap();
+    let file = tables.flush("typed").await.unwrap().unwrap();
+    let bytes = w
+        .storage
+        .store()
+        .get(&Path::from(file.path.as_str()))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+        .unwrap()
+        .build()
+        .unwrap();
+    let back: Vec<RecordBatch> = reader.map(|b| b.unwrap()).collect();
+    assert_eq!(back.len(), 1);
+    assert_eq!(
+        back[0], original,
+        "values, types and field metadata survive Parquet"
+    );
+    let metadata = back[0]
+        .schema()
+        .field_with_name("var")
+        .unwrap()
+        .metadata()
+        .clone();
+    assert_eq!(
+        metadata.get("ARROW:extension:name").map(String::as_str),
+        Some("arrow.json")
+    );
+    assert_eq!(
+        metadata.get("sluice.type").map(String::as_str),
+        Some("object")
+    );
+}
+
+async fn concurrent_appends_and_flushes(backend: &str) {
+    let w = world(backend);
+    let (log, tables) = w.open("n", TableConfig::default()).await;
+    let tables = Arc::new(tables);
+    tables.create_table("busy", &columns()).await.unwrap();
+    let mut tasks = Vec::new();
+    for task in 0..16i64 {
+        let tables = tables.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..10 {
+                let from = (task * 10 + i) * 5;
+                tables.append("busy", batch(from, from + 5)).await.unwrap();
+            }
+        }));
+    }
+    let flusher = {
+        let tables = tables.clone();
+        tokio::spawn(async move {
+            for _ in 0..20 {
+                tables.flush("busy").await.unwrap();
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    for t in tasks {
+        t.await.unwrap();
+    }
+    flusher.await.unwrap();
+    assert_exactly(&w.storage, &tables, "busy", 800).await;
+    tables.flush("busy").await.unwrap();
+    assert_exactly(&w.storage, &tables, "busy", 800).await;
+    log.close();
+    let (_log, tables) = w.open("n", TableConfig::default()).await;
+    assert_exactly(&w.storage, &tables, "busy", 800).await;
+}
+
+async fn two_writers_race_for_manifest_versions(backend: &str) {
+    let w = world(backend);
+    let (_la, a) = w.open("node-a", TableConfig::default()).await;
+    let (_lb, b) = w.open("node-b", TableConfig::default()).await;
+    a.create_table("shared", &columns()).await.unwrap();
+    // The second node's create sees the same columns and succeeds without a new version.
+    b.create_table("shared", &columns()).await.unwrap();
+    let (a, b) = (Arc::new(a), Arc::new(b));
+    let mut tasks = Vec::new();
+    for (node, tables) in [(0i64, a.clone()), (1, b.clone())] {
+        tasks.push(tokio::spawn(async move {
+            for round in 0..6i64 {
+                let from = (round * 2 + node) * 10;
+                tables
+                    .append("shared", batch(from, from + 10))
+                    .await
+                    .unwrap();
+                tables.flush("shared").await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // Each node knows its own commits and those it raced past; a refresh brings the rest.
+    a.refresh("shared").await.unwrap();
+    b.refresh("shared").await.unwrap();
+    let sa = a.snapshot("shared").await.unwrap();
+    let sb = b.snapshot("shared").await.unwrap();
+    assert_eq!(sa.version, 12, "one version per flush, none lost or forked");
+    assert_eq!(sa.files, sb.files);
+    assert_exactly(&w.storage, &a, "shared", 120).await;
+    // A third node opening the table from storage alone sees everything.
+    let (_lc, c) = w.open("node-c", TableConfig::default()).await;
+    assert_exactly(&w.storage, &c, "shared", 120).await;
+    // A create with other columns is refused.
+    let other = vec![Column::new("x", ColumnType::String)];
+    assert!(matches!(
+        c.create_table("shared", &other).await,
+        Err(TableError::AlreadyExists(_))
+    ));
+}
+
+async fn compaction_during_reads(backend: &str) {
+    let w = world(backend);
+    let config = TableConfig {
+        compact_min_files: 4,
+        ..TableConfig::default()
+    };
+    let (_log, tables) = w.open("n", config.clone()).await;
+    tables.create_table("small", &columns()).await.unwrap();
+    for i in 0..6i64 {
+        tables
+            .append("small", batch(i * 10, i * 10 + 10))
+            .await
+            .unwrap();
+        tables.flush("small").await.unwrap();
+    }
+    tables.append("small", batch(60, 70)).await.unwrap();
+    let before = tables.snapshot("small").await.unwrap();
+    assert_eq!(before.files.len(), 6);
+    let merged = tables.compact("small").await.unwrap().expect("compacted");
+    assert_eq!(merged.rows, 60);
+    let after = tables.snapshot("small").await.unwrap();
+    assert_eq!(after.files.len(), 1);
+    assert_exactly(&w.storage, &tables, "small", 70).await;
+    // A snapshot taken before the compaction still reads its (replaced) files.
+    let mut old = ids(&w.storage, &before).await;
+    old.sort_unstable();
+    assert_eq!(old, (0..70).collect::<Vec<_>>());
+    // Nothing more to compact; a reopen reads the compacted state (through a checkpoint once
+    // there are enough versions).
+    assert!(tables.compact("small").await.unwrap().is_none());
+    let (_l2, reopened) = w.open("n2", config).await;
+    assert_exactly(&w.storage, &reopened, "small", 60).await;
+}
+
+async fn checkpoints_bound_what_opening_reads(backend: &str) {
+    let w = world(backend);
+    let config = TableConfig {
+        checkpoint_interval: 5,
+        ..TableConfig::default()
+    };
+    let (_log, tables) = w.open("n", config.clone()).await;
+    tables.create_table("cp", &columns()).await.unwrap();
+    for i in 0..12i64 {
+        tables.append("cp", batch(i, i + 1)).await.unwrap();
+        tables.flush("cp").await.unwrap();
+    }
+    let store = w.storage.store();
+    for v in [5u64, 10] {
+        let path = Path::from(format!("tables/cp/_log/{v:020}.checkpoint.json"));
+        store.head(&path).await.expect("checkpoint written");
+    }
+    // Delete the versions the checkpoint covers: opening must not need them.
+    for v in 0..=10u64 {
+        store
+            .delete(&Path::from(format!("tables/cp/_log/{v:020}.json")))
+            .await
+            .unwrap();
+    }
+    let (_l2, other) = w.open("other", config).await;
+    let snapshot = other.snapshot("cp").await.unwrap();
+    assert_eq!(snapshot.version, 12);
+    assert_exactly(&w.storage, &other, "cp", 12).await;
+}
+
+async fn backpressure_applies_nothing(backend: &str) {
+    let w = world(backend);
+    let config = TableConfig {
+        max_unflushed_bytes: 1,
+        ..TableConfig::default()
+    };
+    let (_log, tables) = w.open("n", config).await;
+    tables.create_table("bp", &columns()).await.unwrap();
+    tables.append("bp", batch(0, 10)).await.unwrap();
+    let err = tables.append("bp", batch(10, 20)).await.unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+    assert!(matches!(err, TableError::Backpressure { .. }));
+    assert_exactly(&w.storage, &tables, "bp", 10).await;
+    tables.flush("bp").await.unwrap();
+    tables.append("bp", batch(10, 20)).await.unwrap();
+    assert_exactly(&w.storage, &tables, "bp", 20).await;
+}
+
+async fn wrong_schema_and_missing_tables_are_refused(backend: &str) {
+    let w = world(backend);
+    let (_log, tables) = w.open("n", TableConfig::default()).await;
+    tables.create_table("t", &columns()).await.unwrap();
+    let other: ArrayRef = Arc::new(StringArray::from(vec!["x"]));
+    let wrong = RecordBatch::try_from_iter([("id", other)]).unwrap();
+    assert!(matches!(
+        tables.append("t", wrong).await,
+        Err(TableError::SchemaMismatch { .. })
+    ));
+    let ok: ArrayRef = Arc::new(Int64Array::from(vec![1]));
+    let batch = RecordBatch::try_from_iter([("id", ok)]).unwrap();
+    assert!(matches!(
+        tables.append("nope", batch).await,
+        Err(TableError::NotFound(_))
+    ));
+    assert!(matches!(
+        tables.create_table("../escape", &columns()).await,
+        Err(TableError::NotFound(_))
+    ));
+    assert_exactly(&w.storage, &tables, "t", 0).await;
+}
+
+/// Crash consistency: whatever a crash leaves at the log's tail, after restart every
+/// acknowledged batch is present exactly once and no partial batch appears.
+async fn crash_at_every_log_tail_length(backend: &str) {
+    let w = world(backend);
+    let (log, tables) = w.open("crash", TableConfig::default()).await;
+    tables.create_table("c", &columns()).await.unwrap();
+    tables.append("c", batch(0, 10)).await.unwrap();
+    tables.flush("c").await.unwrap();
+    for i in 1..4 {
+        tables
+            .append("c", batch(i * 10, i * 10 + 10))
+            .await
+            .unwrap();
+    }
+    log.close();
+    drop(tables);
+    let dir = w.dir.join("crash");
+    let segment = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .max()
+        .unwrap();
+    let full = std::fs::read(&segment).unwrap();
+    // Simulate the crash of an unacknowledged fifth append at every point of its write: the
+    // four acknowledged batches must all be there, once, whatever the tail holds.
+    let (log, tables) = w.open("crash", TableConfig::default()).await;
+    tables.append("c", batch(40, 50)).await.unwrap();
+    log.close();
+    drop(tables);
+    let with_fifth = std::fs::read(&segment).unwrap();
+    let step = ((with_fifth.len() - full.len()) / 40).max(1);
+    let mut cut = full.len();
+    while cut < with_fifth.len() {
+        std::fs::write(&segment, &with_fifth[..cut]).unwrap();
+        let (log, tables) = w.open("crash", TableConfig::default()).await;
+        assert_exactly(&w.storage, &tables, "c", 40).await;
+        log.close();
+        cut += step;
+    }
+    std::fs::write(&segment, &with_fifth).unwrap();
+    let (_log, tables) = w.open("crash", TableConfig::default()).await;
+    assert_exactly(&w.storage, &tables, "c", 50).await;
+}
+
+async fn log_segments_are_released_after_flush(backend: &str) {
+    let w = world(backend);
+    let dir = w.dir.join("seg");
+    let mut config = LogConfig::new(&dir);
+    config.segment_bytes = 4096;
+    let (log, replay) = CommitLog::open(config.clone()).unwrap();
+    let tables = Tables::open(
+        log.clone(),
+        &replay,
+        w.storage.clone(),
+        "seg",
+        TableConfig::default(),
+    )
+    .await
+    .unwrap();
+    tables.create_table("s", &columns()).await.unwrap();
+    for i in 0..20 {
+        tables
+            .append("s", batch(i * 10, i * 10 + 10))
+            .await
+            .unwrap();
+    }
+    let before = log.disk_bytes();
+    tables.flush("s").await.unwrap();
+    assert!(
+        log.disk_bytes() < before / 2,
+        "{} -> {}",
+        before,
+        log.disk_bytes()
+    );
+    log.close();
+    drop(tables);
+    let (log, replay) = CommitLog::open(config).unwrap();
+    let tables = Tables::open(
+        log,
+        &replay,
+        w.storage.clone(),
+        "seg",
+        TableConfig::default(),
+    )
+    .await
+    .unwrap();
+    assert_exactly(&w.storage, &tables, "s", 200).await;
+}
+
+macro_rules! conformance {
+    ($backend:ident, $name:literal) => {
+        mod $backend {
+            macro_rules! case {
+                ($test:ident) => {
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn $test() {
+                        super::$test($name).await;
+                    }
+                };
+            }
+            case!(append_flush_reopen);
+            case!(parquet_keeps_types_and_metadata);
+            case!(concurrent_appends_and_flushes);
+            case!(two_writers_race_for_manifest_versions);
+            case!(compaction_during_reads);
+            case!(checkpoints_bound_what_opening_reads);
+            case!(backpressure_applies_nothing);
+            case!(wrong_schema_and_missing_tables_are_refused);
+            case!(crash_at_every_log_tail_length);
+            case!(log_segments_are_released_after_flush);
+        }
+    };
+}
+
+conformance!(local, "local");
+conformance!(memory, "memory");
