@@ -74,6 +74,7 @@ impl Storage {
     /// - `file:///abs/dir` or a plain path: a local directory, created if missing.
     ///
     /// ```
+    /// use object_store::ObjectStoreExt as _;
     /// # tokio_test_block(async {
     /// let storage = sluice::storage::Storage::open("memory://").unwrap();
     /// storage.store().put(&"a".into(), vec![1u8].into()).await.unwrap();
