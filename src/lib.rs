@@ -6,8 +6,13 @@
 #![warn(clippy::unwrap_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod catalog;
+pub mod config;
+pub mod db;
+pub mod http;
 pub mod ingest;
 pub mod log;
+pub mod query;
 pub mod storage;
 pub mod table;
 pub mod types;

@@ -138,7 +138,7 @@ impl Decoder {
             by_name.insert(c.name.as_bytes().into(), target);
         }
         Decoder {
-            schema: arrow_schema(columns),
+            schema: arrow_schema(columns.iter().filter(|c| !c.computed)),
             inputs,
             by_name,
             parallelism: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),

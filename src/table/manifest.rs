@@ -149,7 +149,8 @@ impl Manifest {
         }
     }
 
-    /// Creates the table: version 0 with its columns. Fails with
+    /// Creates the table: version 0 with its columns (computed ones too: they are stored).
+    /// Fails with
     /// [`TableError::AlreadyExists`] if version 0 is there (with other columns; the same
     /// columns answer the existing state, so a retried create is harmless).
     pub async fn create(
@@ -159,7 +160,6 @@ impl Manifest {
     ) -> Result<ManifestState, TableError> {
         let specs: Vec<ColumnSpec> = columns
             .iter()
-            .filter(|c| !c.computed)
             .map(|c| ColumnSpec {
                 name: c.name.clone(),
                 data_type: c.data_type.as_str().to_owned(),

@@ -321,8 +321,8 @@ impl Tables {
         Ok(tables.entry(id.to_owned()).or_insert(table).clone())
     }
 
-    /// Creates a table with these columns (computed columns are not stored). Creating an
-    /// existing table with the same columns is a no-op.
+    /// Creates a table with these columns (computed ones included: batches carry their
+    /// values). Creating an existing table with the same columns is a no-op.
     pub async fn create_table(&self, id: &str, columns: &[Column]) -> Result<(), TableError> {
         check_id(id)?;
         let manifest = Manifest::new(&table_dir(id), self.config.checkpoint_interval);

@@ -189,11 +189,10 @@ impl Column {
     }
 }
 
-/// The Arrow schema of a table's stored (input) columns, in definition order.
+/// The Arrow schema of these columns, in order.
 pub fn arrow_schema<'a>(columns: impl IntoIterator<Item = &'a Column>) -> SchemaRef {
     let fields: Vec<Field> = columns
         .into_iter()
-        .filter(|c| !c.computed)
         .map(|c| c.data_type.arrow_field(&c.name))
         .collect();
     Arc::new(Schema::new(fields))

@@ -1,0 +1,798 @@
+//! The catalog: databases, schemas and tables, kept as versions in object storage.
+//!
+//! The whole catalog is one JSON document. Each change writes the next version
+//! (`catalog/{version:020}.json`) with a conditional create, so two nodes cannot both commit
+//! the same version; the version number is the catalog's `ETag`. Changes are declarative: a
+//! `PUT` replaces a subtree and answers what it was before and after. Every table carries a
+//! storage id, fixed when the table is created, naming its data in object storage, so a table
+//! dropped and created again starts empty.
+
+use std::collections::BTreeMap;
+
+use object_store::path::Path;
+use object_store::{ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
+use serde::{Deserialize, Serialize};
+
+use crate::storage::Storage;
+use crate::types::{Column, ColumnType};
+
+/// The database and schema that exist from the start, so the seed's examples run as written.
+pub const DEFAULT_DATABASE: &str = "scopedb";
+/// The default schema in [`DEFAULT_DATABASE`].
+pub const DEFAULT_SCHEMA: &str = "public";
+
+/// Why a catalog operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    /// No such database, schema or table.
+    #[error("{kind} {name} does not exist")]
+    NotFound {
+        /// `database`, `schema` or `table`.
+        kind: &'static str,
+        /// Its qualified name.
+        name: String,
+    },
+    /// The definition is not acceptable.
+    #[error("invalid definition: {0}")]
+    Invalid(String),
+    /// `If-Match` named an older version.
+    #[error("catalog version {expected} is stale; the current version is {current}")]
+    Stale {
+        /// The version the request expected.
+        expected: String,
+        /// The current version.
+        current: u64,
+    },
+    /// The change drops columns, tables, schemas or databases and was not allowed to.
+    #[error("this change is destructive ({0}); repeat it with allow_destructive=true")]
+    Destructive(String),
+    /// The change is valid but not supported.
+    #[error("{0}")]
+    Unsupported(String),
+    /// Another node committed a conflicting version.
+    #[error("catalog changed concurrently; retry")]
+    Conflict,
+    /// Object storage failed.
+    #[error("object store error: {0}")]
+    Storage(#[from] object_store::Error),
+    /// A stored catalog version cannot be read.
+    #[error("catalog version {path} is unreadable: {reason}")]
+    Corrupt {
+        /// The object.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A column of a table definition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ColumnDef {
+    /// Column name.
+    pub name: String,
+    /// One of sluice's type names.
+    pub data_type: String,
+    /// Free text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comment: Option<String>,
+    /// For a computed column, the SQL expression over the other columns that fills it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expression: Option<String>,
+}
+
+/// A table definition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableDef {
+    /// Table name.
+    pub name: String,
+    /// Free text.
+    #[serde(default)]
+    pub comment: Option<String>,
+    /// Columns in order.
+    pub columns: Vec<ColumnDef>,
+}
+
+/// A schema definition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SchemaDef {
+    /// Schema name.
+    pub name: String,
+    /// Free text.
+    #[serde(default)]
+    pub comment: Option<String>,
+    /// Tables.
+    #[serde(default)]
+    pub tables: Vec<TableDef>,
+}
+
+/// A database definition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DatabaseDef {
+    /// Database name.
+    pub name: String,
+    /// Free text.
+    #[serde(default)]
+    pub comment: Option<String>,
+    /// Schemas.
+    #[serde(default)]
+    pub schemas: Vec<SchemaDef>,
+}
+
+/// The whole catalog.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RootDef {
+    /// Databases.
+    #[serde(default)]
+    pub databases: Vec<DatabaseDef>,
+}
+
+/// A stored catalog version: the definitions plus each table's storage id.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CatalogVersion {
+    /// Version number (the `ETag`).
+    pub version: u64,
+    /// Random tag of the writer's attempt.
+    #[serde(default)]
+    pub tag: String,
+    /// The definitions.
+    pub root: RootDef,
+    /// `db.schema.table` to storage id.
+    #[serde(default)]
+    pub table_ids: BTreeMap<String, String>,
+}
+
+/// A resolved table: its definition and where its data lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedTable {
+    /// Database name.
+    pub database: String,
+    /// Schema name.
+    pub schema: String,
+    /// The definition.
+    pub def: TableDef,
+    /// Storage id.
+    pub id: String,
+}
+
+impl ResolvedTable {
+    /// The table's columns as the ingest path and storage see them.
+    pub fn columns(&self) -> Result<Vec<Column>, CatalogError> {
+        table_columns(&self.def)
+    }
+
+    /// `db.schema.table`.
+    pub fn qualified_name(&self) -> String {
+        format!("{}.{}.{}", self.database, self.schema, self.def.name)
+    }
+}
+
+/// The columns of a definition, with their types parsed.
+pub fn table_columns(def: &TableDef) -> Result<Vec<Column>, CatalogError> {
+    def.columns
+        .iter()
+        .map(|c| {
+            let t: ColumnType =
+                c.data_type
+                    .parse()
+                    .map_err(|e: crate::types::UnknownTypeError| {
+                        CatalogError::Invalid(format!("column {}: {e}", c.name))
+                    })?;
+            Ok(if c.expression.is_some() {
+                Column::computed(c.name.clone(), t)
+            } else {
+                Column::new(c.name.clone(), t)
+            })
+        })
+        .collect()
+}
+
+/// Which part of the catalog a request addresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CatalogPath {
+    /// `/v1/catalog`
+    Root,
+    /// `/v1/catalog/databases/{db}`
+    Database(String),
+    /// `/v1/catalog/databases/{db}/schemas/{schema}`
+    Schema(String, String),
+    /// `/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}`
+    Table(String, String, String),
+}
+
+impl CatalogPath {
+    fn describe(&self) -> (&'static str, String) {
+        match self {
+            CatalogPath::Root => ("catalog", String::new()),
+            CatalogPath::Database(d) => ("database", d.clone()),
+            CatalogPath::Schema(d, s) => ("schema", format!("{d}.{s}")),
+            CatalogPath::Table(d, s, t) => ("table", format!("{d}.{s}.{t}")),
+        }
+    }
+
+    fn not_found(&self) -> CatalogError {
+        let (kind, name) = self.describe();
+        CatalogError::NotFound { kind, name }
+    }
+}
+
+/// What a mutation did (or, in a dry run, would do).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Mutation {
+    /// The subtree before, or null.
+    pub before: Option<serde_json::Value>,
+    /// The subtree after, or null.
+    pub after: Option<serde_json::Value>,
+    /// Whether anything was dropped.
+    pub destructive: bool,
+    /// The catalog version after the change (the current one in a dry run).
+    #[serde(skip)]
+    pub version: u64,
+    /// Tables created by the change: (qualified name, storage id, definition).
+    #[serde(skip)]
+    pub created_tables: Vec<(String, String, TableDef)>,
+}
+
+/// Checks a database, schema, table or column name.
+pub fn check_name(kind: &str, name: &str) -> Result<(), CatalogError> {
+    let mut chars = name.chars();
+    let ok = name.len() <= 128
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(CatalogError::Invalid(format!(
+            "{kind} name {name:?} must start with a letter or '_' and hold only letters, digits and '_' (at most 128)"
+        )))
+    }
+}
+
+fn check_table(def: &TableDef) -> Result<(), CatalogError> {
+    check_name("table", &def.name)?;
+    if def.columns.is_empty() {
+        return Err(CatalogError::Invalid(format!(
+            "table {} needs at least one column",
+            def.name
+        )));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for c in &def.columns {
+        check_name("column", &c.name)?;
+        if !seen.insert(c.name.as_str()) {
+            return Err(CatalogError::Invalid(format!(
+                "column {} appears twice in table {}",
+                c.name, def.name
+            )));
+        }
+    }
+    table_columns(def)?;
+    if def.columns.iter().all(|c| c.expression.is_some()) {
+        return Err(CatalogError::Invalid(format!(
+            "table {} needs at least one column that is not computed",
+            def.name
+        )));
+    }
+    Ok(())
+}
+
+fn check_schema(def: &SchemaDef) -> Result<(), CatalogError> {
+    check_name("schema", &def.name)?;
+    let mut seen = std::collections::HashSet::new();
+    for t in &def.tables {
+        check_table(t)?;
+        if !seen.insert(t.name.as_str()) {
+            return Err(CatalogError::Invalid(format!(
+                "table {} appears twice",
+                t.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn check_database(def: &DatabaseDef) -> Result<(), CatalogError> {
+    check_name("database", &def.name)?;
+    let mut seen = std::collections::HashSet::new();
+    for s in &def.schemas {
+        check_schema(s)?;
+        if !seen.insert(s.name.as_str()) {
+            return Err(CatalogError::Invalid(format!(
+                "schema {} appears twice",
+                s.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn to_json<T: Serialize>(v: &T) -> serde_json::Value {
+    serde_json::to_value(v).unwrap_or(serde_json::Value::Null)
+}
+
+impl RootDef {
+    fn database(&self, d: &str) -> Option<&DatabaseDef> {
+        self.databases.iter().find(|x| x.name == d)
+    }
+
+    fn schema(&self, d: &str, s: &str) -> Option<&SchemaDef> {
+        self.database(d)?.schemas.iter().find(|x| x.name == s)
+    }
+
+    fn table(&self, d: &str, s: &str, t: &str) -> Option<&TableDef> {
+        self.schema(d, s)?.tables.iter().find(|x| x.name == t)
+    }
+
+    /// Every table as (qualified name, definition).
+    fn all_tables(&self) -> BTreeMap<String, &TableDef> {
+        let mut out = BTreeMap::new();
+        for d in &self.databases {
+            for s in &d.schemas {
+                for t in &s.tables {
+                    out.insert(format!("{}.{}.{}", d.name, s.name, t.name), t);
+                }
+            }
+        }
+        out
+    }
+
+    fn subtree(&self, path: &CatalogPath) -> Option<serde_json::Value> {
+        match path {
+            CatalogPath::Root => Some(to_json(self)),
+            CatalogPath::Database(d) => self.database(d).map(to_json),
+            CatalogPath::Schema(d, s) => self.schema(d, s).map(to_json),
+            CatalogPath::Table(d, s, t) => self.table(d, s, t).map(to_json),
+        }
+    }
+}
+
+/// Compares two catalogs: what is dropped, and what existing tables change.
+fn diff(before: &RootDef, after: &RootDef) -> Result<Vec<String>, CatalogError> {
+    let mut dropped = Vec::new();
+    for d in &before.databases {
+        match after.database(&d.name) {
+            None => dropped.push(format!("database {}", d.name)),
+            Some(ad) => {
+                for s in &d.schemas {
+                    if !ad.schemas.iter().any(|x| x.name == s.name) {
+                        dropped.push(format!("schema {}.{}", d.name, s.name));
+                    }
+                }
+            }
+        }
+    }
+    let (b, a) = (before.all_tables(), after.all_tables());
+    for (name, bt) in &b {
+        match a.get(name) {
+            None => dropped.push(format!("table {name}")),
+            Some(at) => {
+                for c in &bt.columns {
+                    if !at.columns.iter().any(|x| x.name == c.name) {
+                        dropped.push(format!("column {name}.{}", c.name));
+                    }
+                }
+                let same_columns = bt.columns.len() == at.columns.len()
+                    && bt.columns.iter().zip(&at.columns).all(|(x, y)| {
+                        x.name == y.name
+                            && x.data_type == y.data_type
+                            && x.expression == y.expression
+                    });
+                if !same_columns {
+                    return Err(CatalogError::Unsupported(format!(
+                        "changing the columns of existing table {name} is not supported; create a new table"
+                    )));
+                }
+            }
+        }
+    }
+    Ok(dropped)
+}
+
+/// The catalog of one sluice database (bucket).
+#[derive(Debug)]
+pub struct Catalog {
+    storage: Storage,
+    current: tokio::sync::RwLock<CatalogVersion>,
+    /// Serializes this node's mutations.
+    write: tokio::sync::Mutex<()>,
+}
+
+fn version_path(v: u64) -> Path {
+    Path::from(format!("catalog/{v:020}.json"))
+}
+
+impl Catalog {
+    /// Opens the catalog in `storage`, creating version 0 (with `scopedb.public`) if there is
+    /// none.
+    pub async fn open(storage: Storage) -> Result<Catalog, CatalogError> {
+        let catalog = Catalog {
+            storage,
+            current: tokio::sync::RwLock::new(CatalogVersion::default()),
+            write: tokio::sync::Mutex::new(()),
+        };
+        match catalog.load_latest().await? {
+            Some(v) => *catalog.current.write().await = v,
+            None => {
+                let initial = CatalogVersion {
+                    version: 0,
+                    tag: uuid::Uuid::new_v4().simple().to_string(),
+                    root: RootDef {
+                        databases: vec![DatabaseDef {
+                            name: DEFAULT_DATABASE.into(),
+                            comment: None,
+                            schemas: vec![SchemaDef {
+                                name: DEFAULT_SCHEMA.into(),
+                                comment: None,
+                                tables: Vec::new(),
+                            }],
+                        }],
+                    },
+                    table_ids: BTreeMap::new(),
+                };
+                if !catalog.try_create(&initial).await? {
+                    // Another node created it first.
+                }
+                let latest = catalog.load_latest().await?.unwrap_or(initial);
+                *catalog.current.write().await = latest;
+            }
+        }
+        Ok(catalog)
+    }
+
+    async fn read_version(&self, v: u64) -> Result<Option<CatalogVersion>, CatalogError> {
+        let path = version_path(v);
+        let bytes = match self.storage.store().get(&path).await {
+            Ok(r) => r.bytes().await?,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| CatalogError::Corrupt {
+                path: path.to_string(),
+                reason: e.to_string(),
+            })
+    }
+
+    async fn load_latest(&self) -> Result<Option<CatalogVersion>, CatalogError> {
+        use futures::TryStreamExt as _;
+        let listed: Vec<object_store::ObjectMeta> = self
+            .storage
+            .store()
+            .list(Some(&Path::from("catalog")))
+            .try_collect()
+            .await?;
+        let latest = listed
+            .iter()
+            .filter_map(|m| {
+                m.location
+                    .filename()?
+                    .strip_suffix(".json")?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .max();
+        match latest {
+            None => Ok(None),
+            Some(v) => {
+                let mut current = self.read_version(v).await?;
+                // A version may have landed after the listing.
+                while let Some(next) = self
+                    .read_version(current.as_ref().map_or(0, |c| c.version + 1))
+                    .await?
+                {
+                    current = Some(next);
+                }
+                Ok(current)
+            }
+        }
+    }
+
+    /// Writes a version if it does not exist; `Ok(true)` when this attempt's version is there.
+    async fn try_create(&self, v: &CatalogVersion) -> Result<bool, CatalogError> {
+        let path = version_path(v.version);
+        let body = serde_json::to_vec(v).map_err(|e| CatalogError::Invalid(e.to_string()))?;
+        match self
+            .storage
+            .store()
+            .put_opts(
+                &path,
+                PutPayload::from(body),
+                PutOptions::from(PutMode::Create),
+            )
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. })
+            | Err(object_store::Error::Precondition { .. }) => Ok(self
+                .read_version(v.version)
+                .await?
+                .is_some_and(|w| w.tag == v.tag)),
+            Err(e) => match self.read_version(v.version).await {
+                Ok(Some(w)) => Ok(w.tag == v.tag),
+                _ => Err(e.into()),
+            },
+        }
+    }
+
+    /// Reads versions other nodes committed since this node last looked.
+    pub async fn refresh(&self) -> Result<(), CatalogError> {
+        let mut version = self.current.read().await.version;
+        let mut latest = None;
+        while let Some(next) = self.read_version(version + 1).await? {
+            version = next.version;
+            latest = Some(next);
+        }
+        if let Some(latest) = latest {
+            let mut current = self.current.write().await;
+            if latest.version > current.version {
+                *current = latest;
+            }
+        }
+        Ok(())
+    }
+
+    /// The current version number (the `ETag`).
+    pub async fn version(&self) -> u64 {
+        self.current.read().await.version
+    }
+
+    /// The subtree at `path` and the catalog version.
+    pub async fn get(&self, path: &CatalogPath) -> Result<(serde_json::Value, u64), CatalogError> {
+        let current = self.current.read().await;
+        let value = current.root.subtree(path).ok_or_else(|| path.not_found())?;
+        Ok((value, current.version))
+    }
+
+    /// Finds a table by its three-part name.
+    pub async fn table(
+        &self,
+        db: &str,
+        schema: &str,
+        table: &str,
+    ) -> Result<ResolvedTable, CatalogError> {
+        let current = self.current.read().await;
+        let def = current
+            .root
+            .table(db, schema, table)
+            .ok_or_else(|| CatalogError::NotFound {
+                kind: "table",
+                name: format!("{db}.{schema}.{table}"),
+            })?;
+        let id = current
+            .table_ids
+            .get(&format!("{db}.{schema}.{table}"))
+            .cloned()
+            .ok_or_else(|| CatalogError::Corrupt {
+                path: "catalog".into(),
+                reason: format!("table {db}.{schema}.{table} has no storage id"),
+            })?;
+        Ok(ResolvedTable {
+            database: db.to_owned(),
+            schema: schema.to_owned(),
+            def: def.clone(),
+            id,
+        })
+    }
+
+    /// Every table, resolved.
+    pub async fn tables(&self) -> Vec<ResolvedTable> {
+        let current = self.current.read().await;
+        let mut out = Vec::new();
+        for d in &current.root.databases {
+            for s in &d.schemas {
+                for t in &s.tables {
+                    if let Some(id) = current
+                        .table_ids
+                        .get(&format!("{}.{}.{}", d.name, s.name, t.name))
+                    {
+                        out.push(ResolvedTable {
+                            database: d.name.clone(),
+                            schema: s.name.clone(),
+                            def: t.clone(),
+                            id: id.clone(),
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The databases and, for each, its schemas.
+    pub async fn schemas(&self) -> Vec<(String, Vec<String>)> {
+        let current = self.current.read().await;
+        current
+            .root
+            .databases
+            .iter()
+            .map(|d| {
+                (
+                    d.name.clone(),
+                    d.schemas.iter().map(|s| s.name.clone()).collect(),
+                )
+            })
+            .collect()
+    }
+
+    /// Replaces the subtree at `path` with `value` (`None` deletes it).
+    ///
+    /// `if_match` makes the change conditional on the catalog version; `dry_run` plans without
+    /// writing; dropping anything needs `allow_destructive`.
+    pub async fn mutate(
+        &self,
+        path: &CatalogPath,
+        value: Option<serde_json::Value>,
+        if_match: Option<&str>,
+        dry_run: bool,
+        allow_destructive: bool,
+    ) -> Result<Mutation, CatalogError> {
+        let _write = self.write.lock().await;
+        self.refresh().await?;
+        let current = self.current.read().await.clone();
+        if let Some(expected) = if_match {
+            let expected_trimmed = expected.trim().trim_start_matches("W/").trim_matches('"');
+            if expected_trimmed != "*" && expected_trimmed != current.version.to_string() {
+                return Err(CatalogError::Stale {
+                    expected: expected.to_owned(),
+                    current: current.version,
+                });
+            }
+        }
+        let before = current.root.subtree(path);
+        let mut root = current.root.clone();
+        apply(&mut root, path, value.clone())?;
+        let dropped = diff(&current.root, &root)?;
+        let destructive = !dropped.is_empty();
+        if destructive && !allow_destructive {
+            return Err(CatalogError::Destructive(dropped.join(", ")));
+        }
+        let after = root.subtree(path);
+        // Tables that are new get a fresh storage id; dropped ones lose theirs.
+        let mut table_ids = BTreeMap::new();
+        let mut created_tables = Vec::new();
+        for (name, def) in root.all_tables() {
+            match current.table_ids.get(&name) {
+                Some(id) => {
+                    table_ids.insert(name, id.clone());
+                }
+                None => {
+                    let id = uuid::Uuid::new_v4().simple().to_string();
+                    created_tables.push((name.clone(), id.clone(), def.clone()));
+                    table_ids.insert(name, id);
+                }
+            }
+        }
+        if dry_run || (before == after && created_tables.is_empty()) {
+            return Ok(Mutation {
+                before,
+                after,
+                destructive,
+                version: current.version,
+                created_tables: Vec::new(),
+            });
+        }
+        let next = CatalogVersion {
+            version: current.version + 1,
+            tag: uuid::Uuid::new_v4().simple().to_string(),
+            root,
+            table_ids,
+        };
+        if !self.try_create(&next).await? {
+            // Another node committed this version first: the caller may retry on the new state.
+            self.refresh().await?;
+            return Err(CatalogError::Conflict);
+        }
+        let version = next.version;
+        *self.current.write().await = next;
+        Ok(Mutation {
+            before,
+            after,
+            destructive,
+            version,
+            created_tables,
+        })
+    }
+}
+
+/// Replaces (or with `None` removes) the subtree at `path` in `root`.
+fn apply(
+    root: &mut RootDef,
+    path: &CatalogPath,
+    value: Option<serde_json::Value>,
+) -> Result<(), CatalogError> {
+    fn parse<T: for<'de> Deserialize<'de>>(v: serde_json::Value) -> Result<T, CatalogError> {
+        serde_json::from_value(v).map_err(|e| CatalogError::Invalid(e.to_string()))
+    }
+    fn name_matches(kind: &str, got: &str, want: &str) -> Result<(), CatalogError> {
+        if got == want {
+            Ok(())
+        } else {
+            Err(CatalogError::Invalid(format!(
+                "the {kind} name in the body ({got:?}) must match the path ({want:?})"
+            )))
+        }
+    }
+    fn upsert<T>(
+        items: &mut Vec<T>,
+        name: &str,
+        item: Option<T>,
+        key: impl Fn(&T) -> &str,
+    ) -> bool {
+        let pos = items.iter().position(|x| key(x) == name);
+        match (pos, item) {
+            (Some(i), Some(item)) => items[i] = item,
+            (None, Some(item)) => items.push(item),
+            (Some(i), None) => {
+                items.remove(i);
+            }
+            (None, None) => return false,
+        }
+        true
+    }
+    match path {
+        CatalogPath::Root => {
+            let new: RootDef = match value {
+                Some(v) => parse(v)?,
+                None => RootDef::default(),
+            };
+            let mut seen = std::collections::HashSet::new();
+            for d in &new.databases {
+                check_database(d)?;
+                if !seen.insert(d.name.clone()) {
+                    return Err(CatalogError::Invalid(format!(
+                        "database {} appears twice",
+                        d.name
+                    )));
+                }
+            }
+            *root = new;
+        }
+        CatalogPath::Database(d) => {
+            let item: Option<DatabaseDef> = value.map(parse).transpose()?;
+            if let Some(item) = &item {
+                name_matches("database", &item.name, d)?;
+                check_database(item)?;
+            }
+            if !upsert(&mut root.databases, d, item, |x| &x.name) {
+                return Err(path.not_found());
+            }
+        }
+        CatalogPath::Schema(d, s) => {
+            let item: Option<SchemaDef> = value.map(parse).transpose()?;
+            if let Some(item) = &item {
+                name_matches("schema", &item.name, s)?;
+                check_schema(item)?;
+            }
+            let db = root
+                .databases
+                .iter_mut()
+                .find(|x| &x.name == d)
+                .ok_or_else(|| CatalogPath::Database(d.clone()).not_found())?;
+            if !upsert(&mut db.schemas, s, item, |x| &x.name) {
+                return Err(path.not_found());
+            }
+        }
+        CatalogPath::Table(d, s, t) => {
+            let item: Option<TableDef> = value.map(parse).transpose()?;
+            if let Some(item) = &item {
+                name_matches("table", &item.name, t)?;
+                check_table(item)?;
+            }
+            let schema = root
+                .databases
+                .iter_mut()
+                .find(|x| &x.name == d)
+                .ok_or_else(|| CatalogPath::Database(d.clone()).not_found())?
+                .schemas
+                .iter_mut()
+                .find(|x| &x.name == s)
+                .ok_or_else(|| CatalogPath::Schema(d.clone(), s.clone()).not_found())?;
+            if !upsert(&mut schema.tables, t, item, |x| &x.name) {
+                return Err(path.not_found());
+            }
+        }
+    }
+    Ok(())
+}

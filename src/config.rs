@@ -1,0 +1,195 @@
+//! Server configuration: flags override environment variables (`SLUICE_*`), which override an
+//! optional TOML file, which overrides the defaults.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::db::DbConfig;
+use crate::ingest::Limits;
+use crate::log::Durability;
+
+/// Why the configuration is unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid.
+    #[error("config file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A value is not acceptable.
+    #[error("invalid {name}: {message}")]
+    Invalid {
+        /// The setting.
+        name: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// The TOML file's settings; every one optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// Address to listen on.
+    pub listen: Option<String>,
+    /// Data directory (commit log, node id, and the default object store).
+    pub data_dir: Option<PathBuf>,
+    /// Object store URL.
+    pub object_store: Option<String>,
+    /// API keys.
+    pub api_keys: Option<Vec<String>>,
+    /// `fsync` (default) or `none` (unsafe).
+    pub durability: Option<String>,
+    /// Largest decompressed ingest body.
+    pub max_body_bytes: Option<usize>,
+    /// Most rows per ingest request.
+    pub max_rows: Option<usize>,
+    /// Commit log disk budget.
+    pub max_log_bytes: Option<u64>,
+    /// Flush a table past this many unflushed bytes.
+    pub flush_bytes: Option<usize>,
+    /// Flush a table whose oldest unflushed batch is this many seconds old.
+    pub flush_interval_seconds: Option<f64>,
+    /// Refuse ingest into a table past this many unflushed bytes.
+    pub max_unflushed_bytes: Option<usize>,
+}
+
+impl FileConfig {
+    /// Reads a TOML config file.
+    pub fn read(path: &Path) -> Result<FileConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })
+    }
+}
+
+/// Settings given on the command line or in the environment (`None` where absent).
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    /// `--listen` / `SLUICE_LISTEN`.
+    pub listen: Option<String>,
+    /// `--data-dir` / `SLUICE_DATA_DIR`.
+    pub data_dir: Option<PathBuf>,
+    /// `--object-store` / `SLUICE_OBJECT_STORE`.
+    pub object_store: Option<String>,
+    /// `--api-key` (repeated) / `SLUICE_API_KEYS` (comma-separated).
+    pub api_keys: Vec<String>,
+    /// `--durability` / `SLUICE_DURABILITY`.
+    pub durability: Option<String>,
+}
+
+/// Everything `sluice serve` needs.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// API keys (empty: no authentication, loopback only).
+    pub api_keys: Vec<String>,
+    /// The database settings.
+    pub db: DbConfig,
+}
+
+/// Default listen address of every ScopeDB client.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:6543";
+
+impl ServeConfig {
+    /// Resolves the configuration from overrides and an optional file.
+    pub fn resolve(
+        overrides: Overrides,
+        file: Option<FileConfig>,
+    ) -> Result<ServeConfig, ConfigError> {
+        let file = file.unwrap_or_default();
+        let listen_text = overrides
+            .listen
+            .or(file.listen)
+            .unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
+        let listen: SocketAddr = listen_text.parse().map_err(|e| ConfigError::Invalid {
+            name: "listen address",
+            message: format!("{listen_text:?}: {e}"),
+        })?;
+        let data_dir = overrides
+            .data_dir
+            .or(file.data_dir)
+            .unwrap_or_else(|| PathBuf::from("data"));
+        let mut db = DbConfig::new(data_dir);
+        db.object_store = overrides.object_store.or(file.object_store);
+        db.durability = match overrides.durability.or(file.durability).as_deref() {
+            None | Some("fsync") => Durability::Fsync,
+            Some("none") => Durability::None,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    name: "durability",
+                    message: format!("{other:?}; use fsync or none"),
+                });
+            }
+        };
+        db.limits = Limits {
+            max_body_bytes: file
+                .max_body_bytes
+                .unwrap_or(Limits::DEFAULT.max_body_bytes),
+            max_rows: file.max_rows.unwrap_or(Limits::DEFAULT.max_rows),
+            ..Limits::DEFAULT
+        };
+        if let Some(b) = file.max_log_bytes {
+            db.max_log_bytes = b;
+        }
+        if let Some(b) = file.flush_bytes {
+            db.tables.flush_bytes = b;
+        }
+        if let Some(s) = file.flush_interval_seconds {
+            if !(s.is_finite() && s > 0.0) {
+                return Err(ConfigError::Invalid {
+                    name: "flush_interval_seconds",
+                    message: "must be a positive number".into(),
+                });
+            }
+            db.tables.flush_interval = Duration::from_secs_f64(s);
+        }
+        if let Some(b) = file.max_unflushed_bytes {
+            db.tables.max_unflushed_bytes = b;
+        }
+        let api_keys: Vec<String> = if overrides.api_keys.is_empty() {
+            file.api_keys.unwrap_or_default()
+        } else {
+            overrides.api_keys
+        };
+        let api_keys: Vec<String> = api_keys
+            .into_iter()
+            .map(|k| k.trim().to_owned())
+            .filter(|k| !k.is_empty())
+            .collect();
+        if api_keys.is_empty() && !listen.ip().is_loopback() {
+            return Err(ConfigError::Invalid {
+                name: "listen address",
+                message: format!(
+                    "{listen} is not loopback; configure API keys (--api-key or SLUICE_API_KEYS) to listen there"
+                ),
+            });
+        }
+        Ok(ServeConfig {
+            listen,
+            api_keys,
+            db,
+        })
+    }
+}

@@ -1,0 +1,414 @@
+//! One sluice database: the commit log, the catalog, the tables and the query engine, wired
+//! together. The HTTP layer calls this API; so can tests and embedders.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_schema::SchemaRef;
+use datafusion::common::DFSchema;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::prelude::SessionContext;
+
+use crate::catalog::{Catalog, CatalogError, CatalogPath, Mutation, ResolvedTable};
+use crate::ingest::{ContentEncoding, Decoder, IngestError, Limits, decompress};
+use crate::log::{CommitLog, Durability, LogConfig, LogError};
+use crate::query::{QueryEngine, QueryError, QueryResult};
+use crate::storage::{Storage, StorageError};
+use crate::table::{TableConfig, TableError, Tables};
+use crate::types::Column;
+
+/// Settings of a database.
+#[derive(Debug, Clone)]
+pub struct DbConfig {
+    /// Local directory for the commit log and the node id.
+    pub data_dir: PathBuf,
+    /// Object store URL; `None` means a directory `objects/` under `data_dir`.
+    pub object_store: Option<String>,
+    /// Ingest limits.
+    pub limits: Limits,
+    /// Commit log durability.
+    pub durability: Durability,
+    /// Commit log byte budget.
+    pub max_log_bytes: u64,
+    /// Table storage tuning.
+    pub tables: TableConfig,
+    /// How often flushes and compactions are considered.
+    pub maintenance_interval: Duration,
+}
+
+impl DbConfig {
+    /// Defaults for a data directory.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        DbConfig {
+            data_dir: data_dir.into(),
+            object_store: None,
+            limits: Limits::default(),
+            durability: Durability::Fsync,
+            max_log_bytes: 4 << 30,
+            tables: TableConfig::default(),
+            maintenance_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Why a database could not open.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The data directory is unusable.
+    #[error("data directory {path}: {source}")]
+    DataDir {
+        /// The directory.
+        path: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Object storage could not be set up.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// The commit log could not open.
+    #[error(transparent)]
+    Log(#[from] LogError),
+    /// The catalog could not load.
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+    /// Table storage could not open or replay.
+    #[error(transparent)]
+    Table(#[from] TableError),
+}
+
+/// Why an ingest request did not commit.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestFailure {
+    /// The body or its rows were refused; nothing was applied.
+    #[error(transparent)]
+    Input(#[from] IngestError),
+    /// No such table.
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+    /// A computed column's expression failed on this batch; nothing was applied.
+    #[error("computed column {column}: {message}")]
+    Computed {
+        /// The column.
+        column: String,
+        /// What failed.
+        message: String,
+    },
+    /// Storage refused (retryable backpressure, nothing applied) or failed (outcome unknown).
+    #[error(transparent)]
+    Table(#[from] TableError),
+}
+
+/// A computed column compiled against a table's input columns.
+struct ComputedColumn {
+    /// Its index in the stored schema.
+    index: usize,
+    expr: Arc<dyn PhysicalExpr>,
+}
+
+/// A table's ingest path: decoder plus computed columns, built once per table definition.
+struct IngestPlan {
+    decoder: Decoder,
+    stored_schema: SchemaRef,
+    computed: Vec<ComputedColumn>,
+}
+
+/// One open sluice database.
+pub struct Database {
+    log: CommitLog,
+    storage: Storage,
+    catalog: Arc<Catalog>,
+    tables: Arc<Tables>,
+    engine: QueryEngine,
+    config: DbConfig,
+    plans: Mutex<HashMap<String, Arc<IngestPlan>>>,
+}
+
+impl std::fmt::Debug for Database {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Database")
+            .field("data_dir", &self.config.data_dir)
+            .field("storage", &self.storage.url())
+            .finish()
+    }
+}
+
+/// Reads the node id from the data directory, or makes one.
+fn node_id(data_dir: &std::path::Path) -> Result<String, OpenError> {
+    let path = data_dir.join("node_id");
+    let io = |source| OpenError::DataDir {
+        path: path.display().to_string(),
+        source,
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => Ok(id.trim().to_owned()),
+        Ok(_) | Err(_) => {
+            let id = uuid::Uuid::new_v4().simple().to_string();
+            let tmp = data_dir.join("node_id.tmp");
+            std::fs::write(&tmp, &id).map_err(io)?;
+            std::fs::rename(&tmp, &path).map_err(io)?;
+            Ok(id)
+        }
+    }
+}
+
+impl Database {
+    /// Opens the database: object storage, the commit log (replaying it), the catalog and the
+    /// tables.
+    pub async fn open(config: DbConfig) -> Result<Arc<Database>, OpenError> {
+        std::fs::create_dir_all(&config.data_dir).map_err(|source| OpenError::DataDir {
+            path: config.data_dir.display().to_string(),
+            source,
+        })?;
+        let storage = match &config.object_store {
+            Some(url) => Storage::open(url)?,
+            None => Storage::local(&config.data_dir.join("objects"))?,
+        };
+        let node = node_id(&config.data_dir)?;
+        let mut log_config = LogConfig::new(config.data_dir.join("log"));
+        log_config.durability = config.durability;
+        log_config.max_log_bytes = config.max_log_bytes;
+        let (log, replay) = CommitLog::open(log_config)?;
+        let catalog = Arc::new(Catalog::open(storage.clone()).await?);
+        let tables = Arc::new(
+            Tables::open(
+                log.clone(),
+                &replay,
+                storage.clone(),
+                &node,
+                config.tables.clone(),
+            )
+            .await?,
+        );
+        let engine = QueryEngine::new(catalog.clone(), tables.clone(), storage.clone());
+        Ok(Arc::new(Database {
+            log,
+            storage,
+            catalog,
+            tables,
+            engine,
+            config,
+            plans: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// The catalog.
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
+    }
+
+    /// The tables.
+    pub fn tables(&self) -> &Arc<Tables> {
+        &self.tables
+    }
+
+    /// The ingest limits.
+    pub fn limits(&self) -> &Limits {
+        &self.config.limits
+    }
+
+    /// The commit log.
+    pub fn log(&self) -> &CommitLog {
+        &self.log
+    }
+
+    /// Runs flushes and compactions until `shutdown` resolves, then flushes everything.
+    pub async fn run_maintenance(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
+        self.tables
+            .clone()
+            .run_maintenance(self.config.maintenance_interval, shutdown)
+            .await;
+    }
+
+    /// Flushes every table and closes the commit log.
+    pub async fn close(&self) -> Result<(), TableError> {
+        let result = self.tables.flush_due(true).await;
+        self.log.close();
+        result.map(|_| ())
+    }
+
+    /// Changes the catalog (see [`Catalog::mutate`]) and creates storage for new tables.
+    pub async fn mutate_catalog(
+        &self,
+        path: &CatalogPath,
+        value: Option<serde_json::Value>,
+        if_match: Option<&str>,
+        dry_run: bool,
+        allow_destructive: bool,
+    ) -> Result<Mutation, QueryError> {
+        // Check computed-column expressions before anything is written.
+        if let (Some(v), CatalogPath::Table(..)) = (&value, path) {
+            if let Ok(def) = serde_json::from_value::<crate::catalog::TableDef>(v.clone()) {
+                let columns = crate::catalog::table_columns(&def)?;
+                compile_plan(&def, &columns).map_err(QueryError::Catalog)?;
+            }
+        }
+        let m = self
+            .catalog
+            .mutate(path, value, if_match, dry_run, allow_destructive)
+            .await?;
+        for (_, id, def) in &m.created_tables {
+            self.tables
+                .create_table(id, &crate::catalog::table_columns(def)?)
+                .await?;
+        }
+        Ok(m)
+    }
+
+    fn plan(&self, table: &ResolvedTable) -> Result<Arc<IngestPlan>, IngestFailure> {
+        let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = plans.get(&table.id) {
+            return Ok(p.clone());
+        }
+        let columns = table.columns()?;
+        let plan = Arc::new(compile_plan(&table.def, &columns)?);
+        plans.insert(table.id.clone(), plan.clone());
+        Ok(plan)
+    }
+
+    /// Ingests a request body into `db.schema.table`: decompress (within the limit), decode
+    /// and check every row, fill computed columns, commit to the log. Returns the row count
+    /// once the rows are durable and visible.
+    pub async fn ingest(
+        &self,
+        db: &str,
+        schema: &str,
+        table: &str,
+        body: bytes::Bytes,
+        encoding: ContentEncoding,
+    ) -> Result<usize, IngestFailure> {
+        let resolved = self.catalog.table(db, schema, table).await?;
+        let plan = self.plan(&resolved)?;
+        let limits = self.config.limits;
+        // Decompressing and decoding are CPU work: keep them off the I/O threads.
+        let decode_plan = plan.clone();
+        let batch = tokio::task::spawn_blocking(move || -> Result<RecordBatch, IngestFailure> {
+            let plain;
+            let bytes: &[u8] = match encoding {
+                ContentEncoding::Identity => {
+                    if body.len() > limits.max_body_bytes {
+                        return Err(IngestError::BodyTooLarge {
+                            limit: limits.max_body_bytes,
+                        }
+                        .into());
+                    }
+                    &body
+                }
+                _ => {
+                    plain = decompress(&body, encoding, limits.max_body_bytes)?;
+                    &plain
+                }
+            };
+            let input = decode_plan.decoder.decode(bytes, &limits)?;
+            decode_plan.complete(input)
+        })
+        .await
+        .map_err(|e| IngestFailure::Table(TableError::Task(e.to_string())))??;
+        let rows = batch.num_rows();
+        if rows > 0 {
+            match self.tables.append(&resolved.id, batch.clone()).await {
+                Err(TableError::NotFound(_)) => {
+                    // Catalog entry without storage yet (a crash between the two): create it.
+                    self.tables
+                        .create_table(&resolved.id, &resolved.columns()?)
+                        .await?;
+                    self.tables.append(&resolved.id, batch).await?;
+                }
+                other => {
+                    other?;
+                }
+            }
+        }
+        Ok(rows)
+    }
+
+    /// Runs one SQL or catalog statement to completion.
+    pub async fn execute(&self, sql: &str) -> Result<QueryResult, QueryError> {
+        self.engine.execute(sql).await
+    }
+
+    /// The query engine.
+    pub fn engine(&self) -> &QueryEngine {
+        &self.engine
+    }
+}
+
+/// Compiles a table's ingest plan: its decoder, and its computed columns as physical
+/// expressions over the input columns.
+fn compile_plan(
+    def: &crate::catalog::TableDef,
+    columns: &[Column],
+) -> Result<IngestPlan, CatalogError> {
+    let decoder = Decoder::new(columns);
+    let stored_schema = crate::types::arrow_schema(columns);
+    let input_schema = decoder.schema().clone();
+    let mut computed = Vec::new();
+    let ctx = SessionContext::new();
+    let df_schema = DFSchema::try_from(input_schema.as_ref().clone())
+        .map_err(|e| CatalogError::Invalid(e.to_string()))?;
+    for (index, c) in def.columns.iter().enumerate() {
+        let Some(sql) = &c.expression else {
+            continue;
+        };
+        let invalid = |e: datafusion::error::DataFusionError| {
+            CatalogError::Invalid(format!(
+                "column {} expression {sql:?}: {}",
+                c.name,
+                e.strip_backtrace()
+            ))
+        };
+        let expr = ctx.parse_sql_expr(sql, &df_schema).map_err(invalid)?;
+        let expr = ctx
+            .create_physical_expr(expr, &df_schema)
+            .map_err(invalid)?;
+        computed.push(ComputedColumn { index, expr });
+    }
+    Ok(IngestPlan {
+        decoder,
+        stored_schema,
+        computed,
+    })
+}
+
+impl IngestPlan {
+    /// Adds the computed columns to a decoded batch, in definition order.
+    fn complete(&self, input: RecordBatch) -> Result<RecordBatch, IngestFailure> {
+        if self.computed.is_empty() {
+            return Ok(input);
+        }
+        let rows = input.num_rows();
+        let mut inputs = input.columns().iter();
+        let mut columns: Vec<ArrayRef> = Vec::with_capacity(self.stored_schema.fields().len());
+        for (index, field) in self.stored_schema.fields().iter().enumerate() {
+            let fail = |message: String| IngestFailure::Computed {
+                column: field.name().clone(),
+                message,
+            };
+            match self.computed.iter().find(|c| c.index == index) {
+                Some(c) => {
+                    let value = c
+                        .expr
+                        .evaluate(&input)
+                        .and_then(|v| v.into_array(rows))
+                        .map_err(|e| fail(e.strip_backtrace()))?;
+                    let cast = arrow_cast::cast(&value, field.data_type())
+                        .map_err(|e| fail(e.to_string()))?;
+                    columns.push(cast);
+                }
+                None => match inputs.next() {
+                    Some(a) => columns.push(a.clone()),
+                    None => return Err(fail("input column missing".into())),
+                },
+            }
+        }
+        RecordBatch::try_new(self.stored_schema.clone(), columns).map_err(|e| {
+            IngestFailure::Computed {
+                column: String::new(),
+                message: e.to_string(),
+            }
+        })
+    }
+}

@@ -1,0 +1,191 @@
+//! `GET/PUT/DELETE /v1/catalog[/databases/{db}[/schemas/{s}[/tables/{t}]]]`.
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+
+use super::{ApiError, AppState};
+use crate::catalog::CatalogPath;
+
+/// Query parameters of catalog mutations.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct MutationParams {
+    #[serde(default)]
+    dry_run: Option<bool>,
+    #[serde(default)]
+    allow_destructive: Option<bool>,
+}
+
+fn with_etag(body: serde_json::Value, version: u64) -> Response {
+    let mut response = Json(body).into_response();
+    if let Ok(v) = HeaderValue::from_str(&format!("\"{version}\"")) {
+        response.headers_mut().insert(header::ETAG, v);
+    }
+    response
+}
+
+async fn read(state: &AppState, path: CatalogPath) -> Result<Response, ApiError> {
+    state.db.catalog().refresh().await?;
+    let (value, version) = state.db.catalog().get(&path).await?;
+    Ok(with_etag(value, version))
+}
+
+async fn write(
+    state: &AppState,
+    path: CatalogPath,
+    headers: &HeaderMap,
+    params: MutationParams,
+    body: Option<serde_json::Value>,
+) -> Result<Response, ApiError> {
+    let if_match = headers.get(header::IF_MATCH).and_then(|v| v.to_str().ok());
+    let m = state
+        .db
+        .mutate_catalog(
+            &path,
+            body,
+            if_match,
+            params.dry_run.unwrap_or(false),
+            params.allow_destructive.unwrap_or(false),
+        )
+        .await?;
+    let version = m.version;
+    let body = serde_json::to_value(&m).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    Ok(with_etag(body, version))
+}
+
+fn json_body(body: &[u8]) -> Result<serde_json::Value, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("request body is not valid JSON: {e}")))
+}
+
+pub(super) async fn get_root(State(state): State<AppState>) -> Result<Response, ApiError> {
+    read(&state, CatalogPath::Root).await
+}
+
+pub(super) async fn put_root(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(params): Query<MutationParams>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let body = json_body(&body)?;
+    write(&state, CatalogPath::Root, &headers, params, Some(body)).await
+}
+
+pub(super) async fn get_database(
+    State(state): State<AppState>,
+    Path(db): Path<String>,
+) -> Result<Response, ApiError> {
+    read(&state, CatalogPath::Database(db)).await
+}
+
+pub(super) async fn put_database(
+    State(state): State<AppState>,
+    Path(db): Path<String>,
+    headers: HeaderMap,
+    Query(params): Query<MutationParams>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let body = json_body(&body)?;
+    write(
+        &state,
+        CatalogPath::Database(db),
+        &headers,
+        params,
+        Some(body),
+    )
+    .await
+}
+
+pub(super) async fn delete_database(
+    State(state): State<AppState>,
+    Path(db): Path<String>,
+    headers: HeaderMap,
+    Query(params): Query<MutationParams>,
+) -> Result<Response, ApiError> {
+    write(&state, CatalogPath::Database(db), &headers, params, None).await
+}
+
+pub(super) async fn get_schema(
+    State(state): State<AppState>,
+    Path((db, schema)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    read(&state, CatalogPath::Schema(db, schema)).await
+}
+
+pub(super) async fn put_schema(
+    State(state): State<AppState>,
+    Path((db, schema)): Path<(String, String)>,
+    headers: HeaderMap,
+    Query(params): Query<MutationParams>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let body = json_body(&body)?;
+    write(
+        &state,
+        CatalogPath::Schema(db, schema),
+        &headers,
+        params,
+        Some(body),
+    )
+    .await
+}
+
+pub(super) async fn delete_schema(
+    State(state): State<AppState>,
+    Path((db, schema)): Path<(String, String)>,
+    headers: HeaderMap,
+    Query(params): Query<MutationParams>,
+) -> Result<Response, ApiError> {
+    write(
+        &state,
+        CatalogPath::Schema(db, schema),
+        &headers,
+        params,
+        None,
+    )
+    .await
+}
+
+pub(super) async fn get_table(
+    State(state): State<AppState>,
+    Path((db, schema, table)): Path<(String, String, String)>,
+) -> Result<Response, ApiError> {
+    read(&state, CatalogPath::Table(db, schema, table)).await
+}
+
+pub(super) async fn put_table(
+    State(state): State<AppState>,
+    Path((db, schema, table)): Path<(String, String, String)>,
+    headers: HeaderMap,
+    Query(params): Query<MutationParams>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let body = json_body(&body)?;
+    write(
+        &state,
+        CatalogPath::Table(db, schema, table),
+        &headers,
+        params,
+        Some(body),
+    )
+    .await
+}
+
+pub(super) async fn delete_table(
+    State(state): State<AppState>,
+    Path((db, schema, table)): Path<(String, String, String)>,
+    headers: HeaderMap,
+    Query(params): Query<MutationParams>,
+) -> Result<Response, ApiError> {
+    write(
+        &state,
+        CatalogPath::Table(db, schema, table),
+        &headers,
+        params,
+        None,
+    )
+    .await
+}

@@ -1,0 +1,166 @@
+//! `POST .../tables/{table}/ingest` (NDJSON rows) and `POST /v1/ingest` (the `scopeql load`
+//! form).
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::error::Outcome;
+use super::{ApiError, AppState};
+use crate::catalog::{DEFAULT_DATABASE, DEFAULT_SCHEMA};
+use crate::ingest::ContentEncoding;
+
+/// Content types accepted for NDJSON bodies (parameters such as `charset` are ignored).
+const NDJSON_TYPES: &[&str] = &[
+    "application/x-ndjson",
+    "application/ndjson",
+    "application/jsonl",
+    "application/x-jsonlines",
+    "application/jsonlines",
+    "application/json",
+    "text/plain",
+];
+
+/// Reads a request body of at most `limit` bytes, answering 413 past it.
+async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let too_large = std::error::Error::source(&e)
+            .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+        if too_large {
+            ApiError::payload_too_large(format!("request body is larger than {limit} bytes"))
+                .outcome(Outcome::Rejected)
+        } else {
+            ApiError::bad_request(format!("could not read the request body: {e}"))
+                .outcome(Outcome::Rejected)
+        }
+    })
+}
+
+fn encoding(headers: &HeaderMap) -> Result<ContentEncoding, ApiError> {
+    let value = headers
+        .get(header::CONTENT_ENCODING)
+        .map(|v| v.to_str().unwrap_or("?"));
+    ContentEncoding::from_header(value).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            e.to_string(),
+        )
+        .outcome(Outcome::Rejected)
+    })
+}
+
+pub(super) async fn ingest_table(
+    State(state): State<AppState>,
+    Path((db, schema, table)): Path<(String, String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    if let Some(ct) = headers.get(header::CONTENT_TYPE) {
+        let essence = ct
+            .to_str()
+            .unwrap_or("")
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        if !NDJSON_TYPES.contains(&essence.as_str()) {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                format!("content type {essence:?} is not NDJSON; send application/x-ndjson"),
+            )
+            .outcome(Outcome::Rejected));
+        }
+    }
+    let encoding = encoding(&headers)?;
+    let limit = state.db.limits().max_body_bytes;
+    let body = read_body(body, limit).await?;
+    let rows = state
+        .db
+        .ingest(&db, &schema, &table, body, encoding)
+        .await?;
+    Ok(Json(
+        json!({"status": "committed", "num_rows_inserted": rows}),
+    ))
+}
+
+/// The body `scopeql load` sends.
+#[derive(Debug, Deserialize)]
+pub(super) struct LegacyIngest {
+    data: LegacyData,
+    statement: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct LegacyData {
+    #[serde(default)]
+    format: Option<String>,
+    rows: String,
+}
+
+/// Reads the target of `INSERT INTO name`.
+fn insert_target(statement: &str) -> Option<(String, String, String)> {
+    let mut words = statement.split_whitespace();
+    let (insert, into, name) = (words.next()?, words.next()?, words.next()?);
+    if !insert.eq_ignore_ascii_case("INSERT")
+        || !into.eq_ignore_ascii_case("INTO")
+        || words.next().is_some()
+    {
+        return None;
+    }
+    let parts: Vec<String> = name
+        .trim_end_matches(';')
+        .split('.')
+        .map(|p| p.trim_matches('`').trim_matches('"').to_owned())
+        .collect();
+    match parts.as_slice() {
+        [t] => Some((DEFAULT_DATABASE.into(), DEFAULT_SCHEMA.into(), t.clone())),
+        [s, t] => Some((DEFAULT_DATABASE.into(), s.clone(), t.clone())),
+        [d, s, t] => Some((d.clone(), s.clone(), t.clone())),
+        _ => None,
+    }
+}
+
+pub(super) async fn ingest_statement(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    let encoding = encoding(&headers)?;
+    // The rows are inside a JSON string: allow for escaping overhead on top of the limit.
+    let limit = state.db.limits().max_body_bytes;
+    let raw = read_body(body, limit.saturating_mul(2)).await?;
+    let plain = crate::ingest::decompress(&raw, encoding, limit.saturating_mul(2))
+        .map_err(|e| ApiError::from(crate::db::IngestFailure::Input(e)))?;
+    let request: LegacyIngest = serde_json::from_slice(&plain).map_err(|e| {
+        ApiError::bad_request(format!("expected {{\"data\":{{\"format\":\"json\",\"rows\":\"...\"}},\"statement\":\"INSERT INTO t\"}}: {e}"))
+            .outcome(Outcome::Rejected)
+    })?;
+    if let Some(format) = &request.data.format {
+        if !format.eq_ignore_ascii_case("json") {
+            return Err(ApiError::bad_request(format!(
+                "data format {format:?} is not supported; use json"
+            ))
+            .outcome(Outcome::Rejected));
+        }
+    }
+    let (db, schema, table) = insert_target(&request.statement).ok_or_else(|| {
+        ApiError::bad_request("statement must be INSERT INTO <table>").outcome(Outcome::Rejected)
+    })?;
+    let rows = state
+        .db
+        .ingest(
+            &db,
+            &schema,
+            &table,
+            request.data.rows.into_bytes().into(),
+            ContentEncoding::Identity,
+        )
+        .await?;
+    Ok(Json(json!({"num_rows_inserted": rows})))
+}

@@ -1,0 +1,139 @@
+//! The HTTP API: routes, authentication and request ids. Each API is a module that maps
+//! requests to the database's typed calls and errors to answers.
+
+mod catalog;
+mod error;
+mod ingest;
+mod statements;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderValue, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use subtle::ConstantTimeEq as _;
+
+use crate::db::Database;
+use crate::query::statements::Statements;
+pub(crate) use error::ApiError;
+
+/// Shared state of the HTTP handlers.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    db: Arc<Database>,
+    statements: Arc<Statements>,
+    api_keys: Arc<Vec<String>>,
+}
+
+impl AppState {
+    /// State over an open database; with no keys, requests are not authenticated.
+    pub fn new(db: Arc<Database>, api_keys: Vec<String>) -> Self {
+        AppState {
+            db,
+            statements: Arc::new(Statements::default()),
+            api_keys: Arc::new(api_keys),
+        }
+    }
+}
+
+/// Compares a presented key with every configured key in constant time per key.
+fn key_matches(keys: &[String], presented: &str) -> bool {
+    keys.iter().fold(false, |found, key| {
+        let equal =
+            key.len() == presented.len() && bool::from(key.as_bytes().ct_eq(presented.as_bytes()));
+        found | equal
+    })
+}
+
+async fn authenticate(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    if !state.api_keys.is_empty() {
+        let presented = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
+            .map(str::trim);
+        match presented {
+            Some(key) if key_matches(&state.api_keys, key) => {}
+            _ => return ApiError::unauthorized().into_response(),
+        }
+    }
+    next.run(request).await
+}
+
+/// Gives every answer an `x-request-id` (the client's, or a new one).
+async fn request_id(request: Request, next: Next) -> Response {
+    let id = request
+        .headers()
+        .get("x-request-id")
+        .filter(|v| v.len() <= 128)
+        .cloned()
+        .unwrap_or_else(|| {
+            HeaderValue::from_str(&uuid::Uuid::new_v4().simple().to_string())
+                .unwrap_or(HeaderValue::from_static("0"))
+        });
+    let mut response = next.run(request).await;
+    response.headers_mut().insert("x-request-id", id);
+    response
+}
+
+async fn health() -> impl IntoResponse {
+    axum::Json(serde_json::json!({"status": "ok"}))
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("no such endpoint")
+}
+
+/// The router of the whole API.
+pub fn router(state: AppState) -> Router {
+    let api = Router::new()
+        .route("/v1/catalog", get(catalog::get_root).put(catalog::put_root))
+        .route(
+            "/v1/catalog/databases/{db}",
+            get(catalog::get_database)
+                .put(catalog::put_database)
+                .delete(catalog::delete_database),
+        )
+        .route(
+            "/v1/catalog/databases/{db}/schemas/{schema}",
+            get(catalog::get_schema)
+                .put(catalog::put_schema)
+                .delete(catalog::delete_schema),
+        )
+        .route(
+            "/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}",
+            get(catalog::get_table)
+                .put(catalog::put_table)
+                .delete(catalog::delete_table),
+        )
+        .route(
+            "/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}/ingest",
+            post(ingest::ingest_table),
+        )
+        .route("/v1/ingest", post(ingest::ingest_statement))
+        .route("/v1/statements", post(statements::submit))
+        .route("/v1/statements/{id}", get(statements::fetch))
+        .route("/v1/statements/{id}/cancel", post(statements::cancel))
+        .route_layer(middleware::from_fn_with_state(state.clone(), authenticate));
+    Router::new()
+        .route("/v1/health", get(health))
+        .merge(api)
+        .fallback(not_found)
+        // Bodies are read with the ingest limits in the handlers, which answer 413 themselves.
+        .layer(DefaultBodyLimit::disable())
+        .layer(middleware::from_fn(request_id))
+        .with_state(state)
+}
+
+/// Whether an address is loopback (where an unauthenticated server may listen).
+pub fn is_loopback(addr: &SocketAddr) -> bool {
+    addr.ip().is_loopback()
+}

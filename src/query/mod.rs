@@ -1,0 +1,450 @@
+//! Queries: SQL through DataFusion over every table's files and unflushed batches, and the
+//! catalog statements (`CREATE TABLE`, `DROP`, `DESCRIBE`, `SHOW TABLES`) on sluice's catalog.
+//!
+//! A table is named `db.schema.table` (DataFusion's catalog.schema.table); `scopedb.public` is
+//! the default, so `FROM events` works too.
+
+mod ddl;
+mod provider;
+pub mod statements;
+
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use arrow_schema::{DataType, Field};
+use datafusion::catalog::{CatalogProvider, MemoryCatalogProvider, MemorySchemaProvider};
+use datafusion::error::DataFusionError;
+use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::prelude::{SessionConfig, SessionContext};
+
+use crate::catalog::{
+    Catalog, CatalogError, CatalogPath, ColumnDef, DEFAULT_DATABASE, DEFAULT_SCHEMA, DatabaseDef,
+    SchemaDef, TableDef,
+};
+use crate::storage::Storage;
+use crate::table::{TableError, Tables};
+use crate::types::ColumnType;
+use crate::types::cell::format_cell;
+pub(crate) use ddl::DdlError;
+use ddl::{Ddl, DropKind};
+
+/// Why a statement failed.
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    /// The statement does not parse.
+    #[error("syntax error at line {line}, column {column}: {message}")]
+    Syntax {
+        /// What is wrong.
+        message: String,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+    },
+    /// DataFusion refused or failed the query.
+    #[error("{0}")]
+    Query(String),
+    /// A catalog change failed.
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+    /// Table storage failed.
+    #[error(transparent)]
+    Table(#[from] TableError),
+    /// The statement was cancelled.
+    #[error("statement cancelled")]
+    Cancelled,
+}
+
+impl From<DataFusionError> for QueryError {
+    fn from(e: DataFusionError) -> Self {
+        // DataFusion wraps our own errors as External; surface the message cleanly.
+        QueryError::Query(e.strip_backtrace())
+    }
+}
+
+/// One field of a result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResultField {
+    /// Column name.
+    pub name: String,
+    /// sluice type name (`int`, `string`, ..., or `null`).
+    pub data_type: String,
+}
+
+/// A statement's result: fields and rows in the statements API's cell form.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct QueryResult {
+    /// The fields.
+    pub fields: Vec<ResultField>,
+    /// Rows of cells (`None` is SQL NULL).
+    pub rows: Vec<Vec<Option<String>>>,
+}
+
+/// The sluice type name of a result field.
+pub fn sluice_type_name(field: &Field) -> &'static str {
+    if let Some(t) = ColumnType::from_field(field) {
+        return t.as_str();
+    }
+    match field.data_type() {
+        DataType::Null => "null",
+        DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => "int",
+        DataType::UInt8 | DataType::UInt16 | DataType::UInt32 | DataType::UInt64 => "uint",
+        DataType::Float16 | DataType::Float32 | DataType::Float64 => "float",
+        DataType::Decimal32(..)
+        | DataType::Decimal64(..)
+        | DataType::Decimal128(..)
+        | DataType::Decimal256(..) => "float",
+        DataType::Boolean => "boolean",
+        DataType::Timestamp(..) | DataType::Date32 | DataType::Date64 => "timestamp",
+        DataType::Duration(_) => "interval",
+        DataType::Binary
+        | DataType::LargeBinary
+        | DataType::BinaryView
+        | DataType::FixedSizeBinary(_) => "binary",
+        DataType::List(_)
+        | DataType::LargeList(_)
+        | DataType::FixedSizeList(..)
+        | DataType::ListView(_) => "array",
+        DataType::Struct(_) | DataType::Map(..) => "object",
+        _ => "string",
+    }
+}
+
+/// Turns batches into a [`QueryResult`].
+pub fn to_result(schema: &arrow_schema::Schema, batches: &[RecordBatch]) -> QueryResult {
+    let fields = schema
+        .fields()
+        .iter()
+        .map(|f| ResultField {
+            name: f.name().clone(),
+            data_type: sluice_type_name(f).to_owned(),
+        })
+        .collect();
+    let mut rows = Vec::new();
+    for batch in batches {
+        for r in 0..batch.num_rows() {
+            rows.push(batch.columns().iter().map(|c| format_cell(c, r)).collect());
+        }
+    }
+    QueryResult { fields, rows }
+}
+
+fn line_column(sql: &str, offset: usize) -> (usize, usize) {
+    let before = &sql[..offset.min(sql.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
+}
+
+fn text_result(column: &str, rows: Vec<String>) -> QueryResult {
+    QueryResult {
+        fields: vec![ResultField {
+            name: column.to_owned(),
+            data_type: "string".to_owned(),
+        }],
+        rows: rows.into_iter().map(|r| vec![Some(r)]).collect(),
+    }
+}
+
+/// Runs statements against one sluice database.
+#[derive(Debug, Clone)]
+pub struct QueryEngine {
+    catalog: Arc<Catalog>,
+    tables: Arc<Tables>,
+    storage: Storage,
+}
+
+impl QueryEngine {
+    /// An engine over this catalog, these tables and their object store.
+    pub fn new(catalog: Arc<Catalog>, tables: Arc<Tables>, storage: Storage) -> Self {
+        QueryEngine {
+            catalog,
+            tables,
+            storage,
+        }
+    }
+
+    /// A DataFusion session that sees every table of the catalog as it is now.
+    pub async fn session(&self) -> Result<SessionContext, QueryError> {
+        let config = SessionConfig::new()
+            .with_default_catalog_and_schema(DEFAULT_DATABASE, DEFAULT_SCHEMA)
+            .with_information_schema(true);
+        let ctx = SessionContext::new_with_config(config);
+        let url = ObjectStoreUrl::parse(provider::STORE_URL)?;
+        ctx.runtime_env()
+            .register_object_store(url.as_ref(), self.storage.store().clone());
+        for (db, schemas) in self.catalog.schemas().await {
+            let catalog = Arc::new(MemoryCatalogProvider::new());
+            for s in schemas {
+                catalog.register_schema(&s, Arc::new(MemorySchemaProvider::new()))?;
+            }
+            ctx.register_catalog(&db, catalog);
+        }
+        for t in self.catalog.tables().await {
+            let schema = match self.tables.schema(&t.id).await {
+                Ok(s) => s,
+                // Created in the catalog but its storage is not there yet: create it.
+                Err(TableError::NotFound(_)) => {
+                    self.tables.create_table(&t.id, &t.columns()?).await?;
+                    self.tables.schema(&t.id).await?
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let table = Arc::new(provider::SluiceTable {
+                id: t.id.clone(),
+                schema,
+                tables: self.tables.clone(),
+            });
+            if let Some(s) = ctx.catalog(&t.database).and_then(|c| c.schema(&t.schema)) {
+                s.register_table(t.def.name.clone(), table)?;
+            }
+        }
+        Ok(ctx)
+    }
+
+    /// Runs one statement to completion.
+    pub async fn execute(&self, sql: &str) -> Result<QueryResult, QueryError> {
+        match ddl::parse(sql) {
+            Ok(Some(ddl)) => return self.run_ddl(ddl).await,
+            Ok(None) => {}
+            Err(DdlError { message, offset }) => {
+                let (line, column) = line_column(sql, offset);
+                return Err(QueryError::Syntax {
+                    message,
+                    line,
+                    column,
+                });
+            }
+        }
+        let ctx = self.session().await?;
+        let df = ctx.sql(sql).await.map_err(|e| match e {
+            DataFusionError::SQL(parse, _) => QueryError::Syntax {
+                message: parse.to_string(),
+                line: 0,
+                column: 0,
+            },
+            other => other.into(),
+        })?;
+        let schema = df.schema().as_arrow().clone();
+        let batches = df.collect().await?;
+        Ok(to_result(&schema, &batches))
+    }
+
+    fn qualify(name: &[String]) -> (String, String, String) {
+        match name {
+            [t] => (DEFAULT_DATABASE.into(), DEFAULT_SCHEMA.into(), t.clone()),
+            [s, t] => (DEFAULT_DATABASE.into(), s.clone(), t.clone()),
+            [d, s, t] => (d.clone(), s.clone(), t.clone()),
+            _ => (String::new(), String::new(), String::new()),
+        }
+    }
+
+    async fn run_ddl(&self, ddl: Ddl) -> Result<QueryResult, QueryError> {
+        match ddl {
+            Ddl::CreateTable {
+                name,
+                if_not_exists,
+                columns,
+            } => {
+                let (d, s, t) = Self::qualify(&name);
+                if self.catalog.table(&d, &s, &t).await.is_ok() {
+                    if if_not_exists {
+                        return Ok(text_result(
+                            "status",
+                            vec![format!("table {d}.{s}.{t} exists")],
+                        ));
+                    }
+                    return Err(QueryError::Catalog(CatalogError::Invalid(format!(
+                        "table {d}.{s}.{t} already exists"
+                    ))));
+                }
+                let def = TableDef {
+                    name: t.clone(),
+                    comment: None,
+                    columns: columns
+                        .into_iter()
+                        .map(|(name, t, comment)| ColumnDef {
+                            name,
+                            data_type: t.as_str().to_owned(),
+                            comment,
+                            expression: None,
+                        })
+                        .collect(),
+                };
+                let value =
+                    serde_json::to_value(&def).map_err(|e| QueryError::Query(e.to_string()))?;
+                let path = CatalogPath::Table(d.clone(), s.clone(), t.clone());
+                let m = self
+                    .catalog
+                    .mutate(&path, Some(value), None, false, false)
+                    .await?;
+                for (_, id, def) in &m.created_tables {
+                    self.tables
+                        .create_table(id, &crate::catalog::table_columns(def)?)
+                        .await?;
+                }
+                Ok(text_result(
+                    "status",
+                    vec![format!("created table {d}.{s}.{t}")],
+                ))
+            }
+            Ddl::CreateDatabase {
+                name,
+                if_not_exists,
+            } => {
+                let path = CatalogPath::Database(name.clone());
+                if self.catalog.get(&path).await.is_ok() {
+                    if if_not_exists {
+                        return Ok(text_result(
+                            "status",
+                            vec![format!("database {name} exists")],
+                        ));
+                    }
+                    return Err(
+                        CatalogError::Invalid(format!("database {name} already exists")).into(),
+                    );
+                }
+                let def = DatabaseDef {
+                    name: name.clone(),
+                    comment: None,
+                    schemas: Vec::new(),
+                };
+                let value =
+                    serde_json::to_value(&def).map_err(|e| QueryError::Query(e.to_string()))?;
+                self.catalog
+                    .mutate(&path, Some(value), None, false, false)
+                    .await?;
+                Ok(text_result(
+                    "status",
+                    vec![format!("created database {name}")],
+                ))
+            }
+            Ddl::CreateSchema {
+                name,
+                if_not_exists,
+            } => {
+                let (d, s) = match name.as_slice() {
+                    [s] => (DEFAULT_DATABASE.to_owned(), s.clone()),
+                    [d, s] => (d.clone(), s.clone()),
+                    _ => return Err(CatalogError::Invalid("bad schema name".into()).into()),
+                };
+                let path = CatalogPath::Schema(d.clone(), s.clone());
+                if self.catalog.get(&path).await.is_ok() {
+                    if if_not_exists {
+                        return Ok(text_result(
+                            "status",
+                            vec![format!("schema {d}.{s} exists")],
+                        ));
+                    }
+                    return Err(
+                        CatalogError::Invalid(format!("schema {d}.{s} already exists")).into(),
+                    );
+                }
+                let def = SchemaDef {
+                    name: s.clone(),
+                    comment: None,
+                    tables: Vec::new(),
+                };
+                let value =
+                    serde_json::to_value(&def).map_err(|e| QueryError::Query(e.to_string()))?;
+                self.catalog
+                    .mutate(&path, Some(value), None, false, false)
+                    .await?;
+                Ok(text_result(
+                    "status",
+                    vec![format!("created schema {d}.{s}")],
+                ))
+            }
+            Ddl::Drop {
+                kind,
+                name,
+                if_exists,
+            } => {
+                let path = match (kind, name.as_slice()) {
+                    (DropKind::Database, [d]) => CatalogPath::Database(d.clone()),
+                    (DropKind::Schema, [s]) => {
+                        CatalogPath::Schema(DEFAULT_DATABASE.into(), s.clone())
+                    }
+                    (DropKind::Schema, [d, s]) => CatalogPath::Schema(d.clone(), s.clone()),
+                    (DropKind::Table, n) if !n.is_empty() => {
+                        let (d, s, t) = Self::qualify(n);
+                        CatalogPath::Table(d, s, t)
+                    }
+                    _ => return Err(CatalogError::Invalid("bad name for DROP".into()).into()),
+                };
+                match self.catalog.mutate(&path, None, None, false, true).await {
+                    Ok(_) => Ok(text_result("status", vec!["dropped".into()])),
+                    Err(CatalogError::NotFound { .. }) if if_exists => {
+                        Ok(text_result("status", vec!["nothing to drop".into()]))
+                    }
+                    Err(e) => Err(e.into()),
+                }
+            }
+            Ddl::Describe { name } => {
+                let (d, s, t) = Self::qualify(&name);
+                let table = self.catalog.table(&d, &s, &t).await?;
+                let rows = table
+                    .def
+                    .columns
+                    .iter()
+                    .map(|c| {
+                        vec![
+                            Some(c.name.clone()),
+                            Some(c.data_type.clone()),
+                            c.comment.clone(),
+                            c.expression.clone(),
+                        ]
+                    })
+                    .collect();
+                let field = |n: &str| ResultField {
+                    name: n.to_owned(),
+                    data_type: "string".to_owned(),
+                };
+                Ok(QueryResult {
+                    fields: vec![
+                        field("name"),
+                        field("data_type"),
+                        field("comment"),
+                        field("expression"),
+                    ],
+                    rows,
+                })
+            }
+            Ddl::ShowTables => {
+                let field = |n: &str| ResultField {
+                    name: n.to_owned(),
+                    data_type: "string".to_owned(),
+                };
+                let rows = self
+                    .catalog
+                    .tables()
+                    .await
+                    .into_iter()
+                    .map(|t| vec![Some(t.database), Some(t.schema), Some(t.def.name)])
+                    .collect();
+                Ok(QueryResult {
+                    fields: vec![field("database"), field("schema"), field("table")],
+                    rows,
+                })
+            }
+            Ddl::ShowDatabases => Ok(text_result(
+                "database",
+                self.catalog
+                    .schemas()
+                    .await
+                    .into_iter()
+                    .map(|(d, _)| d)
+                    .collect(),
+            )),
+            Ddl::ShowSchemas => Ok(text_result(
+                "schema",
+                self.catalog
+                    .schemas()
+                    .await
+                    .into_iter()
+                    .flat_map(|(d, ss)| ss.into_iter().map(move |s| format!("{d}.{s}")))
+                    .collect(),
+            )),
+        }
+    }
+}

@@ -1,0 +1,597 @@
+//! The server over real HTTP on loopback: catalog, ingest (every status), statements, auth,
+//! restart with unflushed data.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde_json::{Value, json};
+use sluice::db::{Database, DbConfig};
+use sluice::http::{AppState, router};
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A server running in this process on a free port.
+struct Server {
+    addr: SocketAddr,
+    db: Arc<Database>,
+    dir: PathBuf,
+    task: tokio::task::JoinHandle<()>,
+    client: reqwest::Client,
+    key: Option<String>,
+}
+
+fn temp_dir() -> PathBuf {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("sluice-server-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+impl Server {
+    async fn start_in(dir: PathBuf, keys: Vec<String>) -> Server {
+        let config = DbConfig::new(&dir);
+        let db = Database::open(config).await.unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = router(AppState::new(db.clone(), keys.clone()));
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        Server {
+            addr,
+            db,
+            dir,
+            task,
+            client: reqwest::Client::new(),
+            key: keys.into_iter().next(),
+        }
+    }
+
+    async fn start() -> Server {
+        Server::start_in(temp_dir(), Vec::new()).await
+    }
+
+    /// Stops serving without flushing: the unflushed rows live only in the commit log.
+    async fn crash(self) -> PathBuf {
+        self.task.abort();
+        let _ = self.task.await;
+        self.db.log().close();
+        self.dir
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let r = self.client.request(method, self.url(path));
+        match &self.key {
+            Some(k) => r.bearer_auth(k),
+            None => r,
+        }
+    }
+
+    async fn ingest(&self, table: &str, body: impl Into<reqwest::Body>) -> (u16, Value) {
+        let r = self
+            .request(
+                reqwest::Method::POST,
+                &format!("/v1/catalog/databases/scopedb/schemas/public/tables/{table}/ingest"),
+            )
+            .header("content-type", "application/x-ndjson")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn sql(&self, statement: &str) -> Value {
+        let r = self
+            .request(reqwest::Method::POST, "/v1/statements")
+            .json(&json!({"statement": statement, "format": "json"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["status"], "finished", "{statement}: {v}");
+        v
+    }
+
+    async fn create_events(&self) {
+        let r = self
+            .request(
+                reqwest::Method::PUT,
+                "/v1/catalog/databases/scopedb/schemas/public/tables/events",
+            )
+            .json(&events_def())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    }
+}
+
+fn events_def() -> Value {
+    json!({"name": "events", "comment": null, "columns": [
+        {"name": "time", "data_type": "timestamp"},
+        {"name": "service", "data_type": "string"},
+        {"name": "name", "data_type": "string"},
+        {"name": "message", "data_type": "string"},
+        {"name": "var", "data_type": "object"}
+    ]})
+}
+
+const SEED_ROW: &str = r#"{"time":"2026-10-23T09:00:00Z","service":"checkout","name":"payment_failed","message":"Credit card gateway timed out","var":{"region":"apac","gateway":"credit_card"}}"#;
+
+fn rows(n: usize, from: usize) -> String {
+    (from..from + n)
+        .map(|i| {
+            format!(
+                "{{\"time\":\"2026-10-23T09:00:{:02}Z\",\"service\":\"s{}\",\"name\":\"n{i}\",\"message\":\"m\",\"var\":{{\"i\":{i}}}}}\n",
+                i % 60,
+                i % 3
+            )
+        })
+        .collect()
+}
+
+async fn count(server: &Server) -> i64 {
+    let v = server
+        .sql("SELECT count(*) AS n FROM scopedb.public.events")
+        .await;
+    v["result_set"]["rows"][0][0]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn health_catalog_and_the_seed_example() {
+    let s = Server::start().await;
+    let health = s.client.get(s.url("/v1/health")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    assert!(health.headers().contains_key("x-request-id"));
+
+    // The default database and schema exist.
+    let r = s
+        .request(reqwest::Method::GET, "/v1/catalog")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let etag = r.headers()["etag"].to_str().unwrap().to_owned();
+    let root: Value = r.json().await.unwrap();
+    assert_eq!(root["databases"][0]["name"], "scopedb");
+    assert_eq!(root["databases"][0]["schemas"][0]["name"], "public");
+
+    // Create the seed's table; the answer says what changed.
+    let r = s
+        .request(
+            reqwest::Method::PUT,
+            "/v1/catalog/databases/scopedb/schemas/public/tables/events",
+        )
+        .header("if-match", &etag)
+        .json(&events_def())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let m: Value = r.json().await.unwrap();
+    assert_eq!(m["before"], Value::Null);
+    assert_eq!(m["after"]["name"], "events");
+    assert_eq!(m["destructive"], false);
+
+    // A stale ETag is refused.
+    let r = s
+        .request(
+            reqwest::Method::PUT,
+            "/v1/catalog/databases/scopedb/schemas/public/tables/other",
+        )
+        .header("if-match", &etag)
+        .json(&json!({"name": "other", "columns": [{"name": "a", "data_type": "int"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 412);
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["code"],
+        "precondition_failed"
+    );
+
+    // The seed's append, then a query that sees it at once.
+    let (status, body) = s.ingest("events", format!("{SEED_ROW}\n")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({"status": "committed", "num_rows_inserted": 1}));
+    let v = s
+        .sql("SELECT time, name, message, var FROM events WHERE service = 'checkout'")
+        .await;
+    let rs = &v["result_set"];
+    assert_eq!(rs["metadata"]["num_rows"], 1);
+    assert_eq!(
+        rs["metadata"]["fields"],
+        json!([{"name":"time","data_type":"timestamp"},{"name":"name","data_type":"string"},
+               {"name":"message","data_type":"string"},{"name":"var","data_type":"object"}])
+    );
+    assert_eq!(
+        rs["rows"][0],
+        json!([
+            "2026-10-23T09:00:00Z",
+            "payment_failed",
+            "Credit card gateway timed out",
+            "{\"region\":\"apac\",\"gateway\":\"credit_card\"}"
+        ])
+    );
+    for key in [
+        "total_percentage",
+        "nanos_from_submitted",
+        "skipped_uncompressed_bytes",
+    ] {
+        assert!(v["progress"].get(key).is_some(), "progress.{key}");
+    }
+}
+
+#[tokio::test]
+async fn ingest_refusals_have_their_statuses_and_apply_nothing() {
+    let s = Server::start().await;
+    s.create_events().await;
+
+    // 422 with row errors.
+    let (status, body) = s
+        .ingest("events", "{\"time\":\"2026-10-23\"}\n{\"nope\":1}\n")
+        .await;
+    assert_eq!(status, 422);
+    assert_eq!(body["code"], "invalid_schema");
+    assert_eq!(body["details"]["status"], "rejected");
+    assert_eq!(body["details"]["row_errors"][0]["row_index"], 0);
+    assert_eq!(body["details"]["row_errors"][0]["column"], "time");
+    assert_eq!(body["details"]["row_errors"][1]["column"], "nope");
+    assert_eq!(body["details"]["row_errors_truncated"], false);
+
+    // 404 unknown table.
+    let (status, body) = s.ingest("missing", format!("{SEED_ROW}\n")).await;
+    assert_eq!(status, 404);
+    assert_eq!(body["details"]["status"], "rejected");
+
+    // 415 wrong content type and unknown encoding.
+    let r = s
+        .request(
+            reqwest::Method::POST,
+            "/v1/catalog/databases/scopedb/schemas/public/tables/events/ingest",
+        )
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("{SEED_ROW}\n"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 415);
+    let r = s
+        .request(
+            reqwest::Method::POST,
+            "/v1/catalog/databases/scopedb/schemas/public/tables/events/ingest",
+        )
+        .header("content-type", "application/x-ndjson")
+        .header("content-encoding", "br")
+        .body(format!("{SEED_ROW}\n"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 415);
+
+    // 413: 16 MiB + 1 byte, and 200,001 rows.
+    let mut big = vec![b' '; 16 * 1024 * 1024 + 1];
+    big[..SEED_ROW.len()].copy_from_slice(SEED_ROW.as_bytes());
+    let (status, body) = s.ingest("events", big).await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(body["details"]["status"], "rejected");
+    let many = "{}\n".repeat(200_001);
+    let (status, _) = s.ingest("events", many).await;
+    assert_eq!(status, 413);
+    // Exactly at the limits is accepted.
+    let (status, body) = s.ingest("events", "{}\n".repeat(200_000)).await;
+    assert_eq!((status, &body["num_rows_inserted"]), (200, &json!(200_000)));
+
+    // A gzip bomb: 64 MiB of spaces in about 64 KiB, refused after 16 MiB of output.
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(&vec![b' '; 64 << 20]).unwrap();
+    let bomb = gz.finish().unwrap();
+    assert!(bomb.len() < 1 << 20);
+    let r = s
+        .request(
+            reqwest::Method::POST,
+            "/v1/catalog/databases/scopedb/schemas/public/tables/events/ingest",
+        )
+        .header("content-type", "application/x-ndjson")
+        .header("content-encoding", "gzip")
+        .body(bomb)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    assert_eq!(count(&s).await, 200_000, "nothing refused was applied");
+}
+
+#[tokio::test]
+async fn gzip_and_zstd_bodies_commit() {
+    let s = Server::start().await;
+    s.create_events().await;
+    let body = rows(100, 0);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(body.as_bytes()).unwrap();
+    let zst = zstd::encode_all(body.as_bytes(), 3).unwrap();
+    for (encoding, packed) in [("gzip", gz.finish().unwrap()), ("zstd", zst)] {
+        let r = s
+            .request(
+                reqwest::Method::POST,
+                "/v1/catalog/databases/scopedb/schemas/public/tables/events/ingest",
+            )
+            .header("content-type", "application/x-ndjson")
+            .header("content-encoding", encoding)
+            .body(packed)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.json::<Value>().await.unwrap()["num_rows_inserted"], 100);
+    }
+    assert_eq!(count(&s).await, 200);
+}
+
+#[tokio::test]
+async fn concurrent_ingests_into_one_table_all_land() {
+    let s = Arc::new(Server::start().await);
+    s.create_events().await;
+    let mut tasks = Vec::new();
+    for client in 0..8 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            for batch in 0..5 {
+                let (status, body) = s
+                    .ingest("events", rows(50, (client * 5 + batch) * 50))
+                    .await;
+                assert_eq!(status, 200, "{body}");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(count(&s).await, 2000);
+    let v = s.sql("SELECT count(DISTINCT name) AS n FROM events").await;
+    assert_eq!(v["result_set"]["rows"][0][0], "2000");
+}
+
+#[tokio::test]
+async fn restart_with_unflushed_data_keeps_every_row() {
+    let s = Server::start().await;
+    s.create_events().await;
+    assert_eq!(s.ingest("events", rows(30, 0)).await.0, 200);
+    s.db.tables().flush_due(true).await.unwrap();
+    assert_eq!(s.ingest("events", rows(20, 30)).await.0, 200);
+    let dir = s.crash().await;
+    let s = Server::start_in(dir, Vec::new()).await;
+    assert_eq!(count(&s).await, 50);
+    let v = s.sql("SELECT count(DISTINCT name) FROM events").await;
+    assert_eq!(v["result_set"]["rows"][0][0], "50", "no row twice");
+}
+
+#[tokio::test]
+async fn statements_ddl_errors_and_cancel() {
+    let s = Server::start().await;
+    s.sql("CREATE TABLE logs (ts timestamp, level string, n int, payload any)")
+        .await;
+    let v = s.sql("SHOW TABLES").await;
+    assert_eq!(
+        v["result_set"]["rows"][0],
+        json!(["scopedb", "public", "logs"])
+    );
+    let v = s.sql("DESCRIBE TABLE scopedb.public.logs").await;
+    assert_eq!(v["result_set"]["rows"][3][1], "any");
+    let (status, _) = s
+        .ingest(
+            "logs",
+            "{\"ts\":\"2026-01-01T00:00:00Z\",\"level\":\"warn\",\"n\":5,\"payload\":[1,\"x\"]}\n",
+        )
+        .await;
+    assert_eq!(status, 200);
+    let v = s.sql("SELECT level, n + 1 AS m, payload FROM logs").await;
+    assert_eq!(
+        v["result_set"]["rows"][0],
+        json!(["warn", "6", "[1,\"x\"]"])
+    );
+
+    // A failed statement carries message and error.
+    let r = s
+        .request(reqwest::Method::POST, "/v1/statements")
+        .json(&json!({"statement": "SELECT nope FROM logs", "statement_id": "my-id"}))
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["status"], "failed");
+    assert_eq!(v["statement_id"], "my-id");
+    assert!(v["message"].as_str().unwrap().contains("nope"));
+    assert_eq!(v["error"]["code"], "query_error");
+    let v: Value = s
+        .request(reqwest::Method::GET, "/v1/statements/my-id?format=json")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["status"], "failed");
+    let r = s
+        .request(reqwest::Method::GET, "/v1/statements/unknown")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let v = s.sql("DROP TABLE logs").await;
+    assert_eq!(v["status"], "finished");
+    let r = s
+        .request(reqwest::Method::POST, "/v1/statements/my-id/cancel")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn api_keys_are_required_when_configured() {
+    let s = Server::start_in(temp_dir(), vec!["secret-key".into()]).await;
+    let r = s.client.get(s.url("/v1/catalog")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let r = s
+        .client
+        .get(s.url("/v1/catalog"))
+        .bearer_auth("wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(r.json::<Value>().await.unwrap()["code"], "unauthorized");
+    let r = s
+        .client
+        .get(s.url("/v1/catalog"))
+        .bearer_auth("secret-key")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // Health stays open for liveness probes.
+    assert_eq!(
+        s.client
+            .get(s.url("/v1/health"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn destructive_catalog_changes_need_permission() {
+    let s = Server::start().await;
+    s.create_events().await;
+    let path = "/v1/catalog/databases/scopedb/schemas/public/tables/events";
+    let r = s
+        .request(reqwest::Method::DELETE, path)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 409);
+    let r = s
+        .request(
+            reqwest::Method::DELETE,
+            &format!("{path}?allow_destructive=true&dry_run=true"),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let m: Value = r.json().await.unwrap();
+    assert_eq!(
+        (m["destructive"].clone(), m["after"].clone()),
+        (json!(true), Value::Null)
+    );
+    // The dry run changed nothing.
+    assert_eq!(
+        s.request(reqwest::Method::GET, path)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let r = s
+        .request(
+            reqwest::Method::DELETE,
+            &format!("{path}?allow_destructive=true"),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        s.request(reqwest::Method::GET, path)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    // A body whose name does not match the path is refused.
+    let r = s
+        .request(
+            reqwest::Method::PUT,
+            "/v1/catalog/databases/scopedb/schemas/public/tables/x",
+        )
+        .json(&events_def())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+}
+
+#[tokio::test]
+async fn computed_columns_are_filled_at_ingest() {
+    let s = Server::start().await;
+    let r = s
+        .request(
+            reqwest::Method::PUT,
+            "/v1/catalog/databases/scopedb/schemas/public/tables/c",
+        )
+        .json(&json!({"name": "c", "columns": [
+            {"name": "a", "data_type": "int"},
+            {"name": "double_a", "data_type": "int", "expression": "a * 2"}
+        ]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    assert_eq!(s.ingest("c", "{\"a\":21}\n").await.0, 200);
+    let (status, body) = s.ingest("c", "{\"a\":1,\"double_a\":2}\n").await;
+    assert_eq!(status, 422, "{body}");
+    let v = s.sql("SELECT a, double_a FROM c").await;
+    assert_eq!(v["result_set"]["rows"], json!([["21", "42"]]));
+    // A bad expression is refused when the table is defined.
+    let r = s
+        .request(
+            reqwest::Method::PUT,
+            "/v1/catalog/databases/scopedb/schemas/public/tables/d",
+        )
+        .json(&json!({"name": "d", "columns": [
+            {"name": "a", "data_type": "int"},
+            {"name": "b", "data_type": "int", "expression": "no_such_column + 1"}
+        ]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+}
+
+#[tokio::test]
+async fn legacy_ingest_endpoint_takes_glued_rows() {
+    let s = Server::start().await;
+    s.create_events().await;
+    let rows = r#"{"service":"a"}{"service":"b"}"#;
+    let r = s
+        .request(reqwest::Method::POST, "/v1/ingest")
+        .json(&json!({"data": {"format": "json", "rows": rows}, "statement": "INSERT INTO events"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"num_rows_inserted": 2})
+    );
+    assert_eq!(count(&s).await, 2);
+}
