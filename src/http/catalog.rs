@@ -55,11 +55,6 @@ async fn write(
     Ok(with_etag(body, version))
 }
 
-fn json_body(body: &[u8]) -> Result<serde_json::Value, ApiError> {
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("request body is not valid JSON: {e}")))
-}
-
 pub(super) async fn get_root(State(state): State<AppState>) -> Result<Response, ApiError> {
     read(&state, CatalogPath::Root).await
 }
@@ -68,9 +63,9 @@ pub(super) async fn put_root(
     State(state): State<AppState>,
     headers: HeaderMap,
     Query(params): Query<MutationParams>,
-    body: axum::body::Bytes,
+    body: axum::body::Body,
 ) -> Result<Response, ApiError> {
-    let body = json_body(&body)?;
+    let body: serde_json::Value = super::read_json(&headers, body, "a JSON definition").await?;
     write(&state, CatalogPath::Root, &headers, params, Some(body)).await
 }
 
@@ -86,9 +81,9 @@ pub(super) async fn put_database(
     Path(db): Path<String>,
     headers: HeaderMap,
     Query(params): Query<MutationParams>,
-    body: axum::body::Bytes,
+    body: axum::body::Body,
 ) -> Result<Response, ApiError> {
-    let body = json_body(&body)?;
+    let body: serde_json::Value = super::read_json(&headers, body, "a JSON definition").await?;
     write(
         &state,
         CatalogPath::Database(db),
@@ -120,9 +115,9 @@ pub(super) async fn put_schema(
     Path((db, schema)): Path<(String, String)>,
     headers: HeaderMap,
     Query(params): Query<MutationParams>,
-    body: axum::body::Bytes,
+    body: axum::body::Body,
 ) -> Result<Response, ApiError> {
-    let body = json_body(&body)?;
+    let body: serde_json::Value = super::read_json(&headers, body, "a JSON definition").await?;
     write(
         &state,
         CatalogPath::Schema(db, schema),
@@ -161,9 +156,9 @@ pub(super) async fn put_table(
     Path((db, schema, table)): Path<(String, String, String)>,
     headers: HeaderMap,
     Query(params): Query<MutationParams>,
-    body: axum::body::Bytes,
+    body: axum::body::Body,
 ) -> Result<Response, ApiError> {
-    let body = json_body(&body)?;
+    let body: serde_json::Value = super::read_json(&headers, body, "a JSON definition").await?;
     write(
         &state,
         CatalogPath::Table(db, schema, table),

@@ -25,7 +25,7 @@ const NDJSON_TYPES: &[&str] = &[
 ];
 
 /// Reads a request body of at most `limit` bytes, answering 413 past it.
-async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
+pub(super) async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
     axum::body::to_bytes(body, limit).await.map_err(|e| {
         let too_large = std::error::Error::source(&e)
             .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
@@ -39,7 +39,7 @@ async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
     })
 }
 
-fn encoding(headers: &HeaderMap) -> Result<ContentEncoding, ApiError> {
+pub(super) fn encoding(headers: &HeaderMap) -> Result<ContentEncoding, ApiError> {
     let value = headers
         .get(header::CONTENT_ENCODING)
         .map(|v| v.to_str().unwrap_or("?"));

@@ -40,6 +40,24 @@ impl AppState {
     }
 }
 
+/// Largest JSON request body (statements, catalog definitions), after decompression.
+const MAX_JSON_BODY_BYTES: usize = 16 << 20;
+
+/// Reads a JSON request body, undoing its `Content-Encoding` (clients compress statements and
+/// catalog definitions too), within [`MAX_JSON_BODY_BYTES`].
+pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
+    headers: &axum::http::HeaderMap,
+    body: axum::body::Body,
+    expected: &str,
+) -> Result<T, ApiError> {
+    let encoding = ingest::encoding(headers)?;
+    let raw = ingest::read_body(body, MAX_JSON_BODY_BYTES).await?;
+    let plain = crate::ingest::decompress(&raw, encoding, MAX_JSON_BODY_BYTES)
+        .map_err(|e| ApiError::from(crate::db::IngestFailure::Input(e)))?;
+    serde_json::from_slice(&plain)
+        .map_err(|e| ApiError::bad_request(format!("request body must be {expected}: {e}")))
+}
+
 /// Compares a presented key with every configured key in constant time per key.
 fn key_matches(keys: &[String], presented: &str) -> bool {
     keys.iter().fold(false, |found, key| {

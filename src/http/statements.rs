@@ -93,10 +93,10 @@ fn payload(statement: &Statement) -> Value {
 
 pub(super) async fn submit(
     State(state): State<AppState>,
-    body: axum::body::Bytes,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Body,
 ) -> Result<Json<Value>, ApiError> {
-    let request: Submit = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request(format!("expected {{\"statement\": \"...\"}}: {e}")))?;
+    let request: Submit = super::read_json(&headers, body, "{\"statement\": \"...\"}").await?;
     if let Some(id) = &request.statement_id {
         if id.is_empty() || id.len() > 128 {
             return Err(ApiError::bad_request(
