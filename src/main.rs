@@ -66,6 +66,7 @@ fn main() -> ExitCode {
 
 fn serve(args: ServeArgs) -> Result<(), String> {
     tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),

@@ -32,7 +32,11 @@ fn temp_dir() -> PathBuf {
 
 impl Server {
     async fn start_in(dir: PathBuf, keys: Vec<String>) -> Server {
-        let config = DbConfig::new(&dir);
+        Server::start_with(DbConfig::new(&dir), keys).await
+    }
+
+    async fn start_with(config: DbConfig, keys: Vec<String>) -> Server {
+        let dir = config.data_dir.clone();
         let db = Database::open(config).await.unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -594,4 +598,119 @@ async fn legacy_ingest_endpoint_takes_glued_rows() {
         json!({"num_rows_inserted": 2})
     );
     assert_eq!(count(&s).await, 2);
+}
+
+#[tokio::test]
+async fn backpressure_answers_503_with_retry_after_and_applies_nothing() {
+    let mut config = DbConfig::new(temp_dir());
+    config.tables.max_unflushed_bytes = 1;
+    let s = Server::start_with(config, Vec::new()).await;
+    s.create_events().await;
+    assert_eq!(s.ingest("events", rows(10, 0)).await.0, 200);
+    let r = s
+        .request(
+            reqwest::Method::POST,
+            "/v1/catalog/databases/scopedb/schemas/public/tables/events/ingest",
+        )
+        .header("content-type", "application/x-ndjson")
+        .body(rows(10, 10))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["code"], "service_unavailable");
+    assert_eq!(body["details"]["status"], "rejected");
+    assert_eq!(count(&s).await, 10);
+    // Once a flush catches up, the same batch goes in.
+    s.db.tables().flush_due(true).await.unwrap();
+    assert_eq!(s.ingest("events", rows(10, 10)).await.0, 200);
+    assert_eq!(count(&s).await, 20);
+}
+
+#[tokio::test]
+async fn long_statements_run_asynchronously_and_can_be_cancelled() {
+    let s = Server::start().await;
+    let r = s
+        .request(reqwest::Method::POST, "/v1/statements")
+        .json(&json!({
+            "statement": "SELECT count(*) FROM generate_series(1, 100000000000) a JOIN generate_series(1, 10) b ON a.value = b.value",
+            "statement_id": "long-one"
+        }))
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["status"], "running", "{v}");
+    let v: Value = s
+        .request(reqwest::Method::POST, "/v1/statements/long-one/cancel")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["status"], "cancelled");
+    assert!(v["message"].is_string());
+    let v: Value = s
+        .request(reqwest::Method::GET, "/v1/statements/long-one")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["status"], "cancelled");
+}
+
+#[tokio::test]
+async fn time_filters_prune_files_without_losing_rows() {
+    let s = Server::start().await;
+    s.create_events().await;
+    // Three files an hour apart, plus unflushed rows.
+    for hour in 0..3 {
+        let body: String = (0..10)
+            .map(|i| {
+                format!("{{\"time\":\"2026-10-23T0{hour}:00:{i:02}Z\",\"service\":\"h{hour}\"}}\n")
+            })
+            .collect();
+        assert_eq!(s.ingest("events", body).await.0, 200);
+        s.db.tables().flush_due(true).await.unwrap();
+    }
+    assert_eq!(
+        s.ingest(
+            "events",
+            "{\"time\":\"2026-10-23T01:30:00Z\",\"service\":\"mem\"}\n"
+        )
+        .await
+        .0,
+        200
+    );
+    let cases = [
+        ("time >= '2026-10-23T01:00:00Z'::timestamp", 21),
+        ("time < '2026-10-23T01:00:00Z'::timestamp", 10),
+        ("time = '2026-10-23T02:00:05Z'::timestamp", 1),
+        (
+            "time BETWEEN '2026-10-23T01:00:00Z'::timestamp AND '2026-10-23T01:59:59Z'::timestamp",
+            11,
+        ),
+        ("'2026-10-23T02:00:00Z'::timestamp <= time", 10),
+        (
+            "time > '2026-10-23T05:00:00Z'::timestamp OR service = 'h0'",
+            10,
+        ),
+    ];
+    for (filter, want) in cases {
+        let v = s
+            .sql(&format!("SELECT count(*) FROM events WHERE {filter}"))
+            .await;
+        assert_eq!(v["result_set"]["rows"][0][0], want.to_string(), "{filter}");
+    }
+    // The scan of a one-hour range opens one of the three files.
+    let v = s
+        .sql("EXPLAIN SELECT count(*) FROM events WHERE time >= '2026-10-23T02:00:00Z'::timestamp")
+        .await;
+    let plan = v["result_set"]["rows"].to_string();
+    assert_eq!(plan.matches(".parquet").count(), 1, "{plan}");
 }
