@@ -230,7 +230,8 @@ impl Database {
         result.map(|_| ())
     }
 
-    /// Changes the catalog (see [`Catalog::mutate`]) and creates storage for new tables.
+    /// Changes the catalog and creates storage for new tables (see
+    /// [`QueryEngine::mutate_catalog`]).
     pub async fn mutate_catalog(
         &self,
         path: &CatalogPath,
@@ -239,23 +240,9 @@ impl Database {
         dry_run: bool,
         allow_destructive: bool,
     ) -> Result<Mutation, QueryError> {
-        // Check computed-column expressions before anything is written.
-        if let (Some(v), CatalogPath::Table(..)) = (&value, path) {
-            if let Ok(def) = serde_json::from_value::<crate::catalog::TableDef>(v.clone()) {
-                let columns = crate::catalog::table_columns(&def)?;
-                compile_plan(&def, &columns).map_err(QueryError::Catalog)?;
-            }
-        }
-        let m = self
-            .catalog
-            .mutate(path, value, if_match, dry_run, allow_destructive)
-            .await?;
-        for (_, id, def) in &m.created_tables {
-            self.tables
-                .create_table(id, &crate::catalog::table_columns(def)?)
-                .await?;
-        }
-        Ok(m)
+        self.engine
+            .mutate_catalog(path, value, if_match, dry_run, allow_destructive)
+            .await
     }
 
     fn plan(&self, table: &ResolvedTable) -> Result<Arc<IngestPlan>, IngestFailure> {
@@ -334,6 +321,11 @@ impl Database {
     pub fn engine(&self) -> &QueryEngine {
         &self.engine
     }
+}
+
+/// Checks that a table definition's computed-column expressions compile.
+pub(crate) fn check_table_def(def: &crate::catalog::TableDef) -> Result<(), CatalogError> {
+    compile_plan(def, &crate::catalog::table_columns(def)?).map(|_| ())
 }
 
 /// Compiles a table's ingest plan: its decoder, and its computed columns as physical

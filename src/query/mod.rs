@@ -19,7 +19,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::catalog::{
     Catalog, CatalogError, CatalogPath, ColumnDef, DEFAULT_DATABASE, DEFAULT_SCHEMA, DatabaseDef,
-    SchemaDef, TableDef,
+    Mutation, SchemaDef, TableDef,
 };
 use crate::storage::Storage;
 use crate::table::{TableError, Tables};
@@ -230,6 +230,54 @@ impl QueryEngine {
         Ok(to_result(&schema, &batches))
     }
 
+    /// Replaces the catalog subtree at `path` (see [`Catalog::mutate`]), after checking any
+    /// computed-column expressions, and creates storage for the tables it adds.
+    pub async fn mutate_catalog(
+        &self,
+        path: &CatalogPath,
+        value: Option<serde_json::Value>,
+        if_match: Option<&str>,
+        dry_run: bool,
+        allow_destructive: bool,
+    ) -> Result<Mutation, QueryError> {
+        if let (Some(v), CatalogPath::Table(..)) = (&value, path) {
+            if let Ok(def) = serde_json::from_value::<TableDef>(v.clone()) {
+                crate::db::check_table_def(&def)?;
+            }
+        }
+        let m = self
+            .catalog
+            .mutate(path, value, if_match, dry_run, allow_destructive)
+            .await?;
+        for (_, id, def) in &m.created_tables {
+            self.tables
+                .create_table(id, &crate::catalog::table_columns(def)?)
+                .await?;
+        }
+        Ok(m)
+    }
+
+    /// `CREATE TABLE|DATABASE|SCHEMA [IF NOT EXISTS]`: adds `def` at `path` unless something
+    /// is there already.
+    async fn create(
+        &self,
+        path: CatalogPath,
+        def: impl serde::Serialize,
+        label: String,
+        if_not_exists: bool,
+    ) -> Result<QueryResult, QueryError> {
+        if self.catalog.get(&path).await.is_ok() {
+            if if_not_exists {
+                return Ok(text_result("status", vec![format!("{label} exists")]));
+            }
+            return Err(CatalogError::Invalid(format!("{label} already exists")).into());
+        }
+        let value = serde_json::to_value(&def).map_err(|e| QueryError::Query(e.to_string()))?;
+        self.mutate_catalog(&path, Some(value), None, false, false)
+            .await?;
+        Ok(text_result("status", vec![format!("created {label}")]))
+    }
+
     fn qualify(name: &[String]) -> (String, String, String) {
         match name {
             [t] => (DEFAULT_DATABASE.into(), DEFAULT_SCHEMA.into(), t.clone()),
@@ -247,17 +295,6 @@ impl QueryEngine {
                 columns,
             } => {
                 let (d, s, t) = Self::qualify(&name);
-                if self.catalog.table(&d, &s, &t).await.is_ok() {
-                    if if_not_exists {
-                        return Ok(text_result(
-                            "status",
-                            vec![format!("table {d}.{s}.{t} exists")],
-                        ));
-                    }
-                    return Err(QueryError::Catalog(CatalogError::Invalid(format!(
-                        "table {d}.{s}.{t} already exists"
-                    ))));
-                }
                 let def = TableDef {
                     name: t.clone(),
                     comment: None,
@@ -271,53 +308,22 @@ impl QueryEngine {
                         })
                         .collect(),
                 };
-                let value =
-                    serde_json::to_value(&def).map_err(|e| QueryError::Query(e.to_string()))?;
-                let path = CatalogPath::Table(d.clone(), s.clone(), t.clone());
-                let m = self
-                    .catalog
-                    .mutate(&path, Some(value), None, false, false)
-                    .await?;
-                for (_, id, def) in &m.created_tables {
-                    self.tables
-                        .create_table(id, &crate::catalog::table_columns(def)?)
-                        .await?;
-                }
-                Ok(text_result(
-                    "status",
-                    vec![format!("created table {d}.{s}.{t}")],
-                ))
+                let label = format!("table {d}.{s}.{t}");
+                self.create(CatalogPath::Table(d, s, t), def, label, if_not_exists)
+                    .await
             }
             Ddl::CreateDatabase {
                 name,
                 if_not_exists,
             } => {
-                let path = CatalogPath::Database(name.clone());
-                if self.catalog.get(&path).await.is_ok() {
-                    if if_not_exists {
-                        return Ok(text_result(
-                            "status",
-                            vec![format!("database {name} exists")],
-                        ));
-                    }
-                    return Err(
-                        CatalogError::Invalid(format!("database {name} already exists")).into(),
-                    );
-                }
                 let def = DatabaseDef {
                     name: name.clone(),
                     comment: None,
                     schemas: Vec::new(),
                 };
-                let value =
-                    serde_json::to_value(&def).map_err(|e| QueryError::Query(e.to_string()))?;
-                self.catalog
-                    .mutate(&path, Some(value), None, false, false)
-                    .await?;
-                Ok(text_result(
-                    "status",
-                    vec![format!("created database {name}")],
-                ))
+                let label = format!("database {name}");
+                self.create(CatalogPath::Database(name), def, label, if_not_exists)
+                    .await
             }
             Ddl::CreateSchema {
                 name,
@@ -328,32 +334,14 @@ impl QueryEngine {
                     [d, s] => (d.clone(), s.clone()),
                     _ => return Err(CatalogError::Invalid("bad schema name".into()).into()),
                 };
-                let path = CatalogPath::Schema(d.clone(), s.clone());
-                if self.catalog.get(&path).await.is_ok() {
-                    if if_not_exists {
-                        return Ok(text_result(
-                            "status",
-                            vec![format!("schema {d}.{s} exists")],
-                        ));
-                    }
-                    return Err(
-                        CatalogError::Invalid(format!("schema {d}.{s} already exists")).into(),
-                    );
-                }
                 let def = SchemaDef {
                     name: s.clone(),
                     comment: None,
                     tables: Vec::new(),
                 };
-                let value =
-                    serde_json::to_value(&def).map_err(|e| QueryError::Query(e.to_string()))?;
-                self.catalog
-                    .mutate(&path, Some(value), None, false, false)
-                    .await?;
-                Ok(text_result(
-                    "status",
-                    vec![format!("created schema {d}.{s}")],
-                ))
+                let label = format!("schema {d}.{s}");
+                self.create(CatalogPath::Schema(d, s), def, label, if_not_exists)
+                    .await
             }
             Ddl::Drop {
                 kind,
@@ -372,12 +360,12 @@ impl QueryEngine {
                     }
                     _ => return Err(CatalogError::Invalid("bad name for DROP".into()).into()),
                 };
-                match self.catalog.mutate(&path, None, None, false, true).await {
+                match self.mutate_catalog(&path, None, None, false, true).await {
                     Ok(_) => Ok(text_result("status", vec!["dropped".into()])),
-                    Err(CatalogError::NotFound { .. }) if if_exists => {
+                    Err(QueryError::Catalog(CatalogError::NotFound { .. })) if if_exists => {
                         Ok(text_result("status", vec!["nothing to drop".into()]))
                     }
-                    Err(e) => Err(e.into()),
+                    Err(e) => Err(e),
                 }
             }
             Ddl::Describe { name } => {

@@ -471,23 +471,7 @@ impl Tables {
                 state.manifest.clone(),
             )
         };
-        let path = format!(
-            "{}/data/{}.parquet",
-            table_dir(&table.id),
-            uuid::Uuid::new_v4().simple()
-        );
-        let schema = table.schema.clone();
-        let row_group_rows = self.config.row_group_rows;
-        let (bytes, file) = tokio::task::spawn_blocking(move || {
-            files::write_parquet(&schema, &batches, row_group_rows, path)
-        })
-        .await
-        .map_err(|e| TableError::Task(e.to_string()))??;
-        self.storage
-            .store()
-            .put(&Path::from(file.path.as_str()), bytes.into())
-            .await
-            .map_err(TableError::Storage)?;
+        let file = self.write_data_file(&table, move || Ok(batches)).await?;
         let change = Change {
             added: vec![file.clone()],
             removed: Vec::new(),
@@ -514,6 +498,33 @@ impl Tables {
         }
         self.release_log()?;
         Ok(Some(file))
+    }
+
+    /// Writes the batches `make` produces (on a blocking thread: encoding is CPU work) as a
+    /// new Parquet object of `table`, and returns its manifest entry.
+    async fn write_data_file(
+        &self,
+        table: &Table,
+        make: impl FnOnce() -> Result<Vec<RecordBatch>, TableError> + Send + 'static,
+    ) -> Result<DataFile, TableError> {
+        let path = format!(
+            "{}/data/{}.parquet",
+            table_dir(&table.id),
+            uuid::Uuid::new_v4().simple()
+        );
+        let schema = table.schema.clone();
+        let row_group_rows = self.config.row_group_rows;
+        let (bytes, file) = tokio::task::spawn_blocking(move || {
+            files::write_parquet(&schema, &make()?, row_group_rows, path)
+        })
+        .await
+        .map_err(|e| TableError::Task(e.to_string()))??;
+        self.storage
+            .store()
+            .put(&Path::from(file.path.as_str()), bytes.into())
+            .await
+            .map_err(TableError::Storage)?;
+        Ok(file)
     }
 
     /// Flushes every table that is over its size or age threshold (or every table with
@@ -583,24 +594,9 @@ impl Tables {
                 .map_err(TableError::Storage)?;
             inputs.push(bytes);
         }
-        let path = format!(
-            "{}/data/{}.parquet",
-            table_dir(&table.id),
-            uuid::Uuid::new_v4().simple()
-        );
-        let schema = table.schema.clone();
-        let row_group_rows = self.config.row_group_rows;
-        let (bytes, file) = tokio::task::spawn_blocking(move || {
-            let batches = files::read_parquet(&inputs)?;
-            files::write_parquet(&schema, &batches, row_group_rows, path)
-        })
-        .await
-        .map_err(|e| TableError::Task(e.to_string()))??;
-        self.storage
-            .store()
-            .put(&Path::from(file.path.as_str()), bytes.into())
-            .await
-            .map_err(TableError::Storage)?;
+        let file = self
+            .write_data_file(&table, move || files::read_parquet(&inputs))
+            .await?;
         let change = Change {
             added: vec![file.clone()],
             removed: picked.iter().map(|f| f.path.clone()).collect(),
