@@ -232,3 +232,36 @@ async fn scopeql_cli_runs_ddl_queries_and_loads() {
         "{out}{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scopeql_cli_runs_the_seed_verification_query() {
+    let (addr, _db) = start().await;
+    let (ok, _, err) = tokio::task::spawn_blocking(move || {
+        run_scopeql(
+            addr,
+            &["run", "CREATE TABLE scopedb.public.events (time timestamp, service string, name string, message string, var object)"],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(ok, "{err}");
+    let r = reqwest::Client::new()
+        .post(format!("http://{addr}/v1/catalog/databases/scopedb/schemas/public/tables/events/ingest"))
+        .bearer_auth(KEY)
+        .header("content-type", "application/x-ndjson")
+        .body("{\"time\":\"2026-10-23T09:00:00Z\",\"service\":\"checkout\",\"name\":\"payment_failed\",\"message\":\"Credit card gateway timed out\",\"var\":{\"region\":\"apac\",\"gateway\":\"credit_card\"}}\n")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let seed = "FROM events\nWHERE time = '2026-10-23T09:00:00Z'::timestamp\n  AND service = 'checkout'\n  AND name = 'payment_failed'\nSELECT time, name, message, var['gateway']::string AS gateway\nLIMIT 10";
+    let (ok, out, err) =
+        tokio::task::spawn_blocking(move || run_scopeql(addr, &["run", "--format", "json", seed]))
+            .await
+            .unwrap();
+    assert!(ok, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["name"], "payment_failed", "{out}");
+    assert_eq!(v[0]["message"], "Credit card gateway timed out");
+    assert_eq!(v[0]["gateway"], "credit_card");
+}

@@ -6,6 +6,7 @@
 
 mod ddl;
 mod provider;
+mod scopeql;
 pub mod statements;
 
 use std::sync::Arc;
@@ -169,7 +170,9 @@ impl QueryEngine {
         let config = SessionConfig::new()
             .with_default_catalog_and_schema(DEFAULT_DATABASE, DEFAULT_SCHEMA)
             .with_information_schema(true);
-        let ctx = SessionContext::new_with_config(config);
+        let mut ctx = SessionContext::new_with_config(config);
+        // v['k'] in ScopeQL, and json_get* in SQL.
+        datafusion_functions_json::register_all(&mut ctx)?;
         let url = ObjectStoreUrl::parse(provider::STORE_URL)?;
         ctx.runtime_env()
             .register_object_store(url.as_ref(), self.storage.store().clone());
@@ -215,6 +218,9 @@ impl QueryEngine {
                     column,
                 });
             }
+        }
+        if scopeql::is_scopeql(sql) {
+            return self.execute_scopeql(sql).await;
         }
         let ctx = self.session().await?;
         let df = ctx.sql(sql).await.map_err(|e| match e {
@@ -276,6 +282,58 @@ impl QueryEngine {
         self.mutate_catalog(&path, Some(value), None, false, false)
             .await?;
         Ok(text_result("status", vec![format!("created {label}")]))
+    }
+
+    /// Runs a ScopeQL pipeline: translated to SQL, planned by DataFusion; a final
+    /// `INSERT INTO t` appends the rows to `t`.
+    async fn execute_scopeql(&self, text: &str) -> Result<QueryResult, QueryError> {
+        let pipeline = scopeql::parse(text).map_err(|e| {
+            let (line, column) = line_column(text, e.offset);
+            QueryError::Syntax {
+                message: e.message,
+                line,
+                column,
+            }
+        })?;
+        let ctx = self.session().await?;
+        let df = ctx.sql(&pipeline.to_sql()).await?;
+        let schema = df.schema().as_arrow().clone();
+        let batches = df.collect().await?;
+        let Some(target) = &pipeline.insert_into else {
+            return Ok(to_result(&schema, &batches));
+        };
+        let (d, s, t) = Self::qualify(target);
+        let table = self.catalog.table(&d, &s, &t).await?;
+        let stored = self.tables.schema(&table.id).await?;
+        let mut inserted = 0;
+        for batch in &batches {
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            let columns = stored
+                .fields()
+                .iter()
+                .map(|field| match batch.column_by_name(field.name()) {
+                    Some(c) => arrow_cast::cast(c, field.data_type())
+                        .map_err(|e| QueryError::Query(format!("column {}: {e}", field.name()))),
+                    None => Ok(arrow_array::new_null_array(
+                        field.data_type(),
+                        batch.num_rows(),
+                    )),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let converted = RecordBatch::try_new(stored.clone(), columns)
+                .map_err(|e| QueryError::Query(e.to_string()))?;
+            inserted += converted.num_rows();
+            self.tables.append(&table.id, converted).await?;
+        }
+        Ok(QueryResult {
+            fields: vec![ResultField {
+                name: "num_rows_inserted".into(),
+                data_type: "int".into(),
+            }],
+            rows: vec![vec![Some(inserted.to_string())]],
+        })
     }
 
     fn qualify(name: &[String]) -> (String, String, String) {
