@@ -473,9 +473,15 @@ impl Parser {
                             tok: Tok::Op("=>"), ..
                         }),
                     ) => {
-                        let n = n.clone();
+                        // Only known named arguments are translated; passing others by
+                        // position would silently change their meaning.
+                        if !(name.eq_ignore_ascii_case("trunc") && n.eq_ignore_ascii_case("unit")) {
+                            return self.error(format!(
+                                "named argument {n} is not supported by {name}; the supported one is trunc(ts, unit => '...')"
+                            ));
+                        }
                         self.pos += 2;
-                        Some(n)
+                        Some("unit".to_owned())
                     }
                     _ => None,
                 };
@@ -901,16 +907,73 @@ fn render_order(out: &mut String, items: &[(Expr, bool, Option<bool>)]) {
     }
 }
 
+/// One SQL `SELECT` being built. Clauses fold into the current stage while SQL's clause order
+/// allows it (so an `ORDER BY` keeps holding for a later `SELECT` or `LIMIT`), and otherwise
+/// start a new stage over the current one as a subquery.
+struct Stage {
+    select: String,
+    from: String,
+    filters: Vec<String>,
+    group_by: Option<String>,
+    distinct_on: Option<String>,
+    order_by: Option<String>,
+    limit: Option<String>,
+}
+
+impl Stage {
+    fn over(from: String) -> Stage {
+        Stage {
+            select: "*".into(),
+            from,
+            filters: Vec::new(),
+            group_by: None,
+            distinct_on: None,
+            order_by: None,
+            limit: None,
+        }
+    }
+
+    /// Whether the stage is still `SELECT * FROM .. [WHERE ..] [ORDER BY ..]` with nothing that
+    /// a following projection or filter would have to come after.
+    fn is_plain(&self) -> bool {
+        self.select == "*"
+            && self.group_by.is_none()
+            && self.distinct_on.is_none()
+            && self.limit.is_none()
+    }
+
+    fn render(&self) -> String {
+        let mut sql = String::from("SELECT ");
+        if let Some(d) = &self.distinct_on {
+            let _ = write!(sql, "DISTINCT ON ({d}) ");
+        }
+        let _ = write!(sql, "{} FROM {}", self.select, self.from);
+        if !self.filters.is_empty() {
+            let _ = write!(sql, " WHERE {}", self.filters.join(" AND "));
+        }
+        if let Some(g) = &self.group_by {
+            let _ = write!(sql, " GROUP BY {g}");
+        }
+        if let Some(o) = &self.order_by {
+            let _ = write!(sql, " ORDER BY {o}");
+        }
+        if let Some(l) = &self.limit {
+            let _ = write!(sql, " {l}");
+        }
+        sql
+    }
+}
+
 impl Pipeline {
     /// The SQL query the pipeline means (without its `INSERT INTO`).
     pub(crate) fn to_sql(&self) -> String {
-        let mut sql = match &self.source {
+        let source = match &self.source {
             Source::Table(name) => {
                 let quoted: Vec<String> = name.iter().map(|p| quote_ident(p)).collect();
-                format!("SELECT * FROM {}", quoted.join("."))
+                quoted.join(".")
             }
             Source::Values(rows) => {
-                let mut s = String::from("SELECT * FROM (VALUES ");
+                let mut s = String::from("(VALUES ");
                 for (i, row) in rows.iter().enumerate() {
                     if i > 0 {
                         s.push_str(", ");
@@ -924,84 +987,95 @@ impl Pipeline {
                     }
                     s.push(')');
                 }
-                s.push(')');
+                s.push_str(") AS _values");
                 s
             }
         };
+        let mut stage = Stage::over(source);
         for (idx, clause) in self.clauses.iter().enumerate() {
-            let from = format!("({sql}) AS _q{idx}");
-            let mut next = String::new();
+            let wrap = |stage: &Stage| Stage::over(format!("({}) AS _q{idx}", stage.render()));
             match clause {
                 Clause::Select(items) => {
-                    next.push_str("SELECT ");
-                    render_items(&mut next, items);
-                    let _ = write!(next, " FROM {from}");
+                    if !stage.is_plain() {
+                        stage = wrap(&stage);
+                    }
+                    let mut select = String::new();
+                    render_items(&mut select, items);
+                    stage.select = select;
                 }
                 Clause::Where(e) => {
-                    let _ = write!(next, "SELECT * FROM {from} WHERE ");
-                    render(&mut next, e);
+                    if !stage.is_plain() {
+                        stage = wrap(&stage);
+                    }
+                    let mut filter = String::new();
+                    render(&mut filter, e);
+                    stage.filters.push(filter);
                 }
                 Clause::Aggregate(keys, items) => {
-                    next.push_str("SELECT ");
+                    stage = wrap(&stage);
                     let key_items: Vec<(Expr, Option<String>)> =
                         keys.iter().map(|k| (k.clone(), None)).collect();
-                    render_items(&mut next, &key_items);
+                    let mut select = String::new();
+                    render_items(&mut select, &key_items);
                     if !keys.is_empty() && !items.is_empty() {
-                        next.push_str(", ");
+                        select.push_str(", ");
                     }
-                    render_items(&mut next, items);
-                    let _ = write!(next, " FROM {from}");
+                    render_items(&mut select, items);
+                    stage.select = select;
                     if !keys.is_empty() {
-                        next.push_str(" GROUP BY ");
+                        let mut group = String::new();
                         for (i, k) in keys.iter().enumerate() {
                             if i > 0 {
-                                next.push_str(", ");
+                                group.push_str(", ");
                             }
-                            render(&mut next, k);
+                            render(&mut group, k);
                         }
+                        stage.group_by = Some(group);
                     }
                 }
                 Clause::DistinctOn(keys, order) => {
-                    next.push_str("SELECT DISTINCT ON (");
+                    stage = wrap(&stage);
+                    let mut on = String::new();
                     for (i, k) in keys.iter().enumerate() {
                         if i > 0 {
-                            next.push_str(", ");
+                            on.push_str(", ");
                         }
-                        render(&mut next, k);
+                        render(&mut on, k);
                     }
-                    let _ = write!(next, ") * FROM {from}");
+                    stage.distinct_on = Some(on);
                     if !order.is_empty() {
                         // DISTINCT ON keeps the first row of each key in this order.
-                        next.push_str(" ORDER BY ");
                         let keys_first: Vec<(Expr, bool, Option<bool>)> = keys
                             .iter()
                             .map(|k| (k.clone(), false, None))
                             .chain(order.iter().cloned())
                             .collect();
-                        render_order(&mut next, &keys_first);
+                        let mut o = String::new();
+                        render_order(&mut o, &keys_first);
+                        stage.order_by = Some(o);
                     }
                 }
                 Clause::OrderBy(items) => {
-                    let _ = write!(next, "SELECT * FROM {from} ORDER BY ");
-                    render_order(&mut next, items);
+                    if !stage.is_plain() || stage.order_by.is_some() {
+                        stage = wrap(&stage);
+                    }
+                    let mut o = String::new();
+                    render_order(&mut o, items);
+                    stage.order_by = Some(o);
                 }
                 Clause::Limit(count, offset) => {
-                    let after_order =
-                        idx > 0 && matches!(self.clauses[idx - 1], Clause::OrderBy(_));
-                    next = if after_order {
-                        // Limit the sorted rows in the same SELECT, so the order holds.
-                        format!("{sql} LIMIT {count}")
-                    } else {
-                        format!("SELECT * FROM {from} LIMIT {count}")
-                    };
-                    if let Some(o) = offset {
-                        let _ = write!(next, " OFFSET {o}");
+                    if stage.limit.is_some() {
+                        stage = wrap(&stage);
                     }
+                    let mut l = format!("LIMIT {count}");
+                    if let Some(o) = offset {
+                        let _ = write!(l, " OFFSET {o}");
+                    }
+                    stage.limit = Some(l);
                 }
             }
-            sql = next;
         }
-        sql
+        stage.render()
     }
 }
 
