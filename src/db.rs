@@ -12,7 +12,7 @@ use datafusion::common::DFSchema;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::prelude::SessionContext;
 
-use crate::catalog::{Catalog, CatalogError, CatalogPath, Mutation, ResolvedTable};
+use crate::catalog::{Catalog, CatalogError, CatalogPath, MutateOptions, Mutation, ResolvedTable};
 use crate::ingest::{ContentEncoding, Decoder, IngestError, Limits, decompress};
 use crate::log::{CommitLog, Durability, LogConfig, LogError};
 use crate::query::{QueryEngine, QueryError, QueryResult};
@@ -236,13 +236,9 @@ impl Database {
         &self,
         path: &CatalogPath,
         value: Option<serde_json::Value>,
-        if_match: Option<&str>,
-        dry_run: bool,
-        allow_destructive: bool,
+        options: MutateOptions<'_>,
     ) -> Result<Mutation, QueryError> {
-        self.engine
-            .mutate_catalog(path, value, if_match, dry_run, allow_destructive)
-            .await
+        self.engine.mutate_catalog(path, value, options).await
     }
 
     fn plan(&self, table: &ResolvedTable) -> Result<Arc<IngestPlan>, IngestFailure> {

@@ -44,9 +44,7 @@ async fn scopedb_client_crate_appends_reads_the_catalog_and_queries() {
     db.mutate_catalog(
         &sluice::catalog::CatalogPath::Table("scopedb".into(), "public".into(), "events".into()),
         Some(events_def()),
-        None,
-        false,
-        false,
+        sluice::catalog::MutateOptions::default(),
     )
     .await
     .unwrap();

@@ -215,6 +215,17 @@ impl CatalogPath {
     }
 }
 
+/// How a catalog change is made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MutateOptions<'a> {
+    /// Apply only if the catalog is at this version (an `If-Match` value; `*` matches any).
+    pub if_match: Option<&'a str>,
+    /// Plan and answer, but write nothing.
+    pub dry_run: bool,
+    /// Allow dropping databases, schemas, tables or columns.
+    pub allow_destructive: bool,
+}
+
 /// What a mutation did (or, in a dry run, would do).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Mutation {
@@ -618,16 +629,18 @@ impl Catalog {
 
     /// Replaces the subtree at `path` with `value` (`None` deletes it).
     ///
-    /// `if_match` makes the change conditional on the catalog version; `dry_run` plans without
-    /// writing; dropping anything needs `allow_destructive`.
+    /// See [`MutateOptions`] for conditional changes, dry runs and dropping.
     pub async fn mutate(
         &self,
         path: &CatalogPath,
         value: Option<serde_json::Value>,
-        if_match: Option<&str>,
-        dry_run: bool,
-        allow_destructive: bool,
+        options: MutateOptions<'_>,
     ) -> Result<Mutation, CatalogError> {
+        let MutateOptions {
+            if_match,
+            dry_run,
+            allow_destructive,
+        } = options;
         let _write = self.write.lock().await;
         self.refresh().await?;
         let current = self.current.read().await.clone();

@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 use super::{ApiError, AppState};
-use crate::catalog::CatalogPath;
+use crate::catalog::{CatalogPath, MutateOptions};
 
 /// Query parameters of catalog mutations.
 #[derive(Debug, Default, Deserialize)]
@@ -45,9 +45,11 @@ async fn write(
         .mutate_catalog(
             &path,
             body,
-            if_match,
-            params.dry_run.unwrap_or(false),
-            params.allow_destructive.unwrap_or(false),
+            MutateOptions {
+                if_match,
+                dry_run: params.dry_run.unwrap_or(false),
+                allow_destructive: params.allow_destructive.unwrap_or(false),
+            },
         )
         .await?;
     let version = m.version;

@@ -20,7 +20,7 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::catalog::{
     Catalog, CatalogError, CatalogPath, ColumnDef, DEFAULT_DATABASE, DEFAULT_SCHEMA, DatabaseDef,
-    Mutation, SchemaDef, TableDef,
+    MutateOptions, Mutation, SchemaDef, TableDef,
 };
 use crate::storage::Storage;
 use crate::table::{TableError, Tables};
@@ -242,19 +242,14 @@ impl QueryEngine {
         &self,
         path: &CatalogPath,
         value: Option<serde_json::Value>,
-        if_match: Option<&str>,
-        dry_run: bool,
-        allow_destructive: bool,
+        options: MutateOptions<'_>,
     ) -> Result<Mutation, QueryError> {
         if let (Some(v), CatalogPath::Table(..)) = (&value, path) {
             if let Ok(def) = serde_json::from_value::<TableDef>(v.clone()) {
                 crate::db::check_table_def(&def)?;
             }
         }
-        let m = self
-            .catalog
-            .mutate(path, value, if_match, dry_run, allow_destructive)
-            .await?;
+        let m = self.catalog.mutate(path, value, options).await?;
         for (_, id, def) in &m.created_tables {
             self.tables
                 .create_table(id, &crate::catalog::table_columns(def)?)
@@ -279,7 +274,7 @@ impl QueryEngine {
             return Err(CatalogError::Invalid(format!("{label} already exists")).into());
         }
         let value = serde_json::to_value(&def).map_err(|e| QueryError::Query(e.to_string()))?;
-        self.mutate_catalog(&path, Some(value), None, false, false)
+        self.mutate_catalog(&path, Some(value), MutateOptions::default())
             .await?;
         Ok(text_result("status", vec![format!("created {label}")]))
     }
@@ -418,7 +413,11 @@ impl QueryEngine {
                     }
                     _ => return Err(CatalogError::Invalid("bad name for DROP".into()).into()),
                 };
-                match self.mutate_catalog(&path, None, None, false, true).await {
+                let drop = MutateOptions {
+                    allow_destructive: true,
+                    ..MutateOptions::default()
+                };
+                match self.mutate_catalog(&path, None, drop).await {
                     Ok(_) => Ok(text_result("status", vec!["dropped".into()])),
                     Err(QueryError::Catalog(CatalogError::NotFound { .. })) if if_exists => {
                         Ok(text_result("status", vec!["nothing to drop".into()]))
