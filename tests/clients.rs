@@ -5,37 +5,20 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::{Value, json};
 use sluice::db::{Database, DbConfig};
-use sluice::http::{AppState, router};
 
-static COUNTER: AtomicU64 = AtomicU64::new(0);
+mod common;
+
+use common::events_def;
 const KEY: &str = "client-test-key";
 
 async fn start() -> (SocketAddr, Arc<Database>) {
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("sluice-clients-{}-{n}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = common::temp_dir("clients");
     let db = Database::open(DbConfig::new(&dir)).await.unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let app = router(AppState::new(db.clone(), vec![KEY.to_owned()]));
-    tokio::spawn(async move {
-        axum::serve(listener, app).await.unwrap();
-    });
+    let (addr, _task) = common::serve(db.clone(), vec![KEY.to_owned()]).await;
     (addr, db)
-}
-
-fn events_def() -> Value {
-    json!({"name": "events", "comment": null, "columns": [
-        {"name": "time", "data_type": "timestamp"},
-        {"name": "service", "data_type": "string"},
-        {"name": "name", "data_type": "string"},
-        {"name": "message", "data_type": "string"},
-        {"name": "var", "data_type": "object"}
-    ]})
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

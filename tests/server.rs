@@ -5,13 +5,13 @@ use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::{Value, json};
 use sluice::db::{Database, DbConfig};
-use sluice::http::{AppState, router};
 
-static COUNTER: AtomicU64 = AtomicU64::new(0);
+mod common;
+
+use common::{events_def, serve};
 
 /// A server running in this process on a free port.
 struct Server {
@@ -24,10 +24,7 @@ struct Server {
 }
 
 fn temp_dir() -> PathBuf {
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("sluice-server-{}-{n}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+    common::temp_dir("server")
 }
 
 impl Server {
@@ -38,12 +35,7 @@ impl Server {
     async fn start_with(config: DbConfig, keys: Vec<String>) -> Server {
         let dir = config.data_dir.clone();
         let db = Database::open(config).await.unwrap();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let app = router(AppState::new(db.clone(), keys.clone()));
-        let task = tokio::spawn(async move {
-            axum::serve(listener, app).await.unwrap();
-        });
+        let (addr, task) = serve(db.clone(), keys.clone()).await;
         Server {
             addr,
             db,
@@ -118,16 +110,6 @@ impl Server {
             .unwrap();
         assert_eq!(r.status(), 200, "{:?}", r.text().await);
     }
-}
-
-fn events_def() -> Value {
-    json!({"name": "events", "comment": null, "columns": [
-        {"name": "time", "data_type": "timestamp"},
-        {"name": "service", "data_type": "string"},
-        {"name": "name", "data_type": "string"},
-        {"name": "message", "data_type": "string"},
-        {"name": "var", "data_type": "object"}
-    ]})
 }
 
 const SEED_ROW: &str = r#"{"time":"2026-10-23T09:00:00Z","service":"checkout","name":"payment_failed","message":"Credit card gateway timed out","var":{"region":"apac","gateway":"credit_card"}}"#;
