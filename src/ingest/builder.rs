@@ -91,9 +91,9 @@ impl ColumnBuilder {
 
     /// Finishes the column as an Arrow array.
     ///
-    /// `text_is_utf8` must hold: every byte appended to a text column's data is valid UTF-8 at
-    /// value boundaries (the decoder only appends validated JSON string content, decoded escapes
-    /// without lone surrogates, and compact JSON text).
+    /// The decoder keeps an invariant this relies on: every value appended to a text column is
+    /// valid UTF-8 (it appends only validated JSON string content, decoded escapes without
+    /// lone surrogates, and compact JSON text).
     pub(super) fn finish(mut self) -> ArrayRef {
         let nulls = self.nulls.finish();
         match self.values {
