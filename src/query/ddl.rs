@@ -77,13 +77,8 @@ fn tokenize(sql: &str) -> Result<Vec<(Token, usize)>, DdlError> {
         let c = bytes[i];
         if c.is_ascii_whitespace() {
             i += 1;
-        } else if sql[i..].starts_with("--") {
-            i = sql[i..].find('\n').map_or(bytes.len(), |p| i + p);
-        } else if sql[i..].starts_with("/*") {
-            i = sql[i + 2..]
-                .find("*/")
-                .map(|p| i + 2 + p + 2)
-                .ok_or_else(|| err("unterminated comment", i))?;
+        } else if let Some(end) = super::lex::skip_comment(sql, i).map_err(|m| err(m, i))? {
+            i = end;
         } else if c.is_ascii_alphanumeric() || c == b'_' {
             let start = i;
             while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
@@ -92,24 +87,9 @@ fn tokenize(sql: &str) -> Result<Vec<(Token, usize)>, DdlError> {
             out.push((Token::Word(sql[start..i].to_owned()), start));
         } else if c == b'`' || c == b'"' || c == b'\'' {
             let start = i;
-            let mut text = String::new();
-            i += 1;
-            loop {
-                let Some(ch) = sql[i..].chars().next() else {
-                    return Err(err("unterminated quoted text", start));
-                };
-                i += ch.len_utf8();
-                if ch as u32 == u32::from(c) {
-                    // A doubled quote stands for itself.
-                    if bytes.get(i) == Some(&c) {
-                        text.push(ch);
-                        i += 1;
-                        continue;
-                    }
-                    break;
-                }
-                text.push(ch);
-            }
+            let (text, end) =
+                super::lex::read_quoted(sql, start, false).map_err(|m| err(m, start))?;
+            i = end;
             out.push((
                 if c == b'\'' {
                     Token::Str(text)

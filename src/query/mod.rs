@@ -5,6 +5,7 @@
 //! the default, so `FROM events` works too.
 
 mod ddl;
+mod lex;
 mod provider;
 mod scopeql;
 pub mod statements;

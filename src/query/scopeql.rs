@@ -71,13 +71,8 @@ fn tokenize(src: &str) -> Result<Vec<Token>, ScopeQlError> {
         let c = b[i];
         if c.is_ascii_whitespace() {
             i += 1;
-        } else if src[i..].starts_with("--") {
-            i = src[i..].find('\n').map_or(b.len(), |p| i + p);
-        } else if src[i..].starts_with("/*") {
-            i = src[i + 2..]
-                .find("*/")
-                .map(|p| i + 2 + p + 2)
-                .ok_or_else(|| err("unterminated comment", i))?;
+        } else if let Some(end) = super::lex::skip_comment(src, i).map_err(|m| err(m, i))? {
+            i = end;
         } else if c.is_ascii_alphabetic() || c == b'_' {
             let start = i;
             while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
@@ -107,37 +102,9 @@ fn tokenize(src: &str) -> Result<Vec<Token>, ScopeQlError> {
             });
         } else if c == b'\'' || c == b'`' || c == b'"' {
             let start = i;
-            let mut text = String::new();
-            i += 1;
-            loop {
-                let Some(ch) = src[i..].chars().next() else {
-                    return Err(err("unterminated quoted text", start));
-                };
-                i += ch.len_utf8();
-                if ch as u32 == u32::from(c) {
-                    if b.get(i) == Some(&c) {
-                        text.push(ch);
-                        i += 1;
-                        continue;
-                    }
-                    break;
-                }
-                if ch == '\\' && c == b'\'' {
-                    // Backslash escapes in string literals: \' \\ \n \t.
-                    let Some(next) = src[i..].chars().next() else {
-                        return Err(err("unterminated string", start));
-                    };
-                    i += next.len_utf8();
-                    text.push(match next {
-                        'n' => '\n',
-                        't' => '\t',
-                        'r' => '\r',
-                        other => other,
-                    });
-                    continue;
-                }
-                text.push(ch);
-            }
+            let (text, end) =
+                super::lex::read_quoted(src, start, c == b'\'').map_err(|m| err(m, start))?;
+            i = end;
             out.push(Token {
                 tok: if c == b'\'' {
                     Tok::Str(text)
