@@ -11,4 +11,6 @@ if [ ! -x .tools/venv/bin/scopeql ]; then
 fi
 export SLUICE_SCOPEQL="$PWD/.tools/venv/bin/scopeql"
 
+# Incremental state only costs disk and time on a one-off CI build.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 cargo test --locked "$@"
