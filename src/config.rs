@@ -67,6 +67,10 @@ pub struct FileConfig {
     pub flush_interval_seconds: Option<f64>,
     /// Refuse ingest into a table past this many unflushed bytes.
     pub max_unflushed_bytes: Option<usize>,
+    /// How long a long-poll read waits for data before answering 204, in milliseconds.
+    pub long_poll_timeout_ms: Option<u64>,
+    /// Seal stream data into object storage at least this often, in seconds.
+    pub stream_checkpoint_interval_seconds: Option<f64>,
 }
 
 impl FileConfig {
@@ -96,6 +100,8 @@ pub struct Overrides {
     pub api_keys: Vec<String>,
     /// `--durability` / `SLUICE_DURABILITY`.
     pub durability: Option<String>,
+    /// `--long-poll-timeout-ms` / `SLUICE_LONG_POLL_TIMEOUT_MS`.
+    pub long_poll_timeout_ms: Option<u64>,
 }
 
 /// Everything `sluice serve` needs.
@@ -107,7 +113,12 @@ pub struct ServeConfig {
     pub api_keys: Vec<String>,
     /// The database settings.
     pub db: DbConfig,
+    /// How long a long-poll read waits before answering 204.
+    pub long_poll_timeout: Duration,
 }
+
+/// Default long-poll wait.
+pub const DEFAULT_LONG_POLL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Default listen address of every ScopeDB client.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:6543";
@@ -168,6 +179,25 @@ impl ServeConfig {
         if let Some(b) = file.max_unflushed_bytes {
             db.tables.max_unflushed_bytes = b;
         }
+        if let Some(s) = file.stream_checkpoint_interval_seconds {
+            if !(s.is_finite() && s > 0.0) {
+                return Err(ConfigError::Invalid {
+                    name: "stream_checkpoint_interval_seconds",
+                    message: "must be a positive number".into(),
+                });
+            }
+            db.streams.checkpoint_interval = Duration::from_secs_f64(s);
+        }
+        let long_poll_timeout = match overrides.long_poll_timeout_ms.or(file.long_poll_timeout_ms) {
+            Some(0) => {
+                return Err(ConfigError::Invalid {
+                    name: "long-poll timeout",
+                    message: "must be at least 1 ms".into(),
+                });
+            }
+            Some(ms) => Duration::from_millis(ms),
+            None => DEFAULT_LONG_POLL_TIMEOUT,
+        };
         let api_keys: Vec<String> = if overrides.api_keys.is_empty() {
             file.api_keys.unwrap_or_default()
         } else {
@@ -190,6 +220,7 @@ impl ServeConfig {
             listen,
             api_keys,
             db,
+            long_poll_timeout,
         })
     }
 }

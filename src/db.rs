@@ -17,6 +17,7 @@ use crate::ingest::{ContentEncoding, Decoder, IngestError, Limits, decompress};
 use crate::log::{CommitLog, Durability, LogConfig, LogError};
 use crate::query::{QueryEngine, QueryError, QueryResult};
 use crate::storage::{Storage, StorageError};
+use crate::stream::{StreamError, Streams, StreamsConfig};
 use crate::table::{TableConfig, TableError, Tables};
 use crate::types::Column;
 
@@ -33,10 +34,14 @@ pub struct DbConfig {
     pub durability: Durability,
     /// Commit log byte budget.
     pub max_log_bytes: u64,
+    /// Commit log segment size (segments are the unit of log truncation).
+    pub log_segment_bytes: u64,
     /// Table storage tuning.
     pub tables: TableConfig,
-    /// How often flushes and compactions are considered.
+    /// How often flushes, compactions and stream checkpoints are considered.
     pub maintenance_interval: Duration,
+    /// Stream engine settings.
+    pub streams: StreamsConfig,
 }
 
 impl DbConfig {
@@ -48,8 +53,10 @@ impl DbConfig {
             limits: Limits::default(),
             durability: Durability::Fsync,
             max_log_bytes: 4 << 30,
+            log_segment_bytes: 64 << 20,
             tables: TableConfig::default(),
             maintenance_interval: Duration::from_secs(1),
+            streams: StreamsConfig::default(),
         }
     }
 }
@@ -78,6 +85,9 @@ pub enum OpenError {
     /// Table storage could not open or replay.
     #[error(transparent)]
     Table(#[from] TableError),
+    /// Streams could not load their snapshot or replay.
+    #[error(transparent)]
+    Stream(#[from] StreamError),
 }
 
 /// Why an ingest request did not commit.
@@ -122,6 +132,7 @@ pub struct Database {
     storage: Storage,
     catalog: Arc<Catalog>,
     tables: Arc<Tables>,
+    streams: Streams,
     engine: QueryEngine,
     config: DbConfig,
     plans: Mutex<HashMap<String, Arc<IngestPlan>>>,
@@ -171,6 +182,7 @@ impl Database {
         let mut log_config = LogConfig::new(config.data_dir.join("log"));
         log_config.durability = config.durability;
         log_config.max_log_bytes = config.max_log_bytes;
+        log_config.segment_bytes = config.log_segment_bytes;
         let (log, replay) = CommitLog::open(log_config)?;
         let catalog = Arc::new(Catalog::open(storage.clone()).await?);
         let tables = Arc::new(
@@ -183,12 +195,21 @@ impl Database {
             )
             .await?,
         );
+        let streams = Streams::open(
+            log.clone(),
+            &replay,
+            storage.clone(),
+            &node,
+            config.streams.clone(),
+        )
+        .await?;
         let engine = QueryEngine::new(catalog.clone(), tables.clone(), storage.clone());
         Ok(Arc::new(Database {
             log,
             storage,
             catalog,
             tables,
+            streams,
             engine,
             config,
             plans: Mutex::new(HashMap::new()),
@@ -205,6 +226,11 @@ impl Database {
         &self.tables
     }
 
+    /// The streams.
+    pub fn streams(&self) -> &Streams {
+        &self.streams
+    }
+
     /// The ingest limits.
     pub fn limits(&self) -> &Limits {
         &self.config.limits
@@ -215,16 +241,34 @@ impl Database {
         &self.log
     }
 
-    /// Runs flushes and compactions until `shutdown` resolves, then flushes everything.
-    pub async fn run_maintenance(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
-        self.tables
+    /// Runs flushes, compactions and stream checkpoints until `shutdown` resolves, then
+    /// flushes everything.
+    pub async fn run_maintenance(
+        self: Arc<Self>,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        };
+        let tick = self.config.maintenance_interval;
+        let tables = self
+            .tables
             .clone()
-            .run_maintenance(self.config.maintenance_interval, shutdown)
-            .await;
+            .run_maintenance(tick, stopped(stop_rx.clone()));
+        let streams = self.streams.clone().run_maintenance(tick, stopped(stop_rx));
+        let signal = async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        };
+        tokio::join!(tables, streams, signal);
     }
 
-    /// Flushes every table and closes the commit log.
+    /// Seals stream data, flushes every table and closes the commit log.
     pub async fn close(&self) -> Result<(), TableError> {
+        if let Err(e) = self.streams.checkpoint(true).await {
+            tracing::warn!(error = %e, "stream checkpoint at close failed (data is safe in the log)");
+        }
         let result = self.tables.flush_due(true).await;
         self.log.close();
         result.map(|_| ())

@@ -14,5 +14,6 @@ pub mod ingest;
 pub mod log;
 pub mod query;
 pub mod storage;
+pub mod stream;
 pub mod table;
 pub mod types;

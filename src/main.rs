@@ -46,6 +46,9 @@ struct ServeArgs {
     /// Commit log durability: fsync (default) or none (unsafe: a crash loses acknowledged writes)
     #[arg(long, env = "SLUICE_DURABILITY")]
     durability: Option<String>,
+    /// How long a stream long-poll read waits for data before answering 204 [default: 30000]
+    #[arg(long, env = "SLUICE_LONG_POLL_TIMEOUT_MS")]
+    long_poll_timeout_ms: Option<u64>,
     /// A TOML configuration file; flags and SLUICE_* variables override it
     #[arg(long, env = "SLUICE_CONFIG")]
     config: Option<PathBuf>,
@@ -82,6 +85,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         object_store: args.object_store,
         api_keys: args.api_keys,
         durability: args.durability,
+        long_poll_timeout_ms: args.long_poll_timeout_ms,
     };
     let config = ServeConfig::resolve(overrides, file).map_err(|e| e.to_string())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -112,9 +116,16 @@ async fn run(config: ServeConfig) -> Result<(), String> {
             let _ = rx.wait_for(|stop| *stop).await;
         }
     }));
-    let app = router(AppState::new(db.clone(), config.api_keys.clone()));
+    let state = AppState::new(db.clone(), config.api_keys.clone())
+        .with_long_poll_timeout(config.long_poll_timeout);
+    let app = router(state);
+    let streams = db.streams().clone();
     let served = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
+        .with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            // Live stream readers (SSE, long-poll) end so the server can drain.
+            streams.shutdown();
+        })
         .await;
     tracing::info!("shutting down: flushing tables and closing the log");
     let _ = stop_tx.send(true);

@@ -11,6 +11,14 @@ if [ ! -x .tools/venv/bin/scopeql ]; then
 fi
 export SLUICE_SCOPEQL="$PWD/.tools/venv/bin/scopeql"
 
+# The Durable Streams conformance suite and client (tests/streams.rs drives them with node).
+# Reinstalled whenever the lock file changes.
+if ! cmp -s tests/conformance/package-lock.json tests/conformance/node_modules/.installed-lock; then
+  echo "installing the Durable Streams test packages into tests/conformance/node_modules" >&2
+  npm ci --prefix tests/conformance --no-audit --no-fund --loglevel=error
+  cp tests/conformance/package-lock.json tests/conformance/node_modules/.installed-lock
+fi
+
 # Incremental state only costs disk and time on a one-off CI build.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 cargo test --locked "$@"

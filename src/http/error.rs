@@ -1,6 +1,6 @@
 //! Every error answer: an HTTP status and the flat `{code, message, details}` body.
 
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
@@ -28,6 +28,8 @@ pub(crate) struct ApiError {
     pub(crate) message: String,
     pub(crate) details: Map<String, Value>,
     pub(crate) retry_after_seconds: Option<u64>,
+    /// Headers the answer carries besides the body (protocol state such as offsets).
+    pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
 }
 
 impl ApiError {
@@ -38,6 +40,7 @@ impl ApiError {
             message: message.into(),
             details: Map::new(),
             retry_after_seconds: None,
+            headers: Vec::new(),
         }
     }
 
@@ -48,6 +51,14 @@ impl ApiError {
             Outcome::Unknown => "unknown",
         };
         self.details.insert("status".into(), json!(s));
+        self
+    }
+
+    /// Adds a header to the answer (skipped if the value is not a valid header value).
+    pub(crate) fn header(mut self, name: &'static str, value: impl AsRef<str>) -> Self {
+        if let Ok(v) = HeaderValue::from_str(value.as_ref()) {
+            self.headers.push((HeaderName::from_static(name), v));
+        }
         self
     }
 
@@ -85,6 +96,9 @@ impl IntoResponse for ApiError {
             "details": Value::Object(self.details),
         });
         let mut response = (self.status, axum::Json(body)).into_response();
+        for (name, value) in self.headers {
+            response.headers_mut().insert(name, value);
+        }
         if let Some(seconds) = self.retry_after_seconds {
             response
                 .headers_mut()

@@ -5,16 +5,18 @@ mod catalog;
 mod error;
 mod ingest;
 mod statements;
+mod streams;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderValue, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use subtle::ConstantTimeEq as _;
 
 use crate::db::Database;
@@ -27,6 +29,7 @@ pub struct AppState {
     db: Arc<Database>,
     statements: Arc<Statements>,
     api_keys: Arc<Vec<String>>,
+    long_poll_timeout: Duration,
 }
 
 impl AppState {
@@ -36,7 +39,14 @@ impl AppState {
             db,
             statements: Arc::new(Statements::default()),
             api_keys: Arc::new(api_keys),
+            long_poll_timeout: crate::config::DEFAULT_LONG_POLL_TIMEOUT,
         }
+    }
+
+    /// Sets how long a stream long-poll read waits for data before answering 204.
+    pub fn with_long_poll_timeout(mut self, timeout: Duration) -> Self {
+        self.long_poll_timeout = timeout;
+        self
     }
 }
 
@@ -68,7 +78,8 @@ fn key_matches(keys: &[String], presented: &str) -> bool {
 }
 
 async fn authenticate(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    if !state.api_keys.is_empty() {
+    // CORS preflights carry no credentials by design; they reveal nothing.
+    if !state.api_keys.is_empty() && request.method() != axum::http::Method::OPTIONS {
         let presented = request
             .headers()
             .get(header::AUTHORIZATION)
@@ -141,9 +152,32 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/statements/{id}", get(statements::fetch))
         .route("/v1/statements/{id}/cancel", post(statements::cancel))
         .route_layer(middleware::from_fn_with_state(state.clone(), authenticate));
+    let streams = Router::new()
+        .route(
+            "/v1/stream/{*name}",
+            put(streams::put_protocol)
+                .post(streams::post_protocol)
+                .get(streams::get_protocol)
+                .head(streams::head_protocol)
+                .delete(streams::delete_protocol)
+                .options(async || ()),
+        )
+        .route("/{bucket}", put(streams::put_bucket).options(async || ()))
+        .route(
+            "/{bucket}/{stream}",
+            put(streams::put_bucket_stream)
+                .post(streams::post_bucket_stream)
+                .get(streams::get_bucket_stream)
+                .head(streams::head_bucket_stream)
+                .delete(streams::delete_bucket_stream)
+                .options(async || ()),
+        )
+        .route_layer(middleware::from_fn_with_state(state.clone(), authenticate))
+        .route_layer(middleware::from_fn(streams::stream_headers));
     Router::new()
         .route("/v1/health", get(health))
         .merge(api)
+        .merge(streams)
         .fallback(not_found)
         // Bodies are read with the ingest limits in the handlers, which answer 413 themselves.
         .layer(DefaultBodyLimit::disable())

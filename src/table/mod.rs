@@ -557,6 +557,11 @@ impl Tables {
                 }
             }
         }
+        // Records of other consumers (streams) move the log on while no table flushes: tell
+        // the log on every pass how far tables need it.
+        if let Err(e) = self.release_log() {
+            first_error.get_or_insert(e);
+        }
         match first_error {
             Some(e) => Err(e),
             None => Ok(written),

@@ -1,0 +1,1173 @@
+//! The Durable Streams protocol over HTTP, in both URL layouts: `/v1/stream/{name...}` (the
+//! protocol's) and `/{bucket}/{stream}` (Ursula's). Both address the same streams: the
+//! stream `s` of bucket `b` is the stream named `b/s`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, RawQuery, Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use serde_json::json;
+
+use super::error::Outcome;
+use super::{ApiError, AppState};
+use crate::log::LogError;
+use crate::stream::{
+    AppendOutcome, AppendRequest, CreateRequest, ForkRequest, Lifetime, MAX_APPEND_BYTES,
+    MAX_PRODUCER_NUMBER, MAX_TOKEN_BYTES, ProducerTuple, ReadResult, Stream, StreamError,
+    StreamInfo, Streams, format_offset, normalize_content_type, parse_offset, valid_incarnation,
+};
+
+const NEXT_OFFSET: &str = "stream-next-offset";
+const UP_TO_DATE: &str = "stream-up-to-date";
+const CLOSED: &str = "stream-closed";
+const CURSOR: &str = "stream-cursor";
+const INCARNATION: &str = "stream-incarnation";
+const TTL: &str = "stream-ttl";
+const EXPIRES_AT: &str = "stream-expires-at";
+const PRODUCER_ID: &str = "producer-id";
+const PRODUCER_EPOCH: &str = "producer-epoch";
+const PRODUCER_SEQ: &str = "producer-seq";
+const NOT_APPLIED: &str = "x-sluice-not-applied";
+
+/// Most data one catch-up answer carries unless `max_bytes` says less.
+const DEFAULT_READ_BYTES: usize = 8 << 20;
+/// Most data one SSE data event carries.
+const SSE_EVENT_BYTES: usize = 1 << 20;
+
+/// Headers every stream answer carries: browser safety and CORS.
+pub(super) async fn stream_headers(request: Request, next: Next) -> Response {
+    let preflight = request.method() == Method::OPTIONS;
+    let mut response = if preflight {
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        next.run(request).await
+    };
+    let h = response.headers_mut();
+    h.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        "cross-origin-resource-policy",
+        HeaderValue::from_static("cross-origin"),
+    );
+    h.insert("access-control-allow-origin", HeaderValue::from_static("*"));
+    if preflight {
+        h.insert(
+            "access-control-allow-methods",
+            HeaderValue::from_static("GET, POST, PUT, DELETE, HEAD, OPTIONS"),
+        );
+        h.insert(
+            "access-control-allow-headers",
+            HeaderValue::from_static(
+                "content-type, authorization, if-none-match, stream-seq, stream-ttl, \
+                 stream-expires-at, stream-closed, stream-incarnation, producer-id, \
+                 producer-epoch, producer-seq, stream-forked-from, stream-fork-offset, \
+                 stream-fork-sub-offset",
+            ),
+        );
+        h.insert("access-control-max-age", HeaderValue::from_static("86400"));
+    }
+    h.insert(
+        "access-control-expose-headers",
+        HeaderValue::from_static(
+            "stream-next-offset, stream-cursor, stream-up-to-date, stream-closed, \
+             stream-incarnation, stream-ttl, stream-expires-at, producer-epoch, producer-seq, \
+             producer-expected-seq, producer-received-seq, stream-sse-data-encoding, \
+             x-sluice-not-applied, etag, content-type, location",
+        ),
+    );
+    response
+}
+
+/// A stream name from the protocol layout.
+fn protocol_name(name: &str) -> Result<String, ApiError> {
+    let ok = !name.is_empty()
+        && name.len() <= 1024
+        && !name.bytes().any(|b| b < 0x20 || b == 0x7f)
+        && name
+            .split('/')
+            .all(|seg| !seg.is_empty() && seg != "." && seg != "..");
+    if ok {
+        Ok(name.to_owned())
+    } else {
+        Err(ApiError::bad_request(format!(
+            "invalid stream name {name:?}"
+        )))
+    }
+}
+
+fn valid_bucket(bucket: &str) -> bool {
+    (4..=64).contains(&bucket.len())
+        && bucket
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+}
+
+/// A stream name from the Ursula layout.
+fn bucket_name(bucket: &str, stream: &str) -> Result<String, ApiError> {
+    if !valid_bucket(bucket) {
+        return Err(ApiError::bad_request(format!(
+            "invalid bucket id {bucket:?}: use 4 to 64 of a-z, 0-9, '_' and '-'"
+        )));
+    }
+    let ok = !stream.is_empty()
+        && stream.len() <= 122
+        && !stream.contains(['/', '\0'])
+        && !stream.contains("..")
+        && !stream.starts_with('$');
+    if !ok {
+        return Err(ApiError::bad_request(format!(
+            "invalid stream id {stream:?}: at most 122 bytes, no '/', NUL or '..', not starting with '$'"
+        )));
+    }
+    Ok(format!("{bucket}/{stream}"))
+}
+
+/// Resolves a `Stream-Forked-From` value (a path from the server root, or a URL) to a name.
+fn source_name(value: &str) -> Result<String, ApiError> {
+    let path = match value.find("://") {
+        Some(i) => value[i + 3..]
+            .find('/')
+            .map_or("/", |j| &value[i + 3 + j..]),
+        None => value,
+    };
+    let path = path.split(['?', '#']).next().unwrap_or(path);
+    if let Some(name) = path.strip_prefix("/v1/stream/") {
+        return protocol_name(name);
+    }
+    let mut parts = path.trim_start_matches('/').splitn(2, '/');
+    match (parts.next(), parts.next()) {
+        (Some(bucket), Some(stream)) => bucket_name(bucket, stream),
+        _ => Err(ApiError::bad_request(format!(
+            "Stream-Forked-From {value:?} names no stream"
+        ))),
+    }
+}
+
+fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ApiError> {
+    match headers.get(name) {
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .map(Some)
+            .map_err(|_| ApiError::bad_request(format!("header {name} is not visible ASCII"))),
+    }
+}
+
+/// Parses a plain decimal: no sign, no leading zeros, no dot, no exponent.
+fn plain_decimal(text: &str) -> Option<u64> {
+    let canonical = text == "0" || (!text.starts_with('0') && !text.is_empty());
+    if canonical && text.bytes().all(|b| b.is_ascii_digit()) {
+        text.parse().ok()
+    } else {
+        None
+    }
+}
+
+fn content_type(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(raw) = header_str(headers, "content-type")? else {
+        return Ok(None);
+    };
+    let normalized = normalize_content_type(raw);
+    if normalized.is_empty() {
+        return Ok(None);
+    }
+    let media = normalized.split(';').next().unwrap_or("").trim();
+    let token = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$&-^_.+".contains(&b))
+    };
+    match media.split_once('/') {
+        Some((t, sub)) if token(t) && token(sub) => Ok(Some(normalized)),
+        _ => Err(ApiError::bad_request(format!(
+            "invalid Content-Type {raw:?}"
+        ))),
+    }
+}
+
+fn closed_flag(headers: &HeaderMap) -> Result<bool, ApiError> {
+    Ok(header_str(headers, CLOSED)?.is_some_and(|v| v.eq_ignore_ascii_case("true")))
+}
+
+fn incarnation(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    match header_str(headers, INCARNATION)? {
+        None => Ok(None),
+        Some(v) if valid_incarnation(v) => Ok(Some(v.to_owned())),
+        Some(v) => Err(ApiError::bad_request(format!(
+            "malformed Stream-Incarnation {v:?}"
+        ))),
+    }
+}
+
+fn lifetime(headers: &HeaderMap) -> Result<Lifetime, ApiError> {
+    let ttl = header_str(headers, TTL)?;
+    let expires = header_str(headers, EXPIRES_AT)?;
+    if ttl.is_some() && expires.is_some() {
+        return Err(ApiError::bad_request(
+            "Stream-TTL and Stream-Expires-At cannot both be set",
+        ));
+    }
+    let mut lifetime = Lifetime::default();
+    if let Some(t) = ttl {
+        lifetime.ttl_secs = Some(plain_decimal(t).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "invalid Stream-TTL {t:?}: use plain decimal seconds"
+            ))
+        })?);
+    }
+    if let Some(e) = expires {
+        let nanos = crate::types::temporal::parse_timestamp(e.as_bytes()).map_err(|_| {
+            ApiError::bad_request(format!("invalid Stream-Expires-At {e:?}: use RFC 3339"))
+        })?;
+        lifetime.expires_at = Some(e.to_owned());
+        lifetime.expires_at_ms = Some(nanos.div_euclid(1_000_000));
+    }
+    Ok(lifetime)
+}
+
+fn producer(headers: &HeaderMap) -> Result<Option<ProducerTuple>, ApiError> {
+    let id = header_str(headers, PRODUCER_ID)?;
+    let epoch = header_str(headers, PRODUCER_EPOCH)?;
+    let seq = header_str(headers, PRODUCER_SEQ)?;
+    let (id, epoch, seq) = match (id, epoch, seq) {
+        (None, None, None) => return Ok(None),
+        (Some(id), Some(epoch), Some(seq)) => (id, epoch, seq),
+        _ => {
+            return Err(ApiError::bad_request(
+                "Producer-Id, Producer-Epoch and Producer-Seq go together",
+            ));
+        }
+    };
+    if id.is_empty() || id.len() > MAX_TOKEN_BYTES {
+        return Err(ApiError::bad_request(format!(
+            "Producer-Id must be 1 to {MAX_TOKEN_BYTES} bytes"
+        )));
+    }
+    let number = |name: &str, text: &str| {
+        text.bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| text.parse::<u64>().ok())
+            .flatten()
+            .filter(|n| !text.is_empty() && *n <= MAX_PRODUCER_NUMBER)
+            .ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "{name} must be an integer from 0 to {MAX_PRODUCER_NUMBER}"
+                ))
+            })
+    };
+    Ok(Some(ProducerTuple {
+        id: id.to_owned(),
+        epoch: number("Producer-Epoch", epoch)?,
+        seq: number("Producer-Seq", seq)?,
+    }))
+}
+
+fn stream_seq(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    match header_str(headers, "stream-seq")? {
+        None => Ok(None),
+        Some(v)
+            if !v.is_empty()
+                && v.len() <= MAX_TOKEN_BYTES
+                && v.bytes().all(|b| (0x20..0x7f).contains(&b)) =>
+        {
+            Ok(Some(v.to_owned()))
+        }
+        Some(_) => Err(ApiError::bad_request(format!(
+            "Stream-Seq must be 1 to {MAX_TOKEN_BYTES} bytes of printable ASCII"
+        ))),
+    }
+}
+
+fn fork(headers: &HeaderMap) -> Result<Option<ForkRequest>, ApiError> {
+    let from = header_str(headers, "stream-forked-from")?;
+    let offset = header_str(headers, "stream-fork-offset")?;
+    let sub = header_str(headers, "stream-fork-sub-offset")?;
+    let Some(from) = from else {
+        if sub.is_some() || offset.is_some() {
+            return Err(ApiError::bad_request(
+                "Stream-Fork-Offset and Stream-Fork-Sub-Offset need Stream-Forked-From",
+            ));
+        }
+        return Ok(None);
+    };
+    let offset =
+        match offset {
+            None => None,
+            Some(o) => Some(parse_offset(o).ok_or_else(|| {
+                ApiError::bad_request(format!("invalid Stream-Fork-Offset {o:?}"))
+            })?),
+        };
+    let sub_offset = match sub {
+        None => None,
+        Some(s) => Some(plain_decimal(s).ok_or_else(|| {
+            ApiError::bad_request(format!("invalid Stream-Fork-Sub-Offset {s:?}"))
+        })?),
+    };
+    Ok(Some(ForkRequest {
+        source: source_name(from)?,
+        offset,
+        sub_offset,
+    }))
+}
+
+async fn body_bytes(body: Body) -> Result<Bytes, ApiError> {
+    axum::body::to_bytes(body, MAX_APPEND_BYTES)
+        .await
+        .map_err(|e| {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            if too_large {
+                ApiError::payload_too_large(format!(
+                    "stream bodies are limited to {MAX_APPEND_BYTES} bytes"
+                ))
+                .outcome(Outcome::Rejected)
+            } else {
+                ApiError::bad_request(format!("cannot read the request body: {e}"))
+            }
+        })
+}
+
+fn set(headers: &mut HeaderMap, name: &'static str, value: impl AsRef<str>) {
+    if let Ok(v) = HeaderValue::from_str(value.as_ref()) {
+        headers.insert(HeaderName::from_static(name), v);
+    }
+}
+
+fn offset_error(e: ApiError, tail: u64) -> ApiError {
+    e.header(NEXT_OFFSET, format_offset(tail))
+}
+
+impl From<StreamError> for ApiError {
+    fn from(e: StreamError) -> Self {
+        let message = e.to_string();
+        let conflict = |m: String| ApiError::new(StatusCode::CONFLICT, "conflict", m);
+        let rejected = |e: ApiError| e.outcome(Outcome::Rejected);
+        match e {
+            StreamError::NotFound => rejected(ApiError::not_found(message)),
+            StreamError::Gone => rejected(ApiError::new(StatusCode::GONE, "gone", message)),
+            StreamError::BadRequest(_) | StreamError::Json(_) | StreamError::NewEpochNotAtZero => {
+                rejected(ApiError::bad_request(message))
+            }
+            StreamError::Closed { tail } => {
+                offset_error(rejected(conflict(message)), tail).header(CLOSED, "true")
+            }
+            StreamError::ContentTypeMismatch { tail, .. }
+            | StreamError::StreamSeqConflict { tail, .. } => {
+                offset_error(rejected(conflict(message)), tail)
+            }
+            StreamError::ConfigConflict | StreamError::NameHeld | StreamError::ForkConflict(_) => {
+                rejected(conflict(message))
+            }
+            StreamError::StaleEpoch { current } => {
+                rejected(ApiError::new(StatusCode::FORBIDDEN, "stale_epoch", message))
+                    .header(PRODUCER_EPOCH, current.to_string())
+            }
+            StreamError::SequenceGap { expected, received } => rejected(conflict(message))
+                .header("producer-expected-seq", expected.to_string())
+                .header("producer-received-seq", received.to_string()),
+            StreamError::IncarnationMismatch { current } => rejected(ApiError::new(
+                StatusCode::PRECONDITION_FAILED,
+                "precondition_failed",
+                message,
+            ))
+            .header(INCARNATION, current),
+            StreamError::OffsetBeyondTail => rejected(ApiError::new(
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                "offset_beyond_tail",
+                message,
+            )),
+            StreamError::TooManyStreams(_) | StreamError::TooManyProducers(_) => rejected(
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many", message),
+            ),
+            StreamError::Log(log) => {
+                let reason = match &log {
+                    LogError::Full { .. } => Some("LogDiskPressure"),
+                    LogError::Poisoned | LogError::RecordTooLarge(_) => Some("LogUnavailable"),
+                    LogError::Closed => Some("ShuttingDown"),
+                    _ => None,
+                };
+                match reason {
+                    Some(reason) => rejected(
+                        ApiError::new(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "service_unavailable",
+                            message,
+                        )
+                        .retry_after(1),
+                    )
+                    .header(NOT_APPLIED, reason),
+                    // The write may have reached the log: the client must reconcile.
+                    None => ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "internal_server_error",
+                        message,
+                    )
+                    .outcome(Outcome::Unknown),
+                }
+            }
+            StreamError::Storage(_) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                message,
+            )
+            .retry_after(1),
+            StreamError::Corrupt(_) => ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal_server_error",
+                message,
+            ),
+        }
+    }
+}
+
+/// Metadata headers of a stream.
+fn info_headers(headers: &mut HeaderMap, info: &StreamInfo) {
+    set(headers, "content-type", &info.content_type);
+    set(headers, NEXT_OFFSET, format_offset(info.tail));
+    set(headers, INCARNATION, &info.incarnation);
+    if info.closed {
+        set(headers, CLOSED, "true");
+    }
+    if let Some(ttl) = info.lifetime.ttl_secs {
+        set(headers, TTL, ttl.to_string());
+    }
+    if let Some(at) = &info.lifetime.expires_at {
+        set(headers, EXPIRES_AT, at);
+    }
+}
+
+// ---- routes: protocol layout -----------------------------------------------------------
+
+pub(super) async fn put_protocol(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
+    body: Body,
+) -> Result<Response, ApiError> {
+    create(&state, protocol_name(&name)?, &headers, &uri, body).await
+}
+
+pub(super) async fn post_protocol(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    append(&state, protocol_name(&name)?, &headers, body).await
+}
+
+pub(super) async fn get_protocol(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    read(&state, protocol_name(&name)?, &headers, query.as_deref()).await
+}
+
+pub(super) async fn head_protocol(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    head(&state, protocol_name(&name)?).await
+}
+
+pub(super) async fn delete_protocol(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    delete(&state, protocol_name(&name)?, &headers).await
+}
+
+// ---- routes: bucket layout -------------------------------------------------------------
+
+/// `PUT /{bucket}`: buckets are namespaces; creating one stores nothing.
+pub(super) async fn put_bucket(Path(bucket): Path<String>) -> Result<Response, ApiError> {
+    if valid_bucket(&bucket) {
+        Ok(StatusCode::CREATED.into_response())
+    } else {
+        Err(ApiError::bad_request(format!(
+            "invalid bucket id {bucket:?}: use 4 to 64 of a-z, 0-9, '_' and '-'"
+        )))
+    }
+}
+
+pub(super) async fn put_bucket_stream(
+    State(state): State<AppState>,
+    Path((bucket, stream)): Path<(String, String)>,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
+    body: Body,
+) -> Result<Response, ApiError> {
+    create(&state, bucket_name(&bucket, &stream)?, &headers, &uri, body).await
+}
+
+pub(super) async fn post_bucket_stream(
+    State(state): State<AppState>,
+    Path((bucket, stream)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    append(&state, bucket_name(&bucket, &stream)?, &headers, body).await
+}
+
+pub(super) async fn get_bucket_stream(
+    State(state): State<AppState>,
+    Path((bucket, stream)): Path<(String, String)>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    read(
+        &state,
+        bucket_name(&bucket, &stream)?,
+        &headers,
+        query.as_deref(),
+    )
+    .await
+}
+
+pub(super) async fn head_bucket_stream(
+    State(state): State<AppState>,
+    Path((bucket, stream)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    head(&state, bucket_name(&bucket, &stream)?).await
+}
+
+pub(super) async fn delete_bucket_stream(
+    State(state): State<AppState>,
+    Path((bucket, stream)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    delete(&state, bucket_name(&bucket, &stream)?, &headers).await
+}
+
+// ---- operations ------------------------------------------------------------------------
+
+async fn create(
+    state: &AppState,
+    name: String,
+    headers: &HeaderMap,
+    uri: &axum::http::Uri,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let request = CreateRequest {
+        name,
+        content_type: content_type(headers)?,
+        lifetime: lifetime(headers)?,
+        closed: closed_flag(headers)?,
+        fork: fork(headers)?,
+        incarnation: incarnation(headers)?,
+        body: body_bytes(body).await?,
+    };
+    let (created, info) = state.db.streams().create(request).await?;
+    let mut response = if created {
+        StatusCode::CREATED.into_response()
+    } else {
+        StatusCode::OK.into_response()
+    };
+    let h = response.headers_mut();
+    info_headers(h, &info);
+    if created {
+        let host = header_str(headers, "host")?.unwrap_or("localhost");
+        set(h, "location", format!("http://{host}{}", uri.path()));
+    }
+    Ok(response)
+}
+
+async fn append(
+    state: &AppState,
+    name: String,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let request = AppendRequest {
+        name,
+        content_type: content_type(headers)?,
+        close: closed_flag(headers)?,
+        producer: producer(headers)?,
+        stream_seq: stream_seq(headers)?,
+        incarnation: incarnation(headers)?,
+        body: body_bytes(body).await?,
+    };
+    let with_body = !request.body.is_empty();
+    let outcome = state.db.streams().append(request).await?;
+    let mut response = StatusCode::NO_CONTENT.into_response();
+    let h = response.headers_mut();
+    match outcome {
+        AppendOutcome::Appended {
+            next,
+            closed,
+            producer,
+            incarnation,
+            ..
+        } => {
+            set(h, NEXT_OFFSET, format_offset(next));
+            set(h, INCARNATION, incarnation);
+            if closed {
+                set(h, CLOSED, "true");
+            }
+            if let Some(p) = producer {
+                set(h, PRODUCER_EPOCH, p.epoch.to_string());
+                set(h, PRODUCER_SEQ, p.seq.to_string());
+                if with_body {
+                    *response.status_mut() = StatusCode::OK;
+                }
+            }
+        }
+        AppendOutcome::Duplicate {
+            next,
+            closed,
+            epoch,
+            last_seq,
+            incarnation,
+        } => {
+            if let Some(next) = next {
+                set(h, NEXT_OFFSET, format_offset(next));
+                set(h, INCARNATION, incarnation);
+            }
+            if closed {
+                set(h, CLOSED, "true");
+            }
+            set(h, PRODUCER_EPOCH, epoch.to_string());
+            set(h, PRODUCER_SEQ, last_seq.to_string());
+        }
+    }
+    Ok(response)
+}
+
+async fn head(state: &AppState, name: String) -> Result<Response, ApiError> {
+    let stream = state.db.streams().get(&name).await?;
+    let info = stream.info();
+    let mut response = StatusCode::OK.into_response();
+    let h = response.headers_mut();
+    info_headers(h, &info);
+    set(h, "cache-control", "no-store");
+    set(
+        h,
+        "etag",
+        etag(&info.incarnation, "-1", info.tail, info.closed),
+    );
+    Ok(response)
+}
+
+async fn delete(state: &AppState, name: String, headers: &HeaderMap) -> Result<Response, ApiError> {
+    let token = incarnation(headers)?;
+    state.db.streams().delete(&name, token.as_deref()).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+fn etag(incarnation: &str, start: &str, next: u64, closed: bool) -> String {
+    let closed = if closed { ":c" } else { "" };
+    format!("\"{incarnation}:{start}:{}{closed}\"", format_offset(next))
+}
+
+/// Where a read starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReadFrom {
+    Start,
+    Now,
+    At(u64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Live {
+    No,
+    LongPoll,
+    Sse,
+}
+
+struct ReadQuery {
+    from: Option<(ReadFrom, String)>,
+    live: Live,
+    cursor: Option<String>,
+    max_bytes: usize,
+}
+
+fn read_query(query: Option<&str>) -> Result<ReadQuery, ApiError> {
+    let mut offsets = Vec::new();
+    let mut live = Live::No;
+    let mut cursor = None;
+    let mut max_bytes = DEFAULT_READ_BYTES;
+    for (key, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+        match key.as_ref() {
+            "offset" => offsets.push(value.into_owned()),
+            "live" => {
+                live = match value.as_ref() {
+                    "long-poll" => Live::LongPoll,
+                    "sse" => Live::Sse,
+                    "" | "false" => Live::No,
+                    other => {
+                        return Err(ApiError::bad_request(format!(
+                            "live must be long-poll or sse, not {other:?}"
+                        )));
+                    }
+                }
+            }
+            "cursor" => cursor = Some(value.into_owned()),
+            "max_bytes" => {
+                max_bytes = plain_decimal(&value)
+                    .and_then(|n| usize::try_from(n).ok())
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| ApiError::bad_request("max_bytes must be a positive integer"))?
+                    .min(DEFAULT_READ_BYTES);
+            }
+            _ => {}
+        }
+    }
+    if offsets.len() > 1 {
+        return Err(ApiError::bad_request("offset may be given only once"));
+    }
+    let from = match offsets.pop() {
+        None => None,
+        Some(text) => {
+            let from =
+                match text.as_str() {
+                    "-1" => ReadFrom::Start,
+                    "now" => ReadFrom::Now,
+                    other => ReadFrom::At(parse_offset(other).ok_or_else(|| {
+                        ApiError::bad_request(format!("malformed offset {other:?}"))
+                    })?),
+                };
+            Some((from, text))
+        }
+    };
+    if live != Live::No && from.is_none() {
+        return Err(ApiError::bad_request(
+            "live reads need an offset (-1, now, or a Stream-Next-Offset)",
+        ));
+    }
+    Ok(ReadQuery {
+        from,
+        live,
+        cursor,
+        max_bytes,
+    })
+}
+
+/// The body of a read: JSON streams answer a JSON array of their messages (or NDJSON when
+/// asked), other streams their bytes.
+fn render(result: &ReadResult, ndjson: bool) -> Vec<u8> {
+    let size: usize = result.records.iter().map(|r| r.len()).sum();
+    if !crate::stream::is_json_content_type(&result.content_type) || ndjson {
+        let mut out = Vec::with_capacity(size);
+        for r in &result.records {
+            out.extend_from_slice(r);
+        }
+        return out;
+    }
+    json_array(&result.records, size)
+}
+
+fn json_array(records: &[Bytes], size: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(size + 2);
+    out.push(b'[');
+    let mut first = true;
+    for record in records {
+        for message in record.split(|b| *b == b'\n').filter(|m| !m.is_empty()) {
+            if !first {
+                out.push(b',');
+            }
+            first = false;
+            out.extend_from_slice(message);
+        }
+    }
+    out.push(b']');
+    out
+}
+
+fn wants_ndjson(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/x-ndjson"))
+}
+
+async fn read(
+    state: &AppState,
+    name: String,
+    headers: &HeaderMap,
+    query: Option<&str>,
+) -> Result<Response, ApiError> {
+    let q = read_query(query)?;
+    let streams = state.db.streams();
+    let stream = streams.get(&name).await?;
+    stream.touch();
+    match q.live {
+        Live::Sse => return Ok(sse(state, stream, &q)),
+        Live::LongPoll => return long_poll(state, stream, &q, headers).await,
+        Live::No => {}
+    }
+    let ndjson = wants_ndjson(headers);
+    let (from, start_text) = q.from.clone().unwrap_or((ReadFrom::Start, "-1".to_owned()));
+    if from == ReadFrom::Now {
+        let info = stream.info();
+        let mut response = if crate::stream::is_json_content_type(&info.content_type) && !ndjson {
+            (StatusCode::OK, "[]").into_response()
+        } else {
+            StatusCode::OK.into_response()
+        };
+        let h = response.headers_mut();
+        data_headers(h, &info.content_type, ndjson);
+        set(h, NEXT_OFFSET, format_offset(info.tail));
+        set(h, INCARNATION, &info.incarnation);
+        set(h, UP_TO_DATE, "true");
+        set(h, "cache-control", "no-store");
+        if info.closed {
+            set(h, CLOSED, "true");
+        }
+        return Ok(response);
+    }
+    let offset = match from {
+        ReadFrom::At(o) => o,
+        _ => 0,
+    };
+    let result = streams.read(&stream, offset, q.max_bytes).await?;
+    let tag = etag(
+        &result.incarnation,
+        &start_text,
+        result.next,
+        result.closed_at_tail,
+    );
+    if headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v == tag)
+    {
+        let mut response = StatusCode::NOT_MODIFIED.into_response();
+        set(response.headers_mut(), "etag", tag);
+        return Ok(response);
+    }
+    let mut response = (StatusCode::OK, render(&result, ndjson)).into_response();
+    let h = response.headers_mut();
+    result_headers(h, &result, ndjson);
+    set(h, "etag", tag);
+    Ok(response)
+}
+
+fn data_headers(h: &mut HeaderMap, content_type: &str, ndjson: bool) {
+    if ndjson && crate::stream::is_json_content_type(content_type) {
+        set(h, "content-type", "application/x-ndjson");
+    } else {
+        set(h, "content-type", content_type);
+    }
+}
+
+fn result_headers(h: &mut HeaderMap, result: &ReadResult, ndjson: bool) {
+    data_headers(h, &result.content_type, ndjson);
+    set(h, NEXT_OFFSET, format_offset(result.next));
+    set(h, INCARNATION, &result.incarnation);
+    if result.up_to_date {
+        set(h, UP_TO_DATE, "true");
+    }
+    if result.closed_at_tail {
+        set(h, CLOSED, "true");
+    }
+}
+
+/// The cursor a live answer carries, so caches collapse requests into 20-second intervals;
+/// a client that already holds the current interval gets a later one (with jitter), so its
+/// next request is not a cache hit of this one.
+fn response_cursor(client: Option<&str>) -> String {
+    const EPOCH_MS: i64 = 1_728_432_000_000; // 2024-10-09T00:00:00Z
+    const INTERVAL_MS: i64 = 20_000;
+    let current = (crate::stream::now_ms() - EPOCH_MS).max(0) / INTERVAL_MS;
+    match client.and_then(|c| c.parse::<i64>().ok()) {
+        Some(c) if c >= current => {
+            let random = (uuid::Uuid::new_v4().as_u128() % 3600) as i64 + 1;
+            let jitter = (random * 1000).div_euclid(INTERVAL_MS).max(1);
+            (c + jitter).to_string()
+        }
+        _ => current.to_string(),
+    }
+}
+
+fn start_offset(stream: &Stream, from: ReadFrom) -> u64 {
+    match from {
+        ReadFrom::Start => 0,
+        ReadFrom::Now => stream.info().tail,
+        ReadFrom::At(o) => o,
+    }
+}
+
+async fn long_poll(
+    state: &AppState,
+    stream: Arc<Stream>,
+    q: &ReadQuery,
+    headers: &HeaderMap,
+) -> Result<Response, ApiError> {
+    let streams = state.db.streams();
+    let ndjson = wants_ndjson(headers);
+    let (from, _) = q.from.clone().unwrap_or((ReadFrom::Start, "-1".to_owned()));
+    let offset = start_offset(&stream, from);
+    let deadline = tokio::time::Instant::now() + state.long_poll_timeout;
+    let mut changes = stream.subscribe();
+    let mut closing = streams.closing();
+    let cursor = response_cursor(q.cursor.as_deref());
+    loop {
+        changes.borrow_and_update();
+        let result = streams.read(&stream, offset, q.max_bytes).await?;
+        if !result.records.is_empty() {
+            let mut response = (StatusCode::OK, render(&result, ndjson)).into_response();
+            let h = response.headers_mut();
+            result_headers(h, &result, ndjson);
+            set(h, CURSOR, &cursor);
+            return Ok(response);
+        }
+        let timed_out = if result.closed_at_tail {
+            false
+        } else {
+            tokio::select! {
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        return Err(StreamError::NotFound.into());
+                    }
+                    // Deleted while waiting?
+                    streams.get(stream.name()).await?;
+                    stream.touch();
+                    continue;
+                }
+                _ = tokio::time::sleep_until(deadline) => true,
+                _ = shutting_down(&mut closing) => true,
+            }
+        };
+        let mut response = StatusCode::NO_CONTENT.into_response();
+        let h = response.headers_mut();
+        set(h, NEXT_OFFSET, format_offset(result.next));
+        set(h, INCARNATION, &result.incarnation);
+        set(h, UP_TO_DATE, "true");
+        set(h, CURSOR, &cursor);
+        if result.closed_at_tail || (timed_out && stream.info().closed) {
+            set(h, CLOSED, "true");
+        }
+        return Ok(response);
+    }
+}
+
+/// How SSE data events carry the stream's bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SseEncoding {
+    Json,
+    Text,
+    Base64,
+}
+
+fn sse_encoding(content_type: &str) -> SseEncoding {
+    if crate::stream::is_json_content_type(content_type) {
+        SseEncoding::Json
+    } else if content_type.starts_with("text/") {
+        SseEncoding::Text
+    } else {
+        SseEncoding::Base64
+    }
+}
+
+/// Writes one SSE event; every line of the payload gets its own `data:` field, so no byte of
+/// the payload can end the event or start another (CR, LF and CRLF all split lines).
+fn sse_event(out: &mut Vec<u8>, event: &str, payload: &str) {
+    out.extend_from_slice(b"event: ");
+    out.extend_from_slice(event.as_bytes());
+    out.push(b'\n');
+    let mut rest = payload;
+    loop {
+        let cut = rest.find(['\r', '\n']);
+        let (line, next) = match cut {
+            Some(i) => {
+                let skip = if rest[i..].starts_with("\r\n") { 2 } else { 1 };
+                (&rest[..i], Some(&rest[i + skip..]))
+            }
+            None => (rest, None),
+        };
+        out.extend_from_slice(b"data:");
+        out.extend_from_slice(line.as_bytes());
+        out.push(b'\n');
+        match next {
+            Some(n) => rest = n,
+            None => break,
+        }
+    }
+    out.push(b'\n');
+}
+
+fn sse_data(out: &mut Vec<u8>, encoding: SseEncoding, records: &[Bytes]) {
+    let size: usize = records.iter().map(|r| r.len()).sum();
+    let payload = match encoding {
+        SseEncoding::Json => String::from_utf8_lossy(&json_array(records, size)).into_owned(),
+        SseEncoding::Text => {
+            let joined: Vec<u8> = records.iter().flat_map(|r| r.iter().copied()).collect();
+            String::from_utf8_lossy(&joined).into_owned()
+        }
+        SseEncoding::Base64 => {
+            let joined: Vec<u8> = records.iter().flat_map(|r| r.iter().copied()).collect();
+            base64::engine::general_purpose::STANDARD.encode(joined)
+        }
+    };
+    sse_event(out, "data", &payload);
+}
+
+enum Wake {
+    Changed,
+    KeepAlive,
+    End,
+}
+
+/// Resolves once the server starts shutting down.
+async fn shutting_down(closing: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = closing.wait_for(|c| *c).await;
+}
+
+struct SseState {
+    streams: Streams,
+    stream: Arc<Stream>,
+    changes: tokio::sync::watch::Receiver<u64>,
+    closing: tokio::sync::watch::Receiver<bool>,
+    offset: u64,
+    encoding: SseEncoding,
+    client_cursor: Option<String>,
+    keep_alive: Duration,
+    first: bool,
+    done: bool,
+}
+
+impl SseState {
+    fn control(&self, out: &mut Vec<u8>, next: u64, up_to_date: bool, closed: bool) {
+        let body = if closed {
+            json!({"streamNextOffset": format_offset(next), "streamClosed": true})
+        } else if up_to_date {
+            json!({
+                "streamNextOffset": format_offset(next),
+                "streamCursor": response_cursor(self.client_cursor.as_deref()),
+                "upToDate": true,
+            })
+        } else {
+            json!({
+                "streamNextOffset": format_offset(next),
+                "streamCursor": response_cursor(self.client_cursor.as_deref()),
+            })
+        };
+        sse_event(out, "control", &body.to_string());
+    }
+
+    /// The next piece of the event stream, or `None` when it ends.
+    async fn next_chunk(&mut self) -> Option<Vec<u8>> {
+        if self.done {
+            return None;
+        }
+        loop {
+            self.changes.borrow_and_update();
+            let result = match self
+                .streams
+                .read(&self.stream, self.offset, SSE_EVENT_BYTES)
+                .await
+            {
+                Ok(r) => r,
+                Err(_) => return None,
+            };
+            let mut out = Vec::new();
+            if !result.records.is_empty() {
+                sse_data(&mut out, self.encoding, &result.records);
+            }
+            self.offset = result.next;
+            if result.closed_at_tail {
+                self.control(&mut out, result.next, true, true);
+                self.done = true;
+                return Some(out);
+            }
+            if !result.records.is_empty() || self.first {
+                self.first = false;
+                self.control(&mut out, result.next, result.up_to_date, false);
+                return Some(out);
+            }
+            let wake = tokio::select! {
+                changed = self.changes.changed() => {
+                    if changed.is_err() { Wake::End } else { Wake::Changed }
+                }
+                _ = tokio::time::sleep(self.keep_alive) => Wake::KeepAlive,
+                _ = shutting_down(&mut self.closing) => Wake::End,
+            };
+            match wake {
+                Wake::Changed if !self.stream.info_gone() => self.stream.touch(),
+                Wake::Changed | Wake::End => return None,
+                Wake::KeepAlive => {
+                    let mut out = Vec::new();
+                    self.control(&mut out, self.offset, true, false);
+                    return Some(out);
+                }
+            }
+        }
+    }
+}
+
+fn sse(state: &AppState, stream: Arc<Stream>, q: &ReadQuery) -> Response {
+    let streams = state.db.streams().clone();
+    let (from, _) = q.from.clone().unwrap_or((ReadFrom::Start, "-1".to_owned()));
+    let info = stream.info();
+    let encoding = sse_encoding(&info.content_type);
+    let sse_state = SseState {
+        changes: stream.subscribe(),
+        closing: streams.closing(),
+        offset: start_offset(&stream, from),
+        streams,
+        stream,
+        encoding,
+        client_cursor: q.cursor.clone(),
+        keep_alive: state.long_poll_timeout,
+        first: true,
+        done: false,
+    };
+    let events = futures::stream::unfold(sse_state, |mut s| async move {
+        let chunk = s.next_chunk().await?;
+        Some((Ok::<_, std::convert::Infallible>(Bytes::from(chunk)), s))
+    });
+    let mut response = Response::new(Body::from_stream(events));
+    let h = response.headers_mut();
+    set(h, "content-type", "text/event-stream");
+    set(h, "cache-control", "no-cache");
+    set(h, INCARNATION, &info.incarnation);
+    if encoding == SseEncoding::Base64 {
+        set(h, "stream-sse-data-encoding", "base64");
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_payload_lines_cannot_forge_events() {
+        let mut out = Vec::new();
+        sse_event(&mut out, "data", "a\r\n\r\nevent: control\rdata: x\nb");
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "event: data\ndata:a\ndata:\ndata:event: control\ndata:data: x\ndata:b\n\n"
+        );
+    }
+
+    #[test]
+    fn names_in_both_layouts() {
+        assert_eq!(source_name("/v1/stream/a/b").unwrap(), "a/b");
+        assert_eq!(source_name("/demo/hello").unwrap(), "demo/hello");
+        assert_eq!(source_name("http://127.0.0.1:1/v1/stream/x").unwrap(), "x");
+        assert!(protocol_name("a/../b").is_err());
+        assert!(bucket_name("ab", "s").is_err());
+        assert!(bucket_name("demo", "$x").is_err());
+    }
+
+    #[test]
+    fn plain_decimals() {
+        assert_eq!(plain_decimal("0"), Some(0));
+        assert_eq!(plain_decimal("60"), Some(60));
+        for bad in ["", "00060", "+60", "60.5", "1e3", "-1", " 1"] {
+            assert_eq!(plain_decimal(bad), None, "{bad}");
+        }
+    }
+}

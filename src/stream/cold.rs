@@ -1,0 +1,448 @@
+//! Cold stream data and checkpoints.
+//!
+//! A checkpoint takes a consistent cut of every stream (no change applies while it is
+//! taken), seals all in-memory records into one data object, writes a snapshot of every
+//! stream's state that points into the data objects, and only then releases the commit log
+//! up to the cut. Restart loads the newest snapshot and replays the log after it.
+//!
+//! Object layout, under `streams/{node}/`:
+//! - `data/{lsn:020}.bin`: chunks, one per run of sealed records of one stream:
+//!   `| count: u32 | start: u64 | count × end: u64 | record bytes |` (little endian).
+//! - `snapshots/{lsn:020}.json`: the state of every stream at `lsn`.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures::TryStreamExt as _;
+use object_store::path::Path;
+use object_store::{ObjectStoreExt as _, PutPayload};
+
+use super::codec::{ForkSpec, Lifetime, ProducerTuple};
+use super::state::{Chunk, ColdExtent, ProducerState, StreamState};
+use super::{StreamError, Streams};
+use crate::log::Lsn;
+use crate::storage::Storage;
+
+/// Records of one sealed chunk: `(start, end, bytes)`.
+type Records = Arc<Vec<(u64, u64, Bytes)>>;
+
+/// Object storage access for stream data, with a small cache of fetched chunks.
+pub(super) struct ColdStore {
+    storage: Storage,
+    prefix: String,
+    cache: Mutex<Cache>,
+    snapshot_lsn: AtomicU64,
+    last_checkpoint: Mutex<Instant>,
+    checkpoint_lock: tokio::sync::Mutex<()>,
+}
+
+struct Cache {
+    capacity: u64,
+    bytes: u64,
+    map: HashMap<(String, u64), Records>,
+    order: VecDeque<(String, u64)>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Snapshot {
+    version: u32,
+    lsn: Lsn,
+    streams: Vec<SnapshotStream>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SnapshotStream {
+    name: String,
+    incarnation: String,
+    content_type: String,
+    lifetime: Lifetime,
+    closed: bool,
+    closed_by: Option<ProducerTuple>,
+    stream_seq: Option<String>,
+    producers: Vec<(String, ProducerState)>,
+    fork: Option<ForkSpec>,
+    ref_count: u32,
+    soft_deleted: bool,
+    tail: u64,
+    extents: Vec<ColdExtent>,
+}
+
+fn storage_error(e: object_store::Error) -> StreamError {
+    StreamError::Storage(e.to_string())
+}
+
+impl ColdStore {
+    pub(super) fn new(storage: Storage, node: &str, cache_bytes: u64) -> Self {
+        ColdStore {
+            storage,
+            prefix: format!("streams/{node}"),
+            cache: Mutex::new(Cache {
+                capacity: cache_bytes,
+                bytes: 0,
+                map: HashMap::new(),
+                order: VecDeque::new(),
+            }),
+            snapshot_lsn: AtomicU64::new(0),
+            last_checkpoint: Mutex::new(Instant::now()),
+            checkpoint_lock: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    pub(super) fn set_snapshot_lsn(&self, lsn: Lsn) {
+        self.snapshot_lsn.store(lsn, Ordering::Release);
+    }
+
+    fn snapshot_path(&self, lsn: Lsn) -> Path {
+        Path::from(format!("{}/snapshots/{lsn:020}.json", self.prefix))
+    }
+
+    /// Loads the newest snapshot: its LSN and every stream's state.
+    pub(super) async fn load_snapshot(
+        &self,
+    ) -> Result<Option<(Lsn, HashMap<String, StreamState>)>, StreamError> {
+        let dir = Path::from(format!("{}/snapshots", self.prefix));
+        let listed: Vec<object_store::ObjectMeta> = self
+            .storage
+            .store()
+            .list(Some(&dir))
+            .try_collect()
+            .await
+            .map_err(storage_error)?;
+        let newest = listed
+            .iter()
+            .filter_map(|m| m.location.filename()?.strip_suffix(".json")?.parse().ok())
+            .max();
+        let Some(lsn) = newest else {
+            return Ok(None);
+        };
+        let path = self.snapshot_path(lsn);
+        let bytes = self
+            .storage
+            .store()
+            .get(&path)
+            .await
+            .map_err(storage_error)?
+            .bytes()
+            .await
+            .map_err(storage_error)?;
+        let snapshot: Snapshot = serde_json::from_slice(&bytes)
+            .map_err(|e| StreamError::Corrupt(format!("snapshot {path}: {e}")))?;
+        let streams = snapshot
+            .streams
+            .into_iter()
+            .map(|s| {
+                let mut state = StreamState::new(
+                    s.incarnation,
+                    s.content_type,
+                    s.lifetime,
+                    s.fork,
+                    snapshot.lsn,
+                );
+                state.closed = s.closed;
+                state.closed_by = s.closed_by;
+                state.stream_seq = s.stream_seq;
+                state.producers = s.producers.into_iter().collect();
+                state.ref_count = s.ref_count;
+                state.soft_deleted = s.soft_deleted;
+                state.tail = s.tail;
+                state.chunks = s.extents.into_iter().map(Chunk::Cold).collect();
+                (s.name, state)
+            })
+            .collect();
+        Ok(Some((snapshot.lsn, streams)))
+    }
+
+    /// The records of a sealed extent (fetched, or from the cache).
+    pub(super) async fn read_extent(
+        &self,
+        extent: &ColdExtent,
+    ) -> Result<Vec<(u64, u64, Bytes)>, StreamError> {
+        let cache_key = (extent.key.clone(), extent.pos);
+        let cached = self
+            .cache
+            .lock()
+            .ok()
+            .and_then(|c| c.map.get(&cache_key).cloned());
+        let records = match cached {
+            Some(r) => r,
+            None => {
+                let path = Path::from(extent.key.as_str());
+                let bytes = self
+                    .storage
+                    .store()
+                    .get_range(&path, extent.pos..extent.pos + extent.len)
+                    .await
+                    .map_err(storage_error)?;
+                let records: Records = Arc::new(decode_chunk(&bytes).ok_or_else(|| {
+                    StreamError::Corrupt(format!("chunk at {} of {}", extent.pos, extent.key))
+                })?);
+                if let Ok(mut cache) = self.cache.lock() {
+                    cache.insert(cache_key, records.clone(), bytes.len() as u64);
+                }
+                records
+            }
+        };
+        Ok(records
+            .iter()
+            .filter(|(start, end, _)| *end <= extent.end && *start >= extent.start)
+            .cloned()
+            .collect())
+    }
+}
+
+impl Cache {
+    fn insert(&mut self, key: (String, u64), records: Records, size: u64) {
+        if size > self.capacity || self.map.contains_key(&key) {
+            return;
+        }
+        while self.bytes + size > self.capacity {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(r) = self.map.remove(&old) {
+                self.bytes -= r.iter().map(|(_, _, b)| b.len() as u64).sum::<u64>();
+            }
+        }
+        self.bytes += records.iter().map(|(_, _, b)| b.len() as u64).sum::<u64>();
+        self.order.push_back(key.clone());
+        self.map.insert(key, records);
+    }
+}
+
+/// Appends one chunk (a run of consecutive records) to `out`.
+fn encode_chunk(out: &mut Vec<u8>, records: &[(u64, u64, Bytes)]) {
+    out.extend_from_slice(&(records.len() as u32).to_le_bytes());
+    let start = records.first().map_or(0, |r| r.0);
+    out.extend_from_slice(&start.to_le_bytes());
+    for (_, end, _) in records {
+        out.extend_from_slice(&end.to_le_bytes());
+    }
+    for (_, _, data) in records {
+        out.extend_from_slice(data);
+    }
+}
+
+fn decode_chunk(bytes: &Bytes) -> Option<Vec<(u64, u64, Bytes)>> {
+    let u64_at = |at: usize| -> Option<u64> {
+        let b = bytes.get(at..at + 8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Some(u64::from_le_bytes(a))
+    };
+    let count = u32::from_le_bytes(bytes.get(..4)?.try_into().ok()?) as usize;
+    let mut start = u64_at(4)?;
+    let header = 12usize.checked_add(count.checked_mul(8)?)?;
+    let mut at = header;
+    let mut out = Vec::with_capacity(count);
+    for i in 0..count {
+        let end = u64_at(12 + i * 8)?;
+        let len = usize::try_from(end.checked_sub(start)?).ok()?;
+        let data = bytes.get(at..at.checked_add(len)?)?;
+        out.push((start, end, bytes.slice_ref(data)));
+        at += len;
+        start = end;
+    }
+    (at == bytes.len()).then_some(out)
+}
+
+/// Runs of consecutive hot records in a stream's chunks, as `(first chunk, records)`.
+fn hot_runs(chunks: &[Chunk]) -> Vec<Vec<(u64, u64, Bytes)>> {
+    let mut runs = Vec::new();
+    let mut run: Vec<(u64, u64, Bytes)> = Vec::new();
+    for chunk in chunks {
+        match chunk {
+            Chunk::Hot(r) if run.last().is_none_or(|last| last.1 == r.start) => {
+                run.push((r.start, r.end, r.data.clone()));
+            }
+            Chunk::Hot(r) => {
+                runs.push(std::mem::take(&mut run));
+                run.push((r.start, r.end, r.data.clone()));
+            }
+            Chunk::Cold(_) => {
+                if !run.is_empty() {
+                    runs.push(std::mem::take(&mut run));
+                }
+            }
+        }
+    }
+    if !run.is_empty() {
+        runs.push(run);
+    }
+    runs
+}
+
+/// Replaces the hot records an extent now holds with the extent.
+fn seal(chunks: &mut Vec<Chunk>, extent: &ColdExtent) -> u64 {
+    let mut freed = 0;
+    let mut out = Vec::with_capacity(chunks.len());
+    let mut placed = false;
+    for chunk in chunks.drain(..) {
+        match chunk {
+            Chunk::Hot(r) if r.start >= extent.start && r.end <= extent.end => {
+                freed += r.data.len() as u64;
+                if !placed {
+                    out.push(Chunk::Cold(extent.clone()));
+                    placed = true;
+                }
+            }
+            other => out.push(other),
+        }
+    }
+    *chunks = out;
+    freed
+}
+
+pub(super) async fn checkpoint(streams: &Streams, force: bool) -> Result<bool, StreamError> {
+    let inner = &streams.inner;
+    let cold = &inner.cold;
+    let _one = cold.checkpoint_lock.lock().await;
+    let snapshot_lsn = cold.snapshot_lsn.load(Ordering::Acquire);
+    // Read the log's tail before the applied position: a stream record at or below the
+    // tail has been applied by then.
+    let log_tail = inner.log.last_lsn();
+    if inner.applied_lsn.load(Ordering::Acquire) == snapshot_lsn {
+        // No stream changed since the snapshot: streams need none of the log.
+        inner.consumer.release_before(log_tail + 1)?;
+        return Ok(false);
+    }
+    if !force {
+        let since = cold
+            .last_checkpoint
+            .lock()
+            .map(|t| t.elapsed())
+            .unwrap_or_default();
+        if streams.hot_bytes() < inner.config.checkpoint_bytes
+            && since < inner.config.checkpoint_interval
+        {
+            return Ok(false);
+        }
+    }
+    // A consistent cut: no change applies while the registry is write-locked.
+    let (lsn, captured) = {
+        let registry = inner.registry_mut();
+        let lsn = inner.applied_lsn.load(Ordering::Acquire);
+        let captured: Vec<(String, Arc<super::Stream>, StreamState)> = registry
+            .streams
+            .iter()
+            .map(|(name, s)| (name.clone(), s.clone(), s.read_state().clone()))
+            .collect();
+        (lsn, captured)
+    };
+    let key = format!("{}/data/{lsn:020}.bin", cold.prefix);
+    let mut object = Vec::new();
+    let mut sealed: Vec<Vec<ColdExtent>> = Vec::with_capacity(captured.len());
+    for (_, _, state) in &captured {
+        let mut extents = Vec::new();
+        for run in hot_runs(&state.chunks) {
+            let pos = object.len() as u64;
+            encode_chunk(&mut object, &run);
+            extents.push(ColdExtent {
+                key: key.clone(),
+                pos,
+                len: object.len() as u64 - pos,
+                start: run.first().map_or(0, |r| r.0),
+                end: run.last().map_or(0, |r| r.1),
+            });
+        }
+        sealed.push(extents);
+    }
+    let store = cold.storage.store();
+    if !object.is_empty() {
+        store
+            .put(&Path::from(key.as_str()), PutPayload::from(object))
+            .await
+            .map_err(storage_error)?;
+    }
+    let snapshot = Snapshot {
+        version: 1,
+        lsn,
+        streams: captured
+            .iter()
+            .zip(&sealed)
+            .map(|((name, _, s), extents)| {
+                let mut chunks = s.chunks.clone();
+                for extent in extents {
+                    seal(&mut chunks, extent);
+                }
+                SnapshotStream {
+                    name: name.clone(),
+                    incarnation: s.incarnation.clone(),
+                    content_type: s.content_type.clone(),
+                    lifetime: s.lifetime.clone(),
+                    closed: s.closed,
+                    closed_by: s.closed_by.clone(),
+                    stream_seq: s.stream_seq.clone(),
+                    producers: s
+                        .producers
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect(),
+                    fork: s.fork.clone(),
+                    ref_count: s.ref_count,
+                    soft_deleted: s.soft_deleted,
+                    tail: s.tail,
+                    extents: chunks
+                        .into_iter()
+                        .filter_map(|c| match c {
+                            Chunk::Cold(e) => Some(e),
+                            Chunk::Hot(_) => None,
+                        })
+                        .collect(),
+                }
+            })
+            .collect(),
+    };
+    let body = serde_json::to_vec(&snapshot)
+        .map_err(|e| StreamError::Corrupt(format!("snapshot encoding: {e}")))?;
+    store
+        .put(&cold.snapshot_path(lsn), PutPayload::from(body))
+        .await
+        .map_err(storage_error)?;
+    // The snapshot is durable: swap the sealed records for their extents in memory.
+    for ((_, stream, captured_state), extents) in captured.iter().zip(&sealed) {
+        if extents.is_empty() {
+            continue;
+        }
+        let mut s = stream.write_state();
+        if s.incarnation != captured_state.incarnation || s.gone {
+            continue;
+        }
+        for extent in extents {
+            let freed = seal(&mut s.chunks, extent);
+            s.hot_bytes = s.hot_bytes.saturating_sub(freed);
+        }
+    }
+    cold.set_snapshot_lsn(lsn);
+    if let Ok(mut t) = cold.last_checkpoint.lock() {
+        *t = Instant::now();
+    }
+    inner.consumer.release_before(lsn + 1)?;
+    // Older snapshots are superseded (data objects stay: extents still point into them).
+    if snapshot_lsn > 0 && snapshot_lsn < lsn {
+        let _ = store.delete(&cold.snapshot_path(snapshot_lsn)).await;
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_round_trip() {
+        let records = vec![
+            (5, 8, Bytes::from_static(b"abc")),
+            (8, 9, Bytes::from_static(b"d")),
+        ];
+        let mut out = Vec::new();
+        encode_chunk(&mut out, &records);
+        let bytes = Bytes::from(out);
+        assert_eq!(decode_chunk(&bytes).unwrap(), records);
+        for cut in 0..bytes.len() {
+            assert!(decode_chunk(&bytes.slice(..cut)).is_none());
+        }
+    }
+}

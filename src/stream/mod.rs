@@ -1,0 +1,1246 @@
+//! Durable append-only streams (the Durable Streams protocol) on the shared commit log.
+//!
+//! Every change to a stream is one commit-log record ([`codec::Op`]); it is applied to the
+//! in-memory state on the log's writer thread once the `fsync` covering it is done, and only
+//! then acknowledged. Producer state and `Stream-Seq` ride in the same record as the data they
+//! admit, so they commit atomically with it. Appends to one stream are admitted one at a time
+//! (each stream has its own admission lock); different streams share group commits.
+//!
+//! Readers look at the applied state only and never take the admission lock; long-poll and
+//! SSE readers wait on a per-stream version counter that each apply bumps.
+//!
+//! Data lives in memory ("hot") until a checkpoint ([`cold`]) seals it into objects on
+//! object storage ("cold") and writes a snapshot of every stream's state; the log is then
+//! released up to the snapshot. Reads stitch cold and hot data transparently. On open, the
+//! newest snapshot is loaded and the log records after it are replayed.
+
+pub mod codec;
+mod cold;
+pub mod json;
+mod state;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use tokio::sync::watch;
+
+pub use codec::{ForkSpec, Lifetime, Op, ProducerTuple};
+use cold::ColdStore;
+pub use json::JsonTextError;
+use state::{Chunk, ProducerCheck, StreamState};
+
+use crate::log::{CommitLog, LogConsumer, LogError, Lsn, Record, RecordKind};
+use crate::storage::Storage;
+
+/// Largest append body (32 MiB).
+pub const MAX_APPEND_BYTES: usize = 32 << 20;
+
+/// Longest `Producer-Id` and `Stream-Seq` value.
+pub const MAX_TOKEN_BYTES: usize = 256;
+
+/// Largest value of `Producer-Epoch` and `Producer-Seq` (2^53 - 1).
+pub const MAX_PRODUCER_NUMBER: u64 = (1 << 53) - 1;
+
+/// Settings of the stream engine.
+#[derive(Debug, Clone)]
+pub struct StreamsConfig {
+    /// Streams beyond this many are refused with [`StreamError::TooManyStreams`].
+    pub max_streams: usize,
+    /// Producers per stream beyond this many are refused.
+    pub max_producers_per_stream: usize,
+    /// A checkpoint runs once this many bytes are held in memory...
+    pub checkpoint_bytes: u64,
+    /// ...or this long after the last one, if anything changed.
+    pub checkpoint_interval: Duration,
+    /// Bytes of cold data kept in the read cache.
+    pub cache_bytes: u64,
+}
+
+impl Default for StreamsConfig {
+    fn default() -> Self {
+        StreamsConfig {
+            max_streams: 1_000_000,
+            max_producers_per_stream: 10_000,
+            checkpoint_bytes: 64 << 20,
+            checkpoint_interval: Duration::from_secs(10),
+            cache_bytes: 64 << 20,
+        }
+    }
+}
+
+/// Why a stream operation did not happen. Every variant but [`StreamError::Log`] (when
+/// the write may have reached the log) applied nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    /// No such stream (or it expired).
+    #[error("stream not found")]
+    NotFound,
+    /// The stream was deleted but forks still read it.
+    #[error("stream was deleted; forks still read it")]
+    Gone,
+    /// A request the protocol refuses.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The body is not acceptable JSON message text.
+    #[error(transparent)]
+    Json(#[from] JsonTextError),
+    /// The stream is closed.
+    #[error("stream is closed")]
+    Closed {
+        /// Its final offset.
+        tail: u64,
+    },
+    /// The content type differs from the stream's.
+    #[error("content type {given:?} does not match the stream's {expected:?}")]
+    ContentTypeMismatch {
+        /// Given.
+        given: String,
+        /// The stream's.
+        expected: String,
+        /// The stream's tail.
+        tail: u64,
+    },
+    /// `Stream-Seq` is not greater than the stored one.
+    #[error("Stream-Seq {given:?} is not greater than the last accepted {last:?}")]
+    StreamSeqConflict {
+        /// Given.
+        given: String,
+        /// Stored.
+        last: String,
+        /// The stream's tail.
+        tail: u64,
+    },
+    /// A create whose settings differ from the existing stream's.
+    #[error("stream exists with a different configuration")]
+    ConfigConflict,
+    /// The name is held by a deleted stream that forks still read.
+    #[error("the name is held by a deleted stream that forks still read")]
+    NameHeld,
+    /// The fork source cannot be forked.
+    #[error("{0}")]
+    ForkConflict(String),
+    /// `Producer-Epoch` is older than the stored one.
+    #[error("producer epoch is stale; current epoch is {current}")]
+    StaleEpoch {
+        /// The stored epoch.
+        current: u64,
+    },
+    /// A new epoch did not start at sequence 0.
+    #[error("a new producer epoch must start at sequence 0")]
+    NewEpochNotAtZero,
+    /// A producer sequence number was skipped.
+    #[error("producer sequence gap: expected {expected}, received {received}")]
+    SequenceGap {
+        /// The next expected sequence.
+        expected: u64,
+        /// The one received.
+        received: u64,
+    },
+    /// `Stream-Incarnation` names another incarnation.
+    #[error("stream incarnation does not match")]
+    IncarnationMismatch {
+        /// The current token.
+        current: String,
+    },
+    /// The read offset is past the tail.
+    #[error("offset is beyond the tail of the stream")]
+    OffsetBeyondTail,
+    /// Too many streams.
+    #[error("too many streams (limit {0})")]
+    TooManyStreams(usize),
+    /// Too many producers on this stream.
+    #[error("too many producers on this stream (limit {0})")]
+    TooManyProducers(usize),
+    /// The commit log refused or failed.
+    #[error(transparent)]
+    Log(#[from] LogError),
+    /// Object storage failed while reading cold data or checkpointing.
+    #[error("object storage: {0}")]
+    Storage(String),
+    /// A snapshot or sealed object is unreadable.
+    #[error("stream data is corrupt: {0}")]
+    Corrupt(String),
+}
+
+/// A stream's metadata as answers report it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamInfo {
+    /// Normalized content type.
+    pub content_type: String,
+    /// Offset after the last byte.
+    pub tail: u64,
+    /// Closed for appends.
+    pub closed: bool,
+    /// Incarnation token.
+    pub incarnation: String,
+    /// TTL or expiry.
+    pub lifetime: Lifetime,
+}
+
+/// A fork request's parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForkRequest {
+    /// Source stream name.
+    pub source: String,
+    /// `Stream-Fork-Offset`, if given.
+    pub offset: Option<u64>,
+    /// `Stream-Fork-Sub-Offset`, if given.
+    pub sub_offset: Option<u64>,
+}
+
+/// A `PUT`.
+#[derive(Debug, Clone)]
+pub struct CreateRequest {
+    /// Stream name.
+    pub name: String,
+    /// Normalized content type; `None` means the default (or, for a fork, the source's).
+    pub content_type: Option<String>,
+    /// TTL or expiry.
+    pub lifetime: Lifetime,
+    /// `Stream-Closed: true`.
+    pub closed: bool,
+    /// Fork parameters.
+    pub fork: Option<ForkRequest>,
+    /// The first append.
+    pub body: Bytes,
+    /// `Stream-Incarnation` precondition.
+    pub incarnation: Option<String>,
+}
+
+/// A `POST`.
+#[derive(Debug, Clone)]
+pub struct AppendRequest {
+    /// Stream name.
+    pub name: String,
+    /// Normalized content type of the body, if given.
+    pub content_type: Option<String>,
+    /// The bytes.
+    pub body: Bytes,
+    /// `Stream-Closed: true`.
+    pub close: bool,
+    /// Producer headers.
+    pub producer: Option<ProducerTuple>,
+    /// `Stream-Seq`.
+    pub stream_seq: Option<String>,
+    /// `Stream-Incarnation` precondition.
+    pub incarnation: Option<String>,
+}
+
+/// What an accepted `POST` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AppendOutcome {
+    /// Appended (or closed) now.
+    Appended {
+        /// Offset after the append.
+        next: u64,
+        /// The stream is closed now.
+        closed: bool,
+        /// This request closed it.
+        closed_now: bool,
+        /// The accepted producer tuple.
+        producer: Option<ProducerTuple>,
+        /// Incarnation.
+        incarnation: String,
+    },
+    /// A producer retry of something already appended.
+    Duplicate {
+        /// The original's `Stream-Next-Offset`, while remembered.
+        next: Option<u64>,
+        /// The stream is closed.
+        closed: bool,
+        /// Producer epoch.
+        epoch: u64,
+        /// The highest accepted sequence number.
+        last_seq: u64,
+        /// Incarnation.
+        incarnation: String,
+    },
+}
+
+/// Data read from a stream.
+#[derive(Debug, Clone)]
+pub struct ReadResult {
+    /// Records, in order (for JSON streams, each holds one message per line).
+    pub records: Vec<Bytes>,
+    /// Offset after the data returned.
+    pub next: u64,
+    /// `next` is the tail.
+    pub up_to_date: bool,
+    /// The stream is closed and `next` is its tail.
+    pub closed_at_tail: bool,
+    /// The stream's content type.
+    pub content_type: String,
+    /// Its incarnation.
+    pub incarnation: String,
+}
+
+/// One stream's handle.
+#[derive(Debug)]
+pub struct Stream {
+    name: String,
+    state: RwLock<StreamState>,
+    /// Admission lock: one append (or delete) at a time.
+    admit: tokio::sync::Mutex<()>,
+    /// Bumped by every apply; readers wait on it.
+    version: watch::Sender<u64>,
+    /// When it was last read or written (for sliding TTLs), in ms since the epoch.
+    last_access_ms: AtomicI64,
+}
+
+impl Stream {
+    fn new(name: String, state: StreamState) -> Arc<Stream> {
+        Arc::new(Stream {
+            name,
+            state: RwLock::new(state),
+            admit: tokio::sync::Mutex::new(()),
+            version: watch::channel(0).0,
+            last_access_ms: AtomicI64::new(now_ms()),
+        })
+    }
+
+    fn read_state(&self) -> std::sync::RwLockReadGuard<'_, StreamState> {
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write_state(&self) -> std::sync::RwLockWriteGuard<'_, StreamState> {
+        self.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn bump(&self) {
+        self.version.send_modify(|v| *v += 1);
+    }
+
+    /// The stream's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A receiver that changes whenever the stream does (data, close, delete).
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+
+    /// Metadata.
+    pub fn info(&self) -> StreamInfo {
+        let s = self.read_state();
+        StreamInfo {
+            content_type: s.content_type.clone(),
+            tail: s.tail,
+            closed: s.closed,
+            incarnation: s.incarnation.clone(),
+            lifetime: s.lifetime.clone(),
+        }
+    }
+
+    /// Whether the stream was deleted (or soft-deleted) since this handle was taken.
+    pub fn info_gone(&self) -> bool {
+        let s = self.read_state();
+        s.gone || s.soft_deleted
+    }
+
+    /// Renews a sliding TTL.
+    pub fn touch(&self) {
+        self.last_access_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    fn expired(&self, now: i64) -> bool {
+        let s = self.read_state();
+        if let Some(at) = s.lifetime.expires_at_ms {
+            if now >= at {
+                return true;
+            }
+        }
+        if let Some(ttl) = s.lifetime.ttl_secs {
+            let last = self.last_access_ms.load(Ordering::Relaxed);
+            let window = i64::try_from(ttl.saturating_mul(1000)).unwrap_or(i64::MAX);
+            if now >= last.saturating_add(window) {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+fn new_incarnation() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// Whether a string is an incarnation token this server could have issued.
+pub fn valid_incarnation(token: &str) -> bool {
+    token.len() == 32 && token.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+struct Registry {
+    streams: HashMap<String, Arc<Stream>>,
+}
+
+struct Inner {
+    log: CommitLog,
+    consumer: LogConsumer,
+    config: StreamsConfig,
+    registry: RwLock<Registry>,
+    /// The LSN of the last stream change applied.
+    applied_lsn: AtomicU64,
+    /// Creates and deletes, one at a time.
+    meta: tokio::sync::Mutex<()>,
+    cold: ColdStore,
+    closing: watch::Sender<bool>,
+}
+
+/// The stream engine. Cheap to clone.
+#[derive(Clone)]
+pub struct Streams {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Streams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Streams")
+            .field("config", &self.inner.config)
+            .finish()
+    }
+}
+
+impl Inner {
+    fn registry(&self) -> std::sync::RwLockReadGuard<'_, Registry> {
+        self.registry.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn registry_mut(&self) -> std::sync::RwLockWriteGuard<'_, Registry> {
+        self.registry.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies a durable change; runs in LSN order (live on the log writer, or in replay).
+    fn apply(&self, lsn: Lsn, op: Op) {
+        match op {
+            Op::Append {
+                name,
+                incarnation,
+                data,
+                close,
+                producer,
+                stream_seq,
+            } => {
+                let registry = self.registry();
+                if let Some(stream) = registry.streams.get(&name) {
+                    let mut s = stream.write_state();
+                    // A record of an older incarnation (deleted since) changes nothing.
+                    if s.incarnation == incarnation && !s.gone {
+                        s.apply_append(lsn, data, close, producer, stream_seq);
+                    }
+                    drop(s);
+                    stream.bump();
+                }
+                self.applied_lsn.store(lsn, Ordering::Release);
+            }
+            Op::Create {
+                name,
+                incarnation,
+                content_type,
+                lifetime,
+                closed,
+                fork,
+                prefix,
+                initial,
+            } => {
+                let mut registry = self.registry_mut();
+                if registry.streams.contains_key(&name) {
+                    remove_stream(&mut registry, &name);
+                }
+                let mut state =
+                    StreamState::new(incarnation, content_type, lifetime, fork.clone(), lsn);
+                if let Some(f) = &fork {
+                    if let Some(source) = registry.streams.get(&f.source) {
+                        let mut src = source.write_state();
+                        if src.incarnation == f.source_incarnation && !src.gone {
+                            state.chunks = src.prefix_chunks(f.offset);
+                            src.ref_count += 1;
+                        }
+                    }
+                    state.tail = f.offset;
+                }
+                if let Some(prefix) = prefix {
+                    state.push(prefix);
+                }
+                if let Some(initial) = initial {
+                    state.push(initial);
+                }
+                state.closed = closed;
+                registry
+                    .streams
+                    .insert(name.clone(), Stream::new(name, state));
+                self.applied_lsn.store(lsn, Ordering::Release);
+            }
+            Op::Delete { name, incarnation } => {
+                let mut registry = self.registry_mut();
+                let soft = match registry.streams.get(&name) {
+                    Some(stream) => {
+                        let mut s = stream.write_state();
+                        if s.incarnation != incarnation || s.gone {
+                            None
+                        } else if s.ref_count > 0 {
+                            s.soft_deleted = true;
+                            s.applied_lsn = lsn;
+                            drop(s);
+                            stream.bump();
+                            Some(true)
+                        } else {
+                            Some(false)
+                        }
+                    }
+                    None => None,
+                };
+                if soft == Some(false) {
+                    remove_stream(&mut registry, &name);
+                }
+                self.applied_lsn.store(lsn, Ordering::Release);
+            }
+        }
+    }
+}
+
+/// Removes a stream and releases its hold on its fork source, removing sources that were
+/// deleted and held only by it (cascading up the chain).
+fn remove_stream(registry: &mut Registry, name: &str) {
+    let mut next = Some(name.to_owned());
+    while let Some(name) = next.take() {
+        let Some(stream) = registry.streams.remove(&name) else {
+            break;
+        };
+        let mut s = stream.write_state();
+        s.gone = true;
+        let fork = s.fork.clone();
+        drop(s);
+        stream.bump();
+        if let Some(f) = fork {
+            if let Some(source) = registry.streams.get(&f.source) {
+                let mut src = source.write_state();
+                if src.incarnation == f.source_incarnation {
+                    src.ref_count = src.ref_count.saturating_sub(1);
+                    if src.ref_count == 0 && src.soft_deleted {
+                        next = Some(f.source.clone());
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Streams {
+    /// Opens the stream engine: loads the newest snapshot from `storage`, then replays the
+    /// stream records of `replay` that came after it.
+    pub async fn open(
+        log: CommitLog,
+        replay: &[Record],
+        storage: Storage,
+        node: &str,
+        config: StreamsConfig,
+    ) -> Result<Streams, StreamError> {
+        let consumer = log.consumer("streams");
+        let cold = ColdStore::new(storage, node, config.cache_bytes);
+        let snapshot = cold.load_snapshot().await?;
+        let (streams, snapshot_lsn) = match snapshot {
+            Some((lsn, streams)) => (streams, lsn),
+            None => (HashMap::new(), 0),
+        };
+        let inner = Arc::new(Inner {
+            log,
+            consumer,
+            config,
+            registry: RwLock::new(Registry {
+                streams: streams
+                    .into_iter()
+                    .map(|(name, state)| {
+                        let stream = Stream::new(name.clone(), state);
+                        (name, stream)
+                    })
+                    .collect(),
+            }),
+            applied_lsn: AtomicU64::new(snapshot_lsn),
+            meta: tokio::sync::Mutex::new(()),
+            cold,
+            closing: watch::channel(false).0,
+        });
+        inner.cold.set_snapshot_lsn(snapshot_lsn);
+        for record in replay {
+            if record.lsn <= snapshot_lsn
+                || !matches!(record.kind, RecordKind::StreamAppend | RecordKind::Metadata)
+            {
+                continue;
+            }
+            let op = Op::decode(Bytes::from(record.payload.clone()))
+                .map_err(|e| StreamError::Corrupt(format!("log record {}: {e}", record.lsn)))?;
+            inner.apply(record.lsn, op);
+        }
+        Ok(Streams { inner })
+    }
+
+    /// Tells long-poll and SSE readers to finish (server shutdown).
+    pub fn shutdown(&self) {
+        self.inner.closing.send_replace(true);
+    }
+
+    /// A receiver that turns `true` at shutdown.
+    pub fn closing(&self) -> watch::Receiver<bool> {
+        self.inner.closing.subscribe()
+    }
+
+    /// How many streams exist (soft-deleted ones included).
+    pub fn len(&self) -> usize {
+        self.inner.registry().streams.len()
+    }
+
+    /// Whether no stream exists.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Names of the live streams, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let registry = self.inner.registry();
+        let mut names: Vec<String> = registry
+            .streams
+            .iter()
+            .filter(|(_, s)| !s.read_state().soft_deleted)
+            .map(|(n, _)| n.clone())
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn lookup(&self, name: &str) -> Option<Arc<Stream>> {
+        self.inner.registry().streams.get(name).cloned()
+    }
+
+    /// The stream, if it exists and has not expired (an expired one is deleted now).
+    /// Soft-deleted streams answer [`StreamError::Gone`].
+    pub async fn get(&self, name: &str) -> Result<Arc<Stream>, StreamError> {
+        let stream = self.lookup(name).ok_or(StreamError::NotFound)?;
+        if stream.expired(now_ms()) {
+            let _meta = self.inner.meta.lock().await;
+            self.expire_locked(&stream).await?;
+        }
+        let s = stream.read_state();
+        if s.gone {
+            return Err(StreamError::NotFound);
+        }
+        if s.soft_deleted {
+            return Err(StreamError::Gone);
+        }
+        drop(s);
+        Ok(stream)
+    }
+
+    /// Deletes an expired stream (soft-deleting it while forks read it). Holds `meta`.
+    async fn expire_locked(&self, stream: &Arc<Stream>) -> Result<(), StreamError> {
+        let incarnation = {
+            let s = stream.read_state();
+            if s.gone || s.soft_deleted {
+                return Ok(());
+            }
+            s.incarnation.clone()
+        };
+        let _admit = stream.admit.lock().await;
+        self.commit(
+            RecordKind::Metadata,
+            Op::Delete {
+                name: stream.name.clone(),
+                incarnation,
+            },
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn commit(&self, kind: RecordKind, op: Op) -> Result<Lsn, StreamError> {
+        let payload = op.encode();
+        let inner = self.inner.clone();
+        let lsn = self
+            .inner
+            .log
+            .append_applied(kind, payload, move |lsn| inner.apply(lsn, op))
+            .await?;
+        Ok(lsn)
+    }
+
+    /// Creates a stream (`PUT`). Returns whether it was new, and its metadata.
+    pub async fn create(&self, req: CreateRequest) -> Result<(bool, StreamInfo), StreamError> {
+        let _meta = self.inner.meta.lock().await;
+        if let Some(existing) = self.lookup(&req.name) {
+            if existing.expired(now_ms()) {
+                self.expire_locked(&existing).await?;
+            }
+            let s = existing.read_state();
+            if s.soft_deleted && !s.gone {
+                return Err(StreamError::NameHeld);
+            }
+            if !s.gone {
+                if let Some(token) = &req.incarnation {
+                    if *token != s.incarnation {
+                        return Err(StreamError::IncarnationMismatch {
+                            current: s.incarnation.clone(),
+                        });
+                    }
+                }
+                return if same_config(&s, &req) {
+                    drop(s);
+                    existing.touch();
+                    Ok((false, existing.info()))
+                } else {
+                    Err(StreamError::ConfigConflict)
+                };
+            }
+        }
+        if self.inner.registry().streams.len() >= self.inner.config.max_streams {
+            return Err(StreamError::TooManyStreams(self.inner.config.max_streams));
+        }
+        let mut content_type = req.content_type.clone();
+        let mut lifetime = req.lifetime.clone();
+        let mut fork = None;
+        let mut prefix = None;
+        if let Some(f) = &req.fork {
+            let (spec, source_type, source_lifetime, sub_prefix) = self.resolve_fork(f).await?;
+            if let Some(ct) = &content_type {
+                if media_type(ct) != media_type(&source_type) {
+                    return Err(StreamError::ForkConflict(format!(
+                        "content type {ct:?} does not match the source's {source_type:?}"
+                    )));
+                }
+            } else {
+                content_type = Some(source_type);
+            }
+            if lifetime.ttl_secs.is_none() && lifetime.expires_at.is_none() {
+                lifetime = source_lifetime;
+            }
+            fork = Some(spec);
+            prefix = sub_prefix;
+        }
+        let content_type = content_type.unwrap_or_else(|| "application/octet-stream".into());
+        let initial = if req.body.is_empty() {
+            None
+        } else {
+            encode_body(&content_type, &req.body, true)?
+        };
+        let op = Op::Create {
+            name: req.name.clone(),
+            incarnation: new_incarnation(),
+            content_type,
+            lifetime,
+            closed: req.closed,
+            fork,
+            prefix,
+            initial,
+        };
+        self.commit(RecordKind::Metadata, op).await?;
+        let stream = self.lookup(&req.name).ok_or(StreamError::NotFound)?;
+        Ok((true, stream.info()))
+    }
+
+    /// Checks a fork request against its source; returns the fork's spec, the source's
+    /// content type and lifetime, and the materialized sub-offset prefix.
+    async fn resolve_fork(
+        &self,
+        f: &ForkRequest,
+    ) -> Result<(ForkSpec, String, Lifetime, Option<Bytes>), StreamError> {
+        let source = match self.lookup(&f.source) {
+            Some(s) if !s.read_state().gone && !s.expired(now_ms()) => s,
+            _ => return Err(StreamError::NotFound),
+        };
+        let (incarnation, content_type, lifetime, tail) = {
+            let s = source.read_state();
+            if s.soft_deleted {
+                return Err(StreamError::ForkConflict(
+                    "the source stream was deleted".into(),
+                ));
+            }
+            (
+                s.incarnation.clone(),
+                s.content_type.clone(),
+                s.lifetime.clone(),
+                s.tail,
+            )
+        };
+        let sub = f.sub_offset.unwrap_or(0);
+        if sub > 0 && f.offset.is_none() {
+            return Err(StreamError::BadRequest(
+                "Stream-Fork-Sub-Offset above 0 needs Stream-Fork-Offset".into(),
+            ));
+        }
+        let offset = f.offset.unwrap_or(tail);
+        if offset > tail {
+            return Err(StreamError::BadRequest(
+                "Stream-Fork-Offset is beyond the source's tail".into(),
+            ));
+        }
+        let prefix = if sub > 0 {
+            let records = self.records_from(&source, offset, 1).await?;
+            let Some(first) = records.records.into_iter().next() else {
+                return Err(StreamError::BadRequest(
+                    "Stream-Fork-Sub-Offset: the source has no data past the fork offset".into(),
+                ));
+            };
+            Some(sub_prefix(&first, sub, state::is_json(&content_type))?)
+        } else {
+            None
+        };
+        Ok((
+            ForkSpec {
+                source: f.source.clone(),
+                source_incarnation: incarnation,
+                offset,
+                sub_offset: sub,
+            },
+            content_type,
+            lifetime,
+            prefix,
+        ))
+    }
+
+    /// Appends to a stream and/or closes it (`POST`).
+    pub async fn append(&self, req: AppendRequest) -> Result<AppendOutcome, StreamError> {
+        let stream = self.get(&req.name).await?;
+        let _admit = stream.admit.lock().await;
+        stream.touch();
+        let op = {
+            let s = stream.read_state();
+            if s.gone {
+                return Err(StreamError::NotFound);
+            }
+            if s.soft_deleted {
+                return Err(StreamError::Gone);
+            }
+            if let Some(token) = &req.incarnation {
+                if *token != s.incarnation {
+                    return Err(StreamError::IncarnationMismatch {
+                        current: s.incarnation.clone(),
+                    });
+                }
+            }
+            if req.body.is_empty() && !req.close {
+                return Err(StreamError::BadRequest(
+                    "empty body; only a close (Stream-Closed: true) may have no body".into(),
+                ));
+            }
+            if s.closed {
+                // A producer's retry of something it already appended is answered as such,
+                // and a fenced producer learns it is fenced, closed stream or not.
+                if let Some(p) = &req.producer {
+                    match s.check_producer(p) {
+                        ProducerCheck::Duplicate { last_seq, next } => {
+                            return Ok(AppendOutcome::Duplicate {
+                                next: next.or(Some(s.tail)),
+                                closed: true,
+                                epoch: p.epoch,
+                                last_seq,
+                                incarnation: s.incarnation.clone(),
+                            });
+                        }
+                        ProducerCheck::StaleEpoch { current } => {
+                            return Err(StreamError::StaleEpoch { current });
+                        }
+                        _ => {}
+                    }
+                }
+                if req.body.is_empty() && req.producer.is_none() {
+                    // Closing a closed stream again is idempotent.
+                    return Ok(AppendOutcome::Appended {
+                        next: s.tail,
+                        closed: true,
+                        closed_now: false,
+                        producer: None,
+                        incarnation: s.incarnation.clone(),
+                    });
+                }
+                return Err(StreamError::Closed { tail: s.tail });
+            }
+            if !req.body.is_empty() {
+                let Some(ct) = &req.content_type else {
+                    return Err(StreamError::BadRequest(
+                        "Content-Type is required on an append with a body".into(),
+                    ));
+                };
+                if *ct != s.content_type {
+                    return Err(StreamError::ContentTypeMismatch {
+                        given: ct.clone(),
+                        expected: s.content_type.clone(),
+                        tail: s.tail,
+                    });
+                }
+            }
+            if let Some(p) = &req.producer {
+                match s.check_producer(p) {
+                    ProducerCheck::Accept => {
+                        if !s.producers.contains_key(&p.id)
+                            && s.producers.len() >= self.inner.config.max_producers_per_stream
+                        {
+                            return Err(StreamError::TooManyProducers(
+                                self.inner.config.max_producers_per_stream,
+                            ));
+                        }
+                    }
+                    ProducerCheck::Duplicate { last_seq, next } => {
+                        return Ok(AppendOutcome::Duplicate {
+                            next,
+                            closed: s.closed,
+                            epoch: p.epoch,
+                            last_seq,
+                            incarnation: s.incarnation.clone(),
+                        });
+                    }
+                    ProducerCheck::StaleEpoch { current } => {
+                        return Err(StreamError::StaleEpoch { current });
+                    }
+                    ProducerCheck::NewEpochNotAtZero => {
+                        return Err(StreamError::NewEpochNotAtZero);
+                    }
+                    ProducerCheck::Gap { expected, received } => {
+                        return Err(StreamError::SequenceGap { expected, received });
+                    }
+                }
+            }
+            if let (Some(given), Some(last)) = (&req.stream_seq, &s.stream_seq) {
+                if given.as_bytes() <= last.as_bytes() {
+                    return Err(StreamError::StreamSeqConflict {
+                        given: given.clone(),
+                        last: last.clone(),
+                        tail: s.tail,
+                    });
+                }
+            }
+            let data = if req.body.is_empty() {
+                None
+            } else {
+                encode_body(&s.content_type, &req.body, false)?
+            };
+            Op::Append {
+                name: req.name.clone(),
+                incarnation: s.incarnation.clone(),
+                data,
+                close: req.close,
+                producer: req.producer.clone(),
+                stream_seq: req.stream_seq.clone(),
+            }
+        };
+        self.commit(RecordKind::StreamAppend, op).await?;
+        let s = stream.read_state();
+        Ok(AppendOutcome::Appended {
+            next: s.tail,
+            closed: s.closed,
+            closed_now: req.close,
+            producer: req.producer,
+            incarnation: s.incarnation.clone(),
+        })
+    }
+
+    /// Deletes a stream (`DELETE`); while forks read it, it is soft-deleted.
+    pub async fn delete(&self, name: &str, incarnation: Option<&str>) -> Result<(), StreamError> {
+        let _meta = self.inner.meta.lock().await;
+        let stream = self.lookup(name).ok_or(StreamError::NotFound)?;
+        if stream.expired(now_ms()) {
+            self.expire_locked(&stream).await?;
+            let soft = stream.read_state().soft_deleted;
+            return Err(if soft {
+                StreamError::Gone
+            } else {
+                StreamError::NotFound
+            });
+        }
+        let _admit = stream.admit.lock().await;
+        let current = {
+            let s = stream.read_state();
+            if s.gone {
+                return Err(StreamError::NotFound);
+            }
+            if s.soft_deleted {
+                return Err(StreamError::Gone);
+            }
+            s.incarnation.clone()
+        };
+        if let Some(token) = incarnation {
+            if token != current {
+                return Err(StreamError::IncarnationMismatch { current });
+            }
+        }
+        self.commit(
+            RecordKind::Metadata,
+            Op::Delete {
+                name: name.to_owned(),
+                incarnation: current,
+            },
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Reads up to about `max_bytes` from offset `from` (whole records; at least one).
+    pub async fn read(
+        &self,
+        stream: &Arc<Stream>,
+        from: u64,
+        max_bytes: usize,
+    ) -> Result<ReadResult, StreamError> {
+        {
+            let s = stream.read_state();
+            if from > s.tail {
+                return Err(StreamError::OffsetBeyondTail);
+            }
+        }
+        self.records_from(stream, from, max_bytes).await
+    }
+
+    async fn records_from(
+        &self,
+        stream: &Arc<Stream>,
+        from: u64,
+        max_bytes: usize,
+    ) -> Result<ReadResult, StreamError> {
+        // Plan under the lock (cheap clones), fetch cold data without it.
+        let (plan, content_type, incarnation) = {
+            let s = stream.read_state();
+            let first = s.chunks.partition_point(|c| c.end() <= from);
+            let plan: Vec<Chunk> = s.chunks[first..].to_vec();
+            (plan, s.content_type.clone(), s.incarnation.clone())
+        };
+        let mut records = Vec::new();
+        let mut next = from;
+        let mut bytes = 0usize;
+        'chunks: for chunk in plan {
+            let pieces = match chunk {
+                Chunk::Hot(r) => vec![(r.start, r.end, r.data)],
+                Chunk::Cold(extent) => self.inner.cold.read_extent(&extent).await?,
+            };
+            for (start, end, data) in pieces {
+                if end <= from {
+                    continue;
+                }
+                if !records.is_empty() && bytes + data.len() > max_bytes {
+                    break 'chunks;
+                }
+                let data = if start < from {
+                    data.slice(usize::try_from(from - start).unwrap_or(data.len())..)
+                } else {
+                    data
+                };
+                bytes += data.len();
+                records.push(data);
+                next = end;
+            }
+        }
+        let s = stream.read_state();
+        // With no data past `from`, the reader is at the tail (gaps at fork points included).
+        if records.is_empty() {
+            next = from.max(next);
+            if s.tail > next && s.chunks.last().is_none_or(|c| c.end() <= from) {
+                next = s.tail;
+            }
+        }
+        let up_to_date = next >= s.tail;
+        Ok(ReadResult {
+            records,
+            next,
+            up_to_date,
+            closed_at_tail: s.closed && up_to_date,
+            content_type,
+            incarnation,
+        })
+    }
+
+    /// Runs a checkpoint if enough has changed (or `force`): seals in-memory data into an
+    /// object, writes a snapshot and releases the log behind it.
+    pub async fn checkpoint(&self, force: bool) -> Result<bool, StreamError> {
+        cold::checkpoint(self, force).await
+    }
+
+    /// Checkpoints on a timer until `shutdown` resolves, then once more.
+    pub async fn run_maintenance(
+        self,
+        tick: Duration,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        tokio::pin!(shutdown);
+        let mut interval = tokio::time::interval(tick);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = interval.tick() => {
+                    if let Err(e) = self.checkpoint(false).await {
+                        tracing::warn!(error = %e, "stream checkpoint failed; retrying later");
+                    }
+                }
+            }
+        }
+        if let Err(e) = self.checkpoint(true).await {
+            tracing::warn!(error = %e, "final stream checkpoint failed");
+        }
+    }
+
+    /// Bytes of stream data held only in memory and the log.
+    pub fn hot_bytes(&self) -> u64 {
+        self.inner
+            .registry()
+            .streams
+            .values()
+            .map(|s| s.read_state().hot_bytes)
+            .sum()
+    }
+}
+
+/// Whether a create matches an existing stream's configuration (idempotent `PUT`).
+fn same_config(s: &StreamState, req: &CreateRequest) -> bool {
+    let content_type = match (&req.content_type, &req.fork) {
+        (Some(ct), _) => *ct == s.content_type,
+        (None, Some(_)) => true,
+        (None, None) => s.content_type == "application/octet-stream",
+    };
+    let fork = match (&req.fork, &s.fork) {
+        (None, None) => true,
+        (Some(r), Some(f)) => {
+            r.source == f.source
+                && r.offset.is_none_or(|o| o == f.offset)
+                && r.sub_offset.unwrap_or(0) == f.sub_offset
+        }
+        _ => false,
+    };
+    let lifetime = if req.fork.is_some()
+        && req.lifetime.ttl_secs.is_none()
+        && req.lifetime.expires_at.is_none()
+    {
+        true
+    } else {
+        req.lifetime.ttl_secs == s.lifetime.ttl_secs
+            && req.lifetime.expires_at == s.lifetime.expires_at
+    };
+    content_type && fork && lifetime && req.closed == s.closed
+}
+
+/// The media type of a normalized content type (what precedes any parameter).
+fn media_type(content_type: &str) -> &str {
+    content_type.split(';').next().unwrap_or("").trim()
+}
+
+/// Whether a normalized content type is a JSON stream's (`application/json`).
+pub fn is_json_content_type(content_type: &str) -> bool {
+    state::is_json(content_type)
+}
+
+/// Normalizes a content type: split on `;`, trim, drop empty parts, lowercase, join `"; "`.
+pub fn normalize_content_type(raw: &str) -> String {
+    raw.split(';')
+        .map(|p| p.trim().to_ascii_lowercase())
+        .filter(|p| !p.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Turns a request body into record bytes: JSON streams keep one compact message per line.
+/// `None` when a create's body is an empty JSON array (no message).
+fn encode_body(
+    content_type: &str,
+    body: &[u8],
+    create: bool,
+) -> Result<Option<Bytes>, StreamError> {
+    if !state::is_json(content_type) {
+        return Ok(Some(Bytes::copy_from_slice(body)));
+    }
+    let messages = json::split_messages(body)?;
+    if messages.is_empty() {
+        return if create {
+            Ok(None)
+        } else {
+            Err(JsonTextError::EmptyArray.into())
+        };
+    }
+    let mut out = Vec::with_capacity(body.len() + messages.len());
+    for m in messages {
+        out.extend_from_slice(&m);
+        out.push(b'\n');
+    }
+    Ok(Some(Bytes::from(out)))
+}
+
+/// The first `sub` bytes (or, for JSON, messages) of a record.
+fn sub_prefix(record: &Bytes, sub: u64, json: bool) -> Result<Bytes, StreamError> {
+    let sub = usize::try_from(sub).unwrap_or(usize::MAX);
+    if json {
+        let mut end = 0;
+        for _ in 0..sub {
+            match record[end..].iter().position(|b| *b == b'\n') {
+                Some(i) => end += i + 1,
+                None => {
+                    return Err(StreamError::BadRequest(
+                        "Stream-Fork-Sub-Offset exceeds the message count of the append".into(),
+                    ));
+                }
+            }
+        }
+        Ok(record.slice(..end))
+    } else if sub > record.len() {
+        Err(StreamError::BadRequest(
+            "Stream-Fork-Sub-Offset exceeds the length of the append".into(),
+        ))
+    } else {
+        Ok(record.slice(..sub))
+    }
+}
+
+/// Formats an offset as the protocol sees it: opaque, fixed width, sorting as strings.
+pub fn format_offset(offset: u64) -> String {
+    format!("{:016}_{:016}", 0, offset)
+}
+
+/// Parses an offset this server issued.
+pub fn parse_offset(text: &str) -> Option<u64> {
+    let (epoch, bytes) = text.split_once('_')?;
+    if epoch.is_empty()
+        || bytes.is_empty()
+        || !epoch.bytes().all(|b| b.is_ascii_digit())
+        || !bytes.bytes().all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    if epoch.parse::<u64>().ok()? != 0 {
+        return None;
+    }
+    bytes.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_sort_as_strings() {
+        let a = format_offset(9);
+        let b = format_offset(10);
+        assert!(a < b);
+        assert_eq!(parse_offset(&b), Some(10));
+        for bad in ["", "1", "_1", "1_", "0_1a", "1_5", "0,1", "-1"] {
+            assert_eq!(parse_offset(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn content_types_normalize() {
+        assert_eq!(
+            normalize_content_type(" Application/JSON ;; Charset=UTF-8 "),
+            "application/json; charset=utf-8"
+        );
+    }
+
+    #[test]
+    fn sub_prefixes() {
+        let r = Bytes::from_static(b"{\"a\":1}\n2\n3\n");
+        assert_eq!(&sub_prefix(&r, 2, true).unwrap()[..], b"{\"a\":1}\n2\n");
+        assert!(sub_prefix(&r, 4, true).is_err());
+        assert_eq!(&sub_prefix(&r, 3, false).unwrap()[..], b"{\"a");
+    }
+}

@@ -1,0 +1,339 @@
+//! The state of one stream and how each change applies to it.
+//!
+//! The same `apply_*` functions run for a live append (on the log's writer thread, once the
+//! record is durable) and for replay after a restart, so the two cannot drift apart.
+
+use bytes::Bytes;
+use std::collections::{HashMap, VecDeque};
+
+use super::codec::{ForkSpec, Lifetime, ProducerTuple};
+use crate::log::Lsn;
+
+/// How many recent appends per producer keep their `Stream-Next-Offset`, so a duplicate can
+/// answer with the offset its original got.
+pub(crate) const RECEIPT_WINDOW: usize = 16;
+
+/// Appended bytes still held in memory (and in the commit log).
+#[derive(Debug, Clone)]
+pub(crate) struct HotRecord {
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+    pub(crate) data: Bytes,
+}
+
+/// A run of records sealed into an object on object storage.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct ColdExtent {
+    /// The object holding it.
+    pub(crate) key: String,
+    /// Where its chunk starts in the object, and how long the chunk is.
+    pub(crate) pos: u64,
+    pub(crate) len: u64,
+    /// The stream offsets it covers; `end` may be below the chunk's own last record when a
+    /// fork shares only part of it.
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+}
+
+/// A piece of a stream's data, in offset order.
+#[derive(Debug, Clone)]
+pub(crate) enum Chunk {
+    Hot(HotRecord),
+    Cold(ColdExtent),
+}
+
+impl Chunk {
+    pub(crate) fn end(&self) -> u64 {
+        match self {
+            Chunk::Hot(r) => r.end,
+            Chunk::Cold(c) => c.end,
+        }
+    }
+}
+
+/// An idempotent producer's state on one stream.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct ProducerState {
+    pub(crate) epoch: u64,
+    pub(crate) last_seq: u64,
+    /// `(seq, Stream-Next-Offset)` of the latest appends, oldest first.
+    pub(crate) receipts: VecDeque<(u64, u64)>,
+}
+
+/// What a producer's `(epoch, seq)` means against the stored state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ProducerCheck {
+    /// Admit the append.
+    Accept,
+    /// Already admitted: answer as a duplicate.
+    Duplicate { last_seq: u64, next: Option<u64> },
+    /// The epoch is older than the stored one.
+    StaleEpoch { current: u64 },
+    /// A new epoch must start at sequence 0.
+    NewEpochNotAtZero,
+    /// A sequence number was skipped.
+    Gap { expected: u64, received: u64 },
+}
+
+/// Everything known about one stream; guarded by its `RwLock`.
+#[derive(Debug, Clone)]
+pub(crate) struct StreamState {
+    pub(crate) incarnation: String,
+    pub(crate) content_type: String,
+    pub(crate) lifetime: Lifetime,
+    pub(crate) closed: bool,
+    /// The producer tuple whose append closed the stream, for idempotent retries of it.
+    pub(crate) closed_by: Option<ProducerTuple>,
+    pub(crate) stream_seq: Option<String>,
+    pub(crate) producers: HashMap<String, ProducerState>,
+    pub(crate) fork: Option<ForkSpec>,
+    /// Live forks that read this stream's prefix.
+    pub(crate) ref_count: u32,
+    /// Deleted while forks still exist: answers 410 until the last fork goes.
+    pub(crate) soft_deleted: bool,
+    /// Removed (deleted or replaced); holders of the handle must look it up again.
+    pub(crate) gone: bool,
+    pub(crate) tail: u64,
+    pub(crate) chunks: Vec<Chunk>,
+    pub(crate) hot_bytes: u64,
+    /// The LSN of the last change applied.
+    pub(crate) applied_lsn: Lsn,
+}
+
+/// Whether a content type (normalized) is a JSON stream's.
+pub(crate) fn is_json(content_type: &str) -> bool {
+    content_type.split(';').next().map(str::trim) == Some("application/json")
+}
+
+impl StreamState {
+    pub(crate) fn new(
+        incarnation: String,
+        content_type: String,
+        lifetime: Lifetime,
+        fork: Option<ForkSpec>,
+        lsn: Lsn,
+    ) -> Self {
+        StreamState {
+            incarnation,
+            content_type,
+            lifetime,
+            closed: false,
+            closed_by: None,
+            stream_seq: None,
+            producers: HashMap::new(),
+            fork,
+            ref_count: 0,
+            soft_deleted: false,
+            gone: false,
+            tail: 0,
+            chunks: Vec::new(),
+            hot_bytes: 0,
+            applied_lsn: lsn,
+        }
+    }
+
+    /// Appends a record at the tail.
+    pub(crate) fn push(&mut self, data: Bytes) {
+        if data.is_empty() {
+            return;
+        }
+        let start = self.tail;
+        let end = start + data.len() as u64;
+        self.hot_bytes += data.len() as u64;
+        self.chunks.push(Chunk::Hot(HotRecord { start, end, data }));
+        self.tail = end;
+    }
+
+    /// The chunks a fork at `offset` shares: every record that ends at or before it.
+    pub(crate) fn prefix_chunks(&self, offset: u64) -> Vec<Chunk> {
+        let mut out = Vec::new();
+        for chunk in &self.chunks {
+            match chunk {
+                Chunk::Hot(r) if r.end <= offset => out.push(chunk.clone()),
+                Chunk::Hot(_) => break,
+                Chunk::Cold(c) if c.end <= offset => out.push(chunk.clone()),
+                Chunk::Cold(c) if c.start < offset => {
+                    // Records of the extent past the offset are dropped when it is read.
+                    let mut view = c.clone();
+                    view.end = offset;
+                    out.push(Chunk::Cold(view));
+                    break;
+                }
+                Chunk::Cold(_) => break,
+            }
+        }
+        out
+    }
+
+    /// Checks a producer's tuple without changing anything.
+    pub(crate) fn check_producer(&self, p: &ProducerTuple) -> ProducerCheck {
+        let Some(state) = self.producers.get(&p.id) else {
+            return if p.seq == 0 {
+                ProducerCheck::Accept
+            } else {
+                ProducerCheck::Gap {
+                    expected: 0,
+                    received: p.seq,
+                }
+            };
+        };
+        if p.epoch < state.epoch {
+            return ProducerCheck::StaleEpoch {
+                current: state.epoch,
+            };
+        }
+        if p.epoch > state.epoch {
+            return if p.seq == 0 {
+                ProducerCheck::Accept
+            } else {
+                ProducerCheck::NewEpochNotAtZero
+            };
+        }
+        if p.seq <= state.last_seq {
+            let next = state
+                .receipts
+                .iter()
+                .find(|(seq, _)| *seq == p.seq)
+                .map(|(_, next)| *next);
+            return ProducerCheck::Duplicate {
+                last_seq: state.last_seq,
+                next,
+            };
+        }
+        if p.seq == state.last_seq + 1 {
+            ProducerCheck::Accept
+        } else {
+            ProducerCheck::Gap {
+                expected: state.last_seq + 1,
+                received: p.seq,
+            }
+        }
+    }
+
+    /// Applies an admitted append (or close).
+    pub(crate) fn apply_append(
+        &mut self,
+        lsn: Lsn,
+        data: Option<Bytes>,
+        close: bool,
+        producer: Option<ProducerTuple>,
+        stream_seq: Option<String>,
+    ) {
+        if let Some(data) = data {
+            self.push(data);
+        }
+        if let Some(p) = &producer {
+            let state = self.producers.entry(p.id.clone()).or_default();
+            if state.epoch != p.epoch {
+                state.receipts.clear();
+            }
+            state.epoch = p.epoch;
+            state.last_seq = p.seq;
+            state.receipts.push_back((p.seq, self.tail));
+            while state.receipts.len() > RECEIPT_WINDOW {
+                state.receipts.pop_front();
+            }
+        }
+        if let Some(seq) = stream_seq {
+            self.stream_seq = Some(seq);
+        }
+        if close && !self.closed {
+            self.closed = true;
+            self.closed_by = producer;
+        }
+        self.applied_lsn = lsn;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tuple(epoch: u64, seq: u64) -> ProducerTuple {
+        ProducerTuple {
+            id: "p".into(),
+            epoch,
+            seq,
+        }
+    }
+
+    #[test]
+    fn producer_rules() {
+        let mut s = StreamState::new(
+            "i".into(),
+            "text/plain".into(),
+            Lifetime::default(),
+            None,
+            1,
+        );
+        assert_eq!(
+            s.check_producer(&tuple(0, 1)),
+            ProducerCheck::Gap {
+                expected: 0,
+                received: 1
+            }
+        );
+        assert_eq!(s.check_producer(&tuple(0, 0)), ProducerCheck::Accept);
+        s.apply_append(
+            2,
+            Some(Bytes::from_static(b"ab")),
+            false,
+            Some(tuple(0, 0)),
+            None,
+        );
+        s.apply_append(
+            3,
+            Some(Bytes::from_static(b"cd")),
+            false,
+            Some(tuple(0, 1)),
+            None,
+        );
+        assert_eq!(
+            s.check_producer(&tuple(0, 0)),
+            ProducerCheck::Duplicate {
+                last_seq: 1,
+                next: Some(2)
+            }
+        );
+        assert_eq!(
+            s.check_producer(&tuple(0, 3)),
+            ProducerCheck::Gap {
+                expected: 2,
+                received: 3
+            }
+        );
+        assert_eq!(
+            s.check_producer(&tuple(1, 1)),
+            ProducerCheck::NewEpochNotAtZero
+        );
+        s.apply_append(
+            4,
+            Some(Bytes::from_static(b"e")),
+            false,
+            Some(tuple(1, 0)),
+            None,
+        );
+        assert_eq!(
+            s.check_producer(&tuple(0, 2)),
+            ProducerCheck::StaleEpoch { current: 1 }
+        );
+        assert_eq!(s.tail, 5);
+    }
+
+    #[test]
+    fn prefix_takes_whole_records_up_to_the_offset() {
+        let mut s = StreamState::new(
+            "i".into(),
+            "text/plain".into(),
+            Lifetime::default(),
+            None,
+            1,
+        );
+        s.push(Bytes::from_static(b"abc"));
+        s.push(Bytes::from_static(b"de"));
+        assert_eq!(s.prefix_chunks(3).len(), 1);
+        assert_eq!(s.prefix_chunks(4).len(), 1);
+        assert_eq!(s.prefix_chunks(5).len(), 2);
+        assert_eq!(s.prefix_chunks(0).len(), 0);
+    }
+}

@@ -1,0 +1,529 @@
+//! Durable streams: the protocol's conformance suite and the real client against the real
+//! binary, and what the suite does not cover (incarnations, byte-exact JSON text, the nesting
+//! limit, producer state across restarts, cold reads after log truncation).
+
+mod common;
+
+use std::io::{BufRead as _, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use sluice::db::{Database, DbConfig};
+use sluice::stream::{
+    AppendOutcome, AppendRequest, CreateRequest, ForkRequest, Lifetime, ProducerTuple, StreamError,
+    format_offset,
+};
+
+fn node_project() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/conformance");
+    assert!(
+        dir.join("node_modules/@durable-streams/client").exists(),
+        "the Node test packages are not installed: run the tests with `bash tests/run.sh`, \
+         which installs them into tests/conformance/node_modules"
+    );
+    dir
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn spawn_server(dir: &std::path::Path, port: u16) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--long-poll-timeout-ms",
+            "2000",
+            "--data-dir",
+        ])
+        .arg(dir)
+        .env_remove("SLUICE_API_KEYS")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn wait_healthy(port: u16) {
+    for _ in 0..400 {
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            use std::io::{Read as _, Write as _};
+            let _ = s.write_all(b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            let mut out = String::new();
+            let _ = s.read_to_string(&mut out);
+            if out.starts_with("HTTP/1.1 200") {
+                return;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("server on port {port} did not become healthy");
+}
+
+#[test]
+fn durable_streams_conformance_suite_passes() {
+    let project = node_project();
+    let dir = common::temp_dir("conformance");
+    let port = free_port();
+    let mut server = spawn_server(&dir, port);
+    wait_healthy(port);
+    let report = dir.join("vitest-report.json");
+    let status = Command::new("node")
+        .current_dir(&project)
+        .args([
+            "node_modules/vitest/vitest.mjs",
+            "run",
+            "--reporter=dot",
+            "--reporter=json",
+        ])
+        .arg(format!("--outputFile.json={}", report.display()))
+        .env("CONFORMANCE_TEST_URL", format!("http://127.0.0.1:{port}"))
+        .env("LONG_POLL_TIMEOUT_MS", "2000")
+        .status()
+        .expect("node runs");
+    let _ = server.kill();
+    let _ = server.wait();
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&report).expect("vitest wrote its report")).unwrap();
+    let failed: Vec<String> = report["testResults"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|file| {
+            file["assertionResults"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter(|t| t["status"] == "failed")
+        .map(|t| t["fullName"].as_str().unwrap_or("").to_owned())
+        .collect();
+    assert!(failed.is_empty(), "failed conformance tests: {failed:#?}");
+    assert!(status.success(), "vitest exited with {status}");
+    // Everything but the opt-in subscription tests ran and passed.
+    assert_eq!(
+        report["numPassedTests"], 332,
+        "{}",
+        report["numPassedTests"]
+    );
+    assert_eq!(report["numFailedTests"], 0);
+}
+
+#[test]
+fn real_client_delivers_exactly_once_across_a_server_kill() {
+    let project = node_project();
+    let dir = common::temp_dir("client-restart");
+    let port = free_port();
+    let mut server = spawn_server(&dir, port);
+    wait_healthy(port);
+    let mut script = Command::new("node")
+        .current_dir(&project)
+        .arg("producer-restart.mjs")
+        .env(
+            "STREAM_URL",
+            format!("http://127.0.0.1:{port}/v1/stream/restart-test"),
+        )
+        .env("TOTAL", "3000")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("node runs");
+    let stdout = BufReader::new(script.stdout.take().unwrap());
+    let mut summary = String::new();
+    let mut restarted = false;
+    for line in stdout.lines() {
+        let line = line.unwrap();
+        if line == "HALF" && !restarted {
+            // SIGKILL: no flush, no goodbye; requests are in flight.
+            server.kill().unwrap();
+            server.wait().unwrap();
+            server = spawn_server(&dir, port);
+            restarted = true;
+        } else if line.starts_with('{') {
+            summary = line;
+        }
+    }
+    let status = script.wait().unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(restarted, "the producer never reached half way");
+    let summary: serde_json::Value = serde_json::from_str(&summary).expect("summary line");
+    assert_eq!(summary["received"], 3000, "{summary}");
+    assert_eq!(summary["inOrder"], true, "{summary}");
+    assert_eq!(summary["errors"], 0, "{summary}");
+    assert!(status.success());
+}
+
+async fn open(dir: &std::path::Path) -> Arc<Database> {
+    let mut config = DbConfig::new(dir);
+    // Small segments, so checkpoints can release (delete) them.
+    config.log_segment_bytes = 64 << 10;
+    config.streams.checkpoint_interval = Duration::from_secs(3600);
+    Database::open(config).await.unwrap()
+}
+
+fn create(name: &str, content_type: &str) -> CreateRequest {
+    CreateRequest {
+        name: name.into(),
+        content_type: Some(content_type.into()),
+        lifetime: Lifetime::default(),
+        closed: false,
+        fork: None,
+        body: Bytes::new(),
+        incarnation: None,
+    }
+}
+
+fn append(name: &str, body: &[u8]) -> AppendRequest {
+    AppendRequest {
+        name: name.into(),
+        content_type: Some("text/plain".into()),
+        body: Bytes::copy_from_slice(body),
+        close: false,
+        producer: None,
+        stream_seq: None,
+        incarnation: None,
+    }
+}
+
+fn produced(name: &str, body: &[u8], epoch: u64, seq: u64) -> AppendRequest {
+    AppendRequest {
+        producer: Some(ProducerTuple {
+            id: "p".into(),
+            epoch,
+            seq,
+        }),
+        ..append(name, body)
+    }
+}
+
+async fn read_all(db: &Database, name: &str) -> Vec<u8> {
+    let streams = db.streams();
+    let stream = streams.get(name).await.unwrap();
+    let mut out = Vec::new();
+    let mut from = 0;
+    loop {
+        let r = streams.read(&stream, from, 1 << 20).await.unwrap();
+        for record in &r.records {
+            out.extend_from_slice(record);
+        }
+        from = r.next;
+        if r.up_to_date {
+            return out;
+        }
+    }
+}
+
+#[tokio::test]
+async fn producer_state_and_stream_settings_survive_restarts() {
+    let dir = common::temp_dir("stream-restart");
+    for checkpoint in [false, true] {
+        let _ = std::fs::remove_dir_all(&dir);
+        {
+            let db = open(&dir).await;
+            let s = db.streams();
+            let mut req = create("s", "text/plain");
+            req.lifetime.ttl_secs = Some(3600);
+            s.create(req).await.unwrap();
+            for seq in 0..3 {
+                let mut r = produced("s", format!("m{seq}").as_bytes(), 1, seq);
+                r.stream_seq = Some(format!("00{seq}"));
+                s.append(r).await.unwrap();
+            }
+            let mut close = append("s", b"");
+            close.close = true;
+            s.append(close).await.unwrap();
+            if checkpoint {
+                assert!(s.checkpoint(true).await.unwrap());
+                assert_eq!(s.hot_bytes(), 0);
+            }
+            // No clean shutdown: whatever is not in a snapshot comes back from the log.
+            db.log().close();
+        }
+        let db = open(&dir).await;
+        let s = db.streams();
+        assert_eq!(
+            read_all(&db, "s").await,
+            b"m0m1m2",
+            "checkpoint={checkpoint}"
+        );
+        let info = s.get("s").await.unwrap().info();
+        assert!(info.closed);
+        assert_eq!(info.lifetime.ttl_secs, Some(3600));
+        assert_eq!(info.tail, 6);
+        // The retry of the last append is recognized, with its original offset.
+        match s.append(produced("s", b"m2", 1, 2)).await.unwrap() {
+            AppendOutcome::Duplicate { next, last_seq, .. } => {
+                assert_eq!((next, last_seq), (Some(6), 2));
+            }
+            other => panic!("expected a duplicate, got {other:?}"),
+        }
+        assert!(matches!(
+            s.append(produced("s", b"x", 1, 3)).await,
+            Err(StreamError::Closed { .. })
+        ));
+        db.close().await.unwrap();
+    }
+    // Producer fencing survives a restart too (on an open stream).
+    let _ = std::fs::remove_dir_all(&dir);
+    {
+        let db = open(&dir).await;
+        db.streams()
+            .create(create("f", "text/plain"))
+            .await
+            .unwrap();
+        db.streams()
+            .append(produced("f", b"a", 3, 0))
+            .await
+            .unwrap();
+        let mut seq = append("f", b"b");
+        seq.stream_seq = Some("m".into());
+        db.streams().append(seq).await.unwrap();
+        db.log().close();
+    }
+    let db = open(&dir).await;
+    let s = db.streams();
+    assert!(matches!(
+        s.append(produced("f", b"z", 2, 0)).await,
+        Err(StreamError::StaleEpoch { current: 3 })
+    ));
+    assert!(matches!(
+        s.append(produced("f", b"z", 3, 2)).await,
+        Err(StreamError::SequenceGap {
+            expected: 1,
+            received: 2
+        })
+    ));
+    let mut stale = append("f", b"c");
+    stale.stream_seq = Some("a".into());
+    assert!(matches!(
+        s.append(stale).await,
+        Err(StreamError::StreamSeqConflict { .. })
+    ));
+    db.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn cold_reads_after_the_log_is_truncated() {
+    let dir = common::temp_dir("stream-cold");
+    let mut expected = Vec::new();
+    {
+        let db = open(&dir).await;
+        let s = db.streams();
+        s.create(create("c", "text/plain")).await.unwrap();
+        for i in 0..1200 {
+            let body = format!("{i:05}:{}|", "y".repeat(i % 700));
+            expected.extend_from_slice(body.as_bytes());
+            s.append(append("c", body.as_bytes())).await.unwrap();
+            if i == 600 {
+                // Half the data sealed, half still hot.
+                s.checkpoint(true).await.unwrap();
+            }
+        }
+        let before = db.log().disk_bytes();
+        assert!(s.checkpoint(true).await.unwrap());
+        assert_eq!(s.hot_bytes(), 0);
+        // What a maintenance pass does for tables: they hold nothing, so they release all.
+        db.tables().flush_due(false).await.unwrap();
+        // Tables hold no log records, so the sealed segments are deleted.
+        assert!(
+            db.log().disk_bytes() < before / 4,
+            "log kept {} of {before} bytes",
+            db.log().disk_bytes()
+        );
+        assert_eq!(read_all(&db, "c").await, expected);
+        // A fork at a sub-offset inside sealed data.
+        let mut fork = create("c-fork", "text/plain");
+        fork.fork = Some(ForkRequest {
+            source: "c".into(),
+            // After the second record ("00000:|", "00001:y|"), plus 3 bytes of the third.
+            offset: Some(15),
+            sub_offset: Some(3),
+        });
+        s.create(fork).await.unwrap();
+        db.close().await.unwrap();
+    }
+    let db = open(&dir).await;
+    assert_eq!(read_all(&db, "c").await, expected);
+    assert_eq!(read_all(&db, "c-fork").await, expected[..18].to_vec());
+    // Reads from an offset inside the sealed range start there.
+    let s = db.streams();
+    let stream = s.get("c").await.unwrap();
+    let r = s.read(&stream, 7, 1 << 20).await.unwrap();
+    assert_eq!(&r.records[0][..], &expected[7..15]);
+    db.close().await.unwrap();
+}
+
+async fn http_server() -> (String, reqwest::Client) {
+    let dir = common::temp_dir("stream-http");
+    let db = Database::open(DbConfig::new(&dir)).await.unwrap();
+    let (addr, _task) = common::serve(db, vec![]).await;
+    (format!("http://{addr}"), reqwest::Client::new())
+}
+
+#[tokio::test]
+async fn incarnation_preconditions() {
+    let (base, client) = http_server().await;
+    let url = format!("{base}/demo/incarnations");
+    let r = client
+        .put(&url)
+        .header("content-type", "text/plain")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let first = r.headers()["stream-incarnation"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(client.delete(&url).send().await.unwrap().status(), 204);
+    let r = client
+        .put(&url)
+        .header("content-type", "text/plain")
+        .send()
+        .await
+        .unwrap();
+    let second = r.headers()["stream-incarnation"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_ne!(first, second);
+    // The old token: 412, the current token in the answer, nothing appended.
+    let r = client
+        .post(&url)
+        .header("content-type", "text/plain")
+        .header("stream-incarnation", &first)
+        .body("stale")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 412);
+    assert_eq!(r.headers()["stream-incarnation"], second.as_str());
+    let r = client
+        .post(&url)
+        .header("content-type", "text/plain")
+        .header("stream-incarnation", "not-a-token")
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let r = client
+        .post(&url)
+        .header("content-type", "text/plain")
+        .header("stream-incarnation", &second)
+        .body("fresh")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    assert_eq!(r.headers()["stream-incarnation"], second.as_str());
+    // A delete with the old token changes nothing.
+    let r = client
+        .delete(&url)
+        .header("stream-incarnation", &first)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 412);
+    let body = client.get(&url).send().await.unwrap().text().await.unwrap();
+    assert_eq!(body, "fresh");
+    // Both layouts address the same stream.
+    let body = client
+        .get(format!("{base}/v1/stream/demo/incarnations"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(body, "fresh");
+}
+
+#[tokio::test]
+async fn json_messages_are_kept_byte_for_byte() {
+    let (base, client) = http_server().await;
+    let url = format!("{base}/v1/stream/json-text");
+    client
+        .put(&url)
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap();
+    let body =
+        "[ {\"b\" : 1.50e3, \"a\": \"\\ud800 \\u00e9\", \"b\" : 1e400},\n\t-0.0 , \"x\\/y\" ]";
+    let r = client
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let text = client.get(&url).send().await.unwrap().text().await.unwrap();
+    assert_eq!(
+        text,
+        r#"[{"b":1.50e3,"a":"\ud800 \u00e9","b":1e400},-0.0,"x\/y"]"#
+    );
+    let ndjson = client
+        .get(&url)
+        .header("accept", "application/x-ndjson")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ndjson.headers()["content-type"], "application/x-ndjson");
+    assert_eq!(
+        ndjson.text().await.unwrap(),
+        "{\"b\":1.50e3,\"a\":\"\\ud800 \\u00e9\",\"b\":1e400}\n-0.0\n\"x\\/y\"\n"
+    );
+}
+
+#[tokio::test]
+async fn json_nesting_is_limited_to_127_levels() {
+    let (base, client) = http_server().await;
+    let url = format!("{base}/v1/stream/deep");
+    client
+        .put(&url)
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap();
+    let nested = |n: usize| format!("{}0{}", "{\"k\":".repeat(n), "}".repeat(n));
+    let post = |body: String| {
+        client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    assert_eq!(post(nested(127)).await.unwrap().status(), 204);
+    let r = post(nested(128)).await.unwrap();
+    assert_eq!(r.status(), 400);
+    let error: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(error["details"]["status"], "rejected");
+    // In a batch, the outer array is not a level of its messages.
+    assert_eq!(
+        post(format!("[{}]", nested(127))).await.unwrap().status(),
+        204
+    );
+    assert_eq!(
+        post(format!("[{}]", nested(128))).await.unwrap().status(),
+        400
+    );
+    // Nothing of the refused bodies was appended.
+    let head = client.head(&url).send().await.unwrap();
+    let tail = head.headers()["stream-next-offset"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let len = 2 * (nested(127).len() + 1) as u64;
+    assert_eq!(tail, format_offset(len));
+}
