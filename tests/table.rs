@@ -497,6 +497,7 @@ macro_rules! conformance {
 
 conformance!(local, "local");
 conformance!(memory, "memory");
+conformance!(s3, "s3");
 
 /// A store that performs conditional creates of manifest versions but, while armed, answers
 /// them with a timeout-like error: the writer cannot tell whether its version landed.
