@@ -170,14 +170,23 @@ impl Database {
     /// Opens the database: object storage, the commit log (replaying it), the catalog and the
     /// tables.
     pub async fn open(config: DbConfig) -> Result<Arc<Database>, OpenError> {
-        std::fs::create_dir_all(&config.data_dir).map_err(|source| OpenError::DataDir {
-            path: config.data_dir.display().to_string(),
-            source,
-        })?;
         let storage = match &config.object_store {
             Some(url) => Storage::open(url)?,
             None => Storage::local(&config.data_dir.join("objects"))?,
         };
+        Self::open_with_storage(config, storage).await
+    }
+
+    /// Opens the database over a given store (tests wrap stores to inject faults);
+    /// `config.object_store` is not consulted.
+    pub async fn open_with_storage(
+        config: DbConfig,
+        storage: Storage,
+    ) -> Result<Arc<Database>, OpenError> {
+        std::fs::create_dir_all(&config.data_dir).map_err(|source| OpenError::DataDir {
+            path: config.data_dir.display().to_string(),
+            source,
+        })?;
         let node = node_id(&config.data_dir)?;
         let mut log_config = LogConfig::new(config.data_dir.join("log"));
         log_config.durability = config.durability;

@@ -45,10 +45,19 @@ impl Drop for Node {
 
 impl Node {
     async fn start(data_dir: &Path, object_store: &str) -> Node {
+        Node::start_with_env(data_dir, object_store, &[]).await
+    }
+
+    async fn start_with_env(data_dir: &Path, object_store: &str, env: &[(&str, String)]) -> Node {
         let port = free_port();
         let config = data_dir.with_extension("toml");
-        std::fs::write(&config, "flush_interval_seconds = 0.3\n").unwrap();
+        std::fs::write(
+            &config,
+            "flush_interval_seconds = 0.3\nstream_checkpoint_interval_seconds = 0.5\n",
+        )
+        .unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
             .arg("--data-dir")
             .arg(data_dir)
@@ -197,4 +206,232 @@ async fn two_nodes_write_one_table_through_one_bucket() {
     }
     a.stop();
     b.stop();
+}
+
+/// A private SeaweedFS S3 server (the `weed` that `tests/run.sh` installs), on free ports, so a
+/// test can stop and restart it without disturbing the shared one.
+struct Seaweed {
+    child: Option<Child>,
+    dir: PathBuf,
+    ports: Vec<u16>,
+}
+
+impl Seaweed {
+    const KEY: &str = "outage-key";
+    const SECRET: &str = "outage-secret";
+    const BUCKET: &str = "outage-bucket";
+
+    fn start(dir: &Path) -> Seaweed {
+        let mut s = Seaweed {
+            child: None,
+            dir: dir.to_owned(),
+            ports: (0..10).map(|_| free_port()).collect(),
+        };
+        s.restart();
+        s
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.ports[6])
+    }
+
+    fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT", self.endpoint()),
+            ("AWS_ACCESS_KEY_ID", Self::KEY.to_owned()),
+            ("AWS_SECRET_ACCESS_KEY", Self::SECRET.to_owned()),
+            ("AWS_ALLOW_HTTP", "true".to_owned()),
+            ("AWS_REGION", "us-east-1".to_owned()),
+        ]
+    }
+
+    fn restart(&mut self) {
+        let weed = Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/venv/bin/weed");
+        assert!(
+            weed.exists(),
+            "SeaweedFS is not installed: run the tests with `bash tests/run.sh`"
+        );
+        let p = &self.ports;
+        let child = Command::new(weed)
+            .arg("mini")
+            .arg(format!("-dir={}", self.dir.display()))
+            .args([
+                "-ip=127.0.0.1",
+                "-ip.bind=127.0.0.1",
+                "-webdav=false",
+                "-admin.ui=false",
+                "-master.telemetry=false",
+                "-s3.port.iceberg=0",
+                "-s3.port.lance=0",
+            ])
+            .arg(format!("-master.port={}", p[0]))
+            .arg(format!("-master.port.grpc={}", p[1]))
+            .arg(format!("-volume.port={}", p[2]))
+            .arg(format!("-volume.port.grpc={}", p[3]))
+            .arg(format!("-filer.port={}", p[4]))
+            .arg(format!("-filer.port.grpc={}", p[5]))
+            .arg(format!("-s3.port={}", p[6]))
+            .arg(format!("-s3.port.grpc={}", p[7]))
+            .arg(format!("-admin.port={}", p[8]))
+            .arg(format!("-admin.port.grpc={}", p[9]))
+            .arg(format!("-bucket={}", Self::BUCKET))
+            .env("AWS_ACCESS_KEY_ID", Self::KEY)
+            .env("AWS_SECRET_ACCESS_KEY", Self::SECRET)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        for _ in 0..240 {
+            let code = Command::new("curl")
+                .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-I"])
+                .args(["--aws-sigv4", "aws:amz:us-east-1:s3", "--user"])
+                .arg(format!("{}:{}", Self::KEY, Self::SECRET))
+                .arg(format!("{}/{}", self.endpoint(), Self::BUCKET))
+                .output()
+                .unwrap();
+            if code.stdout == b"200" {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        panic!("private SeaweedFS did not start");
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Seaweed {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// What a load task saw: acknowledged keys, and keys whose outcome is unknown.
+#[derive(Default)]
+struct Acks {
+    acked: Vec<i64>,
+    unknown: Vec<i64>,
+}
+
+#[tokio::test]
+async fn an_s3_outage_during_load_loses_nothing_acknowledged() {
+    let mut s3 = Seaweed::start(&temp_dir("outage-s3"));
+    let url = format!("s3://{}/db", Seaweed::BUCKET);
+    let node_dir = temp_dir("outage-node");
+    let node = Node::start_with_env(&node_dir, &url, &s3.env()).await;
+    node.statement("CREATE TABLE t (id int, s string)").await;
+    let client = reqwest::Client::new();
+    let stream_url = format!("{}/v1/stream/outage", node.base);
+    let r = client
+        .put(&stream_url)
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Acknowledged writes so far, rows and messages together.
+    let progress = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let rows = {
+        let base = node.base.clone();
+        let stop = stop.clone();
+        let progress = progress.clone();
+        tokio::spawn(async move {
+            let mut acks = Acks::default();
+            let mut next = 0i64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let ids = next..next + 20;
+                next += 20;
+                match ingest(&base, "t", ids.clone()).await.as_u16() {
+                    200 => {
+                        acks.acked.extend(ids);
+                        progress.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    503 | 429 => {}
+                    _ => acks.unknown.extend(ids),
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            acks
+        })
+    };
+    let messages = {
+        let client = client.clone();
+        let stream_url = stream_url.clone();
+        let stop = stop.clone();
+        let progress = progress.clone();
+        tokio::spawn(async move {
+            let mut acks = Acks::default();
+            let mut n = 0i64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let r = client
+                    .post(&stream_url)
+                    .header("content-type", "application/json")
+                    .body(format!("{{\"n\":{n}}}"))
+                    .send()
+                    .await;
+                match r.map(|r| r.status().as_u16()) {
+                    Ok(204) => {
+                        acks.acked.push(n);
+                        progress.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Ok(503) => {}
+                    _ => acks.unknown.push(n),
+                }
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            acks
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    s3.kill();
+    // Writes keep committing into the log while the store is away.
+    let before = progress.load(std::sync::atomic::Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let during = progress.load(std::sync::atomic::Ordering::Relaxed) - before;
+    assert!(
+        during > 100,
+        "only {during} writes acknowledged during the outage"
+    );
+    s3.restart();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rows = rows.await.unwrap();
+    let messages = messages.await.unwrap();
+    assert!(rows.acked.len() > 200 && messages.acked.len() > 200);
+    // Every acknowledged row is queryable exactly once; nothing else appears.
+    let acked = rows.acked.len() as i64;
+    node.wait_count("SELECT count(*) FROM t", acked).await;
+    node.wait_count("SELECT count(DISTINCT id) FROM t", acked)
+        .await;
+    // Every acknowledged message is readable once, in order.
+    let body: Vec<serde_json::Value> = client
+        .get(&stream_url)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let read: Vec<i64> = body.iter().map(|m| m["n"].as_i64().unwrap()).collect();
+    assert!(messages.unknown.is_empty() || read.len() >= messages.acked.len());
+    let acked_messages: Vec<i64> = read
+        .iter()
+        .copied()
+        .filter(|n| !messages.unknown.contains(n))
+        .collect();
+    assert_eq!(acked_messages, messages.acked);
+    // And after a restart, from the bucket and the log.
+    node.stop();
+    let node = Node::start_with_env(&node_dir, &url, &s3.env()).await;
+    node.wait_count("SELECT count(DISTINCT id) FROM t", acked)
+        .await;
+    node.stop();
 }

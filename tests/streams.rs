@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use sluice::db::{Database, DbConfig};
+use sluice::storage::Storage;
+use sluice::storage::faults::{Faults, FaultyStore};
 use sluice::stream::{
     AppendOutcome, AppendRequest, CreateRequest, ForkRequest, Lifetime, ProducerTuple, StreamError,
     format_offset,
@@ -359,6 +361,55 @@ async fn cold_reads_after_the_log_is_truncated() {
     let stream = s.get("c").await.unwrap();
     let r = s.read(&stream, 7, 1 << 20).await.unwrap();
     assert_eq!(&r.records[0][..], &expected[7..15]);
+    db.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn checkpoints_wait_out_an_object_store_outage() {
+    let dir = common::temp_dir("stream-outage");
+    let faults = Arc::new(Faults::default());
+    let store = Arc::new(object_store::memory::InMemory::new());
+    let storage = || {
+        Storage::from_store(
+            Arc::new(FaultyStore::new(store.clone(), faults.clone())),
+            "faulty://",
+        )
+    };
+    let config = || {
+        let mut c = DbConfig::new(&dir);
+        c.log_segment_bytes = 64 << 10;
+        c
+    };
+    let mut expected = Vec::new();
+    {
+        let db = Database::open_with_storage(config(), storage())
+            .await
+            .unwrap();
+        let s = db.streams();
+        s.create(create("o", "text/plain")).await.unwrap();
+        faults.set_down(true);
+        // Appends go on into the log; the checkpoint fails and keeps everything in memory.
+        for i in 0..300 {
+            let body = format!("{i:04}{}", "z".repeat(200));
+            expected.extend_from_slice(body.as_bytes());
+            s.append(append("o", body.as_bytes())).await.unwrap();
+        }
+        assert!(matches!(
+            s.checkpoint(true).await,
+            Err(StreamError::Storage(_))
+        ));
+        assert_eq!(s.hot_bytes(), expected.len() as u64);
+        assert_eq!(read_all(&db, "o").await, expected);
+        faults.set_down(false);
+        assert!(s.checkpoint(true).await.unwrap());
+        assert_eq!(s.hot_bytes(), 0);
+        assert_eq!(read_all(&db, "o").await, expected);
+        db.log().close();
+    }
+    let db = Database::open_with_storage(config(), storage())
+        .await
+        .unwrap();
+    assert_eq!(read_all(&db, "o").await, expected);
     db.close().await.unwrap();
 }
 

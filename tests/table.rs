@@ -17,6 +17,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use sluice::ingest::{Decoder, Limits};
 use sluice::log::{CommitLog, LogConfig};
 use sluice::storage::Storage;
+use sluice::storage::faults::{Faults, FaultyStore};
 use sluice::table::{TableConfig, TableError, TableSnapshot, Tables};
 use sluice::types::{Column, ColumnType};
 
@@ -499,101 +500,66 @@ conformance!(local, "local");
 conformance!(memory, "memory");
 conformance!(s3, "s3");
 
-/// A store that performs conditional creates of manifest versions but, while armed, answers
-/// them with a timeout-like error: the writer cannot tell whether its version landed.
-#[derive(Debug)]
-struct LostAnswers {
-    inner: Arc<dyn object_store::ObjectStore>,
-    armed: std::sync::atomic::AtomicUsize,
+/// The world's store behind a [`FaultyStore`].
+fn faulty(w: &World) -> (Arc<Faults>, Storage) {
+    let faults = Arc::new(Faults::default());
+    let store = FaultyStore::new(w.storage.store().clone(), faults.clone());
+    (faults, Storage::from_store(Arc::new(store), "faulty://"))
 }
 
-impl std::fmt::Display for LostAnswers {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "LostAnswers({})", self.inner)
+#[tokio::test]
+async fn an_object_store_outage_defers_flushes_and_loses_nothing() {
+    let w = world("memory");
+    let (faults, storage) = faulty(&w);
+    let (log, replay) = CommitLog::open(LogConfig::new(w.dir.join("outage"))).unwrap();
+    let tables = Tables::open(
+        log,
+        &replay,
+        storage.clone(),
+        "outage",
+        TableConfig::default(),
+    )
+    .await
+    .unwrap();
+    tables.create_table("t", &columns()).await.unwrap();
+    tables.append("t", batch(0, 10)).await.unwrap();
+    tables.flush("t").await.unwrap();
+    faults.set_down(true);
+    // Appends keep committing into the log while the store is down; flushes fail and retry.
+    for i in 1..10i64 {
+        tables
+            .append("t", batch(i * 10, i * 10 + 10))
+            .await
+            .unwrap();
+        assert!(tables.flush("t").await.is_err());
     }
-}
-
-#[async_trait::async_trait]
-impl object_store::ObjectStore for LostAnswers {
-    async fn put_opts(
-        &self,
-        location: &Path,
-        payload: object_store::PutPayload,
-        opts: object_store::PutOptions,
-    ) -> object_store::Result<object_store::PutResult> {
-        let create = matches!(opts.mode, object_store::PutMode::Create);
-        let result = self.inner.put_opts(location, payload, opts).await;
-        if create && location.as_ref().contains("/_log/") && self.armed.load(Ordering::SeqCst) > 0 {
-            self.armed.fetch_sub(1, Ordering::SeqCst);
-            return Err(object_store::Error::Generic {
-                store: "LostAnswers",
-                source: "connection reset after the request was sent".into(),
-            });
-        }
-        result
-    }
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: object_store::PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
-    }
-    async fn get_opts(
-        &self,
-        location: &Path,
-        options: object_store::GetOptions,
-    ) -> object_store::Result<object_store::GetResult> {
-        self.inner.get_opts(location, options).await
-    }
-    fn delete_stream(
-        &self,
-        locations: futures::stream::BoxStream<'static, object_store::Result<Path>>,
-    ) -> futures::stream::BoxStream<'static, object_store::Result<Path>> {
-        self.inner.delete_stream(locations)
-    }
-    fn list(
-        &self,
-        prefix: Option<&Path>,
-    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-    async fn list_with_delimiter(
-        &self,
-        prefix: Option<&Path>,
-    ) -> object_store::Result<object_store::ListResult> {
-        self.inner.list_with_delimiter(prefix).await
-    }
-    async fn copy_opts(
-        &self,
-        from: &Path,
-        to: &Path,
-        options: object_store::CopyOptions,
-    ) -> object_store::Result<()> {
-        self.inner.copy_opts(from, to, options).await
-    }
+    assert!(tables.flush_due(true).await.is_err());
+    assert_eq!(tables.stats("t").await.unwrap().unflushed_rows, 90);
+    faults.set_down(false);
+    // Back: one flush writes everything that waited, exactly once.
+    assert_eq!(tables.flush_due(true).await.unwrap(), 1);
+    assert_exactly(&storage, &tables, "t", 100).await;
+    let (_l2, fresh) = w.open("reader", TableConfig::default()).await;
+    assert_exactly(&w.storage, &fresh, "t", 100).await;
+    assert!(faults.counts().1 > 0);
 }
 
 #[tokio::test]
 async fn ambiguous_manifest_creates_are_settled_by_reading_back() {
     let w = world("memory");
-    let lossy = Arc::new(LostAnswers {
-        inner: w.storage.store().clone(),
-        armed: std::sync::atomic::AtomicUsize::new(0),
-    });
-    let storage = Storage::from_store(lossy.clone(), "lost-answers://");
+    let (faults, storage) = faulty(&w);
     let (log, replay) = CommitLog::open(LogConfig::new(w.dir.join("amb"))).unwrap();
     let tables = Tables::open(log, &replay, storage.clone(), "amb", TableConfig::default())
         .await
         .unwrap();
-    lossy.armed.store(1, Ordering::SeqCst);
+    faults.lose_create_answers(1);
     tables.create_table("t", &columns()).await.unwrap();
     for i in 0..5i64 {
         tables
             .append("t", batch(i * 10, i * 10 + 10))
             .await
             .unwrap();
-        lossy.armed.store(1, Ordering::SeqCst);
+        faults.lose_create_answers(1);
         // The create lands but its answer is lost: the flush must still count it once.
         tables.flush("t").await.unwrap();
     }

@@ -6,6 +6,8 @@
 //! or `memory://` for tests. Everything else in sluice sees only [`Storage::store`] and paths
 //! relative to the database root.
 
+pub mod faults;
+
 use std::path::Path;
 use std::sync::Arc;
 

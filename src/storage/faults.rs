@@ -1,0 +1,183 @@
+//! An object store that fails on command, for fault tests (in the spirit of SlateDB's failure
+//! points): an outage, latency, failing requests, and ambiguous conditional creates whose
+//! object lands but whose answer is lost.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use sluice::storage::faults::{Faults, FaultyStore};
+//! use object_store::memory::InMemory;
+//!
+//! let faults = Arc::new(Faults::default());
+//! let store = FaultyStore::new(Arc::new(InMemory::new()), faults.clone());
+//! faults.set_down(true); // every request fails until set_down(false)
+//! # let _ = store;
+//! ```
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use futures::stream::BoxStream;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMode, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
+};
+
+/// The switches of a [`FaultyStore`]; share it with the test that flips them.
+#[derive(Debug, Default)]
+pub struct Faults {
+    down: AtomicBool,
+    latency_ms: AtomicU64,
+    fail_next: AtomicUsize,
+    lose_create_answers: AtomicUsize,
+    requests: AtomicU64,
+    failures: AtomicU64,
+}
+
+impl Faults {
+    /// While down, every request fails (as a refused connection would).
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::SeqCst);
+    }
+
+    /// Delays every request.
+    pub fn set_latency(&self, latency: Duration) {
+        self.latency_ms
+            .store(latency.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// Fails the next `n` requests.
+    pub fn fail_next(&self, n: usize) {
+        self.fail_next.store(n, Ordering::SeqCst);
+    }
+
+    /// Performs the next `n` conditional creates but answers each with an error, as a timeout
+    /// after the request was sent would: the writer cannot tell whether it landed.
+    pub fn lose_create_answers(&self, n: usize) {
+        self.lose_create_answers.store(n, Ordering::SeqCst);
+    }
+
+    /// Requests seen, and requests failed by a fault.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.requests.load(Ordering::SeqCst),
+            self.failures.load(Ordering::SeqCst),
+        )
+    }
+
+    fn take(counter: &AtomicUsize) -> bool {
+        counter
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    /// Waits out the latency, then says whether this request fails.
+    async fn before(&self) -> Result<()> {
+        self.requests.fetch_add(1, Ordering::SeqCst);
+        let latency = self.latency_ms.load(Ordering::SeqCst);
+        if latency > 0 {
+            tokio::time::sleep(Duration::from_millis(latency)).await;
+        }
+        if self.down.load(Ordering::SeqCst) || Self::take(&self.fail_next) {
+            return Err(self.injected("object store unavailable (injected fault)"));
+        }
+        Ok(())
+    }
+
+    fn injected(&self, message: &'static str) -> object_store::Error {
+        self.failures.fetch_add(1, Ordering::SeqCst);
+        object_store::Error::Generic {
+            store: "FaultyStore",
+            source: message.into(),
+        }
+    }
+}
+
+/// Wraps a store; each request consults the shared [`Faults`] first.
+#[derive(Debug)]
+pub struct FaultyStore {
+    inner: Arc<dyn ObjectStore>,
+    faults: Arc<Faults>,
+}
+
+impl FaultyStore {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<dyn ObjectStore>, faults: Arc<Faults>) -> Self {
+        FaultyStore { inner, faults }
+    }
+}
+
+impl std::fmt::Display for FaultyStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FaultyStore({})", self.inner)
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for FaultyStore {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> Result<PutResult> {
+        self.faults.before().await?;
+        let create = matches!(opts.mode, PutMode::Create);
+        let result = self.inner.put_opts(location, payload, opts).await;
+        if create && result.is_ok() && Faults::take(&self.faults.lose_create_answers) {
+            return Err(self
+                .faults
+                .injected("connection reset after the request was sent (injected fault)"));
+        }
+        result
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> Result<Box<dyn MultipartUpload>> {
+        self.faults.before().await?;
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
+        self.faults.before().await?;
+        self.inner.get_opts(location, options).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, Result<Path>>,
+    ) -> BoxStream<'static, Result<Path>> {
+        if self.faults.down.load(Ordering::SeqCst) {
+            let error = self
+                .faults
+                .injected("object store unavailable (injected fault)");
+            return futures::stream::once(async move { Err(error) }).boxed();
+        }
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
+        if self.faults.down.load(Ordering::SeqCst) {
+            let error = self
+                .faults
+                .injected("object store unavailable (injected fault)");
+            return futures::stream::once(async move { Err(error) }).boxed();
+        }
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
+        self.faults.before().await?;
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
+        self.faults.before().await?;
+        self.inner.copy_opts(from, to, options).await
+    }
+}
