@@ -413,6 +413,47 @@ async fn checkpoints_wait_out_an_object_store_outage() {
     db.close().await.unwrap();
 }
 
+#[tokio::test]
+async fn a_full_log_refuses_appends_until_a_checkpoint_frees_it() {
+    let dir = common::temp_dir("stream-full");
+    let faults = Arc::new(Faults::default());
+    let store = Arc::new(object_store::memory::InMemory::new());
+    let mut config = DbConfig::new(&dir);
+    config.log_segment_bytes = 16 << 10;
+    config.max_log_bytes = 64 << 10;
+    let storage = Storage::from_store(Arc::new(FaultyStore::new(store, faults.clone())), "f://");
+    let db = Database::open_with_storage(config, storage).await.unwrap();
+    let s = db.streams();
+    s.create(create("full", "text/plain")).await.unwrap();
+    faults.set_down(true);
+    let body = vec![b'q'; 1000];
+    let mut accepted = 0u64;
+    let refusal = loop {
+        match s.append(append("full", &body)).await {
+            Ok(_) => accepted += 1,
+            Err(e) => break e,
+        }
+        assert!(accepted < 1000, "the log budget never applied");
+    };
+    assert!(matches!(
+        refusal,
+        StreamError::Log(sluice::log::LogError::Full { .. })
+    ));
+    // Nothing of the refused append was applied.
+    let tail = s.get("full").await.unwrap().info().tail;
+    assert_eq!(tail, accepted * 1000);
+    // The store is back: a checkpoint seals the data and frees the log; appends resume.
+    faults.set_down(false);
+    assert!(s.checkpoint(true).await.unwrap());
+    db.tables().flush_due(false).await.unwrap();
+    s.append(append("full", &body)).await.unwrap();
+    assert_eq!(
+        read_all(&db, "full").await.len() as u64,
+        (accepted + 1) * 1000
+    );
+    db.close().await.unwrap();
+}
+
 async fn http_server() -> (String, reqwest::Client) {
     let dir = common::temp_dir("stream-http");
     let db = Database::open(DbConfig::new(&dir)).await.unwrap();
