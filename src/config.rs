@@ -117,6 +117,44 @@ pub struct ServeConfig {
     pub long_poll_timeout: Duration,
 }
 
+impl ServeConfig {
+    /// The effective configuration as TOML-like lines, API keys masked.
+    pub fn describe(&self) -> String {
+        let db = &self.db;
+        let masked: Vec<String> = self
+            .api_keys
+            .iter()
+            .map(|_| "\"<masked>\"".to_owned())
+            .collect();
+        let object_store = db
+            .object_store
+            .clone()
+            .unwrap_or_else(|| db.data_dir.join("objects").display().to_string());
+        format!(
+            "listen = \"{}\"\ndata_dir = \"{}\"\nobject_store = \"{}\"\napi_keys = [{}]\n\
+             durability = \"{}\"\nmax_body_bytes = {}\nmax_rows = {}\nmax_log_bytes = {}\n\
+             flush_bytes = {}\nflush_interval_seconds = {}\nmax_unflushed_bytes = {}\n\
+             long_poll_timeout_ms = {}\nstream_checkpoint_interval_seconds = {}",
+            self.listen,
+            db.data_dir.display(),
+            object_store,
+            masked.join(", "),
+            match db.durability {
+                Durability::Fsync => "fsync",
+                Durability::None => "none",
+            },
+            db.limits.max_body_bytes,
+            db.limits.max_rows,
+            db.max_log_bytes,
+            db.tables.flush_bytes,
+            db.tables.flush_interval.as_secs_f64(),
+            db.tables.max_unflushed_bytes,
+            self.long_poll_timeout.as_millis(),
+            db.streams.checkpoint_interval.as_secs_f64(),
+        )
+    }
+}
+
 /// Default long-poll wait.
 pub const DEFAULT_LONG_POLL_TIMEOUT: Duration = Duration::from_secs(30);
 

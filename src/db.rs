@@ -16,6 +16,7 @@ use crate::catalog::{Catalog, CatalogError, CatalogPath, MutateOptions, Mutation
 use crate::ingest::{ContentEncoding, Decoder, IngestError, Limits, decompress};
 use crate::log::{CommitLog, Durability, LogConfig, LogError};
 use crate::query::{QueryEngine, QueryError, QueryResult};
+use crate::storage::probe::{Probe, ProbedStore};
 use crate::storage::{Storage, StorageError};
 use crate::stream::{StreamError, Streams, StreamsConfig};
 use crate::table::{TableConfig, TableError, Tables};
@@ -112,6 +113,17 @@ pub enum IngestFailure {
     Table(#[from] TableError),
 }
 
+/// Work counters of table ingest (for metrics).
+#[derive(Debug, Default)]
+pub struct IngestStats {
+    /// Rows committed.
+    pub rows: std::sync::atomic::AtomicU64,
+    /// Request-body bytes of committed ingests, as received.
+    pub bytes: std::sync::atomic::AtomicU64,
+    /// Row errors of requests refused for invalid rows.
+    pub rejected_rows: std::sync::atomic::AtomicU64,
+}
+
 /// A computed column compiled against a table's input columns.
 struct ComputedColumn {
     /// Its index in the stored schema.
@@ -135,6 +147,8 @@ pub struct Database {
     streams: Streams,
     engine: QueryEngine,
     config: DbConfig,
+    probe: Arc<Probe>,
+    ingest_stats: IngestStats,
     plans: Mutex<HashMap<String, Arc<IngestPlan>>>,
 }
 
@@ -187,6 +201,12 @@ impl Database {
             path: config.data_dir.display().to_string(),
             source,
         })?;
+        // Every request to the store passes the probe, which counts errors for metrics.
+        let probe = Arc::new(Probe::default());
+        let storage = storage.layered(Arc::new(ProbedStore::new(
+            storage.store().clone(),
+            probe.clone(),
+        )));
         let node = node_id(&config.data_dir)?;
         let mut log_config = LogConfig::new(config.data_dir.join("log"));
         log_config.durability = config.durability;
@@ -221,6 +241,8 @@ impl Database {
             streams,
             engine,
             config,
+            probe,
+            ingest_stats: IngestStats::default(),
             plans: Mutex::new(HashMap::new()),
         }))
     }
@@ -233,6 +255,16 @@ impl Database {
     /// The tables.
     pub fn tables(&self) -> &Arc<Tables> {
         &self.tables
+    }
+
+    /// Ingest counters.
+    pub fn ingest_stats(&self) -> &IngestStats {
+        &self.ingest_stats
+    }
+
+    /// Object-store requests that failed since the database opened.
+    pub fn storage_errors(&self) -> u64 {
+        self.probe.errors()
     }
 
     /// The streams.
@@ -339,6 +371,33 @@ impl Database {
     /// and check every row, fill computed columns, commit to the log. Returns the row count
     /// once the rows are durable and visible.
     pub async fn ingest(
+        &self,
+        db: &str,
+        schema: &str,
+        table: &str,
+        body: bytes::Bytes,
+        encoding: ContentEncoding,
+    ) -> Result<usize, IngestFailure> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let size = body.len() as u64;
+        let result = self.ingest_inner(db, schema, table, body, encoding).await;
+        match &result {
+            Ok(rows) => {
+                self.ingest_stats.rows.fetch_add(*rows as u64, Relaxed);
+                self.ingest_stats.bytes.fetch_add(size, Relaxed);
+            }
+            Err(IngestFailure::Input(IngestError::InvalidRows(rows))) => {
+                self.ingest_stats
+                    .rejected_rows
+                    .fetch_add(rows.errors.len() as u64, Relaxed);
+            }
+            Err(_) => {}
+        }
+        result
+    }
+
+    /// The uncounted ingest.
+    async fn ingest_inner(
         &self,
         db: &str,
         schema: &str,

@@ -12,6 +12,7 @@ pub mod db;
 pub mod http;
 pub mod ingest;
 pub mod log;
+pub mod metrics;
 pub mod query;
 pub mod storage;
 pub mod stream;

@@ -52,6 +52,18 @@ struct ServeArgs {
     /// A TOML configuration file; flags and SLUICE_* variables override it
     #[arg(long, env = "SLUICE_CONFIG")]
     config: Option<PathBuf>,
+    /// Log format: text (default) or json (one object per line)
+    #[arg(long, env = "SLUICE_LOG_FORMAT", default_value = "text")]
+    log_format: LogFormat,
+    /// Print the effective configuration (API keys masked) and exit
+    #[arg(long)]
+    print_config: bool,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 fn main() -> ExitCode {
@@ -68,13 +80,15 @@ fn main() -> ExitCode {
 }
 
 fn serve(args: ServeArgs) -> Result<(), String> {
-    tracing_subscriber::fmt()
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+        .with_env_filter(filter);
+    match args.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().flatten_event(true).init(),
+    }
     let file = match &args.config {
         Some(path) => Some(FileConfig::read(path).map_err(|e| e.to_string())?),
         None => None,
@@ -88,6 +102,10 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         long_poll_timeout_ms: args.long_poll_timeout_ms,
     };
     let config = ServeConfig::resolve(overrides, file).map_err(|e| e.to_string())?;
+    if args.print_config {
+        println!("{}", config.describe());
+        return Ok(());
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -13,7 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use sluice::db::{Database, DbConfig};
 use sluice::storage::Storage;
-use sluice::storage::faults::{Faults, FaultyStore};
+use sluice::storage::probe::{Probe, ProbedStore};
 use sluice::stream::{
     AppendOutcome, AppendRequest, CreateRequest, ForkRequest, Lifetime, ProducerTuple, StreamError,
     format_offset,
@@ -367,11 +367,11 @@ async fn cold_reads_after_the_log_is_truncated() {
 #[tokio::test]
 async fn checkpoints_wait_out_an_object_store_outage() {
     let dir = common::temp_dir("stream-outage");
-    let faults = Arc::new(Faults::default());
+    let faults = Arc::new(Probe::default());
     let store = Arc::new(object_store::memory::InMemory::new());
     let storage = || {
         Storage::from_store(
-            Arc::new(FaultyStore::new(store.clone(), faults.clone())),
+            Arc::new(ProbedStore::new(store.clone(), faults.clone())),
             "faulty://",
         )
     };
@@ -398,6 +398,8 @@ async fn checkpoints_wait_out_an_object_store_outage() {
             s.checkpoint(true).await,
             Err(StreamError::Storage(_))
         ));
+        // The failures show in the object-store error count (sluice_object_store_errors_total).
+        assert!(db.storage_errors() > 0);
         assert_eq!(s.hot_bytes(), expected.len() as u64);
         assert_eq!(read_all(&db, "o").await, expected);
         faults.set_down(false);
@@ -416,12 +418,12 @@ async fn checkpoints_wait_out_an_object_store_outage() {
 #[tokio::test]
 async fn a_full_log_refuses_appends_until_a_checkpoint_frees_it() {
     let dir = common::temp_dir("stream-full");
-    let faults = Arc::new(Faults::default());
+    let faults = Arc::new(Probe::default());
     let store = Arc::new(object_store::memory::InMemory::new());
     let mut config = DbConfig::new(&dir);
     config.log_segment_bytes = 16 << 10;
     config.max_log_bytes = 64 << 10;
-    let storage = Storage::from_store(Arc::new(FaultyStore::new(store, faults.clone())), "f://");
+    let storage = Storage::from_store(Arc::new(ProbedStore::new(store, faults.clone())), "f://");
     let db = Database::open_with_storage(config, storage).await.unwrap();
     let s = db.streams();
     s.create(create("full", "text/plain")).await.unwrap();

@@ -17,7 +17,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use sluice::ingest::{Decoder, Limits};
 use sluice::log::{CommitLog, LogConfig};
 use sluice::storage::Storage;
-use sluice::storage::faults::{Faults, FaultyStore};
+use sluice::storage::probe::{Probe, ProbedStore};
 use sluice::table::{TableConfig, TableError, TableSnapshot, Tables};
 use sluice::types::{Column, ColumnType};
 
@@ -500,10 +500,10 @@ conformance!(local, "local");
 conformance!(memory, "memory");
 conformance!(s3, "s3");
 
-/// The world's store behind a [`FaultyStore`].
-fn faulty(w: &World) -> (Arc<Faults>, Storage) {
-    let faults = Arc::new(Faults::default());
-    let store = FaultyStore::new(w.storage.store().clone(), faults.clone());
+/// The world's store behind a [`ProbedStore`].
+fn faulty(w: &World) -> (Arc<Probe>, Storage) {
+    let faults = Arc::new(Probe::default());
+    let store = ProbedStore::new(w.storage.store().clone(), faults.clone());
     (faults, Storage::from_store(Arc::new(store), "faulty://"))
 }
 

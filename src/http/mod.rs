@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{HeaderValue, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -20,6 +20,7 @@ use axum::routing::{get, post, put};
 use subtle::ConstantTimeEq as _;
 
 use crate::db::Database;
+use crate::metrics::{Metrics, RequestLabels, RouteLabels};
 use crate::query::statements::Statements;
 pub(crate) use error::ApiError;
 
@@ -30,12 +31,14 @@ pub struct AppState {
     statements: Arc<Statements>,
     api_keys: Arc<Vec<String>>,
     long_poll_timeout: Duration,
+    metrics: Arc<Metrics>,
 }
 
 impl AppState {
     /// State over an open database; with no keys, requests are not authenticated.
     pub fn new(db: Arc<Database>, api_keys: Vec<String>) -> Self {
         AppState {
+            metrics: Arc::new(Metrics::new(&db)),
             db,
             statements: Arc::new(Statements::default()),
             api_keys: Arc::new(api_keys),
@@ -97,20 +100,73 @@ async fn authenticate(State(state): State<AppState>, request: Request, next: Nex
     next.run(request).await
 }
 
-/// Gives every answer an `x-request-id` (the client's, or a new one).
-async fn request_id(request: Request, next: Next) -> Response {
+/// Gives every answer an `x-request-id` (the client's, or a new one), runs the request in a
+/// span (method, route, request id), logs its answer (status, latency) and counts it.
+async fn observe(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    use tracing::Instrument as _;
     let id = request
         .headers()
         .get("x-request-id")
-        .filter(|v| v.len() <= 128)
+        .filter(|v| v.len() <= 128 && v.to_str().is_ok())
         .cloned()
         .unwrap_or_else(|| {
             HeaderValue::from_str(&uuid::Uuid::new_v4().simple().to_string())
                 .unwrap_or(HeaderValue::from_static("0"))
         });
-    let mut response = next.run(request).await;
+    let method = request.method().as_str().to_owned();
+    // The route template, never the raw path: names in paths would explode the label space.
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |p| p.as_str())
+        .to_owned();
+    let span = tracing::info_span!(
+        "request",
+        method = %method,
+        route = %route,
+        request_id = id.to_str().unwrap_or(""),
+    );
+    let started = std::time::Instant::now();
+    let mut response = next.run(request).instrument(span.clone()).await;
+    let elapsed = started.elapsed();
+    let status = response.status().as_u16();
+    let latency_ms = elapsed.as_secs_f64() * 1e3;
+    // Every answer at debug (the default `info` filter keeps busy servers quiet); server
+    // errors always.
+    span.in_scope(|| {
+        if status >= 500 {
+            tracing::warn!(status, latency_ms, "answered");
+        } else {
+            tracing::debug!(status, latency_ms, "answered");
+        }
+    });
+    state
+        .metrics
+        .requests
+        .get_or_create(&RequestLabels {
+            method: method.clone(),
+            route: route.clone(),
+            status,
+        })
+        .inc();
+    state
+        .metrics
+        .request_seconds
+        .get_or_create(&RouteLabels { method, route })
+        .observe(elapsed.as_secs_f64());
     response.headers_mut().insert("x-request-id", id);
     response
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.encode(),
+    )
+        .into_response()
 }
 
 async fn health() -> impl IntoResponse {
@@ -176,12 +232,13 @@ pub fn router(state: AppState) -> Router {
         .route_layer(middleware::from_fn(streams::stream_headers));
     Router::new()
         .route("/v1/health", get(health))
+        .route("/metrics", get(metrics))
         .merge(api)
         .merge(streams)
         .fallback(not_found)
         // Bodies are read with the ingest limits in the handlers, which answer 413 themselves.
         .layer(DefaultBodyLimit::disable())
-        .layer(middleware::from_fn(request_id))
+        .layer(middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)
 }
 

@@ -905,6 +905,7 @@ async fn long_poll(
     headers: &HeaderMap,
 ) -> Result<Response, ApiError> {
     let streams = state.db.streams();
+    let _live = state.metrics.live_reader();
     let ndjson = wants_ndjson(headers);
     let (from, _) = q.from.clone().unwrap_or((ReadFrom::Start, "-1".to_owned()));
     let offset = start_offset(&stream, from);
@@ -1035,6 +1036,8 @@ struct SseState {
     keep_alive: Duration,
     first: bool,
     done: bool,
+    /// Counts this reader as live until the event stream is dropped.
+    _live: crate::metrics::LiveReader,
 }
 
 impl SseState {
@@ -1122,6 +1125,7 @@ fn sse(state: &AppState, stream: Arc<Stream>, q: &ReadQuery) -> Response {
         keep_alive: state.long_poll_timeout,
         first: true,
         done: false,
+        _live: state.metrics.live_reader(),
     };
     let events = futures::stream::unfold(sse_state, |mut s| async move {
         let chunk = s.next_chunk().await?;

@@ -6,7 +6,7 @@
 //! or `memory://` for tests. Everything else in sluice sees only [`Storage::store`] and paths
 //! relative to the database root.
 
-pub mod faults;
+pub mod probe;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -168,6 +168,15 @@ impl Storage {
             store,
             url: url.into(),
             backend: Backend::Memory,
+        }
+    }
+
+    /// The same storage through another store layered over this one (a probe, say).
+    pub fn layered(&self, store: Arc<dyn ObjectStore>) -> Storage {
+        Storage {
+            store,
+            url: self.url.clone(),
+            backend: self.backend,
         }
     }
 

@@ -383,7 +383,17 @@ struct Registry {
     streams: HashMap<String, Arc<Stream>>,
 }
 
+/// Work counters of the stream engine (for metrics).
+#[derive(Debug, Default)]
+pub struct StreamStats {
+    /// Appends committed that carried data.
+    pub appends: AtomicU64,
+    /// Their bytes, as stored.
+    pub append_bytes: AtomicU64,
+}
+
 struct Inner {
+    stats: StreamStats,
     log: CommitLog,
     consumer: LogConsumer,
     config: StreamsConfig,
@@ -553,6 +563,7 @@ impl Streams {
             None => (HashMap::new(), 0),
         };
         let inner = Arc::new(Inner {
+            stats: StreamStats::default(),
             log,
             consumer,
             config,
@@ -582,6 +593,11 @@ impl Streams {
             inner.apply(record.lsn, op);
         }
         Ok(Streams { inner })
+    }
+
+    /// Work counters.
+    pub fn stats(&self) -> &StreamStats {
+        &self.inner.stats
     }
 
     /// Tells long-poll and SSE readers to finish (server shutdown).
@@ -930,7 +946,18 @@ impl Streams {
                 stream_seq: req.stream_seq.clone(),
             }
         };
+        let stored = match &op {
+            Op::Append { data: Some(d), .. } => d.len() as u64,
+            _ => 0,
+        };
         self.commit(RecordKind::StreamAppend, op).await?;
+        if stored > 0 {
+            self.inner.stats.appends.fetch_add(1, Ordering::Relaxed);
+            self.inner
+                .stats
+                .append_bytes
+                .fetch_add(stored, Ordering::Relaxed);
+        }
         let s = stream.read_state();
         Ok(AppendOutcome::Appended {
             next: s.tail,

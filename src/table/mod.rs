@@ -14,6 +14,7 @@ mod files;
 pub mod manifest;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -231,6 +232,20 @@ pub struct Tables {
     node_id: String,
     config: TableConfig,
     tables: RwLock<HashMap<String, Arc<Table>>>,
+    stats: OpStats,
+}
+
+/// Work counters of flushes and compactions (for metrics).
+#[derive(Debug, Default)]
+pub struct OpStats {
+    /// Flushes that wrote a file.
+    pub flushes: AtomicU64,
+    /// Their total time, in nanoseconds.
+    pub flush_nanos: AtomicU64,
+    /// Compactions that wrote a file.
+    pub compactions: AtomicU64,
+    /// Their total time, in nanoseconds.
+    pub compaction_nanos: AtomicU64,
 }
 
 impl std::fmt::Debug for Tables {
@@ -263,6 +278,7 @@ impl Tables {
             node_id: node_id.to_owned(),
             config,
             tables: RwLock::new(HashMap::new()),
+            stats: OpStats::default(),
         };
         for record in replay.iter().filter(|r| r.kind == RecordKind::TableBatch) {
             let (id, batch) = files::decode_record(&record.payload)?;
@@ -452,6 +468,32 @@ impl Tables {
 
     /// Flushes a table's unflushed batches to one Parquet file. Returns the file, if any.
     pub async fn flush(&self, id: &str) -> Result<Option<DataFile>, TableError> {
+        let started = Instant::now();
+        let written = self.flush_once(id).await?;
+        if written.is_some() {
+            self.stats.flushes.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .flush_nanos
+                .fetch_add(elapsed_nanos(started), Ordering::Relaxed);
+        }
+        Ok(written)
+    }
+
+    /// Flush and compaction counters.
+    pub fn op_stats(&self) -> &OpStats {
+        &self.stats
+    }
+
+    /// Unflushed bytes of every open table, by table id.
+    pub fn unflushed_by_table(&self) -> Vec<(String, u64)> {
+        let tables = self.tables.read().unwrap_or_else(|p| p.into_inner());
+        tables
+            .iter()
+            .map(|(id, t)| (id.clone(), t.lock().unflushed_bytes as u64))
+            .collect()
+    }
+
+    async fn flush_once(&self, id: &str) -> Result<Option<DataFile>, TableError> {
         let table = self.table(id).await?;
         let _maintenance = table.maintenance.lock().await;
         // The cut: everything unflushed now. Appends may go on; they land after it.
@@ -570,6 +612,18 @@ impl Tables {
 
     /// Merges a table's small files into one when it has enough of them. Returns the new file.
     pub async fn compact(&self, id: &str) -> Result<Option<DataFile>, TableError> {
+        let started = Instant::now();
+        let written = self.compact_once(id).await?;
+        if written.is_some() {
+            self.stats.compactions.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .compaction_nanos
+                .fetch_add(elapsed_nanos(started), Ordering::Relaxed);
+        }
+        Ok(written)
+    }
+
+    async fn compact_once(&self, id: &str) -> Result<Option<DataFile>, TableError> {
         let table = self.table(id).await?;
         let _maintenance = table.maintenance.lock().await;
         let manifest = table.lock().manifest.clone();
@@ -666,4 +720,8 @@ impl Tables {
         }
         let _ = self.flush_due(true).await;
     }
+}
+
+fn elapsed_nanos(started: Instant) -> u64 {
+    u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }

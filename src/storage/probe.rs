@@ -1,15 +1,16 @@
-//! An object store that fails on command, for fault tests (in the spirit of SlateDB's failure
-//! points): an outage, latency, failing requests, and ambiguous conditional creates whose
-//! object lands but whose answer is lost.
+//! A probe between sluice and its object store: it counts requests and errors (for metrics),
+//! and fails on command for fault tests, in the spirit of SlateDB's failure points: an outage,
+//! latency, failing requests, and ambiguous conditional creates whose object lands but whose
+//! answer is lost. With no fault switched on it only counts.
 //!
 //! ```
 //! use std::sync::Arc;
-//! use sluice::storage::faults::{Faults, FaultyStore};
+//! use sluice::storage::probe::{Probe, ProbedStore};
 //! use object_store::memory::InMemory;
 //!
-//! let faults = Arc::new(Faults::default());
-//! let store = FaultyStore::new(Arc::new(InMemory::new()), faults.clone());
-//! faults.set_down(true); // every request fails until set_down(false)
+//! let probe = Arc::new(Probe::default());
+//! let store = ProbedStore::new(Arc::new(InMemory::new()), probe.clone());
+//! probe.set_down(true); // every request fails until set_down(false)
 //! # let _ = store;
 //! ```
 
@@ -25,18 +26,20 @@ use object_store::{
     PutMode, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
 };
 
-/// The switches of a [`FaultyStore`]; share it with the test that flips them.
+/// The counters and fault switches of a [`ProbedStore`]; share it with whoever reads or flips
+/// them.
 #[derive(Debug, Default)]
-pub struct Faults {
+pub struct Probe {
     down: AtomicBool,
     latency_ms: AtomicU64,
     fail_next: AtomicUsize,
     lose_create_answers: AtomicUsize,
     requests: AtomicU64,
     failures: AtomicU64,
+    errors: AtomicU64,
 }
 
-impl Faults {
+impl Probe {
     /// While down, every request fails (as a refused connection would).
     pub fn set_down(&self, down: bool) {
         self.down.store(down, Ordering::SeqCst);
@@ -67,6 +70,30 @@ impl Faults {
         )
     }
 
+    /// Requests that failed, whether the store or an injected fault failed them. Answers
+    /// that are outcomes, not failures (not found, already exists, precondition failed, not
+    /// modified: reads of absent versions and lost create races) are not counted.
+    pub fn errors(&self) -> u64 {
+        self.errors.load(Ordering::Relaxed)
+    }
+
+    /// Counts the outcome of a request.
+    fn record<T>(&self, result: Result<T>) -> Result<T> {
+        if let Err(e) = &result {
+            let outcome = matches!(
+                e,
+                object_store::Error::NotFound { .. }
+                    | object_store::Error::AlreadyExists { .. }
+                    | object_store::Error::Precondition { .. }
+                    | object_store::Error::NotModified { .. }
+            );
+            if !outcome {
+                self.errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        result
+    }
+
     fn take(counter: &AtomicUsize) -> bool {
         counter
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -88,47 +115,50 @@ impl Faults {
 
     fn injected(&self, message: &'static str) -> object_store::Error {
         self.failures.fetch_add(1, Ordering::SeqCst);
+        self.errors.fetch_add(1, Ordering::Relaxed);
         object_store::Error::Generic {
-            store: "FaultyStore",
+            store: "ProbedStore",
             source: message.into(),
         }
     }
 }
 
-/// Wraps a store; each request consults the shared [`Faults`] first.
+/// Wraps a store; each request consults the shared [`Probe`] first.
 #[derive(Debug)]
-pub struct FaultyStore {
+pub struct ProbedStore {
     inner: Arc<dyn ObjectStore>,
-    faults: Arc<Faults>,
+    probe: Arc<Probe>,
 }
 
-impl FaultyStore {
+impl ProbedStore {
     /// Wraps `inner`.
-    pub fn new(inner: Arc<dyn ObjectStore>, faults: Arc<Faults>) -> Self {
-        FaultyStore { inner, faults }
+    pub fn new(inner: Arc<dyn ObjectStore>, probe: Arc<Probe>) -> Self {
+        ProbedStore { inner, probe }
     }
 }
 
-impl std::fmt::Display for FaultyStore {
+impl std::fmt::Display for ProbedStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "FaultyStore({})", self.inner)
+        write!(f, "ProbedStore({})", self.inner)
     }
 }
 
 #[async_trait::async_trait]
-impl ObjectStore for FaultyStore {
+impl ObjectStore for ProbedStore {
     async fn put_opts(
         &self,
         location: &Path,
         payload: PutPayload,
         opts: PutOptions,
     ) -> Result<PutResult> {
-        self.faults.before().await?;
+        self.probe.before().await?;
         let create = matches!(opts.mode, PutMode::Create);
-        let result = self.inner.put_opts(location, payload, opts).await;
-        if create && result.is_ok() && Faults::take(&self.faults.lose_create_answers) {
+        let result = self
+            .probe
+            .record(self.inner.put_opts(location, payload, opts).await);
+        if create && result.is_ok() && Probe::take(&self.probe.lose_create_answers) {
             return Err(self
-                .faults
+                .probe
                 .injected("connection reset after the request was sent (injected fault)"));
         }
         result
@@ -139,22 +169,24 @@ impl ObjectStore for FaultyStore {
         location: &Path,
         opts: PutMultipartOptions,
     ) -> Result<Box<dyn MultipartUpload>> {
-        self.faults.before().await?;
-        self.inner.put_multipart_opts(location, opts).await
+        self.probe.before().await?;
+        self.probe
+            .record(self.inner.put_multipart_opts(location, opts).await)
     }
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
-        self.faults.before().await?;
-        self.inner.get_opts(location, options).await
+        self.probe.before().await?;
+        self.probe
+            .record(self.inner.get_opts(location, options).await)
     }
 
     fn delete_stream(
         &self,
         locations: BoxStream<'static, Result<Path>>,
     ) -> BoxStream<'static, Result<Path>> {
-        if self.faults.down.load(Ordering::SeqCst) {
+        if self.probe.down.load(Ordering::SeqCst) {
             let error = self
-                .faults
+                .probe
                 .injected("object store unavailable (injected fault)");
             return futures::stream::once(async move { Err(error) }).boxed();
         }
@@ -162,9 +194,9 @@ impl ObjectStore for FaultyStore {
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
-        if self.faults.down.load(Ordering::SeqCst) {
+        if self.probe.down.load(Ordering::SeqCst) {
             let error = self
-                .faults
+                .probe
                 .injected("object store unavailable (injected fault)");
             return futures::stream::once(async move { Err(error) }).boxed();
         }
@@ -172,12 +204,14 @@ impl ObjectStore for FaultyStore {
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
-        self.faults.before().await?;
-        self.inner.list_with_delimiter(prefix).await
+        self.probe.before().await?;
+        self.probe
+            .record(self.inner.list_with_delimiter(prefix).await)
     }
 
     async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
-        self.faults.before().await?;
-        self.inner.copy_opts(from, to, options).await
+        self.probe.before().await?;
+        self.probe
+            .record(self.inner.copy_opts(from, to, options).await)
     }
 }
