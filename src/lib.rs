@@ -7,6 +7,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod catalog;
+pub mod cli;
 pub mod config;
 pub mod db;
 pub mod http;

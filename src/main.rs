@@ -27,6 +27,83 @@ enum Command {
     ///   sluice serve
     ///   sluice serve --listen 0.0.0.0:6543 --api-key "$KEY" --object-store s3://bucket/db
     Serve(ServeArgs),
+    /// Stream NDJSON files (plain or gzip) into a table, in batches of at most 8 MiB and
+    /// 200,000 rows over a few connections.
+    ///
+    /// Retries 429/503 with backoff; never re-sends a batch whose outcome is unknown (it names
+    /// those for you to reconcile). Exits 1 if any batch was rejected (after printing its row
+    /// errors with file and line), 2 if any outcome is unknown.
+    ///
+    /// Examples:
+    ///   sluice ingest events.ndjson --table scopedb.public.events
+    ///   sluice ingest day1.ndjson.gz day2.ndjson.gz --table scopedb.public.events --connections 8
+    Ingest(IngestArgs),
+    /// Run a SQL or ScopeQL statement and print its result.
+    ///
+    /// Examples:
+    ///   sluice query "SELECT count(*) FROM events"
+    ///   sluice query "FROM events WHERE service = 'checkout' SELECT time, name" --format csv
+    Query(QueryArgs),
+    /// List the catalog's tables with their columns.
+    ///
+    /// Example:
+    ///   sluice tables
+    Tables(ClientArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ClientArgs {
+    /// The server's base URL
+    #[arg(long, env = "SLUICE_ENDPOINT", default_value = "http://127.0.0.1:6543")]
+    endpoint: String,
+    /// API key, sent as `Authorization: Bearer KEY`
+    #[arg(long, env = "SLUICE_API_KEY")]
+    api_key: Option<String>,
+}
+
+impl ClientArgs {
+    fn endpoint(&self) -> sluice::cli::Endpoint {
+        sluice::cli::Endpoint {
+            url: self.endpoint.clone(),
+            api_key: self.api_key.clone(),
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+struct IngestArgs {
+    /// NDJSON files, plain or gzip
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// The table, as db.schema.table
+    #[arg(long)]
+    table: String,
+    /// Concurrent requests
+    #[arg(long, default_value_t = 4)]
+    connections: usize,
+    /// Most rows per batch (at most 200,000)
+    #[arg(long, default_value_t = sluice::cli::BATCH_ROWS)]
+    batch_rows: usize,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct QueryArgs {
+    /// The statement (SQL, or ScopeQL starting with FROM or VALUES)
+    statement: String,
+    /// Output format
+    #[arg(long, value_enum, default_value = "table")]
+    format: Format,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Format {
+    Table,
+    Csv,
+    Json,
 }
 
 #[derive(Debug, clap::Args)]
@@ -69,6 +146,9 @@ enum LogFormat {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Ingest(args) => client(ingest(args)),
+        Command::Query(args) => client(query(args)),
+        Command::Tables(args) => client(tables(args)),
         Command::Serve(args) => match serve(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(message) => {
@@ -77,6 +157,107 @@ fn main() -> ExitCode {
             }
         },
     }
+}
+
+/// Runs a client command on a small runtime; its error is printed, its code returned.
+fn client(command: impl std::future::Future<Output = Result<ExitCode, String>>) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("sluice: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(command) {
+        Ok(code) => code,
+        Err(message) => {
+            eprintln!("sluice: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn ingest(args: IngestArgs) -> Result<ExitCode, String> {
+    use sluice::cli::BatchOutcome;
+    let report = sluice::cli::ingest(
+        &args.client.endpoint(),
+        &args.table,
+        &args.files,
+        args.connections,
+        args.batch_rows.clamp(1, sluice::cli::BATCH_ROWS),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let mut rejected = 0;
+    let mut unknown = Vec::new();
+    for (batch, outcome) in &report.outcomes {
+        match outcome {
+            BatchOutcome::Committed(_) => {}
+            BatchOutcome::Rejected(messages) => {
+                rejected += 1;
+                eprintln!(
+                    "rejected: {}:{}-{} (nothing of it was applied)",
+                    batch.file.display(),
+                    batch.first_line,
+                    batch.last_line
+                );
+                for m in messages {
+                    eprintln!("{m}");
+                }
+            }
+            BatchOutcome::Unknown(_) => unknown.push(format!(
+                "{}:{}-{}",
+                batch.file.display(),
+                batch.first_line,
+                batch.last_line
+            )),
+        }
+    }
+    println!(
+        "{} rows committed in {} batches; {} rejected; {} unknown",
+        report.rows,
+        report.outcomes.len(),
+        rejected,
+        unknown.len()
+    );
+    if !unknown.is_empty() {
+        eprintln!(
+            "reconcile these batches before sending them again (they may have been applied):"
+        );
+        for u in &unknown {
+            eprintln!("  {u}");
+        }
+        return Ok(ExitCode::from(2));
+    }
+    Ok(if rejected > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+async fn query(args: QueryArgs) -> Result<ExitCode, String> {
+    let set = sluice::cli::query(&args.client.endpoint(), &args.statement)
+        .await
+        .map_err(|e| e.to_string())?;
+    let format = match args.format {
+        Format::Table => sluice::cli::OutputFormat::Table,
+        Format::Csv => sluice::cli::OutputFormat::Csv,
+        Format::Json => sluice::cli::OutputFormat::Json,
+    };
+    print!("{}", sluice::cli::render(&set, format));
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn tables(args: ClientArgs) -> Result<ExitCode, String> {
+    let list = sluice::cli::tables(&args.endpoint())
+        .await
+        .map_err(|e| e.to_string())?;
+    print!("{list}");
+    Ok(ExitCode::SUCCESS)
 }
 
 fn serve(args: ServeArgs) -> Result<(), String> {
