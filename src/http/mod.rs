@@ -158,6 +158,63 @@ async fn observe(State(state): State<AppState>, request: Request, next: Next) ->
     response
 }
 
+/// The OpenAPI document of this API (`schema/openapi.json`), served at `/openapi.json`.
+pub const OPENAPI: &str = include_str!("../../schema/openapi.json");
+
+/// Every route this router serves, as `(method, OpenAPI path template)`. `tests/openapi.rs`
+/// checks it against both the router and the OpenAPI document, so neither can drift.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("GET", "/v1/health"),
+    ("GET", "/metrics"),
+    ("GET", "/openapi.json"),
+    ("GET", "/v1/catalog"),
+    ("PUT", "/v1/catalog"),
+    ("GET", "/v1/catalog/databases/{db}"),
+    ("PUT", "/v1/catalog/databases/{db}"),
+    ("DELETE", "/v1/catalog/databases/{db}"),
+    ("GET", "/v1/catalog/databases/{db}/schemas/{schema}"),
+    ("PUT", "/v1/catalog/databases/{db}/schemas/{schema}"),
+    ("DELETE", "/v1/catalog/databases/{db}/schemas/{schema}"),
+    (
+        "GET",
+        "/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}",
+    ),
+    (
+        "PUT",
+        "/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}",
+    ),
+    (
+        "DELETE",
+        "/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}",
+    ),
+    (
+        "POST",
+        "/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}/ingest",
+    ),
+    ("POST", "/v1/ingest"),
+    ("POST", "/v1/statements"),
+    ("GET", "/v1/statements/{id}"),
+    ("POST", "/v1/statements/{id}/cancel"),
+    ("PUT", "/v1/stream/{name}"),
+    ("POST", "/v1/stream/{name}"),
+    ("GET", "/v1/stream/{name}"),
+    ("HEAD", "/v1/stream/{name}"),
+    ("DELETE", "/v1/stream/{name}"),
+    ("OPTIONS", "/v1/stream/{name}"),
+    ("PUT", "/{bucket}"),
+    ("OPTIONS", "/{bucket}"),
+    ("PUT", "/{bucket}/{stream}"),
+    ("POST", "/{bucket}/{stream}"),
+    ("GET", "/{bucket}/{stream}"),
+    ("HEAD", "/{bucket}/{stream}"),
+    ("DELETE", "/{bucket}/{stream}"),
+    ("OPTIONS", "/{bucket}/{stream}"),
+];
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
 async fn metrics(State(state): State<AppState>) -> Response {
     (
         [(
@@ -233,6 +290,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/health", get(health))
         .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi))
         .merge(api)
         .merge(streams)
         .fallback(not_found)
