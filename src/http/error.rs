@@ -83,6 +83,19 @@ impl ApiError {
         )
     }
 
+    pub(crate) fn forbidden(role: super::Role, needed: super::Role) -> Self {
+        ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!(
+                "this key has the {} role; this needs {}",
+                role.name(),
+                needed.name()
+            ),
+        )
+        .outcome(Outcome::Rejected)
+    }
+
     pub(crate) fn payload_too_large(message: impl Into<String>) -> Self {
         ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
     }

@@ -29,7 +29,7 @@ pub(crate) use error::ApiError;
 pub struct AppState {
     db: Arc<Database>,
     statements: Arc<Statements>,
-    api_keys: Arc<Vec<String>>,
+    api_keys: Arc<Vec<ApiKey>>,
     long_poll_timeout: Duration,
     metrics: Arc<Metrics>,
 }
@@ -41,7 +41,7 @@ impl AppState {
             metrics: Arc::new(Metrics::new(&db)),
             db,
             statements: Arc::new(Statements::default()),
-            api_keys: Arc::new(api_keys),
+            api_keys: Arc::new(api_keys.iter().map(|k| parse_key(k)).collect()),
             long_poll_timeout: crate::config::DEFAULT_LONG_POLL_TIMEOUT,
         }
     }
@@ -71,16 +71,93 @@ pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
         .map_err(|e| ApiError::bad_request(format!("request body must be {expected}: {e}")))
 }
 
-/// Compares a presented key with every configured key in constant time per key.
-fn key_matches(keys: &[String], presented: &str) -> bool {
-    keys.iter().fold(false, |found, key| {
-        let equal =
-            key.len() == presented.len() && bool::from(key.as_bytes().ct_eq(presented.as_bytes()));
-        found | equal
+/// What a key may do; each role includes the ones before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Role {
+    /// Read the catalog, query, read streams.
+    Read,
+    /// Also ingest rows and create and append to streams.
+    Write,
+    /// Also change the catalog (create, replace, drop) and delete streams.
+    Admin,
+}
+
+impl Role {
+    fn name(self) -> &'static str {
+        match self {
+            Role::Read => "read",
+            Role::Write => "write",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+/// A configured key: `read=KEY`, `write=KEY`, `admin=KEY`, or a bare `KEY` (admin).
+#[derive(Clone)]
+struct ApiKey {
+    role: Role,
+    key: String,
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Keys never reach a log, even through Debug.
+        write!(f, "ApiKey({}, <masked>)", self.role.name())
+    }
+}
+
+fn parse_key(spec: &str) -> ApiKey {
+    for (prefix, role) in [
+        ("read=", Role::Read),
+        ("write=", Role::Write),
+        ("admin=", Role::Admin),
+    ] {
+        if let Some(key) = spec.strip_prefix(prefix) {
+            return ApiKey {
+                role,
+                key: key.to_owned(),
+            };
+        }
+    }
+    ApiKey {
+        role: Role::Admin,
+        key: spec.to_owned(),
+    }
+}
+
+/// The role of a presented key: every configured key is compared in constant time, without
+/// stopping at a match.
+fn key_role(keys: &[ApiKey], presented: &str) -> Option<Role> {
+    keys.iter().fold(None, |found, k| {
+        let equal = k.key.len() == presented.len()
+            && bool::from(k.key.as_bytes().ct_eq(presented.as_bytes()));
+        if equal { Some(k.role) } else { found }
     })
 }
 
-async fn authenticate(State(state): State<AppState>, request: Request, next: Next) -> Response {
+/// The least role a request needs, by method and route. Statements are checked again by
+/// what they do (see [`statements`]).
+fn required_role(method: &axum::http::Method, route: &str) -> Role {
+    use axum::http::Method;
+    if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
+        return Role::Read;
+    }
+    if route.starts_with("/v1/statements") {
+        return Role::Read;
+    }
+    if route.ends_with("/ingest") {
+        return Role::Write;
+    }
+    if route.starts_with("/v1/catalog") || *method == Method::DELETE {
+        return Role::Admin;
+    }
+    // Stream (and bucket) creates and appends.
+    Role::Write
+}
+
+async fn authenticate(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+    // Without keys there is no authentication (the server then listens on loopback only).
+    let mut role = Role::Admin;
     // CORS preflights carry no credentials by design; they reveal nothing.
     if !state.api_keys.is_empty() && request.method() != axum::http::Method::OPTIONS {
         let presented = request
@@ -92,11 +169,20 @@ async fn authenticate(State(state): State<AppState>, request: Request, next: Nex
                     .or_else(|| v.strip_prefix("bearer "))
             })
             .map(str::trim);
-        match presented {
-            Some(key) if key_matches(&state.api_keys, key) => {}
-            _ => return ApiError::unauthorized().into_response(),
+        role = match presented.and_then(|key| key_role(&state.api_keys, key)) {
+            Some(role) => role,
+            None => return ApiError::unauthorized().into_response(),
+        };
+        let route = request
+            .extensions()
+            .get::<MatchedPath>()
+            .map_or("", |p| p.as_str());
+        let needed = required_role(request.method(), route);
+        if role < needed {
+            return ApiError::forbidden(role, needed).into_response();
         }
     }
+    request.extensions_mut().insert(role);
     next.run(request).await
 }
 

@@ -93,10 +93,22 @@ fn payload(statement: &Statement) -> Value {
 
 pub(super) async fn submit(
     State(state): State<AppState>,
+    role: Option<axum::Extension<super::Role>>,
     headers: axum::http::HeaderMap,
     body: axum::body::Body,
 ) -> Result<Json<Value>, ApiError> {
     let request: Submit = super::read_json(&headers, body, "{\"statement\": \"...\"}").await?;
+    // What the statement does decides the role it needs: a read key cannot insert, a write
+    // key cannot create or drop.
+    let role = role.map_or(super::Role::Admin, |r| r.0);
+    let needed = match crate::query::QueryEngine::access(&request.statement) {
+        crate::query::Access::Read => super::Role::Read,
+        crate::query::Access::Write => super::Role::Write,
+        crate::query::Access::Admin => super::Role::Admin,
+    };
+    if role < needed {
+        return Err(ApiError::forbidden(role, needed));
+    }
     if let Some(id) = &request.statement_id {
         if id.is_empty() || id.len() > 128 {
             return Err(ApiError::bad_request(

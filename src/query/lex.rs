@@ -56,3 +56,23 @@ pub(super) fn read_quoted(
         text.push(ch);
     }
 }
+
+/// The first word of a statement, after whitespace and comments (empty if there is none).
+pub(super) fn first_word(src: &str) -> &str {
+    let mut i = 0;
+    loop {
+        let rest = &src[i..];
+        let trimmed = rest.trim_start();
+        i += rest.len() - trimmed.len();
+        match skip_comment(src, i) {
+            Ok(Some(next)) => i = next,
+            Ok(None) => break,
+            Err(_) => return "",
+        }
+    }
+    let rest = &src[i..];
+    let end = rest
+        .find(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+        .unwrap_or(rest.len());
+    &rest[..end]
+}

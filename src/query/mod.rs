@@ -148,6 +148,17 @@ fn text_result(column: &str, rows: Vec<String>) -> QueryResult {
     }
 }
 
+/// What a statement needs to be allowed to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// It only reads.
+    Read,
+    /// It writes rows.
+    Write,
+    /// It changes the catalog.
+    Admin,
+}
+
 /// Runs statements against one sluice database.
 #[derive(Debug, Clone)]
 pub struct QueryEngine {
@@ -204,6 +215,36 @@ impl QueryEngine {
             }
         }
         Ok(ctx)
+    }
+
+    /// What a statement would do, for access control: catalog changes are [`Access::Admin`],
+    /// `INSERT INTO` pipelines [`Access::Write`], queries and catalog reads [`Access::Read`].
+    /// Statements that do not parse are classed as reads; they fail when run.
+    pub fn access(sql: &str) -> Access {
+        match ddl::parse(sql) {
+            Ok(Some(
+                ddl::Ddl::Describe { .. }
+                | ddl::Ddl::ShowTables
+                | ddl::Ddl::ShowDatabases
+                | ddl::Ddl::ShowSchemas,
+            )) => return Access::Read,
+            Ok(Some(_)) => return Access::Admin,
+            Ok(None) | Err(_) => {}
+        }
+        if scopeql::is_scopeql(sql) {
+            return match scopeql::parse(sql) {
+                Ok(p) if p.insert_into.is_some() => Access::Write,
+                _ => Access::Read,
+            };
+        }
+        let first = lex::first_word(sql).to_ascii_uppercase();
+        match first.as_str() {
+            "SELECT" | "WITH" | "EXPLAIN" | "VALUES" | "SHOW" | "DESCRIBE" | "DESC" | "" => {
+                Access::Read
+            }
+            "INSERT" => Access::Write,
+            _ => Access::Admin,
+        }
     }
 
     /// Runs one statement to completion.
@@ -492,5 +533,29 @@ impl QueryEngine {
                     .collect(),
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod access_tests {
+    use super::*;
+
+    #[test]
+    fn statements_are_classed_by_what_they_do() {
+        assert_eq!(QueryEngine::access("SELECT 1"), Access::Read);
+        assert_eq!(QueryEngine::access(" -- c\n select 1"), Access::Read);
+        assert_eq!(QueryEngine::access("SHOW TABLES"), Access::Read);
+        assert_eq!(QueryEngine::access("FROM t SELECT a"), Access::Read);
+        assert_eq!(
+            QueryEngine::access("FROM t SELECT a INSERT INTO t"),
+            Access::Write
+        );
+        assert_eq!(
+            QueryEngine::access("INSERT INTO t VALUES (1)"),
+            Access::Write
+        );
+        assert_eq!(QueryEngine::access("CREATE TABLE t (a int)"), Access::Admin);
+        assert_eq!(QueryEngine::access("drop table t"), Access::Admin);
+        assert_eq!(QueryEngine::access("COPY t TO 'x'"), Access::Admin);
     }
 }

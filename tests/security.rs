@@ -1,0 +1,218 @@
+//! Keys and what they may do: read, write and admin roles, and keys never reaching the logs.
+
+mod common;
+
+use std::io::Read as _;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::json;
+use sluice::db::{Database, DbConfig};
+
+#[tokio::test]
+async fn each_role_does_what_it_may_and_nothing_more() {
+    let dir = common::temp_dir("roles");
+    let db = Database::open(DbConfig::new(&dir)).await.unwrap();
+    let keys = vec![
+        "read=r-key".to_owned(),
+        "write=w-key".into(),
+        "a-key".into(),
+    ];
+    let (addr, _task) = common::serve(db, keys).await;
+    let base = format!("http://{addr}");
+    let client = reqwest::Client::new();
+    let statement = |key: &str, sql: &str| {
+        client
+            .post(format!("{base}/v1/statements"))
+            .bearer_auth(key)
+            .json(&json!({"statement": sql}))
+            .send()
+    };
+    let ingest = |key: &str| {
+        client
+            .post(format!(
+                "{base}/v1/catalog/databases/scopedb/schemas/public/tables/t/ingest"
+            ))
+            .bearer_auth(key)
+            .header("content-type", "application/x-ndjson")
+            .body("{\"a\":1}\n")
+            .send()
+    };
+    let status = |r: reqwest::Response| r.status().as_u16();
+
+    // No key, a wrong key: 401 everywhere but health.
+    let r = client
+        .get(format!("{base}/v1/catalog"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(status(statement("nope", "SELECT 1").await.unwrap()), 401);
+    assert_eq!(
+        client
+            .get(format!("{base}/v1/health"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+
+    // Only admin creates tables; read and write keys are refused, with nothing applied.
+    for key in ["r-key", "w-key"] {
+        let r = statement(key, "CREATE TABLE t (a int)").await.unwrap();
+        assert_eq!(r.status(), 403);
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(body["code"], "forbidden");
+        assert_eq!(body["details"]["status"], "rejected");
+    }
+    assert_eq!(
+        status(statement("a-key", "CREATE TABLE t (a int)").await.unwrap()),
+        200
+    );
+
+    // Ingest: write and admin.
+    assert_eq!(status(ingest("r-key").await.unwrap()), 403);
+    assert_eq!(status(ingest("w-key").await.unwrap()), 200);
+    assert_eq!(status(ingest("a-key").await.unwrap()), 200);
+
+    // Queries: everyone; ScopeQL INSERT INTO needs write.
+    for key in ["r-key", "w-key", "a-key"] {
+        assert_eq!(
+            status(statement(key, "SELECT count(*) FROM t").await.unwrap()),
+            200
+        );
+        assert_eq!(status(statement(key, "SHOW TABLES").await.unwrap()), 200);
+    }
+    assert_eq!(
+        status(
+            statement("r-key", "FROM t SELECT a INSERT INTO t")
+                .await
+                .unwrap()
+        ),
+        403
+    );
+
+    // The catalog: read with any key, change with admin only.
+    let table = format!("{base}/v1/catalog/databases/scopedb/schemas/public/tables/t");
+    for key in ["r-key", "w-key"] {
+        let r = client.get(&table).bearer_auth(key).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        let r = client
+            .delete(format!("{table}?allow_destructive=true"))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 403);
+        assert_eq!(
+            status(statement(key, "DROP TABLE t").await.unwrap()),
+            403,
+            "{key} dropped a table"
+        );
+    }
+
+    // Streams: read reads, write creates and appends, admin deletes.
+    let stream = format!("{base}/v1/stream/roles");
+    let put = |key: &str| {
+        client
+            .put(&stream)
+            .bearer_auth(key)
+            .header("content-type", "text/plain")
+            .send()
+    };
+    assert_eq!(status(put("r-key").await.unwrap()), 403);
+    assert_eq!(status(put("w-key").await.unwrap()), 201);
+    let append = |key: &str| {
+        client
+            .post(&stream)
+            .bearer_auth(key)
+            .header("content-type", "text/plain")
+            .body("x")
+            .send()
+    };
+    assert_eq!(status(append("r-key").await.unwrap()), 403);
+    assert_eq!(status(append("w-key").await.unwrap()), 204);
+    let r = client
+        .get(&stream)
+        .bearer_auth("r-key")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.text().await.unwrap(), "x");
+    let delete = |key: &str| client.delete(&stream).bearer_auth(key).send();
+    assert_eq!(status(delete("w-key").await.unwrap()), 403);
+    assert_eq!(status(delete("a-key").await.unwrap()), 204);
+
+    // The table still has exactly the two rows the permitted keys wrote.
+    let r: serde_json::Value = statement("r-key", "SELECT count(*) FROM t")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["result_set"]["rows"][0][0], "2");
+}
+
+#[test]
+fn keys_never_reach_the_logs() {
+    let dir = common::temp_dir("key-logs");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
+        .arg(&dir)
+        .args([
+            "--api-key",
+            "write=sekrit-write-key",
+            "--api-key",
+            "sekrit-admin-key",
+        ])
+        .env("SLUICE_LOG", "trace")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let client = reqwest::Client::new();
+        let base = format!("http://127.0.0.1:{port}");
+        for _ in 0..200 {
+            if client.get(format!("{base}/v1/health")).send().await.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for key in ["sekrit-admin-key", "sekrit-write-key", "sekrit-wrong-key"] {
+            let _ = client
+                .post(format!("{base}/v1/statements"))
+                .bearer_auth(key)
+                .json(&json!({"statement": "CREATE TABLE k (a int)"}))
+                .send()
+                .await
+                .unwrap();
+        }
+    });
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    child.wait().unwrap();
+    let mut log = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .unwrap();
+    assert!(log.contains("answered"), "requests were logged: {log}");
+    assert!(!log.contains("sekrit"), "a key reached the log");
+}
