@@ -71,6 +71,8 @@ pub struct FileConfig {
     pub long_poll_timeout_ms: Option<u64>,
     /// Seal stream data into object storage at least this often, in seconds.
     pub stream_checkpoint_interval_seconds: Option<f64>,
+    /// How long a request body may take to arrive before the request answers 408, in seconds.
+    pub request_body_timeout_seconds: Option<f64>,
 }
 
 impl FileConfig {
@@ -115,6 +117,8 @@ pub struct ServeConfig {
     pub db: DbConfig,
     /// How long a long-poll read waits before answering 204.
     pub long_poll_timeout: Duration,
+    /// How long a request body may take to arrive.
+    pub body_timeout: Duration,
 }
 
 impl ServeConfig {
@@ -134,7 +138,8 @@ impl ServeConfig {
             "listen = \"{}\"\ndata_dir = \"{}\"\nobject_store = \"{}\"\napi_keys = [{}]\n\
              durability = \"{}\"\nmax_body_bytes = {}\nmax_rows = {}\nmax_log_bytes = {}\n\
              flush_bytes = {}\nflush_interval_seconds = {}\nmax_unflushed_bytes = {}\n\
-             long_poll_timeout_ms = {}\nstream_checkpoint_interval_seconds = {}",
+             long_poll_timeout_ms = {}\nstream_checkpoint_interval_seconds = {}\n\
+             request_body_timeout_seconds = {}",
             self.listen,
             db.data_dir.display(),
             object_store,
@@ -151,9 +156,13 @@ impl ServeConfig {
             db.tables.max_unflushed_bytes,
             self.long_poll_timeout.as_millis(),
             db.streams.checkpoint_interval.as_secs_f64(),
+            self.body_timeout.as_secs_f64(),
         )
     }
 }
+
+/// Default time a request body may take to arrive.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Default long-poll wait.
 pub const DEFAULT_LONG_POLL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -236,6 +245,16 @@ impl ServeConfig {
             Some(ms) => Duration::from_millis(ms),
             None => DEFAULT_LONG_POLL_TIMEOUT,
         };
+        let body_timeout = match file.request_body_timeout_seconds {
+            Some(s) if s.is_finite() && s > 0.0 => Duration::from_secs_f64(s),
+            Some(_) => {
+                return Err(ConfigError::Invalid {
+                    name: "request_body_timeout_seconds",
+                    message: "must be a positive number".into(),
+                });
+            }
+            None => DEFAULT_BODY_TIMEOUT,
+        };
         let api_keys: Vec<String> = if overrides.api_keys.is_empty() {
             file.api_keys.unwrap_or_default()
         } else {
@@ -259,6 +278,7 @@ impl ServeConfig {
             api_keys,
             db,
             long_poll_timeout,
+            body_timeout,
         })
     }
 }

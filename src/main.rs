@@ -316,7 +316,8 @@ async fn run(config: ServeConfig) -> Result<(), String> {
         }
     }));
     let state = AppState::new(db.clone(), config.api_keys.clone())
-        .with_long_poll_timeout(config.long_poll_timeout);
+        .with_long_poll_timeout(config.long_poll_timeout)
+        .with_body_timeout(config.body_timeout);
     let app = router(state);
     let streams = db.streams().clone();
     let served = axum::serve(listener, app)

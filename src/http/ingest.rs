@@ -27,9 +27,22 @@ const NDJSON_TYPES: &[&str] = &[
 /// Reads a request body of at most `limit` bytes, answering 413 past it.
 pub(super) async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
     axum::body::to_bytes(body, limit).await.map_err(|e| {
-        let too_large = std::error::Error::source(&e)
-            .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-        if too_large {
+        // The cause can sit several wrappers deep (axum's error, the limit's, the body's).
+        let chain = std::iter::successors(std::error::Error::source(&e), |s| s.source());
+        let mut too_large = false;
+        let mut deadline = None;
+        for cause in chain {
+            too_large |= cause.is::<http_body_util::LengthLimitError>();
+            deadline = deadline.or(cause.downcast_ref::<super::deadline::BodyDeadline>());
+        }
+        if let Some(deadline) = deadline {
+            ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                deadline.to_string(),
+            )
+            .outcome(Outcome::Rejected)
+        } else if too_large {
             ApiError::payload_too_large(format!("request body is larger than {limit} bytes"))
                 .outcome(Outcome::Rejected)
         } else {

@@ -2,6 +2,7 @@
 //! requests to the database's typed calls and errors to answers.
 
 mod catalog;
+mod deadline;
 mod error;
 mod ingest;
 mod statements;
@@ -31,6 +32,7 @@ pub struct AppState {
     statements: Arc<Statements>,
     api_keys: Arc<Vec<ApiKey>>,
     long_poll_timeout: Duration,
+    body_timeout: Duration,
     metrics: Arc<Metrics>,
 }
 
@@ -43,7 +45,14 @@ impl AppState {
             statements: Arc::new(Statements::default()),
             api_keys: Arc::new(api_keys.iter().map(|k| parse_key(k)).collect()),
             long_poll_timeout: crate::config::DEFAULT_LONG_POLL_TIMEOUT,
+            body_timeout: crate::config::DEFAULT_BODY_TIMEOUT,
         }
+    }
+
+    /// Sets how long a request body may take to arrive before the request answers 408.
+    pub fn with_body_timeout(mut self, timeout: Duration) -> Self {
+        self.body_timeout = timeout;
+        self
     }
 
     /// Sets how long a stream long-poll read waits for data before answering 204.
@@ -382,6 +391,10 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         // Bodies are read with the ingest limits in the handlers, which answer 413 themselves.
         .layer(DefaultBodyLimit::disable())
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            deadline::body_deadline,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)
 }

@@ -318,20 +318,7 @@ fn fork(headers: &HeaderMap) -> Result<Option<ForkRequest>, ApiError> {
 }
 
 async fn body_bytes(body: Body) -> Result<Bytes, ApiError> {
-    axum::body::to_bytes(body, MAX_APPEND_BYTES)
-        .await
-        .map_err(|e| {
-            let too_large = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-            if too_large {
-                ApiError::payload_too_large(format!(
-                    "stream bodies are limited to {MAX_APPEND_BYTES} bytes"
-                ))
-                .outcome(Outcome::Rejected)
-            } else {
-                ApiError::bad_request(format!("cannot read the request body: {e}"))
-            }
-        })
+    super::ingest::read_body(body, MAX_APPEND_BYTES).await
 }
 
 fn set(headers: &mut HeaderMap, name: &'static str, value: impl AsRef<str>) {

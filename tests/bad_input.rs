@@ -1,0 +1,165 @@
+//! Hostile and malformed input (`testdata/bad-input/cases.json`): each request gets its
+//! documented 4xx, changes nothing, and the server stays healthy; a body trickled slower than
+//! the body deadline is cut off with 408.
+
+mod common;
+
+use std::io::{Read as _, Write as _};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use sluice::db::{Database, DbConfig};
+use sluice::http::{AppState, router};
+
+/// Builds a body (or header value) from its spec in the corpus.
+fn build(spec: &Value) -> Vec<u8> {
+    if let Some(s) = spec.as_str() {
+        return s.as_bytes().to_vec();
+    }
+    if let Some(t) = spec["text"].as_str() {
+        return t.as_bytes().to_vec();
+    }
+    if let Some(h) = spec["hex"].as_str() {
+        return (0..h.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
+            .collect();
+    }
+    if let Some(r) = spec.get("repeat") {
+        return r["text"]
+            .as_str()
+            .unwrap()
+            .repeat(r["times"].as_u64().unwrap() as usize)
+            .into_bytes();
+    }
+    if let Some(n) = spec.get("nest") {
+        let depth = n["depth"].as_u64().unwrap() as usize;
+        let s = |k: &str| n[k].as_str().unwrap_or("").to_owned();
+        return format!(
+            "{}{}{}{}{}",
+            s("prefix"),
+            s("open").repeat(depth),
+            s("middle"),
+            s("close").repeat(depth),
+            s("suffix")
+        )
+        .into_bytes();
+    }
+    if let Some(n) = spec["gzip_zeros"].as_u64() {
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        enc.write_all(&vec![0u8; n as usize]).unwrap();
+        return enc.finish().unwrap();
+    }
+    if let Some(t) = spec["gzip_truncated"].as_str() {
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        enc.write_all(t.as_bytes()).unwrap();
+        let full = enc.finish().unwrap();
+        return full[..full.len() / 2].to_vec();
+    }
+    if let Some(t) = spec["zstd_truncated"].as_str() {
+        let full = zstd::encode_all(t.as_bytes(), 3).unwrap();
+        return full[..full.len() / 2].to_vec();
+    }
+    panic!("unknown body spec {spec}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_bad_request_gets_its_documented_status_and_the_server_stays_up() {
+    let corpus: Value =
+        serde_json::from_str(include_str!("../testdata/bad-input/cases.json")).unwrap();
+    let dir = common::temp_dir("bad-input");
+    let db = Database::open(DbConfig::new(&dir)).await.unwrap();
+    let (addr, _task) = common::serve(db.clone(), vec![]).await;
+    let base = format!("http://{addr}");
+    let client = reqwest::Client::new();
+    for sql in ["CREATE TABLE t (a int, s string)", "CREATE TABLE j (v any)"] {
+        let r = client
+            .post(format!("{base}/v1/statements"))
+            .json(&json!({"statement": sql}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let r = client
+        .put(format!("{base}/v1/stream/bad-json"))
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let cases = corpus["cases"].as_array().unwrap();
+    let mut failures = Vec::new();
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let mut request = client.request(
+            case["method"].as_str().unwrap().parse().unwrap(),
+            format!("{base}{}", case["path"].as_str().unwrap()),
+        );
+        for (k, v) in case["headers"].as_object().unwrap() {
+            request = request.header(k.as_str(), build(v));
+        }
+        let response = request.body(build(&case["body"])).send().await.unwrap();
+        let status = response.status().as_u16();
+        let body = response.text().await.unwrap_or_default();
+        if u64::from(status) != case["status"].as_u64().unwrap() {
+            failures.push(format!(
+                "{name}: {status} (expected {}) {body}",
+                case["status"]
+            ));
+        }
+        let health = client
+            .get(format!("{base}/v1/health"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(health.status(), 200, "unhealthy after {name}");
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+    // Nothing of any of it was applied.
+    let r: Value = client
+        .post(format!("{base}/v1/statements"))
+        .json(&json!({"statement": "SELECT (SELECT count(*) FROM t) + (SELECT count(*) FROM j)"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["result_set"]["rows"][0][0], "0");
+    let info = db.streams().get("bad-json").await.unwrap().info();
+    assert_eq!(info.tail, 0);
+    assert!(db.streams().get("ttl-bad").await.is_err());
+    println!("{} hostile requests refused as documented", cases.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickled_body_is_cut_off_at_the_deadline() {
+    let dir = common::temp_dir("slowloris");
+    let db = Database::open(DbConfig::new(&dir)).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = router(AppState::new(db, vec![]).with_body_timeout(Duration::from_millis(800)));
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let answer = tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(
+            b"POST /v1/statements HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+              Content-Length: 1000\r\n\r\n{\"statement\":",
+        )
+        .unwrap();
+        // A byte now and then, never the whole body.
+        for _ in 0..3 {
+            std::thread::sleep(Duration::from_millis(400));
+            let _ = s.write_all(b" ");
+        }
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        answer
+    })
+    .await
+    .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("request_timeout"), "{answer}");
+}
