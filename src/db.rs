@@ -23,7 +23,7 @@ use crate::table::{TableConfig, TableError, Tables};
 use crate::types::Column;
 
 /// Settings of a database.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct DbConfig {
     /// Local directory for the commit log and the node id.
     pub data_dir: PathBuf,
@@ -43,6 +43,23 @@ pub struct DbConfig {
     pub maintenance_interval: Duration,
     /// Stream engine settings.
     pub streams: StreamsConfig,
+    /// Failure injection for the commit log (tests: failing or slow writes and syncs).
+    pub log_fail_hook: Option<crate::log::FailHook>,
+}
+
+impl std::fmt::Debug for DbConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DbConfig")
+            .field("data_dir", &self.data_dir)
+            .field("object_store", &self.object_store)
+            .field("durability", &self.durability)
+            .field("max_log_bytes", &self.max_log_bytes)
+            .field("log_segment_bytes", &self.log_segment_bytes)
+            .field("tables", &self.tables)
+            .field("streams", &self.streams)
+            .field("log_fail_hook", &self.log_fail_hook.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl DbConfig {
@@ -58,6 +75,7 @@ impl DbConfig {
             tables: TableConfig::default(),
             maintenance_interval: Duration::from_secs(1),
             streams: StreamsConfig::default(),
+            log_fail_hook: None,
         }
     }
 }
@@ -212,6 +230,7 @@ impl Database {
         log_config.durability = config.durability;
         log_config.max_log_bytes = config.max_log_bytes;
         log_config.segment_bytes = config.log_segment_bytes;
+        log_config.fail_hook = config.log_fail_hook.clone();
         let (log, replay) = CommitLog::open(log_config)?;
         let catalog = Arc::new(Catalog::open(storage.clone()).await?);
         let tables = Arc::new(
