@@ -73,6 +73,8 @@ pub struct FileConfig {
     pub stream_checkpoint_interval_seconds: Option<f64>,
     /// How long a request body may take to arrive before the request answers 408, in seconds.
     pub request_body_timeout_seconds: Option<f64>,
+    /// Most client connections open at once.
+    pub max_connections: Option<usize>,
 }
 
 impl FileConfig {
@@ -119,7 +121,12 @@ pub struct ServeConfig {
     pub long_poll_timeout: Duration,
     /// How long a request body may take to arrive.
     pub body_timeout: Duration,
+    /// Most client connections open at once.
+    pub max_connections: usize,
 }
+
+/// Default connection limit.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 
 impl ServeConfig {
     /// The effective configuration as TOML-like lines, API keys masked.
@@ -139,7 +146,7 @@ impl ServeConfig {
              durability = \"{}\"\nmax_body_bytes = {}\nmax_rows = {}\nmax_log_bytes = {}\n\
              flush_bytes = {}\nflush_interval_seconds = {}\nmax_unflushed_bytes = {}\n\
              long_poll_timeout_ms = {}\nstream_checkpoint_interval_seconds = {}\n\
-             request_body_timeout_seconds = {}",
+             request_body_timeout_seconds = {}\nmax_connections = {}",
             self.listen,
             db.data_dir.display(),
             object_store,
@@ -157,6 +164,7 @@ impl ServeConfig {
             self.long_poll_timeout.as_millis(),
             db.streams.checkpoint_interval.as_secs_f64(),
             self.body_timeout.as_secs_f64(),
+            self.max_connections,
         )
     }
 }
@@ -279,6 +287,16 @@ impl ServeConfig {
             db,
             long_poll_timeout,
             body_timeout,
+            max_connections: match file.max_connections {
+                Some(0) => {
+                    return Err(ConfigError::Invalid {
+                        name: "max_connections",
+                        message: "must be at least 1".into(),
+                    });
+                }
+                Some(n) => n,
+                None => DEFAULT_MAX_CONNECTIONS,
+            },
         })
     }
 }

@@ -320,6 +320,7 @@ async fn run(config: ServeConfig) -> Result<(), String> {
         .with_body_timeout(config.body_timeout);
     let app = router(state);
     let streams = db.streams().clone();
+    let listener = sluice::http::LimitedListener::new(listener, config.max_connections);
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             shutdown_signal().await;

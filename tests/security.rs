@@ -216,3 +216,45 @@ fn keys_never_reach_the_logs() {
     assert!(log.contains("answered"), "requests were logged: {log}");
     assert!(!log.contains("sekrit"), "a key reached the log");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_limit_wait_their_turn() {
+    use std::io::Write as _;
+    let dir = common::temp_dir("conn-limit");
+    let db = Database::open(DbConfig::new(&dir)).await.unwrap();
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = tcp.local_addr().unwrap();
+    let listener = sluice::http::LimitedListener::new(tcp, 2);
+    let app = sluice::http::router(sluice::http::AppState::new(db, vec![]));
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let answer = tokio::task::spawn_blocking(move || {
+        // Two idle connections take both slots.
+        let first = std::net::TcpStream::connect(addr).unwrap();
+        let _second = std::net::TcpStream::connect(addr).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let mut third = std::net::TcpStream::connect(addr).unwrap();
+        third
+            .write_all(b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        third
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let mut buf = [0u8; 64];
+        let early = third.read(&mut buf);
+        assert!(
+            early.is_err(),
+            "a third connection was served while two were open"
+        );
+        // One closes: the waiting one is accepted and answered.
+        drop(first);
+        third
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut answer = String::new();
+        third.read_to_string(&mut answer).unwrap();
+        answer
+    })
+    .await
+    .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}

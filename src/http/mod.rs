@@ -5,6 +5,7 @@ mod catalog;
 mod deadline;
 mod error;
 mod ingest;
+mod listener;
 mod statements;
 mod streams;
 
@@ -24,6 +25,7 @@ use crate::db::Database;
 use crate::metrics::{Metrics, RequestLabels, RouteLabels};
 use crate::query::statements::Statements;
 pub(crate) use error::ApiError;
+pub use listener::{LimitedListener, LimitedStream};
 
 /// Shared state of the HTTP handlers.
 #[derive(Debug, Clone)]
