@@ -75,6 +75,8 @@ pub struct FileConfig {
     pub request_body_timeout_seconds: Option<f64>,
     /// Most client connections open at once.
     pub max_connections: Option<usize>,
+    /// How long a client may take to send a request's headers, in seconds.
+    pub header_timeout_seconds: Option<f64>,
 }
 
 impl FileConfig {
@@ -123,7 +125,12 @@ pub struct ServeConfig {
     pub body_timeout: Duration,
     /// Most client connections open at once.
     pub max_connections: usize,
+    /// How long a client may take to send a request's headers (idle keep-alive included).
+    pub header_timeout: Duration,
 }
+
+/// Default time a client may take to send its request headers.
+pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Default connection limit.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
@@ -146,7 +153,7 @@ impl ServeConfig {
              durability = \"{}\"\nmax_body_bytes = {}\nmax_rows = {}\nmax_log_bytes = {}\n\
              flush_bytes = {}\nflush_interval_seconds = {}\nmax_unflushed_bytes = {}\n\
              long_poll_timeout_ms = {}\nstream_checkpoint_interval_seconds = {}\n\
-             request_body_timeout_seconds = {}\nmax_connections = {}",
+             request_body_timeout_seconds = {}\nmax_connections = {}\nheader_timeout_seconds = {}",
             self.listen,
             db.data_dir.display(),
             object_store,
@@ -165,6 +172,7 @@ impl ServeConfig {
             db.streams.checkpoint_interval.as_secs_f64(),
             self.body_timeout.as_secs_f64(),
             self.max_connections,
+            self.header_timeout.as_secs_f64(),
         )
     }
 }
@@ -296,6 +304,16 @@ impl ServeConfig {
                 }
                 Some(n) => n,
                 None => DEFAULT_MAX_CONNECTIONS,
+            },
+            header_timeout: match file.header_timeout_seconds {
+                Some(s) if s.is_finite() && s > 0.0 => Duration::from_secs_f64(s),
+                Some(_) => {
+                    return Err(ConfigError::Invalid {
+                        name: "header_timeout_seconds",
+                        message: "must be a positive number".into(),
+                    });
+                }
+                None => DEFAULT_HEADER_TIMEOUT,
             },
         })
     }

@@ -321,18 +321,16 @@ async fn run(config: ServeConfig) -> Result<(), String> {
     let app = router(state);
     let streams = db.streams().clone();
     let listener = sluice::http::LimitedListener::new(listener, config.max_connections);
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown_signal().await;
-            // Live stream readers (SSE, long-poll) end so the server can drain.
-            streams.shutdown();
-        })
-        .await;
+    sluice::http::serve(listener, app, config.header_timeout, async move {
+        shutdown_signal().await;
+        // Live stream readers (SSE, long-poll) end so the server can drain.
+        streams.shutdown();
+    })
+    .await;
     tracing::info!("shutting down: flushing tables and closing the log");
     let _ = stop_tx.send(true);
     let _ = maintenance.await;
     let closed = db.close().await;
-    served.map_err(|e| format!("server error: {e}"))?;
     closed.map_err(|e| format!("flush at shutdown failed (data is safe in the log): {e}"))
 }
 

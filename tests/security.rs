@@ -258,3 +258,65 @@ async fn connections_past_the_limit_wait_their_turn() {
     .unwrap();
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_or_missing_request_headers_are_cut_off() {
+    use std::io::Write as _;
+    let dir = common::temp_dir("header-timeout");
+    let db = Database::open(DbConfig::new(&dir)).await.unwrap();
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = tcp.local_addr().unwrap();
+    // Two slots only: if cut-off connections kept theirs, the last request would never run.
+    let listener = sluice::http::LimitedListener::new(tcp, 2);
+    let app = sluice::http::router(sluice::http::AppState::new(db, vec![]));
+    tokio::spawn(sluice::http::serve(
+        listener,
+        app,
+        Duration::from_millis(500),
+        std::future::pending(),
+    ));
+    let answer = tokio::task::spawn_blocking(move || {
+        let closed_soon = |s: &mut std::net::TcpStream| {
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut out = Vec::new();
+            // EOF (or a reset) well before the 10 s read timeout means the server cut it.
+            match s.read_to_end(&mut out) {
+                Ok(_) => String::from_utf8_lossy(&out).into_owned(),
+                Err(e) => {
+                    assert_ne!(e.kind(), std::io::ErrorKind::WouldBlock, "never cut off");
+                    String::new()
+                }
+            }
+        };
+        // Nothing at all.
+        let mut idle = std::net::TcpStream::connect(addr).unwrap();
+        let said = closed_soon(&mut idle);
+        assert!(
+            said.is_empty() || said.starts_with("HTTP/1.1 408"),
+            "{said}"
+        );
+        // Headers a line at a time, slower than the deadline allows.
+        let mut slow = std::net::TcpStream::connect(addr).unwrap();
+        slow.write_all(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n")
+            .unwrap();
+        for _ in 0..4 {
+            std::thread::sleep(Duration::from_millis(200));
+            if slow.write_all(b"X-Slow: 1\r\n").is_err() {
+                break;
+            }
+        }
+        let said = closed_soon(&mut slow);
+        assert!(
+            said.is_empty() || said.starts_with("HTTP/1.1 408"),
+            "{said}"
+        );
+        // The slots are free again.
+        let mut ok = std::net::TcpStream::connect(addr).unwrap();
+        ok.write_all(b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        closed_soon(&mut ok)
+    })
+    .await
+    .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}

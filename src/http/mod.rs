@@ -6,6 +6,7 @@ mod deadline;
 mod error;
 mod ingest;
 mod listener;
+mod serve;
 mod statements;
 mod streams;
 
@@ -26,6 +27,7 @@ use crate::metrics::{Metrics, RequestLabels, RouteLabels};
 use crate::query::statements::Statements;
 pub(crate) use error::ApiError;
 pub use listener::{LimitedListener, LimitedStream};
+pub use serve::serve;
 
 /// Shared state of the HTTP handlers.
 #[derive(Debug, Clone)]

@@ -1,0 +1,46 @@
+//! The server loop: HTTP/1.1 connections from a [`LimitedListener`], each with a deadline for
+//! its request headers (so a client that sends headers slowly, or nothing at all, cannot hold a
+//! connection and its slot), and a graceful shutdown that lets open requests finish.
+
+use std::future::Future;
+use std::time::Duration;
+
+use axum::Router;
+use axum::serve::Listener as _;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+
+use super::LimitedListener;
+
+/// Serves `app` until `shutdown` resolves, then waits for open connections to finish their
+/// requests.
+pub async fn serve(
+    mut listener: LimitedListener,
+    app: Router,
+    header_timeout: Duration,
+    shutdown: impl Future<Output = ()>,
+) {
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (io, _addr) = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut shutdown => break,
+        };
+        let service = TowerToHyperService::new(app.clone());
+        let connection = http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_timeout)
+            .serve_connection(TokioIo::new(io), service);
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}
