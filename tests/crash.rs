@@ -10,48 +10,22 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn spawn(dir: &std::path::Path, port: u16) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-        ])
-        .arg(dir)
-        .env_remove("SLUICE_API_KEYS")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
+    common::sluice_serve(dir, port).spawn().unwrap()
 }
 
-async fn wait_healthy(client: &reqwest::Client, base: &str) -> Duration {
-    let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(30) {
-        if let Ok(r) = client.get(format!("{base}/v1/health")).send().await {
-            if r.status() == 200 {
-                return started.elapsed();
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the server did not start after a crash");
+/// Waits for the restarted server without blocking the runtime's other tasks.
+async fn wait_healthy(port: u16) -> Duration {
+    tokio::task::spawn_blocking(move || common::wait_healthy(port))
+        .await
+        .unwrap()
 }
 
 /// A tiny deterministic generator (the run's seed is printed, so a failure can be replayed).
@@ -260,14 +234,14 @@ async fn killed_at_random_moments_it_loses_nothing_acknowledged() {
     println!("crash loop: {cycles} cycles, seed {seed}");
     let mut rng = Rng(seed);
     let dir = common::temp_dir("crash");
-    let port = free_port();
+    let port = common::free_port();
     let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(20))
         .build()
         .unwrap();
     let mut server = spawn(&dir, port);
-    wait_healthy(&client, &base).await;
+    wait_healthy(port).await;
     let r = client
         .post(format!("{base}/v1/statements"))
         .json(&json!({"statement": "CREATE TABLE c (id int, note string)"}))
@@ -316,7 +290,7 @@ async fn killed_at_random_moments_it_loses_nothing_acknowledged() {
         }
         queries += query_task.await.unwrap();
         server = spawn(&dir, port);
-        restarts.push(wait_healthy(&client, &base).await);
+        restarts.push(wait_healthy(port).await);
         let snapshot = {
             let l = ledger.lock().unwrap();
             Ledger {

@@ -2,48 +2,22 @@
 
 use std::io::{BufRead as _, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
 use serde_json::{Value, json};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+mod common;
 
 fn spawn(dir: &std::path::Path, port: u16) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-        ])
-        .arg(dir)
-        .env_remove("SLUICE_API_KEYS")
-        .stdout(Stdio::null())
+    common::sluice_serve(dir, port)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap()
 }
 
-async fn wait_healthy(client: &reqwest::Client, port: u16) {
-    for _ in 0..200 {
-        if let Ok(r) = client
-            .get(format!("http://127.0.0.1:{port}/v1/health"))
-            .send()
-            .await
-        {
-            if r.status() == 200 {
-                return;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("server did not become healthy");
+async fn wait_healthy(_client: &reqwest::Client, port: u16) {
+    tokio::task::spawn_blocking(move || common::wait_healthy(port))
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -51,7 +25,7 @@ async fn sigterm_flushes_and_a_restart_serves_the_rows() {
     let dir = std::env::temp_dir().join(format!("sluice-process-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let client = reqwest::Client::new();
-    let port = free_port();
+    let port = common::free_port();
     let mut child = spawn(&dir, port);
     wait_healthy(&client, port).await;
     let base = format!("http://127.0.0.1:{port}");
@@ -100,7 +74,7 @@ async fn sigterm_flushes_and_a_restart_serves_the_rows() {
         .count();
     assert_eq!(parquet, 1);
 
-    let port = free_port();
+    let port = common::free_port();
     let mut child = spawn(&dir, port);
     wait_healthy(&client, port).await;
     let r = client

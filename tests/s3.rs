@@ -23,13 +23,9 @@ fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+mod common;
+
+use common::free_port;
 
 struct Node {
     child: Child,

@@ -29,55 +29,20 @@ fn node_project() -> PathBuf {
     dir
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn spawn_server(dir: &std::path::Path, port: u16) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--long-poll-timeout-ms",
-            "2000",
-            "--data-dir",
-        ])
-        .arg(dir)
-        .env_remove("SLUICE_API_KEYS")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+    common::sluice_serve(dir, port)
+        .args(["--long-poll-timeout-ms", "2000"])
         .spawn()
         .unwrap()
-}
-
-fn wait_healthy(port: u16) {
-    for _ in 0..400 {
-        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
-            use std::io::{Read as _, Write as _};
-            let _ = s.write_all(b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-            let mut out = String::new();
-            let _ = s.read_to_string(&mut out);
-            if out.starts_with("HTTP/1.1 200") {
-                return;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("server on port {port} did not become healthy");
 }
 
 #[test]
 fn durable_streams_conformance_suite_passes() {
     let project = node_project();
     let dir = common::temp_dir("conformance");
-    let port = free_port();
+    let port = common::free_port();
     let mut server = spawn_server(&dir, port);
-    wait_healthy(port);
+    common::wait_healthy(port);
     let report = dir.join("vitest-report.json");
     let status = Command::new("node")
         .current_dir(&project)
@@ -124,9 +89,9 @@ fn durable_streams_conformance_suite_passes() {
 fn real_client_delivers_exactly_once_across_a_server_kill() {
     let project = node_project();
     let dir = common::temp_dir("client-restart");
-    let port = free_port();
+    let port = common::free_port();
     let mut server = spawn_server(&dir, port);
-    wait_healthy(port);
+    common::wait_healthy(port);
     let mut script = Command::new("node")
         .current_dir(&project)
         .arg("producer-restart.mjs")

@@ -45,3 +45,49 @@ pub fn events_def() -> Value {
         {"name": "var", "data_type": "object"}
     ]})
 }
+
+/// A free loopback port (for a server process started next).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `sluice serve` on `127.0.0.1:port` with data in `dir`, no API keys, output discarded; add
+/// arguments or environment before spawning.
+pub fn sluice_serve(dir: &std::path::Path, port: u16) -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"));
+    command
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
+        .arg(dir)
+        .env_remove("SLUICE_API_KEYS")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    command
+}
+
+/// Waits until the server on `port` answers its health check (30 s at most); returns how long
+/// that took.
+pub fn wait_healthy(port: u16) -> std::time::Duration {
+    use std::io::{Read as _, Write as _};
+    let started = std::time::Instant::now();
+    while started.elapsed() < std::time::Duration::from_secs(30) {
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            let _ = s.write_all(b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            let mut out = String::new();
+            let _ = s.read_to_string(&mut out);
+            if out.starts_with("HTTP/1.1 200") {
+                return started.elapsed();
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    panic!("the server on port {port} did not become healthy");
+}
