@@ -393,7 +393,7 @@ async fn an_s3_outage_during_load_loses_nothing_acknowledged() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let during = progress.load(std::sync::atomic::Ordering::Relaxed) - before;
     assert!(
-        during > 100,
+        during > 20,
         "only {during} writes acknowledged during the outage"
     );
     s3.restart();
