@@ -322,17 +322,10 @@ impl Database {
             .run_maintenance(tick, stopped(stop_rx.clone()));
         let refresh = {
             let db = self.clone();
-            let stop = stopped(stop_rx);
-            async move {
-                tokio::pin!(stop);
-                let mut interval = tokio::time::interval(tick);
-                loop {
-                    tokio::select! {
-                        _ = &mut stop => break,
-                        _ = interval.tick() => db.refresh().await,
-                    }
-                }
-            }
+            crate::every(tick, stopped(stop_rx), move || {
+                let db = db.clone();
+                async move { db.refresh().await }
+            })
         };
         let signal = async move {
             shutdown.await;

@@ -19,3 +19,23 @@ pub mod storage;
 pub mod stream;
 pub mod table;
 pub mod types;
+
+/// Runs `work` every `tick` (the first time at once) until `shutdown` resolves; a round that
+/// is under way when it does finishes first.
+pub(crate) async fn every<F, Fut>(
+    tick: std::time::Duration,
+    shutdown: impl std::future::Future<Output = ()>,
+    mut work: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    tokio::pin!(shutdown);
+    let mut interval = tokio::time::interval(tick);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = interval.tick() => work().await,
+        }
+    }
+}

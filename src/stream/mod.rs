@@ -1093,18 +1093,12 @@ impl Streams {
         tick: Duration,
         shutdown: impl std::future::Future<Output = ()>,
     ) {
-        tokio::pin!(shutdown);
-        let mut interval = tokio::time::interval(tick);
-        loop {
-            tokio::select! {
-                _ = &mut shutdown => break,
-                _ = interval.tick() => {
-                    if let Err(e) = self.checkpoint(false).await {
-                        tracing::warn!(error = %e, "stream checkpoint failed; retrying later");
-                    }
-                }
+        crate::every(tick, shutdown, || async {
+            if let Err(e) = self.checkpoint(false).await {
+                tracing::warn!(error = %e, "stream checkpoint failed; retrying later");
             }
-        }
+        })
+        .await;
         if let Err(e) = self.checkpoint(true).await {
             tracing::warn!(error = %e, "final stream checkpoint failed");
         }

@@ -705,19 +705,13 @@ impl Tables {
         tick: Duration,
         shutdown: impl std::future::Future<Output = ()>,
     ) {
-        tokio::pin!(shutdown);
-        let mut interval = tokio::time::interval(tick);
-        loop {
-            tokio::select! {
-                _ = &mut shutdown => break,
-                _ = interval.tick() => {
-                    let _ = self.flush_due(false).await;
-                    for id in self.open_tables() {
-                        let _ = self.compact(&id).await;
-                    }
-                }
+        crate::every(tick, shutdown, || async {
+            let _ = self.flush_due(false).await;
+            for id in self.open_tables() {
+                let _ = self.compact(&id).await;
             }
-        }
+        })
+        .await;
         let _ = self.flush_due(true).await;
     }
 }
