@@ -55,6 +55,7 @@ fn durable_streams_conformance_suite_passes() {
         .arg(format!("--outputFile.json={}", report.display()))
         .env("CONFORMANCE_TEST_URL", format!("http://127.0.0.1:{port}"))
         .env("LONG_POLL_TIMEOUT_MS", "2000")
+        .env("SUBSCRIPTIONS", "1")
         .status()
         .expect("node runs");
     let _ = server.kill();

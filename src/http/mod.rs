@@ -9,6 +9,7 @@ mod listener;
 mod serve;
 mod statements;
 mod streams;
+mod subscriptions;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -38,6 +39,7 @@ pub struct AppState {
     long_poll_timeout: Duration,
     body_timeout: Duration,
     metrics: Arc<Metrics>,
+    subscriptions: Option<Arc<subscriptions::Subscriptions>>,
 }
 
 impl AppState {
@@ -45,6 +47,7 @@ impl AppState {
     pub fn new(db: Arc<Database>, api_keys: Vec<String>) -> Self {
         AppState {
             metrics: Arc::new(Metrics::new(&db)),
+            subscriptions: subscriptions::Subscriptions::new(db.streams().clone()),
             db,
             statements: Arc::new(Statements::default()),
             api_keys: Arc::new(api_keys.iter().map(|k| parse_key(k)).collect()),

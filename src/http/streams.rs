@@ -432,6 +432,24 @@ fn info_headers(headers: &mut HeaderMap, info: &StreamInfo) {
 
 // ---- routes: protocol layout -----------------------------------------------------------
 
+/// Serves the reserved `__ds/` namespace (subscriptions).
+async fn reserved(
+    state: &AppState,
+    method: Method,
+    name: &str,
+    headers: &HeaderMap,
+    body: Body,
+) -> Response {
+    match &state.subscriptions {
+        Some(subs) => super::subscriptions::handle(subs, &method, name, headers, body).await,
+        None => ApiError::not_found("subscriptions are not available").into_response(),
+    }
+}
+
+fn is_reserved(name: &str) -> bool {
+    super::subscriptions::reserved(name)
+}
+
 pub(super) async fn put_protocol(
     State(state): State<AppState>,
     Path(name): Path<String>,
@@ -439,6 +457,9 @@ pub(super) async fn put_protocol(
     uri: axum::http::Uri,
     body: Body,
 ) -> Result<Response, ApiError> {
+    if is_reserved(&name) {
+        return Ok(reserved(&state, Method::PUT, &name, &headers, body).await);
+    }
     create(&state, protocol_name(&name)?, &headers, &uri, body).await
 }
 
@@ -448,6 +469,9 @@ pub(super) async fn post_protocol(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
+    if is_reserved(&name) {
+        return Ok(reserved(&state, Method::POST, &name, &headers, body).await);
+    }
     append(&state, protocol_name(&name)?, &headers, body).await
 }
 
@@ -457,6 +481,9 @@ pub(super) async fn get_protocol(
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
+    if is_reserved(&name) {
+        return Ok(reserved(&state, Method::GET, &name, &headers, Body::empty()).await);
+    }
     read(&state, protocol_name(&name)?, &headers, query.as_deref()).await
 }
 
@@ -472,6 +499,9 @@ pub(super) async fn delete_protocol(
     Path(name): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    if is_reserved(&name) {
+        return Ok(reserved(&state, Method::DELETE, &name, &headers, Body::empty()).await);
+    }
     delete(&state, protocol_name(&name)?, &headers).await
 }
 

@@ -394,6 +394,8 @@ pub struct StreamStats {
 
 struct Inner {
     stats: StreamStats,
+    /// Names of streams that just received data (for subscriptions).
+    changes: tokio::sync::broadcast::Sender<String>,
     log: CommitLog,
     consumer: LogConsumer,
     config: StreamsConfig,
@@ -564,6 +566,7 @@ impl Streams {
         };
         let inner = Arc::new(Inner {
             stats: StreamStats::default(),
+            changes: tokio::sync::broadcast::channel(4096).0,
             log,
             consumer,
             config,
@@ -593,6 +596,11 @@ impl Streams {
             inner.apply(record.lsn, op);
         }
         Ok(Streams { inner })
+    }
+
+    /// Names of streams as they receive data (appends, and creates with a first body).
+    pub fn changes(&self) -> tokio::sync::broadcast::Receiver<String> {
+        self.inner.changes.subscribe()
     }
 
     /// Work counters.
@@ -758,7 +766,11 @@ impl Streams {
         };
         self.commit(RecordKind::Metadata, op).await?;
         let stream = self.lookup(&req.name).ok_or(StreamError::NotFound)?;
-        Ok((true, stream.info()))
+        let info = stream.info();
+        if info.tail > 0 {
+            let _ = self.inner.changes.send(req.name.clone());
+        }
+        Ok((true, info))
     }
 
     /// Checks a fork request against its source; returns the fork's spec, the source's
@@ -952,6 +964,7 @@ impl Streams {
         };
         self.commit(RecordKind::StreamAppend, op).await?;
         if stored > 0 {
+            let _ = self.inner.changes.send(req.name.clone());
             self.inner.stats.appends.fetch_add(1, Ordering::Relaxed);
             self.inner
                 .stats
