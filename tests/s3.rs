@@ -315,7 +315,8 @@ struct Acks {
     unknown: Vec<i64>,
 }
 
-#[tokio::test]
+// Two workers: starting and stopping SeaweedFS blocks one while the load keeps running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_s3_outage_during_load_loses_nothing_acknowledged() {
     let mut s3 = Seaweed::start(&temp_dir("outage-s3"));
     let url = format!("s3://{}/db", Seaweed::BUCKET);
@@ -401,7 +402,12 @@ async fn an_s3_outage_during_load_loses_nothing_acknowledged() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let rows = rows.await.unwrap();
     let messages = messages.await.unwrap();
-    assert!(rows.acked.len() > 200 && messages.acked.len() > 200);
+    assert!(
+        rows.acked.len() > 20 && messages.acked.len() > 20,
+        "the load barely ran: {} rows, {} messages",
+        rows.acked.len(),
+        messages.acked.len()
+    );
     // Every acknowledged row is queryable exactly once; nothing else appears.
     let acked = rows.acked.len() as i64;
     node.wait_count("SELECT count(*) FROM t", acked).await;
