@@ -176,6 +176,9 @@ impl Subscriptions {
 
     /// A stream received data: raise a wake for every subscription watching it that has none.
     async fn changed(&self, name: &str) {
+        if self.subs().is_empty() {
+            return;
+        }
         let tail = match self.streams.get(name).await {
             Ok(s) => s.info().tail,
             Err(_) => return,
