@@ -19,7 +19,7 @@ use crate::query::{QueryEngine, QueryError, QueryResult};
 use crate::storage::probe::{Probe, ProbedStore};
 use crate::storage::{Storage, StorageError};
 use crate::stream::{StreamError, Streams, StreamsConfig};
-use crate::table::{TableConfig, TableError, Tables};
+use crate::table::{TableConfig, TableError, TableStats, Tables};
 use crate::types::Column;
 
 /// Settings of a database.
@@ -408,6 +408,34 @@ impl Database {
         result
     }
 
+    /// Finds a table by name, looking at the shared catalog again when this node does not know
+    /// it: another node sharing the object store may have created it since our last look.
+    pub async fn resolve_table(
+        &self,
+        db: &str,
+        schema: &str,
+        table: &str,
+    ) -> Result<ResolvedTable, CatalogError> {
+        match self.catalog.table(db, schema, table).await {
+            Err(CatalogError::NotFound { .. }) => {
+                self.catalog.refresh().await?;
+                self.catalog.table(db, schema, table).await
+            }
+            found => found,
+        }
+    }
+
+    /// Size and state figures of a table, by name.
+    pub async fn table_stats(
+        &self,
+        db: &str,
+        schema: &str,
+        table: &str,
+    ) -> Result<TableStats, IngestFailure> {
+        let resolved = self.resolve_table(db, schema, table).await?;
+        Ok(self.tables.stats(&resolved.id).await?)
+    }
+
     /// The uncounted ingest.
     async fn ingest_inner(
         &self,
@@ -417,16 +445,7 @@ impl Database {
         body: bytes::Bytes,
         encoding: ContentEncoding,
     ) -> Result<usize, IngestFailure> {
-        let resolved = match self.catalog.table(db, schema, table).await {
-            Ok(t) => t,
-            Err(CatalogError::NotFound { .. }) => {
-                // Another node sharing the object store may have created it since our last
-                // look at the catalog.
-                self.catalog.refresh().await?;
-                self.catalog.table(db, schema, table).await?
-            }
-            Err(e) => return Err(e.into()),
-        };
+        let resolved = self.resolve_table(db, schema, table).await?;
         let plan = self.plan(&resolved)?;
         let limits = self.config.limits;
         // Decompressing and decoding are CPU work: keep them off the I/O threads.

@@ -189,6 +189,7 @@ async fn real_answers_validate_against_the_document() {
     let table = "/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}";
     let ingest = "/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}/ingest";
     let stream = "/v1/stream/{name}";
+    let stats = "/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}/stats";
     let cases: Vec<(&str, &str, reqwest::RequestBuilder)> = vec![
         ("GET", "/v1/health", send("GET", "/v1/health")),
         ("PUT", table, send("PUT", table).header("content-type", "application/json").body(events.clone())),
@@ -199,6 +200,7 @@ async fn real_answers_validate_against_the_document() {
             "{\"time\":\"2026-10-23T09:00:00Z\",\"service\":\"checkout\",\"name\":\"payment_failed\",\"message\":\"m\",\"var\":{\"gateway\":\"credit_card\"}}\n",
         )),
         ("POST", ingest, send("POST", ingest).header("content-type", "application/x-ndjson").body("{\"time\":1}\n")),
+        ("GET", stats, send("GET", stats)),
         ("POST", ingest, send("POST", ingest).header("content-type", "text/csv").body("a,b\n")),
         ("POST", "/v1/statements", send("POST", "/v1/statements").json(&json!({"statement": "FROM events SELECT name, var['gateway']::string AS g"}))),
         ("POST", "/v1/statements", send("POST", "/v1/statements").json(&json!({"statement": "SELECT nope FROM events"}))),
@@ -209,6 +211,8 @@ async fn real_answers_validate_against_the_document() {
         ("PUT", stream, send("PUT", stream).header("content-type", "application/json")),
         ("POST", stream, send("POST", stream).header("content-type", "application/json").body("{\"a\":1}")),
         ("POST", stream, send("POST", stream).header("content-type", "application/json").body("{oops")),
+        ("GET", "/v1/streams", send("GET", "/v1/streams")),
+        ("GET", "/v1/streams", send("GET", "/v1/streams?limit=0")),
         ("GET", stream, send("GET", stream)),
         ("HEAD", stream, send("HEAD", stream)),
         ("PUT", "/{bucket}", send("PUT", "/{bucket}")),
@@ -216,6 +220,7 @@ async fn real_answers_validate_against_the_document() {
         ("DELETE", stream, send("DELETE", stream)),
         ("GET", stream, send("GET", stream)),
         ("GET", "/openapi.json", send("GET", "/openapi.json")),
+        ("GET", "/", send("GET", "/")),
     ];
     for (method, template, request) in cases {
         let response = request.send().await.unwrap();

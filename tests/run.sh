@@ -43,12 +43,26 @@ for i in $(seq 1 120); do
 done
 export SLUICE_TEST_S3_URL="s3://sluice-test/run-$$"
 
+# npm packages of a test directory, reinstalled whenever its lock file changes.
+npm_install() {
+  if ! cmp -s "$1/package-lock.json" "$1/node_modules/.installed-lock"; then
+    echo "installing $2 into $1/node_modules" >&2
+    npm ci --prefix "$1" --no-audit --no-fund --loglevel=error
+    cp "$1/package-lock.json" "$1/node_modules/.installed-lock"
+  fi
+}
 # The Durable Streams conformance suite and client (tests/streams.rs drives them with node).
-# Reinstalled whenever the lock file changes.
-if ! cmp -s tests/conformance/package-lock.json tests/conformance/node_modules/.installed-lock; then
-  echo "installing the Durable Streams test packages into tests/conformance/node_modules" >&2
-  npm ci --prefix tests/conformance --no-audit --no-fund --loglevel=error
-  cp tests/conformance/package-lock.json tests/conformance/node_modules/.installed-lock
+npm_install tests/conformance "the Durable Streams test packages"
+# The console's browser test (tests/console.rs): playwright-core drives Debian's Chromium (a
+# browser downloaded by a test tool does not run here).
+npm_install tests/console "playwright-core"
+if [ ! -x /usr/bin/chromium ]; then
+  echo "installing Debian's chromium for the console test" >&2
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get install -y -q chromium >/dev/null 2>&1 \
+    || { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q chromium >/dev/null; }
 fi
 
 # Incremental state only costs disk and time on a one-off CI build.

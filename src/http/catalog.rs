@@ -186,3 +186,22 @@ pub(super) async fn delete_table(
     )
     .await
 }
+
+/// `GET .../tables/{table}/stats`: how many rows a table holds and where they are (Parquet
+/// files on object storage, or committed batches not yet flushed).
+pub(super) async fn get_table_stats(
+    State(state): State<AppState>,
+    Path((db, schema, table)): Path<(String, String, String)>,
+) -> Result<Response, ApiError> {
+    let stats = state.db.table_stats(&db, &schema, &table).await?;
+    Ok(Json(serde_json::json!({
+        "rows": stats.file_rows + stats.unflushed_rows,
+        "files": stats.files,
+        "file_bytes": stats.file_bytes,
+        "file_rows": stats.file_rows,
+        "unflushed_batches": stats.unflushed_batches,
+        "unflushed_bytes": stats.unflushed_bytes,
+        "unflushed_rows": stats.unflushed_rows,
+    }))
+    .into_response())
+}

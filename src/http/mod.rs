@@ -2,6 +2,7 @@
 //! requests to the database's typed calls and errors to answers.
 
 mod catalog;
+mod console;
 mod deadline;
 mod error;
 mod ingest;
@@ -269,6 +270,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/health"),
     ("GET", "/metrics"),
     ("GET", "/openapi.json"),
+    ("GET", "/"),
+    ("GET", "/console.js"),
+    ("GET", "/console.css"),
     ("GET", "/v1/catalog"),
     ("PUT", "/v1/catalog"),
     ("GET", "/v1/catalog/databases/{db}"),
@@ -293,10 +297,15 @@ pub const ROUTES: &[(&str, &str)] = &[
         "POST",
         "/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}/ingest",
     ),
+    (
+        "GET",
+        "/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}/stats",
+    ),
     ("POST", "/v1/ingest"),
     ("POST", "/v1/statements"),
     ("GET", "/v1/statements/{id}"),
     ("POST", "/v1/statements/{id}/cancel"),
+    ("GET", "/v1/streams"),
     ("PUT", "/v1/stream/{name}"),
     ("POST", "/v1/stream/{name}"),
     ("GET", "/v1/stream/{name}"),
@@ -366,6 +375,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/statements", post(statements::submit))
         .route("/v1/statements/{id}", get(statements::fetch))
         .route("/v1/statements/{id}/cancel", post(statements::cancel))
+        .route(
+            "/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}/stats",
+            get(catalog::get_table_stats),
+        )
+        .route("/v1/streams", get(streams::list))
         .route_layer(middleware::from_fn_with_state(state.clone(), authenticate));
     let streams = Router::new()
         .route(
@@ -393,6 +407,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/health", get(health))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
+        .route("/", get(console::index))
+        .route("/console.js", get(console::script))
+        .route("/console.css", get(console::style))
         .merge(api)
         .merge(streams)
         .fallback(not_found)

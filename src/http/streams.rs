@@ -1192,3 +1192,53 @@ mod tests {
         }
     }
 }
+
+/// Query parameters of `GET /v1/streams`.
+#[derive(Debug, Default, serde::Deserialize)]
+pub(super) struct ListParams {
+    #[serde(default)]
+    prefix: Option<String>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// Most streams one listing answers.
+const MAX_LIST: usize = 10_000;
+
+/// `GET /v1/streams`: the live streams in name order, with their metadata and producers.
+pub(super) async fn list(
+    State(state): State<AppState>,
+    params: Result<axum::extract::Query<ListParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let axum::extract::Query(params) =
+        params.map_err(|e| ApiError::bad_request(format!("bad query: {}", e.body_text())))?;
+    let limit = params.limit.unwrap_or(1000);
+    if limit == 0 || limit > MAX_LIST {
+        return Err(ApiError::bad_request(format!(
+            "limit must be 1 to {MAX_LIST}"
+        )));
+    }
+    let (streams, truncated) = state
+        .db
+        .streams()
+        .list(params.prefix.as_deref().unwrap_or(""), limit);
+    let streams: Vec<serde_json::Value> = streams
+        .into_iter()
+        .map(|s| {
+            json!({
+                "name": s.name,
+                "content_type": s.info.content_type,
+                "next_offset": format_offset(s.info.tail),
+                "bytes": s.info.tail,
+                "closed": s.info.closed,
+                "ttl_seconds": s.info.lifetime.ttl_secs,
+                "expires_at": s.info.lifetime.expires_at,
+                "forked_from": s.forked_from,
+                "producers": s.producers.iter().map(|p| json!({
+                    "id": p.id, "epoch": p.epoch, "last_seq": p.last_seq,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Ok(axum::Json(json!({"streams": streams, "truncated": truncated})).into_response())
+}

@@ -180,6 +180,30 @@ pub struct StreamInfo {
     pub lifetime: Lifetime,
 }
 
+/// One stream as a listing shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamSummary {
+    /// The stream's name.
+    pub name: String,
+    /// Its metadata.
+    pub info: StreamInfo,
+    /// The stream it was forked from, if a fork.
+    pub forked_from: Option<String>,
+    /// Its idempotent producers, by id.
+    pub producers: Vec<ProducerSummary>,
+}
+
+/// An idempotent producer's position on one stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProducerSummary {
+    /// `Producer-Id`.
+    pub id: String,
+    /// The current `Producer-Epoch`.
+    pub epoch: u64,
+    /// The last `Producer-Seq` admitted in that epoch.
+    pub last_seq: u64,
+}
+
 /// A fork request's parameters.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ForkRequest {
@@ -639,6 +663,61 @@ impl Streams {
             .collect();
         names.sort();
         names
+    }
+
+    /// Up to `limit` live streams whose names start with `prefix`, in name order, with their
+    /// metadata and producers (what a console or an operator lists). The second value says
+    /// whether more streams matched.
+    pub fn list(&self, prefix: &str, limit: usize) -> (Vec<StreamSummary>, bool) {
+        let now = now_ms();
+        let mut matching: Vec<Arc<Stream>> = {
+            let registry = self.inner.registry();
+            registry
+                .streams
+                .iter()
+                .filter(|(name, _)| name.starts_with(prefix))
+                .map(|(_, s)| s.clone())
+                .collect()
+        };
+        matching.retain(|s| {
+            let state = s.read_state();
+            !state.soft_deleted && !state.gone
+        });
+        // Expired streams are deleted by the next request that touches them; they are not
+        // listed meanwhile.
+        matching.retain(|s| !s.expired(now));
+        matching.sort_by(|a, b| a.name.cmp(&b.name));
+        let more = matching.len() > limit;
+        let summaries = matching
+            .iter()
+            .take(limit)
+            .map(|stream| {
+                let s = stream.read_state();
+                let mut producers: Vec<ProducerSummary> = s
+                    .producers
+                    .iter()
+                    .map(|(id, p)| ProducerSummary {
+                        id: id.clone(),
+                        epoch: p.epoch,
+                        last_seq: p.last_seq,
+                    })
+                    .collect();
+                producers.sort_by(|a, b| a.id.cmp(&b.id));
+                StreamSummary {
+                    name: stream.name.clone(),
+                    info: StreamInfo {
+                        content_type: s.content_type.clone(),
+                        tail: s.tail,
+                        closed: s.closed,
+                        incarnation: s.incarnation.clone(),
+                        lifetime: s.lifetime.clone(),
+                    },
+                    forked_from: s.fork.as_ref().map(|f| f.source.clone()),
+                    producers,
+                }
+            })
+            .collect();
+        (summaries, more)
     }
 
     fn lookup(&self, name: &str) -> Option<Arc<Stream>> {
