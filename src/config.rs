@@ -65,8 +65,11 @@ pub struct FileConfig {
     pub flush_bytes: Option<usize>,
     /// Flush a table whose oldest unflushed batch is this many seconds old.
     pub flush_interval_seconds: Option<f64>,
-    /// Refuse ingest into a table past this many unflushed bytes.
+    /// Past this many unflushed bytes over all tables, ingest waits for flushes (and answers
+    /// 503 when they do not come within 10 s).
     pub max_unflushed_bytes: Option<usize>,
+    /// Request-body bytes read and decoded at once; further ingest requests wait.
+    pub ingest_inflight_bytes: Option<usize>,
     /// How long a long-poll read waits for data before answering 204, in milliseconds.
     pub long_poll_timeout_ms: Option<u64>,
     /// Seal stream data into object storage at least this often, in seconds.
@@ -152,6 +155,7 @@ impl ServeConfig {
             "listen = \"{}\"\ndata_dir = \"{}\"\nobject_store = \"{}\"\napi_keys = [{}]\n\
              durability = \"{}\"\nmax_body_bytes = {}\nmax_rows = {}\nmax_log_bytes = {}\n\
              flush_bytes = {}\nflush_interval_seconds = {}\nmax_unflushed_bytes = {}\n\
+             ingest_inflight_bytes = {}\n\
              long_poll_timeout_ms = {}\nstream_checkpoint_interval_seconds = {}\n\
              request_body_timeout_seconds = {}\nmax_connections = {}\nheader_timeout_seconds = {}",
             self.listen,
@@ -168,6 +172,7 @@ impl ServeConfig {
             db.tables.flush_bytes,
             db.tables.flush_interval.as_secs_f64(),
             db.tables.max_unflushed_bytes,
+            db.ingest_inflight_bytes,
             self.long_poll_timeout.as_millis(),
             db.streams.checkpoint_interval.as_secs_f64(),
             self.body_timeout.as_secs_f64(),
@@ -241,6 +246,9 @@ impl ServeConfig {
         }
         if let Some(b) = file.max_unflushed_bytes {
             db.tables.max_unflushed_bytes = b;
+        }
+        if let Some(b) = file.ingest_inflight_bytes {
+            db.ingest_inflight_bytes = b;
         }
         if let Some(s) = file.stream_checkpoint_interval_seconds {
             if !(s.is_finite() && s > 0.0) {

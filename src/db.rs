@@ -45,6 +45,9 @@ pub struct DbConfig {
     pub streams: StreamsConfig,
     /// Failure injection for the commit log (tests: failing or slow writes and syncs).
     pub log_fail_hook: Option<crate::log::FailHook>,
+    /// Request-body bytes that may be read and decoded at once; further ingest requests
+    /// wait their turn before their bodies are read (TCP pushes back on their clients).
+    pub ingest_inflight_bytes: usize,
 }
 
 impl std::fmt::Debug for DbConfig {
@@ -76,6 +79,7 @@ impl DbConfig {
             maintenance_interval: Duration::from_secs(1),
             streams: StreamsConfig::default(),
             log_fail_hook: None,
+            ingest_inflight_bytes: 48 << 20,
         }
     }
 }
@@ -168,7 +172,12 @@ pub struct Database {
     probe: Arc<Probe>,
     ingest_stats: IngestStats,
     plans: Mutex<HashMap<String, Arc<IngestPlan>>>,
+    /// Admission of ingest bodies, in KiB of [`DbConfig::ingest_inflight_bytes`].
+    ingest_admission: Arc<tokio::sync::Semaphore>,
 }
+
+/// Ingest admission permits count KiB, so a `u32` covers any budget.
+const ADMISSION_UNIT: usize = 1024;
 
 impl std::fmt::Debug for Database {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -252,6 +261,12 @@ impl Database {
         )
         .await?;
         let engine = QueryEngine::new(catalog.clone(), tables.clone(), storage.clone());
+        let ingest_admission = Arc::new(tokio::sync::Semaphore::new(
+            config
+                .ingest_inflight_bytes
+                .div_ceil(ADMISSION_UNIT)
+                .clamp(1, tokio::sync::Semaphore::MAX_PERMITS),
+        ));
         Ok(Arc::new(Database {
             log,
             storage,
@@ -263,6 +278,7 @@ impl Database {
             probe,
             ingest_stats: IngestStats::default(),
             plans: Mutex::new(HashMap::new()),
+            ingest_admission,
         }))
     }
 
@@ -408,6 +424,23 @@ impl Database {
         result
     }
 
+    /// Waits until a request body of up to `bytes` may be read and decoded, within
+    /// [`DbConfig::ingest_inflight_bytes`]; the permit releases its share when dropped.
+    pub async fn admit_ingest(&self, bytes: usize) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let budget = self
+            .config
+            .ingest_inflight_bytes
+            .div_ceil(ADMISSION_UNIT)
+            .max(1);
+        let units = bytes.div_ceil(ADMISSION_UNIT).clamp(1, budget);
+        let units = u32::try_from(units).unwrap_or(u32::MAX);
+        self.ingest_admission
+            .clone()
+            .acquire_many_owned(units)
+            .await
+            .ok()
+    }
+
     /// Finds a table by name, looking at the shared catalog again when this node does not know
     /// it: another node sharing the object store may have created it since our last look.
     pub async fn resolve_table(
@@ -434,6 +467,18 @@ impl Database {
     ) -> Result<TableStats, IngestFailure> {
         let resolved = self.resolve_table(db, schema, table).await?;
         Ok(self.tables.stats(&resolved.id).await?)
+    }
+
+    /// The Parquet files of a table now, by name (what a query of it reads besides the
+    /// unflushed batches).
+    pub async fn table_files(
+        &self,
+        db: &str,
+        schema: &str,
+        table: &str,
+    ) -> Result<Vec<crate::table::DataFile>, IngestFailure> {
+        let resolved = self.resolve_table(db, schema, table).await?;
+        Ok(self.tables.snapshot(&resolved.id).await?.files)
     }
 
     /// The uncounted ingest.

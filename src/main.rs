@@ -260,7 +260,21 @@ async fn tables(args: ClientArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Holds glibc's malloc to two arenas. By default it opens up to eight per core, and each
+/// keeps the memory freed into it: with ingest handing 16 MiB buffers between runtime and
+/// blocking threads, that retention alone took the server's peak RSS past 570 MiB where two
+/// arenas stay near 440 MiB (`cargo bench --bench ingest`), at no cost in throughput.
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `mallopt` only sets an allocator parameter; it is called before the runtime
+    // starts any thread, and a refused setting (return value 0) leaves the default in place.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
+}
+
 fn serve(args: ServeArgs) -> Result<(), String> {
+    limit_malloc_arenas();
     let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let logs = tracing_subscriber::fmt()

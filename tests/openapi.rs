@@ -201,6 +201,7 @@ async fn real_answers_validate_against_the_document() {
         )),
         ("POST", ingest, send("POST", ingest).header("content-type", "application/x-ndjson").body("{\"time\":1}\n")),
         ("GET", stats, send("GET", stats)),
+        ("GET", stats, send("GET", stats).query(&[("files", "true")])),
         ("POST", ingest, send("POST", ingest).header("content-type", "text/csv").body("a,b\n")),
         ("POST", "/v1/statements", send("POST", "/v1/statements").json(&json!({"statement": "FROM events SELECT name, var['gateway']::string AS g"}))),
         ("POST", "/v1/statements", send("POST", "/v1/statements").json(&json!({"statement": "SELECT nope FROM events"}))),

@@ -586,6 +586,8 @@ async fn legacy_ingest_endpoint_takes_glued_rows() {
 async fn backpressure_answers_503_with_retry_after_and_applies_nothing() {
     let mut config = DbConfig::new(temp_dir());
     config.tables.max_unflushed_bytes = 1;
+    // No flush runs here, so the wait for headroom runs out.
+    config.tables.headroom_wait = std::time::Duration::from_millis(200);
     let s = Server::start_with(config, Vec::new()).await;
     s.create_events().await;
     assert_eq!(s.ingest("events", rows(10, 0)).await.0, 200);
@@ -609,6 +611,51 @@ async fn backpressure_answers_503_with_retry_after_and_applies_nothing() {
     s.db.tables().flush_due(true).await.unwrap();
     assert_eq!(s.ingest("events", rows(10, 10)).await.0, 200);
     assert_eq!(count(&s).await, 20);
+}
+
+#[tokio::test]
+async fn ingest_waits_for_flushes_instead_of_refusing() {
+    // A budget every batch exceeds: each ingest must wait for the flush of the one before.
+    let mut config = DbConfig::new(temp_dir());
+    config.tables.max_unflushed_bytes = 1;
+    let s = Server::start_with(config, Vec::new()).await;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let maintenance = tokio::spawn(s.db.clone().run_maintenance(async move {
+        let _ = stopped.await;
+    }));
+    s.create_events().await;
+    let mut clients = Vec::new();
+    for c in 0..4 {
+        let (client, url) = (
+            s.client.clone(),
+            s.url("/v1/catalog/databases/scopedb/schemas/public/tables/events/ingest"),
+        );
+        clients.push(tokio::spawn(async move {
+            for b in 0..5 {
+                let r = client
+                    .post(&url)
+                    .header("content-type", "application/x-ndjson")
+                    .body(rows(10, (c * 5 + b) * 10))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+            }
+        }));
+    }
+    for c in clients {
+        c.await.unwrap();
+    }
+    assert_eq!(count(&s).await, 200);
+    assert!(
+        s.db.tables()
+            .op_stats()
+            .flushes
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 2
+    );
+    let _ = stop.send(());
+    maintenance.await.unwrap();
 }
 
 #[tokio::test]

@@ -189,12 +189,17 @@ pub(super) async fn delete_table(
 
 /// `GET .../tables/{table}/stats`: how many rows a table holds and where they are (Parquet
 /// files on object storage, or committed batches not yet flushed).
+/// With `?files=true` it also lists the Parquet files (path relative to the storage root,
+/// rows, bytes).
 pub(super) async fn get_table_stats(
     State(state): State<AppState>,
     Path((db, schema, table)): Path<(String, String, String)>,
+    params: Result<Query<StatsParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let Query(params) =
+        params.map_err(|e| ApiError::bad_request(format!("bad query: {}", e.body_text())))?;
     let stats = state.db.table_stats(&db, &schema, &table).await?;
-    Ok(Json(serde_json::json!({
+    let mut body = serde_json::json!({
         "rows": stats.file_rows + stats.unflushed_rows,
         "files": stats.files,
         "file_bytes": stats.file_bytes,
@@ -202,6 +207,20 @@ pub(super) async fn get_table_stats(
         "unflushed_batches": stats.unflushed_batches,
         "unflushed_bytes": stats.unflushed_bytes,
         "unflushed_rows": stats.unflushed_rows,
-    }))
-    .into_response())
+    });
+    if params.files.unwrap_or(false) {
+        let files = state.db.table_files(&db, &schema, &table).await?;
+        body["file_list"] = files
+            .iter()
+            .map(|f| serde_json::json!({"path": f.path, "rows": f.rows, "bytes": f.bytes}))
+            .collect();
+    }
+    Ok(Json(body).into_response())
+}
+
+/// Query parameters of the table stats.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct StatsParams {
+    #[serde(default)]
+    files: Option<bool>,
 }

@@ -52,6 +52,19 @@ pub(super) async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, 
     })
 }
 
+/// What a body will take once read and decompressed, for ingest admission: its length when
+/// plain and known, else the limit.
+fn admission_size(headers: &HeaderMap, encoding: ContentEncoding, limit: usize) -> usize {
+    let length = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    match (encoding, length) {
+        (ContentEncoding::Identity, Some(n)) => n.min(limit),
+        _ => limit,
+    }
+}
+
 pub(super) fn encoding(headers: &HeaderMap) -> Result<ContentEncoding, ApiError> {
     let value = headers
         .get(header::CONTENT_ENCODING)
@@ -92,6 +105,10 @@ pub(super) async fn ingest_table(
     }
     let encoding = encoding(&headers)?;
     let limit = state.db.limits().max_body_bytes;
+    let _admitted = state
+        .db
+        .admit_ingest(admission_size(&headers, encoding, limit))
+        .await;
     let body = read_body(body, limit).await?;
     let rows = state
         .db
@@ -147,6 +164,10 @@ pub(super) async fn ingest_statement(
     let encoding = encoding(&headers)?;
     // The rows are inside a JSON string: allow for escaping overhead on top of the limit.
     let limit = state.db.limits().max_body_bytes;
+    let _admitted = state
+        .db
+        .admit_ingest(admission_size(&headers, encoding, limit.saturating_mul(2)))
+        .await;
     let raw = read_body(body, limit.saturating_mul(2)).await?;
     let plain = crate::ingest::decompress(&raw, encoding, limit.saturating_mul(2))
         .map_err(|e| ApiError::from(crate::db::IngestFailure::Input(e)))?;

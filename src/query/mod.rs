@@ -164,16 +164,22 @@ pub enum Access {
 pub struct QueryEngine {
     catalog: Arc<Catalog>,
     tables: Arc<Tables>,
-    storage: Storage,
+    /// Shared by every statement's session: it holds the object store and the cache of
+    /// Parquet footers and page indexes, so a query does not fetch and parse them again.
+    runtime: Arc<datafusion::execution::runtime_env::RuntimeEnv>,
 }
 
 impl QueryEngine {
     /// An engine over this catalog, these tables and their object store.
     pub fn new(catalog: Arc<Catalog>, tables: Arc<Tables>, storage: Storage) -> Self {
+        let runtime = Arc::new(datafusion::execution::runtime_env::RuntimeEnv::default());
+        if let Ok(url) = ObjectStoreUrl::parse(provider::STORE_URL) {
+            runtime.register_object_store(url.as_ref(), storage.store().clone());
+        }
         QueryEngine {
             catalog,
             tables,
-            storage,
+            runtime,
         }
     }
 
@@ -182,12 +188,9 @@ impl QueryEngine {
         let config = SessionConfig::new()
             .with_default_catalog_and_schema(DEFAULT_DATABASE, DEFAULT_SCHEMA)
             .with_information_schema(true);
-        let mut ctx = SessionContext::new_with_config(config);
+        let mut ctx = SessionContext::new_with_config_rt(config, self.runtime.clone());
         // v['k'] in ScopeQL, and json_get* in SQL.
         datafusion_functions_json::register_all(&mut ctx)?;
-        let url = ObjectStoreUrl::parse(provider::STORE_URL)?;
-        ctx.runtime_env()
-            .register_object_store(url.as_ref(), self.storage.store().clone());
         for (db, schemas) in self.catalog.schemas().await {
             let catalog = Arc::new(MemoryCatalogProvider::new());
             for s in schemas {

@@ -100,8 +100,10 @@ pub struct TableConfig {
     pub flush_bytes: usize,
     /// Flush a table once its oldest unflushed batch is this old.
     pub flush_interval: Duration,
-    /// Refuse appends to a table holding this many unflushed bytes.
+    /// Refuse appends while all tables together hold this many unflushed bytes.
     pub max_unflushed_bytes: usize,
+    /// How long an append over `max_unflushed_bytes` waits for flushes before it is refused.
+    pub headroom_wait: Duration,
     /// Rows per Parquet row group.
     pub row_group_rows: usize,
     /// Compact once a table has this many files smaller than half the target.
@@ -115,12 +117,13 @@ pub struct TableConfig {
 impl Default for TableConfig {
     fn default() -> Self {
         TableConfig {
-            flush_bytes: 64 << 20,
+            flush_bytes: 32 << 20,
             flush_interval: Duration::from_secs(10),
-            max_unflushed_bytes: 512 << 20,
+            max_unflushed_bytes: 96 << 20,
+            headroom_wait: Duration::from_secs(10),
             row_group_rows: 128 * 1024,
             compact_min_files: 8,
-            compact_target_bytes: 128 << 20,
+            compact_target_bytes: 64 << 20,
             checkpoint_interval: 10,
         }
     }
@@ -210,6 +213,15 @@ fn table_dir(id: &str) -> String {
     format!("tables/{id}")
 }
 
+/// A new, unique object path for a data file of table `id`.
+fn data_file_path(id: &str) -> String {
+    format!(
+        "{}/data/{}.parquet",
+        table_dir(id),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
 /// Checks that a table id is safe to use in object paths.
 fn check_id(id: &str) -> Result<(), TableError> {
     let ok = !id.is_empty()
@@ -233,6 +245,11 @@ pub struct Tables {
     config: TableConfig,
     tables: RwLock<HashMap<String, Arc<Table>>>,
     stats: OpStats,
+    /// Woken by an append that takes a table past `flush_bytes`, so the flush starts at
+    /// once rather than on the next tick (which would let memory grow by a tick's ingest).
+    flush_wanted: tokio::sync::Notify,
+    /// Woken after every flush: ingest waiting for memory headroom looks again.
+    flushed: tokio::sync::Notify,
 }
 
 /// Work counters of flushes and compactions (for metrics).
@@ -279,6 +296,8 @@ impl Tables {
             config,
             tables: RwLock::new(HashMap::new()),
             stats: OpStats::default(),
+            flush_wanted: tokio::sync::Notify::new(),
+            flushed: tokio::sync::Notify::new(),
         };
         for record in replay.iter().filter(|r| r.kind == RecordKind::TableBatch) {
             let (id, batch) = files::decode_record(&record.payload)?;
@@ -387,11 +406,17 @@ impl Tables {
                 reason: format!("expected {:?}, got {:?}", table.schema, batch.schema()),
             });
         }
-        let unflushed = table.lock().unflushed_bytes;
-        if unflushed > self.config.max_unflushed_bytes {
+        // The budget is for all tables together: it bounds the server's memory, however many
+        // tables are written at once. Over it, an append waits for flushes rather than grow
+        // or refuse; only flushes stuck for long (object storage down) end in a refusal.
+        // Appends that waited go ahead together, overshooting by at most what ingest
+        // admission lets in at once.
+        if self.unflushed_total() > self.config.max_unflushed_bytes
+            && !self.wait_for_headroom(self.config.headroom_wait).await
+        {
             return Err(TableError::Backpressure {
                 table: id.to_owned(),
-                bytes: unflushed,
+                bytes: self.unflushed_total(),
                 budget: self.config.max_unflushed_bytes,
             });
         }
@@ -403,6 +428,9 @@ impl Tables {
                 applied.push(lsn, batch);
             })
             .await?;
+        if table.lock().unflushed_bytes >= self.config.flush_bytes {
+            self.flush_wanted.notify_one();
+        }
         Ok(lsn)
     }
 
@@ -484,6 +512,32 @@ impl Tables {
         &self.stats
     }
 
+    /// Waits until all tables together hold at most the unflushed budget, or `patience`
+    /// passes (then the append that follows answers backpressure as before). Returns whether
+    /// there is headroom.
+    pub async fn wait_for_headroom(&self, patience: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + patience;
+        loop {
+            // Registered before the check, so a flush between the two is not missed.
+            let flushed = self.flushed.notified();
+            tokio::pin!(flushed);
+            flushed.as_mut().enable();
+            if self.unflushed_total() <= self.config.max_unflushed_bytes {
+                return true;
+            }
+            self.flush_wanted.notify_one();
+            if tokio::time::timeout_at(deadline, flushed).await.is_err() {
+                return false;
+            }
+        }
+    }
+
+    /// Unflushed bytes of all open tables together.
+    pub fn unflushed_total(&self) -> usize {
+        let tables = self.tables.read().unwrap_or_else(|p| p.into_inner());
+        tables.values().map(|t| t.lock().unflushed_bytes).sum()
+    }
+
     /// Unflushed bytes of every open table, by table id.
     pub fn unflushed_by_table(&self) -> Vec<(String, u64)> {
         let tables = self.tables.read().unwrap_or_else(|p| p.into_inner());
@@ -538,6 +592,7 @@ impl Tables {
                 Some(Instant::now())
             };
         }
+        self.flushed.notify_waiters();
         self.release_log()?;
         Ok(Some(file))
     }
@@ -549,11 +604,7 @@ impl Tables {
         table: &Table,
         make: impl FnOnce() -> Result<Vec<RecordBatch>, TableError> + Send + 'static,
     ) -> Result<DataFile, TableError> {
-        let path = format!(
-            "{}/data/{}.parquet",
-            table_dir(&table.id),
-            uuid::Uuid::new_v4().simple()
-        );
+        let path = data_file_path(&table.id);
         let schema = table.schema.clone();
         let row_group_rows = self.config.row_group_rows;
         let (bytes, file) = tokio::task::spawn_blocking(move || {
@@ -561,17 +612,35 @@ impl Tables {
         })
         .await
         .map_err(|e| TableError::Task(e.to_string()))??;
+        self.put_data_file(&file, bytes).await?;
+        Ok(file)
+    }
+
+    async fn fetch(&self, path: &str) -> Result<bytes::Bytes, TableError> {
+        self.storage
+            .store()
+            .get(&Path::from(path))
+            .await
+            .map_err(TableError::Storage)?
+            .bytes()
+            .await
+            .map_err(TableError::Storage)
+    }
+
+    async fn put_data_file(&self, file: &DataFile, bytes: bytes::Bytes) -> Result<(), TableError> {
         self.storage
             .store()
             .put(&Path::from(file.path.as_str()), bytes.into())
             .await
             .map_err(TableError::Storage)?;
-        Ok(file)
+        Ok(())
     }
 
     /// Flushes every table that is over its size or age threshold (or every table with
     /// unflushed data when `all` is set, as at shutdown). Returns how many files were written.
     pub async fn flush_due(&self, all: bool) -> Result<usize, TableError> {
+        // Over the memory budget every table with unflushed rows is due.
+        let all = all || self.unflushed_total() > self.config.max_unflushed_bytes;
         let due: Vec<String> = {
             let tables = self.tables.read().unwrap_or_else(|p| p.into_inner());
             tables
@@ -637,25 +706,72 @@ impl Tables {
             total += f.bytes;
             picked.push(f.clone());
         }
-        if picked.len() < self.config.compact_min_files.max(2) {
+        // Enough small files, or at least two that make half a target-sized file.
+        let enough = picked.len() >= self.config.compact_min_files
+            || total >= self.config.compact_target_bytes / 2;
+        if picked.len() < 2 || !enough {
             return Ok(None);
         }
-        let mut inputs = Vec::with_capacity(picked.len());
-        for f in &picked {
-            let bytes = self
-                .storage
-                .store()
-                .get(&Path::from(f.path.as_str()))
+        // Files of full row groups are spliced together as they are (about a memory copy),
+        // fetched one at a time; many small row groups (a table written slowly) are worth
+        // decoding and re-encoding into full ones, and that is cheap because they are small.
+        let rows: u64 = picked.iter().map(|f| f.rows).sum();
+        let group_rows = self.config.row_group_rows.max(1) as u64;
+        let groups: u64 = picked.iter().map(|f| f.rows.div_ceil(group_rows)).sum();
+        let mut spliced = None;
+        if rows >= groups.max(1) * (group_rows / 4) {
+            let mut splicer = files::Splicer::new();
+            let mut same_schema = true;
+            for f in &picked {
+                let bytes = self.fetch(&f.path).await?;
+                let (back, appended) = tokio::task::spawn_blocking(move || {
+                    let appended = splicer.append(&bytes);
+                    (splicer, appended)
+                })
                 .await
-                .map_err(TableError::Storage)?
-                .bytes()
-                .await
-                .map_err(TableError::Storage)?;
-            inputs.push(bytes);
+                .map_err(|e| TableError::Task(e.to_string()))?;
+                splicer = back;
+                if !appended? {
+                    same_schema = false;
+                    break;
+                }
+            }
+            if same_schema {
+                spliced = Some(
+                    tokio::task::spawn_blocking(move || splicer.finish())
+                        .await
+                        .map_err(|e| TableError::Task(e.to_string()))??,
+                );
+            }
         }
-        let file = self
-            .write_data_file(&table, move || files::read_parquet(&inputs))
-            .await?;
+        let file = match spliced {
+            Some(bytes) => {
+                let mut time_ranges: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+                for f in &picked {
+                    for (column, &(lo, hi)) in &f.time_ranges {
+                        let range = time_ranges.entry(column.clone()).or_insert((lo, hi));
+                        range.0 = range.0.min(lo);
+                        range.1 = range.1.max(hi);
+                    }
+                }
+                let file = DataFile {
+                    path: data_file_path(&table.id),
+                    rows,
+                    bytes: bytes.len() as u64,
+                    time_ranges,
+                };
+                self.put_data_file(&file, bytes).await?;
+                file
+            }
+            None => {
+                let mut inputs = Vec::with_capacity(picked.len());
+                for f in &picked {
+                    inputs.push(self.fetch(&f.path).await?);
+                }
+                self.write_data_file(&table, move || files::read_parquet(&inputs))
+                    .await?
+            }
+        };
         let change = Change {
             added: vec![file.clone()],
             removed: picked.iter().map(|f| f.path.clone()).collect(),
@@ -705,13 +821,22 @@ impl Tables {
         tick: Duration,
         shutdown: impl std::future::Future<Output = ()>,
     ) {
-        crate::every(tick, shutdown, || async {
-            let _ = self.flush_due(false).await;
-            for id in self.open_tables() {
-                let _ = self.compact(&id).await;
+        tokio::pin!(shutdown);
+        let mut interval = tokio::time::interval(tick);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = self.flush_wanted.notified() => {
+                    let _ = self.flush_due(false).await;
+                }
+                _ = interval.tick() => {
+                    let _ = self.flush_due(false).await;
+                    for id in self.open_tables() {
+                        let _ = self.compact(&id).await;
+                    }
+                }
             }
-        })
-        .await;
+        }
         let _ = self.flush_due(true).await;
     }
 }
