@@ -6,79 +6,17 @@
 //! `benches/reference-server/node_modules` on first use). Settings by environment:
 //! `BENCH_CONNECTIONS` (default 64), `BENCH_SECONDS` (default 10), `BENCH_STREAMS` (100).
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use support::harness::{Server, env_or, free_port, scratch, selected, start_sluice, wait_ready};
+
 const MESSAGE_BYTES: usize = 256;
-
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("sluice-bench-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
-
-struct Server {
-    name: &'static str,
-    child: Child,
-    base: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn wait_ready(port: u16) {
-    for _ in 0..400 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("server on port {port} did not start");
-}
-
-fn start_sluice() -> Server {
-    let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-        ])
-        .arg(scratch("sluice"))
-        .env("SLUICE_LOG", "warn")
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("sluice starts");
-    wait_ready(port);
-    Server {
-        name: "sluice",
-        child,
-        base: format!("http://127.0.0.1:{port}"),
-    }
-}
 
 fn start_reference() -> Server {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/reference-server");
@@ -91,10 +29,11 @@ fn start_reference() -> Server {
         assert!(status.success(), "npm ci failed in {}", dir.display());
     }
     let port = free_port();
+    let data = scratch("reference");
     let child = Command::new("node")
         .arg("server.mjs")
         .arg(port.to_string())
-        .arg(scratch("reference"))
+        .arg(&data)
         .current_dir(&dir)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -105,6 +44,7 @@ fn start_reference() -> Server {
         name: "reference (node, file-backed)",
         child,
         base: format!("http://127.0.0.1:{port}"),
+        dir: data,
     }
 }
 
@@ -221,20 +161,13 @@ fn report(name: &str, r: &Result) {
 
 fn main() {
     // `cargo bench` passes --bench; a filter that does not name this bench skips it.
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
-        .collect();
-    if !args.is_empty() && !args.iter().any(|a| "streams".contains(a.as_str())) {
+    if !selected("streams") {
         return;
     }
     let connections = env_or("BENCH_CONNECTIONS", 64);
     let seconds = env_or("BENCH_SECONDS", 10) as u64;
     let streams = env_or("BENCH_STREAMS", 100);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = support::harness::runtime();
     println!(
         "stream appends: {MESSAGE_BYTES}-byte messages to {streams} streams, {connections} connections, {seconds} s each"
     );

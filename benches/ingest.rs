@@ -1,0 +1,165 @@
+//! End-to-end ingest, side by side with DuckDB in the same run.
+//!
+//! A seeded NDJSON file of about 1 GiB (the decoder bench's row shape) is sent to a running
+//! `sluice serve` (its embedded defaults) in batches of at most 16 MiB over several
+//! connections; the clock stops when the last batch is acknowledged, i.e. durable in the
+//! commit log and queryable. The bench then checks `count(*)`, waits until every row is in
+//! Parquet, and reports MB/s, rows/s, the server's peak RSS and the Parquet bytes. DuckDB
+//! converts the same file to Parquet (zstd) with explicit column types.
+//!
+//! Run: `cargo bench --bench ingest` (installs DuckDB into `.tools/venv` with pip on first use).
+//! Settings: `BENCH_BYTES` (default 1 GiB), `BENCH_CONNECTIONS` (4), `BENCH_BATCH_BYTES`
+//! (16 MiB), `BENCH_SEED` (42).
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::harness::{self, RssSampler};
+
+fn main() {
+    if !harness::selected("ingest") {
+        return;
+    }
+    let bytes = harness::env_or("BENCH_BYTES", 1 << 30) as u64;
+    let connections = harness::env_or("BENCH_CONNECTIONS", 4);
+    let batch_bytes = harness::env_or("BENCH_BATCH_BYTES", 16 << 20);
+    let seed = harness::env_or("BENCH_SEED", 42) as u64;
+    let (file, rows) = harness::events_file(bytes, seed);
+    let file_bytes = std::fs::metadata(&file).expect("data file").len();
+    let mb = file_bytes as f64 / 1e6;
+    println!(
+        "end-to-end ingest: {} ({rows} rows, {mb:.0} MB), {connections} connections, batches of at most {} MiB",
+        file.display(),
+        batch_bytes >> 20
+    );
+    let runtime = harness::runtime();
+
+    // sluice
+    let server = harness::start_sluice();
+    let client = reqwest::Client::new();
+    runtime.block_on(harness::create_events_table(&client, &server.base));
+    let pid = server.child.id();
+    let cpu_before = harness::cpu_seconds(pid);
+    let sampler = RssSampler::start(pid);
+    let load = runtime.block_on(harness::load(&server.base, &file, batch_bytes, connections));
+    let flush_started = Instant::now();
+    let counted = runtime.block_on(harness::statement(
+        &client,
+        &server.base,
+        "SELECT count(*) FROM events",
+    ));
+    let counted: u64 = counted["result_set"]["rows"][0][0]
+        .as_str()
+        .and_then(|c| c.parse().ok())
+        .expect("count");
+    assert_eq!(counted, rows, "every row acknowledged is queryable");
+    assert_eq!(load.rows, rows);
+    // Parquet is written in the background; wait for the last flush.
+    let stats = runtime.block_on(async {
+        loop {
+            let s = harness::table_stats(&client, &server.base, false).await;
+            if s["unflushed_rows"] == 0 {
+                break s;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let all_in_parquet = load.seconds + flush_started.elapsed().as_secs_f64();
+    let cpu = harness::cpu_seconds(pid) - cpu_before;
+    let metrics = runtime.block_on(async {
+        client
+            .get(format!("{}/metrics", server.base))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text")
+    });
+    let metric = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN)
+    };
+    let (peak_rss, hwm) = sampler.stop();
+    let parquet_bytes = stats["file_bytes"].as_u64().unwrap_or(0);
+    drop(server);
+
+    // DuckDB
+    let out = std::env::temp_dir().join(format!(
+        "sluice-bench-duckdb-{}.parquet",
+        std::process::id()
+    ));
+    let duck = harness::duckdb_peer(
+        &[
+            "convert",
+            file.to_str().expect("utf-8 path"),
+            out.to_str().expect("utf-8 path"),
+        ],
+        &serde_json::Value::Null,
+    );
+    let _ = std::fs::remove_file(&out);
+    let duck_seconds = duck["seconds"].as_f64().expect("seconds");
+    assert_eq!(duck["rows"].as_u64(), Some(rows), "DuckDB read every row");
+
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    println!(
+        "sluice   ack      {:>7.1} MB/s {:>10.0} rows/s  ({:.1} s; {} batches, {} retried after 503)",
+        mb / load.seconds,
+        rows as f64 / load.seconds,
+        load.seconds,
+        load.batches,
+        load.retries,
+    );
+    println!(
+        "sluice   parquet  {:>7.1} MB/s {:>10.0} rows/s  ({:.1} s until every row was in Parquet)",
+        mb / all_in_parquet,
+        rows as f64 / all_in_parquet,
+        all_in_parquet,
+    );
+    println!(
+        "duckdb   parquet  {:>7.1} MB/s {:>10.0} rows/s  ({:.1} s, {} threads)",
+        mb / duck_seconds,
+        rows as f64 / duck_seconds,
+        duck_seconds,
+        duck["threads"],
+    );
+    let duck_cpu = duck["cpu_seconds"].as_f64().unwrap_or(f64::NAN);
+    println!(
+        "CPU: sluice server {cpu:.1} core-s ({:.2} per GB) until all in Parquet; DuckDB {duck_cpu:.1} core-s ({:.2} per GB)",
+        cpu / (mb / 1e3),
+        duck_cpu / (mb / 1e3),
+    );
+    println!(
+        "sluice work: {} Parquet files now; {} flushes ({:.1} s), {} compactions ({:.1} s); {} log syncs ({:.1} s)",
+        stats["files"],
+        metric("sluice_table_flushes_total"),
+        metric("sluice_table_flush_seconds_total"),
+        metric("sluice_table_compactions_total"),
+        metric("sluice_table_compaction_seconds_total"),
+        metric("sluice_log_syncs_total"),
+        metric("sluice_log_sync_seconds_total"),
+    );
+    println!(
+        "server peak RSS {:.0} MiB (sampled; VmHWM {:.0} MiB); DuckDB peak RSS {:.0} MiB",
+        mib(peak_rss),
+        mib(hwm),
+        mib(duck["peak_rss_bytes"].as_u64().unwrap_or(0)),
+    );
+    println!(
+        "Parquet: sluice {:.1} MiB = {:.1} % of the NDJSON; DuckDB {:.1} MiB = {:.1} %",
+        mib(parquet_bytes),
+        100.0 * parquet_bytes as f64 / file_bytes as f64,
+        mib(duck["parquet_bytes"].as_u64().unwrap_or(0)),
+        100.0 * duck["parquet_bytes"].as_f64().unwrap_or(0.0) / file_bytes as f64,
+    );
+    println!(
+        "ratio: sluice {:.2}x DuckDB's throughput to acknowledged (durable, queryable); {:.2}x to all in Parquet",
+        duck_seconds / load.seconds,
+        duck_seconds / all_in_parquet,
+    );
+}

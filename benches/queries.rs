@@ -1,0 +1,201 @@
+//! Typical verification and analytics queries: sluice's statements API (HTTP, JSON answers)
+//! against DuckDB on the same Parquet files, in the same run. Both answers are compared, so a
+//! fast wrong answer fails the bench.
+//!
+//! The bench loads the seeded file of the ingest bench (`target/bench-data/`, generated when
+//! missing) into a fresh `sluice serve`, waits until every row is in Parquet and the file set
+//! is stable (no flush or compaction running), then times each query: one warm-up, then the
+//! median of `BENCH_REPEAT` runs. DuckDB reads the table's Parquet files as
+//! `GET .../stats?files=true` lists them.
+//!
+//! Run: `cargo bench --bench queries` (installs DuckDB into `.tools/venv` on first use).
+//! Settings: `BENCH_BYTES` (default 1 GiB), `BENCH_REPEAT` (9), `BENCH_SEED` (42).
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::harness;
+
+/// A query as each side spells it, and which result columns the two must agree on (text
+/// compare; floats within 1e-9 relative).
+struct Query {
+    name: &'static str,
+    sluice: &'static str,
+    duckdb: &'static str,
+    compare: &'static [usize],
+}
+
+const QUERIES: &[Query] = &[
+    Query {
+        name: "point lookup (1 s of one service)",
+        sluice: "SELECT time, service, name, status, latency FROM events \
+                 WHERE time >= '2026-10-23T21:46:40Z' AND time < '2026-10-23T21:46:41Z' \
+                 AND service = 'checkout' ORDER BY time",
+        duckdb: "SELECT time, service, name, status, latency FROM events \
+                 WHERE time >= '2026-10-23T21:46:40Z' AND time < '2026-10-23T21:46:41Z' \
+                 AND service = 'checkout' ORDER BY time",
+        compare: &[1, 2, 3, 4],
+    },
+    Query {
+        name: "count by service over 6 hours",
+        sluice: "SELECT service, count(*) AS n FROM events \
+                 WHERE time >= '2026-10-23T12:00:00Z' AND time < '2026-10-23T18:00:00Z' \
+                 GROUP BY service ORDER BY service",
+        duckdb: "SELECT service, count(*) AS n FROM events \
+                 WHERE time >= '2026-10-23T12:00:00Z' AND time < '2026-10-23T18:00:00Z' \
+                 GROUP BY service ORDER BY service",
+        compare: &[0, 1],
+    },
+    Query {
+        name: "errors per hour",
+        sluice: "SELECT date_trunc('hour', time) AS hour, count(*) AS n FROM events \
+                 WHERE status = 500 GROUP BY 1 ORDER BY 1",
+        duckdb: "SELECT date_trunc('hour', time) AS hour, count(*) AS n FROM events \
+                 WHERE status = 500 GROUP BY 1 ORDER BY 1",
+        compare: &[1],
+    },
+    Query {
+        name: "top 10 slowest failures",
+        sluice: "SELECT time, service, latency FROM events WHERE status = 500 \
+                 ORDER BY latency DESC, time LIMIT 10",
+        duckdb: "SELECT time, service, latency FROM events WHERE status = 500 \
+                 ORDER BY latency DESC, time LIMIT 10",
+        compare: &[1, 2],
+    },
+    Query {
+        name: "JSON field: failures by region",
+        sluice: "SELECT json_get_str(var, 'region') AS region, count(*) AS n FROM events \
+                 WHERE status = 500 GROUP BY 1 ORDER BY 1",
+        duckdb: "SELECT json_extract_string(var, '$.region') AS region, count(*) AS n FROM events \
+                 WHERE status = 500 GROUP BY 1 ORDER BY 1",
+        compare: &[0, 1],
+    },
+];
+
+fn same_cell(a: &Value, b: &Value) -> bool {
+    match (a.as_str(), b.as_str()) {
+        (Some(x), Some(y)) if x == y => true,
+        (Some(x), Some(y)) => match (x.parse::<f64>(), y.parse::<f64>()) {
+            (Ok(p), Ok(q)) => (p - q).abs() <= 1e-9 * p.abs().max(q.abs()).max(1.0),
+            _ => false,
+        },
+        _ => a == b,
+    }
+}
+
+fn main() {
+    if !harness::selected("queries") {
+        return;
+    }
+    let bytes = harness::env_or("BENCH_BYTES", 1 << 30) as u64;
+    let repeat = harness::env_or("BENCH_REPEAT", 9);
+    let seed = harness::env_or("BENCH_SEED", 42) as u64;
+    let (file, rows) = harness::events_file(bytes, seed);
+    let runtime = harness::runtime();
+    let server = harness::start_sluice();
+    let client = reqwest::Client::new();
+    let base = server.base.clone();
+    let files: Vec<String> = runtime.block_on(async {
+        harness::create_events_table(&client, &base).await;
+        let load = harness::load(&base, &file, 16 << 20, 4).await;
+        assert_eq!(load.rows, rows);
+        // Every row in Parquet, and the same files for 3 s (compaction done).
+        let mut last = Value::Null;
+        let mut stable_since = Instant::now();
+        loop {
+            let s = harness::table_stats(&client, &base, true).await;
+            if s["file_list"] != last {
+                last = s["file_list"].clone();
+                stable_since = Instant::now();
+            } else if s["unflushed_rows"] == 0 && stable_since.elapsed() > Duration::from_secs(3) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        last.as_array()
+            .expect("file list")
+            .iter()
+            .map(|f| {
+                // The default object store: `objects/` under the data directory.
+                server
+                    .dir
+                    .join("objects")
+                    .join(f["path"].as_str().expect("path"))
+                    .display()
+                    .to_string()
+            })
+            .collect()
+    });
+    let parquet: u64 = files
+        .iter()
+        .map(|f| std::fs::metadata(f).expect("listed file exists").len())
+        .sum();
+    println!(
+        "queries: {rows} rows in {} Parquet files ({:.0} MiB); median of {repeat} runs after a warm-up",
+        files.len(),
+        parquet as f64 / (1 << 20) as f64
+    );
+    let mut ours = Vec::new();
+    for q in QUERIES {
+        let (ms, answer) = runtime.block_on(async {
+            harness::statement(&client, &base, q.sluice).await;
+            let mut times = Vec::new();
+            let mut answer = Value::Null;
+            for _ in 0..repeat {
+                let started = Instant::now();
+                answer = harness::statement(&client, &base, q.sluice).await;
+                times.push(started.elapsed().as_secs_f64() * 1e3);
+            }
+            times.sort_by(f64::total_cmp);
+            (times[times.len() / 2], answer["result_set"]["rows"].clone())
+        });
+        ours.push((ms, answer));
+    }
+    // Stop the server but keep its files for DuckDB; dropping it removes them at the end.
+    let mut server = server;
+    let _ = server.child.kill();
+    let _ = server.child.wait();
+    let spec = json!({
+        "files": files,
+        "repeat": repeat,
+        "queries": QUERIES.iter().map(|q| json!({"name": q.name, "sql": q.duckdb})).collect::<Vec<_>>(),
+    });
+    // The server is gone by now: DuckDB has the machine to itself, as sluice had.
+    let theirs = harness::duckdb_peer(&["query"], &spec);
+    let mut worst: f64 = 0.0;
+    println!(
+        "{:<36} {:>10} {:>10} {:>8} {:>6}",
+        "query", "sluice ms", "duckdb ms", "ratio", "rows"
+    );
+    for (q, (ms, answer)) in QUERIES.iter().zip(&ours) {
+        let duck = &theirs[q.name];
+        let duck_ms = duck["median_ms"].as_f64().expect("median");
+        let a = answer.as_array().expect("sluice rows");
+        let b = duck["rows"].as_array().expect("duckdb rows");
+        assert_eq!(a.len(), b.len(), "{}: row counts differ", q.name);
+        assert!(!a.is_empty(), "{}: the query matched nothing", q.name);
+        for (ra, rb) in a.iter().zip(b) {
+            for &c in q.compare {
+                assert!(
+                    same_cell(&ra[c], &rb[c]),
+                    "{}: answers differ: {ra} vs {rb}",
+                    q.name
+                );
+            }
+        }
+        let ratio = ms / duck_ms;
+        worst = worst.max(ratio);
+        println!(
+            "{:<36} {:>10.1} {:>10.1} {:>7.2}x {:>6}",
+            q.name,
+            ms,
+            duck_ms,
+            ratio,
+            a.len()
+        );
+    }
+    println!("worst ratio: sluice takes {worst:.2}x DuckDB's time (goal: at most 1.5x)");
+    drop(server);
+}
