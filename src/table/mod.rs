@@ -720,7 +720,8 @@ impl Tables {
         let groups: u64 = picked.iter().map(|f| f.rows.div_ceil(group_rows)).sum();
         let mut spliced = None;
         if rows >= groups.max(1) * (group_rows / 4) {
-            let mut splicer = files::Splicer::new();
+            let size: u64 = picked.iter().map(|f| f.bytes).sum();
+            let mut splicer = files::Splicer::new(usize::try_from(size).unwrap_or(0));
             let mut same_schema = true;
             for f in &picked {
                 let bytes = self.fetch(&f.path).await?;
