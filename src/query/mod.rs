@@ -5,6 +5,7 @@
 //! the default, so `FROM events` works too.
 
 mod ddl;
+mod json_functions;
 mod lex;
 mod provider;
 mod scopeql;
@@ -190,7 +191,7 @@ impl QueryEngine {
             .with_information_schema(true);
         let mut ctx = SessionContext::new_with_config_rt(config, self.runtime.clone());
         // v['k'] in ScopeQL, and json_get* in SQL.
-        datafusion_functions_json::register_all(&mut ctx)?;
+        json_functions::register(&mut ctx)?;
         for (db, schemas) in self.catalog.schemas().await {
             let catalog = Arc::new(MemoryCatalogProvider::new());
             for s in schemas {
