@@ -7,7 +7,7 @@ mod common;
 use std::io::{Read as _, Write as _};
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use sluice::db::{Database, DbConfig};
 use sluice::http::{AppState, router};
 
@@ -73,13 +73,7 @@ async fn every_bad_request_gets_its_documented_status_and_the_server_stays_up() 
     let base = format!("http://{addr}");
     let client = reqwest::Client::new();
     for sql in ["CREATE TABLE t (a int, s string)", "CREATE TABLE j (v any)"] {
-        let r = client
-            .post(format!("{base}/v1/statements"))
-            .json(&json!({"statement": sql}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
+        common::statement(&client, &base, sql).await;
     }
     let r = client
         .put(format!("{base}/v1/stream/bad-json"))
@@ -117,15 +111,12 @@ async fn every_bad_request_gets_its_documented_status_and_the_server_stays_up() 
     }
     assert!(failures.is_empty(), "{failures:#?}");
     // Nothing of any of it was applied.
-    let r: Value = client
-        .post(format!("{base}/v1/statements"))
-        .json(&json!({"statement": "SELECT (SELECT count(*) FROM t) + (SELECT count(*) FROM j)"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r = common::statement(
+        &client,
+        &base,
+        "SELECT (SELECT count(*) FROM t) + (SELECT count(*) FROM j)",
+    )
+    .await;
     assert_eq!(r["result_set"]["rows"][0][0], "0");
     let info = db.streams().get("bad-json").await.unwrap().info();
     assert_eq!(info.tail, 0);

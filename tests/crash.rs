@@ -156,15 +156,7 @@ async fn querier(base: String, client: reqwest::Client, stop: Arc<AtomicBool>) -
 
 /// Checks every invariant against what the server serves now.
 async fn verify(client: &reqwest::Client, base: &str, ledger: &Ledger) {
-    let r: Value = client
-        .post(format!("{base}/v1/statements"))
-        .json(&json!({"statement": "SELECT id FROM c"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r = common::statement(client, base, "SELECT id FROM c").await;
     assert_eq!(r["status"], "finished", "{r}");
     let ids: Vec<i64> = r["result_set"]["rows"]
         .as_array()
@@ -242,13 +234,7 @@ async fn killed_at_random_moments_it_loses_nothing_acknowledged() {
         .unwrap();
     let mut server = spawn(&dir, port);
     wait_healthy(port).await;
-    let r = client
-        .post(format!("{base}/v1/statements"))
-        .json(&json!({"statement": "CREATE TABLE c (id int, note string)"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    common::statement(&client, &base, "CREATE TABLE c (id int, note string)").await;
     let r = client
         .put(format!("{base}/v1/stream/crash"))
         .header("content-type", "application/json")

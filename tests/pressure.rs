@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use sluice::db::{Database, DbConfig};
 use sluice::log::FailPoint;
 use sluice::storage::Storage;
@@ -19,15 +19,7 @@ fn rows(first: i64, n: i64) -> String {
 }
 
 async fn count(client: &reqwest::Client, base: &str) -> (i64, i64) {
-    let r: Value = client
-        .post(format!("{base}/v1/statements"))
-        .json(&json!({"statement": "SELECT count(*), count(DISTINCT id) FROM t"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r = common::statement(client, base, "SELECT count(*), count(DISTINCT id) FROM t").await;
     let cell = |i: usize| {
         r["result_set"]["rows"][0][i]
             .as_str()
@@ -62,13 +54,7 @@ async fn a_full_log_answers_503_with_nothing_applied_and_recovers_on_its_own() {
     let (addr, _task) = common::serve(db.clone(), vec![]).await;
     let base = format!("http://{addr}");
     let client = reqwest::Client::new();
-    let r = client
-        .post(format!("{base}/v1/statements"))
-        .json(&json!({"statement": "CREATE TABLE t (id int, pad string)"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    common::statement(&client, &base, "CREATE TABLE t (id int, pad string)").await;
     client
         .put(format!("{base}/v1/stream/pressure"))
         .header("content-type", "text/plain")
@@ -160,13 +146,7 @@ async fn a_slow_fsync_slows_writes_but_refuses_and_loses_nothing() {
     let (addr, _task) = common::serve(db, vec![]).await;
     let base = format!("http://{addr}");
     let client = reqwest::Client::new();
-    let r = client
-        .post(format!("{base}/v1/statements"))
-        .json(&json!({"statement": "CREATE TABLE t (id int, pad string)"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    common::statement(&client, &base, "CREATE TABLE t (id int, pad string)").await;
     let mut tasks = Vec::new();
     for c in 0..8i64 {
         let client = client.clone();

@@ -91,3 +91,18 @@ pub fn wait_healthy(port: u16) -> std::time::Duration {
     }
     panic!("the server on port {port} did not become healthy");
 }
+
+/// Runs `sql` through `POST /v1/statements` on the server at `base`; the answer must be 200.
+/// Returns the statement payload.
+pub async fn statement(client: &reqwest::Client, base: &str, sql: &str) -> Value {
+    let r = client
+        .post(format!("{base}/v1/statements"))
+        .json(&json!({"statement": sql}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(status, 200, "{sql}: {body}");
+    body
+}
