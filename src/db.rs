@@ -179,6 +179,14 @@ pub struct Database {
 /// Ingest admission permits count KiB, so a `u32` covers any budget.
 const ADMISSION_UNIT: usize = 1024;
 
+/// The admission semaphore's permits; no request asks for more, so none waits for ever.
+fn admission_budget(config: &DbConfig) -> usize {
+    config
+        .ingest_inflight_bytes
+        .div_ceil(ADMISSION_UNIT)
+        .clamp(1, tokio::sync::Semaphore::MAX_PERMITS)
+}
+
 impl std::fmt::Debug for Database {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Database")
@@ -261,12 +269,7 @@ impl Database {
         )
         .await?;
         let engine = QueryEngine::new(catalog.clone(), tables.clone(), storage.clone());
-        let ingest_admission = Arc::new(tokio::sync::Semaphore::new(
-            config
-                .ingest_inflight_bytes
-                .div_ceil(ADMISSION_UNIT)
-                .clamp(1, tokio::sync::Semaphore::MAX_PERMITS),
-        ));
+        let ingest_admission = Arc::new(tokio::sync::Semaphore::new(admission_budget(&config)));
         Ok(Arc::new(Database {
             log,
             storage,
@@ -427,12 +430,9 @@ impl Database {
     /// Waits until a request body of up to `bytes` may be read and decoded, within
     /// [`DbConfig::ingest_inflight_bytes`]; the permit releases its share when dropped.
     pub async fn admit_ingest(&self, bytes: usize) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        let budget = self
-            .config
-            .ingest_inflight_bytes
+        let units = bytes
             .div_ceil(ADMISSION_UNIT)
-            .max(1);
-        let units = bytes.div_ceil(ADMISSION_UNIT).clamp(1, budget);
+            .clamp(1, admission_budget(&self.config));
         let units = u32::try_from(units).unwrap_or(u32::MAX);
         self.ingest_admission
             .clone()
