@@ -70,7 +70,8 @@ impl Node {
             base: format!("http://127.0.0.1:{port}"),
         };
         let client = reqwest::Client::new();
-        for _ in 0..400 {
+        // Up to a minute: a debug build starting beside other tests on two cores can be slow.
+        for _ in 0..1200 {
             if let Ok(r) = client.get(format!("{}/v1/health", node.base)).send().await {
                 if r.status() == 200 {
                     return node;

@@ -10,6 +10,7 @@ mod lex;
 mod provider;
 mod scopeql;
 pub mod statements;
+mod time_functions;
 
 use std::sync::Arc;
 
@@ -192,6 +193,7 @@ impl QueryEngine {
         let mut ctx = SessionContext::new_with_config_rt(config, self.runtime.clone());
         // v['k'] in ScopeQL, and json_get* in SQL.
         json_functions::register(&mut ctx)?;
+        time_functions::register(&mut ctx);
         for (db, schemas) in self.catalog.schemas().await {
             let catalog = Arc::new(MemoryCatalogProvider::new());
             for s in schemas {
@@ -209,11 +211,11 @@ impl QueryEngine {
                 }
                 Err(e) => return Err(e.into()),
             };
-            let table = Arc::new(provider::SluiceTable {
-                id: t.id.clone(),
-                schema,
-                tables: self.tables.clone(),
-            });
+            let table = Arc::new(provider::SluiceTable::new(
+                t.id.clone(),
+                &schema,
+                self.tables.clone(),
+            ));
             if let Some(s) = ctx.catalog(&t.database).and_then(|c| c.schema(&t.schema)) {
                 s.register_table(t.def.name.clone(), table)?;
             }
