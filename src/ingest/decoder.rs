@@ -495,7 +495,7 @@ impl Run<'_, '_> {
             {
                 // A broken rule inside the value (a duplicate key, say) stops the scan there,
                 // so it aborts the row like a syntax error, attributed to this column.
-                self.scanner.value(data, 0)?;
+                self.scanner.compact_value(data, 0)?;
                 offsets.push(data.len() as i32);
             }
             _ => return Err(self.wrong_kind(expected_for(column_type))),

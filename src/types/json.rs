@@ -245,6 +245,9 @@ pub struct Scanner<'a> {
     keys: Vec<KeyRef>,
     key_scratch: Vec<u8>,
     max_nesting: usize,
+    /// Whether [`Scanner::skip_ws`] has skipped anything since [`Scanner::compact_value`]
+    /// began.
+    skipped_ws: bool,
 }
 
 impl<'a> Scanner<'a> {
@@ -256,6 +259,7 @@ impl<'a> Scanner<'a> {
             keys: Vec::new(),
             key_scratch: Vec::new(),
             max_nesting: MAX_NESTING,
+            skipped_ws: false,
         }
     }
 
@@ -305,9 +309,31 @@ impl<'a> Scanner<'a> {
         while let Some(&b) = self.input.get(self.pos) {
             if b == b' ' || b == b'\n' || b == b'\r' || b == b'\t' {
                 self.pos += 1;
+                self.skipped_ws = true;
             } else {
                 break;
             }
+        }
+    }
+
+    /// Scans one value (at a non-whitespace byte) and appends its compact form to `out`,
+    /// like [`Scanner::value`] with `out` as the sink. Values sent compact already (most are)
+    /// are validated without a sink and copied in one piece; only a value with whitespace
+    /// in it is scanned again to compact it.
+    pub fn compact_value(
+        &mut self,
+        out: &mut Vec<u8>,
+        depth: usize,
+    ) -> Result<JsonKind, JsonError> {
+        let start = self.pos;
+        self.skipped_ws = false;
+        let kind = self.value(&mut Discard, depth)?;
+        if self.skipped_ws {
+            self.pos = start;
+            self.value(out, depth)
+        } else {
+            out.extend_from_slice(&self.input[start..self.pos]);
+            Ok(kind)
         }
     }
 
@@ -797,6 +823,35 @@ mod tests {
         assert_eq!(compact(b"\t-0.0e+5\r\n").unwrap(), b"-0.0e+5");
         assert_eq!(compact(br#""\ud800""#).unwrap(), br#""\ud800""#);
         assert_eq!(compact("\"é\"".as_bytes()).unwrap(), "\"é\"".as_bytes());
+    }
+
+    /// Compact values are copied as they are; values with whitespace anywhere inside are
+    /// compacted; what follows the value is left for the caller; errors append nothing.
+    #[test]
+    fn compact_value_copies_or_compacts() {
+        let cases: [(&[u8], &[u8]); 4] = [
+            (
+                br#"{"a":[1,{"b":"c d"}],"e":null}, next"#,
+                br#"{"a":[1,{"b":"c d"}],"e":null}"#,
+            ),
+            (
+                br#"{"a": [1, {"b" :"c d"}] ,"e":null}, next"#,
+                br#"{"a":[1,{"b":"c d"}],"e":null}"#,
+            ),
+            (b"[1,2 ]}", b"[1,2]"),
+            (br#""\u00e9 x""#, br#""\u00e9 x""#),
+        ];
+        for (input, expected) in cases {
+            let mut scanner = Scanner::new(input);
+            let mut out = b"prefix:".to_vec();
+            scanner.compact_value(&mut out, 0).unwrap();
+            assert_eq!(&out[7..], expected, "{}", String::from_utf8_lossy(input));
+            assert!(matches!(input.get(scanner.pos()), None | Some(b',' | b'}')));
+        }
+        let mut scanner = Scanner::new(br#"{"a":1, "a":2}"#);
+        let mut out = Vec::new();
+        assert!(scanner.compact_value(&mut out, 0).is_err());
+        assert!(out.is_empty());
     }
 
     #[test]
