@@ -9,58 +9,11 @@
 
 use std::sync::Arc;
 
-use arrow_schema::{DataType, FieldRef};
 use datafusion::error::Result;
-use datafusion::logical_expr::simplify::{ExprSimplifyResult, SimplifyContext};
-use datafusion::logical_expr::{
-    ColumnarValue, Documentation, Expr, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF,
-    ScalarUDFImpl, Signature,
-};
+use datafusion::logical_expr::ScalarUDF;
 use datafusion::prelude::SessionContext;
 
-/// A JSON function that is evaluated where the plan puts it.
-#[derive(Debug, PartialEq, Eq, Hash)]
-struct InPlace {
-    inner: Arc<ScalarUDF>,
-}
-
-impl ScalarUDFImpl for InPlace {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn aliases(&self) -> &[String] {
-        self.inner.aliases()
-    }
-
-    fn signature(&self) -> &Signature {
-        self.inner.signature()
-    }
-
-    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
-        self.inner.return_type(arg_types)
-    }
-
-    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
-        self.inner.return_field_from_args(args)
-    }
-
-    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        self.inner.coerce_types(arg_types)
-    }
-
-    fn simplify(&self, args: Vec<Expr>, info: &SimplifyContext) -> Result<ExprSimplifyResult> {
-        self.inner.simplify(args, info)
-    }
-
-    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        self.inner.invoke_with_args(args)
-    }
-
-    fn documentation(&self) -> Option<&Documentation> {
-        self.inner.documentation()
-    }
-}
+use super::wrapped_udf::{AsIs, Wrapped};
 
 /// Registers the JSON functions (and their operator rewrites) on `ctx`, each evaluated in
 /// place.
@@ -74,7 +27,10 @@ pub(super) fn register(ctx: &mut SessionContext) -> Result<()> {
         .cloned()
         .collect();
     for inner in json {
-        ctx.register_udf(ScalarUDF::new_from_impl(InPlace { inner }));
+        ctx.register_udf(ScalarUDF::new_from_impl(Wrapped {
+            inner,
+            invoke: AsIs,
+        }));
     }
     Ok(())
 }
@@ -83,7 +39,7 @@ pub(super) fn register(ctx: &mut SessionContext) -> Result<()> {
 mod tests {
     use super::*;
     use arrow_array::{Int64Array, RecordBatch, StringArray};
-    use arrow_schema::{Field, Schema};
+    use arrow_schema::{DataType, Field, Schema};
     use datafusion::datasource::MemTable;
 
     #[tokio::test]

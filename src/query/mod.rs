@@ -11,6 +11,7 @@ mod provider;
 mod scopeql;
 pub mod statements;
 mod time_functions;
+mod wrapped_udf;
 
 use std::sync::Arc;
 

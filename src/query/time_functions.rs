@@ -15,14 +15,12 @@ use arrow_array::types::{
     TimestampSecondType,
 };
 use arrow_array::{Array, ArrayRef};
-use arrow_schema::{DataType, Field, FieldRef, TimeUnit};
+use arrow_schema::{DataType, Field, TimeUnit};
 use datafusion::error::Result;
-use datafusion::logical_expr::simplify::{ExprSimplifyResult, SimplifyContext};
-use datafusion::logical_expr::{
-    ColumnarValue, Documentation, Expr, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF,
-    ScalarUDFImpl, Signature,
-};
+use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF};
 use datafusion::prelude::SessionContext;
+
+use super::wrapped_udf::{Invoke, Wrapped};
 
 /// Time-zone names whose local time is UTC.
 fn is_utc(tz: &str) -> bool {
@@ -60,42 +58,12 @@ fn with_time_zone(array: &ArrayRef, tz: Option<Arc<str>>) -> Option<ArrayRef> {
     })
 }
 
-/// `date_trunc`, truncating arrays of UTC timestamps as zone-less ones.
+/// Invokes `date_trunc` on arrays of UTC timestamps as on zone-less ones.
 #[derive(Debug, PartialEq, Eq, Hash)]
-struct UtcDateTrunc {
-    inner: Arc<ScalarUDF>,
-}
+struct UtcAsZoneLess;
 
-impl ScalarUDFImpl for UtcDateTrunc {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn aliases(&self) -> &[String] {
-        self.inner.aliases()
-    }
-
-    fn signature(&self) -> &Signature {
-        self.inner.signature()
-    }
-
-    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
-        self.inner.return_type(arg_types)
-    }
-
-    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
-        self.inner.return_field_from_args(args)
-    }
-
-    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
-        self.inner.coerce_types(arg_types)
-    }
-
-    fn simplify(&self, args: Vec<Expr>, info: &SimplifyContext) -> Result<ExprSimplifyResult> {
-        self.inner.simplify(args, info)
-    }
-
-    fn invoke_with_args(&self, mut args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+impl Invoke for UtcAsZoneLess {
+    fn invoke(&self, inner: &ScalarUDF, mut args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let utc = match args.args.get(1) {
             Some(ColumnarValue::Array(array)) => match array.data_type() {
                 DataType::Timestamp(_, Some(tz)) if is_utc(tz) => Some(tz.clone()),
@@ -104,7 +72,7 @@ impl ScalarUDFImpl for UtcDateTrunc {
             _ => None,
         };
         let Some(tz) = utc else {
-            return self.inner.invoke_with_args(args);
+            return inner.invoke_with_args(args);
         };
         if let Some(ColumnarValue::Array(array)) = args.args.get_mut(1) {
             if let Some(naive) = with_time_zone(array, None) {
@@ -121,7 +89,7 @@ impl ScalarUDFImpl for UtcDateTrunc {
             let naive = DataType::Timestamp(*unit, None);
             args.return_field = Arc::new(Field::clone(&args.return_field).with_data_type(naive));
         }
-        match self.inner.invoke_with_args(args)? {
+        match inner.invoke_with_args(args)? {
             ColumnarValue::Array(result) => match with_time_zone(&result, Some(tz)) {
                 Some(zoned) => Ok(ColumnarValue::Array(zoned)),
                 None => Ok(ColumnarValue::Array(result)),
@@ -129,16 +97,15 @@ impl ScalarUDFImpl for UtcDateTrunc {
             scalar => Ok(scalar),
         }
     }
-
-    fn documentation(&self) -> Option<&Documentation> {
-        self.inner.documentation()
-    }
 }
 
 /// Replaces `date_trunc` on `ctx` with the UTC-aware wrapper.
 pub(super) fn register(ctx: &mut SessionContext) {
     if let Some(inner) = ctx.state().scalar_functions().get("date_trunc").cloned() {
-        ctx.register_udf(ScalarUDF::new_from_impl(UtcDateTrunc { inner }));
+        ctx.register_udf(ScalarUDF::new_from_impl(Wrapped {
+            inner,
+            invoke: UtcAsZoneLess,
+        }));
     }
 }
 
@@ -179,7 +146,12 @@ mod tests {
         let mut wrapped = SessionContext::new();
         register(&mut wrapped);
         let date_trunc = wrapped.state().scalar_functions()["date_trunc"].clone();
-        assert!(date_trunc.inner().downcast_ref::<UtcDateTrunc>().is_some());
+        assert!(
+            date_trunc
+                .inner()
+                .downcast_ref::<Wrapped<UtcAsZoneLess>>()
+                .is_some()
+        );
         let table = plain.table_provider("t").await.unwrap();
         wrapped.register_table("t", table).unwrap();
         for granularity in [
