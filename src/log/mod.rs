@@ -23,7 +23,7 @@ mod segment;
 
 use std::collections::HashMap;
 use std::fs;
-use std::io;
+use std::io::{self, IoSlice};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -499,7 +499,6 @@ fn writer_loop(
     mut next_lsn: Lsn,
 ) {
     let mut group: Vec<Append> = Vec::new();
-    let mut buf: Vec<u8> = Vec::new();
     let mut stop = false;
     while !stop {
         let Some(first) = rx.blocking_recv() else {
@@ -524,7 +523,7 @@ fn writer_loop(
             }
             continue;
         }
-        let result = write_group(&shared, &mut active, &mut buf, &group, next_lsn);
+        let result = write_group(&shared, &mut active, &group, next_lsn);
         match result {
             Ok(()) => {
                 for append in group.drain(..) {
@@ -554,7 +553,6 @@ fn writer_loop(
 fn write_group(
     shared: &Shared,
     active: &mut Segment,
-    buf: &mut Vec<u8>,
     group: &[Append],
     first_lsn: Lsn,
 ) -> Result<(), LogError> {
@@ -572,17 +570,26 @@ fn write_group(
         }
         shared.active_first.store(first_lsn, Ordering::Release);
     }
-    buf.clear();
-    for (i, append) in group.iter().enumerate() {
-        segment::encode(buf, first_lsn + i as u64, append.kind, &append.payload);
-    }
+    let headers: Vec<[u8; FRAME_HEADER_BYTES]> = group
+        .iter()
+        .enumerate()
+        .map(|(i, append)| {
+            segment::frame_header(first_lsn + i as u64, append.kind, &append.payload)
+        })
+        .collect();
+    let mut slices: Vec<IoSlice<'_>> = headers
+        .iter()
+        .zip(group)
+        .flat_map(|(header, append)| [IoSlice::new(header), IoSlice::new(&append.payload)])
+        .collect();
+    let bytes: usize = slices.iter().map(|s| s.len()).sum();
     if let Some(hook) = &config.fail_hook {
         if let Some(e) = hook(FailPoint::BeforeWrite) {
             return Err(LogError::io(active.path(), e));
         }
     }
-    active.write_all(buf)?;
-    shared.bytes.fetch_add(buf.len() as u64, Ordering::AcqRel);
+    active.write_all_vectored(&mut slices)?;
+    shared.bytes.fetch_add(bytes as u64, Ordering::AcqRel);
     if let Some(hook) = &config.fail_hook {
         if let Some(e) = hook(FailPoint::BeforeSync) {
             return Err(LogError::io(active.path(), e));

@@ -1,7 +1,7 @@
 //! Segment files: naming, framing, scanning and the file handle the writer appends to.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{self, IoSlice, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use super::{FRAME_HEADER_BYTES, LogError, Lsn, MAX_RECORD_BYTES, Record, RecordKind};
@@ -29,17 +29,18 @@ pub(super) fn list(dir: &Path) -> Result<Vec<(Lsn, PathBuf)>, LogError> {
     Ok(segments)
 }
 
-/// Appends one framed record to `buf`.
-pub(super) fn encode(buf: &mut Vec<u8>, lsn: Lsn, kind: RecordKind, payload: &[u8]) {
+/// The frame header of one record: length, checksum (of kind, LSN and payload), kind, LSN.
+pub(super) fn frame_header(lsn: Lsn, kind: RecordKind, payload: &[u8]) -> [u8; FRAME_HEADER_BYTES] {
     let len = payload.len() as u32;
     let mut crc = crc32c::crc32c(&[kind as u8]);
     crc = crc32c::crc32c_append(crc, &lsn.to_le_bytes());
     crc = crc32c::crc32c_append(crc, payload);
-    buf.extend_from_slice(&len.to_le_bytes());
-    buf.extend_from_slice(&crc.to_le_bytes());
-    buf.push(kind as u8);
-    buf.extend_from_slice(&lsn.to_le_bytes());
-    buf.extend_from_slice(payload);
+    let mut header = [0u8; FRAME_HEADER_BYTES];
+    header[0..4].copy_from_slice(&len.to_le_bytes());
+    header[4..8].copy_from_slice(&crc.to_le_bytes());
+    header[8] = kind as u8;
+    header[9..17].copy_from_slice(&lsn.to_le_bytes());
+    header
 }
 
 /// How much of a segment file holds whole, valid records.
@@ -165,11 +166,28 @@ impl Segment {
         })
     }
 
-    pub(super) fn write_all(&mut self, bytes: &[u8]) -> Result<(), LogError> {
-        self.file
-            .write_all(bytes)
-            .map_err(|e| LogError::io(&self.path, e))?;
-        self.len += bytes.len() as u64;
+    /// Writes all of `slices`, in order, with as few system calls as the kernel allows: each
+    /// record's header and payload go straight from where they are, without first being
+    /// copied into one buffer.
+    pub(super) fn write_all_vectored(
+        &mut self,
+        mut slices: &mut [IoSlice<'_>],
+    ) -> Result<(), LogError> {
+        let total: usize = slices.iter().map(|s| s.len()).sum();
+        while !slices.is_empty() {
+            match self.file.write_vectored(slices) {
+                Ok(0) => {
+                    return Err(LogError::io(
+                        &self.path,
+                        io::Error::from(io::ErrorKind::WriteZero),
+                    ));
+                }
+                Ok(written) => IoSlice::advance_slices(&mut slices, written),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(LogError::io(&self.path, e)),
+            }
+        }
+        self.len += total as u64;
         Ok(())
     }
 
