@@ -9,7 +9,8 @@
 //! `GET .../stats?files=true` lists them.
 //!
 //! Run: `cargo bench --bench queries` (installs DuckDB into `.tools/venv` on first use).
-//! Settings: `BENCH_BYTES` (default 1 GiB), `BENCH_REPEAT` (9), `BENCH_SEED` (42).
+//! Settings: `BENCH_BYTES` (default 1 GiB), `BENCH_REPEAT` (9), `BENCH_SEED` (42),
+//! `BENCH_ROUNDS` (3: rounds alternate the two sides; each query's median ratio is the figure).
 
 mod support;
 
@@ -132,70 +133,85 @@ fn main() {
         .iter()
         .map(|f| std::fs::metadata(f).expect("listed file exists").len())
         .sum();
+    // The machine's noise moves single measurements by 10-20 %: rounds alternate the two
+    // sides and each query's figure is its median ratio over the rounds.
+    let rounds = harness::env_or("BENCH_ROUNDS", 3).max(1);
     println!(
-        "queries: {rows} rows in {} Parquet files ({:.0} MiB); median of {repeat} runs after a warm-up",
+        "queries: {rows} rows in {} Parquet files ({:.0} MiB); median of {repeat} runs after a warm-up, {rounds} rounds",
         files.len(),
         parquet as f64 / (1 << 20) as f64
     );
-    let mut ours = Vec::new();
-    for q in QUERIES {
-        let (ms, answer) = runtime.block_on(async {
-            harness::statement(&client, &base, q.sluice).await;
-            let mut times = Vec::new();
-            let mut answer = Value::Null;
-            for _ in 0..repeat {
-                let started = Instant::now();
-                answer = harness::statement(&client, &base, q.sluice).await;
-                times.push(started.elapsed().as_secs_f64() * 1e3);
-            }
-            times.sort_by(f64::total_cmp);
-            (times[times.len() / 2], answer["result_set"]["rows"].clone())
-        });
-        ours.push((ms, answer));
-    }
-    // Stop the server but keep its files for DuckDB; dropping it removes them at the end.
-    let mut server = server;
-    let _ = server.child.kill();
-    let _ = server.child.wait();
     let spec = json!({
         "files": files,
         "repeat": repeat,
         "queries": QUERIES.iter().map(|q| json!({"name": q.name, "sql": q.duckdb})).collect::<Vec<_>>(),
     });
-    // The server is gone by now: DuckDB has the machine to itself, as sluice had.
-    let theirs = harness::duckdb_peer(&["query"], &spec);
+    // Per query: (sluice ms, DuckDB ms) of every round.
+    let mut timings: Vec<Vec<(f64, f64)>> = vec![Vec::new(); QUERIES.len()];
+    let mut rows_answered = vec![0; QUERIES.len()];
+    for _ in 0..rounds {
+        let mut ours = Vec::new();
+        for q in QUERIES {
+            let (ms, answer) = runtime.block_on(async {
+                harness::statement(&client, &base, q.sluice).await;
+                let mut times = Vec::new();
+                let mut answer = Value::Null;
+                for _ in 0..repeat {
+                    let started = Instant::now();
+                    answer = harness::statement(&client, &base, q.sluice).await;
+                    times.push(started.elapsed().as_secs_f64() * 1e3);
+                }
+                times.sort_by(f64::total_cmp);
+                (times[times.len() / 2], answer["result_set"]["rows"].clone())
+            });
+            ours.push((ms, answer));
+        }
+        // The server is idle while DuckDB runs.
+        let theirs = harness::duckdb_peer(&["query"], &spec);
+        for (i, (q, (ms, answer))) in QUERIES.iter().zip(&ours).enumerate() {
+            let duck = &theirs[q.name];
+            let duck_ms = duck["median_ms"].as_f64().expect("median");
+            let a = answer.as_array().expect("sluice rows");
+            let b = duck["rows"].as_array().expect("duckdb rows");
+            assert_eq!(a.len(), b.len(), "{}: row counts differ", q.name);
+            assert!(!a.is_empty(), "{}: the query matched nothing", q.name);
+            for (ra, rb) in a.iter().zip(b) {
+                for &c in q.compare {
+                    assert!(
+                        same_cell(&ra[c], &rb[c]),
+                        "{}: answers differ: {ra} vs {rb}",
+                        q.name
+                    );
+                }
+            }
+            timings[i].push((*ms, duck_ms));
+            rows_answered[i] = a.len();
+        }
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
     let mut worst: f64 = 0.0;
     println!(
-        "{:<36} {:>10} {:>10} {:>8} {:>6}",
-        "query", "sluice ms", "duckdb ms", "ratio", "rows"
+        "{:<36} {:>10} {:>10} {:>8} {:>17} {:>6}",
+        "query", "sluice ms", "duckdb ms", "ratio", "rounds' ratios", "rows"
     );
-    for (q, (ms, answer)) in QUERIES.iter().zip(&ours) {
-        let duck = &theirs[q.name];
-        let duck_ms = duck["median_ms"].as_f64().expect("median");
-        let a = answer.as_array().expect("sluice rows");
-        let b = duck["rows"].as_array().expect("duckdb rows");
-        assert_eq!(a.len(), b.len(), "{}: row counts differ", q.name);
-        assert!(!a.is_empty(), "{}: the query matched nothing", q.name);
-        for (ra, rb) in a.iter().zip(b) {
-            for &c in q.compare {
-                assert!(
-                    same_cell(&ra[c], &rb[c]),
-                    "{}: answers differ: {ra} vs {rb}",
-                    q.name
-                );
-            }
-        }
-        let ratio = ms / duck_ms;
+    for (i, q) in QUERIES.iter().enumerate() {
+        let ratios: Vec<f64> = timings[i].iter().map(|(s, d)| s / d).collect();
+        let ratio = median(ratios.clone());
         worst = worst.max(ratio);
+        let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
         println!(
-            "{:<36} {:>10.1} {:>10.1} {:>7.2}x {:>6}",
+            "{:<36} {:>10.1} {:>10.1} {:>7.2}x {:>17} {:>6}",
             q.name,
-            ms,
-            duck_ms,
+            median(timings[i].iter().map(|t| t.0).collect()),
+            median(timings[i].iter().map(|t| t.1).collect()),
             ratio,
-            a.len()
+            each.join(" "),
+            rows_answered[i]
         );
     }
-    println!("worst ratio: sluice takes {worst:.2}x DuckDB's time (goal: at most 1.5x)");
+    println!("worst median ratio: sluice takes {worst:.2}x DuckDB's time (goal: at most 1.5x)");
     drop(server);
 }

@@ -112,10 +112,13 @@ impl TableProvider for SluiceTable {
                 .runtime_env()
                 .object_store(ObjectStoreUrl::parse(STORE_URL)?)?;
             let footers = state.runtime_env().cache_manager.get_file_metadata_cache();
-            let mut source =
-                ParquetSource::new(self.schema.clone()).with_parquet_file_reader_factory(Arc::new(
-                    CachedParquetFileReaderFactory::new(store.clone(), footers.clone()),
-                ));
+            let mut source = ParquetSource::new(self.schema.clone())
+                .with_parquet_file_reader_factory(Arc::new(CachedParquetFileReaderFactory::new(
+                    store.clone(),
+                    footers.clone(),
+                )))
+                // sluice writes no bloom filters: looking for them is wasted work per row group.
+                .with_bloom_filter_on_read(false);
             if let Some(predicate) = conjunction(filters.iter().cloned()) {
                 let df_schema = DFSchema::try_from(self.schema.as_ref().clone())?;
                 let physical = state.create_physical_expr(predicate, &df_schema)?;
