@@ -9,13 +9,8 @@
 
 use std::sync::Arc;
 
-use arrow_array::cast::AsArray;
-use arrow_array::types::{
-    TimestampMicrosecondType, TimestampMillisecondType, TimestampNanosecondType,
-    TimestampSecondType,
-};
-use arrow_array::{Array, ArrayRef};
-use arrow_schema::{DataType, Field, TimeUnit};
+use arrow_array::{ArrayRef, make_array};
+use arrow_schema::{DataType, Field};
 use datafusion::error::Result;
 use datafusion::logical_expr::{ColumnarValue, ScalarFunctionArgs, ScalarUDF};
 use datafusion::prelude::SessionContext;
@@ -27,35 +22,19 @@ fn is_utc(tz: &str) -> bool {
     matches!(tz, "UTC" | "utc" | "Etc/UTC" | "+00:00" | "Z")
 }
 
-/// The same timestamps with the time zone `tz` (no copy of the values).
+/// The same timestamps with the time zone `tz` (no copy of the values); `None` for an array
+/// of another type.
 fn with_time_zone(array: &ArrayRef, tz: Option<Arc<str>>) -> Option<ArrayRef> {
-    Some(match array.data_type() {
-        DataType::Timestamp(TimeUnit::Second, _) => Arc::new(
-            array
-                .as_primitive::<TimestampSecondType>()
-                .clone()
-                .with_timezone_opt(tz),
-        ),
-        DataType::Timestamp(TimeUnit::Millisecond, _) => Arc::new(
-            array
-                .as_primitive::<TimestampMillisecondType>()
-                .clone()
-                .with_timezone_opt(tz),
-        ),
-        DataType::Timestamp(TimeUnit::Microsecond, _) => Arc::new(
-            array
-                .as_primitive::<TimestampMicrosecondType>()
-                .clone()
-                .with_timezone_opt(tz),
-        ),
-        DataType::Timestamp(TimeUnit::Nanosecond, _) => Arc::new(
-            array
-                .as_primitive::<TimestampNanosecondType>()
-                .clone()
-                .with_timezone_opt(tz),
-        ),
-        _ => return None,
-    })
+    let DataType::Timestamp(unit, _) = array.data_type() else {
+        return None;
+    };
+    let data = array
+        .to_data()
+        .into_builder()
+        .data_type(DataType::Timestamp(*unit, tz))
+        .build()
+        .ok()?;
+    Some(make_array(data))
 }
 
 /// Invokes `date_trunc` on arrays of UTC timestamps as on zone-less ones.
@@ -113,7 +92,7 @@ pub(super) fn register(ctx: &mut SessionContext) {
 mod tests {
     use super::*;
     use arrow_array::{RecordBatch, TimestampNanosecondArray};
-    use arrow_schema::Schema;
+    use arrow_schema::{Schema, TimeUnit};
     use datafusion::datasource::MemTable;
 
     /// Every granularity gives what DataFusion's own `date_trunc` gives, with the zone kept.
