@@ -295,3 +295,77 @@ fn timestamp_nanos(value: &ScalarValue) -> Option<i64> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use arrow_array::{ArrayRef, Int64Array, TimestampNanosecondArray};
+    use arrow_schema::TimeUnit;
+    use datafusion::prelude::{col, lit};
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::properties::WriterProperties;
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+
+    use super::*;
+
+    fn at(nanos: i64) -> Expr {
+        lit(ScalarValue::TimestampNanosecond(
+            Some(nanos),
+            Some("UTC".into()),
+        ))
+    }
+
+    /// Five row groups of four rows, times 0..20: the span covers exactly the row groups a
+    /// time filter may match, and nothing when none may.
+    #[test]
+    fn span_covers_the_row_groups_a_time_filter_keeps() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new(
+                "time",
+                DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into())),
+                false,
+            ),
+            Field::new("n", DataType::Int64, false),
+        ]));
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(TimestampNanosecondArray::from_iter_values(0..20).with_timezone("UTC")),
+            Arc::new(Int64Array::from_iter_values(0..20)),
+        ];
+        let batch = RecordBatch::try_new(schema.clone(), columns).unwrap();
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(4))
+            .build();
+        let mut bytes = Vec::new();
+        let mut writer = ArrowWriter::try_new(&mut bytes, schema.clone(), Some(props)).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        let reader = SerializedFileReader::new(bytes::Bytes::from(bytes)).unwrap();
+        let metadata = reader.metadata();
+        assert_eq!(metadata.num_row_groups(), 5);
+        let group_span = |i: usize| {
+            let group = metadata.row_group(i);
+            group.columns().iter().fold((u64::MAX, 0), |(lo, hi), c| {
+                let (offset, length) = c.byte_range();
+                (lo.min(offset), hi.max(offset + length))
+            })
+        };
+
+        // Times 5..11 are in groups 1 (4..8) and 2 (8..12).
+        let window = [col("time").gt_eq(at(5)), col("time").lt(at(11))];
+        let span = row_group_span(metadata, &schema, &window).unwrap();
+        assert_eq!(span, (group_span(1).0, group_span(2).1));
+
+        // Past the end: nothing to read.
+        assert_eq!(
+            row_group_span(metadata, &schema, &[col("time").gt(at(19))]),
+            None
+        );
+
+        // A filter on another column says nothing about row groups: all of them.
+        let all = (group_span(0).0, group_span(4).1);
+        let other = [col("n").eq(lit(3i64))];
+        assert_eq!(row_group_span(metadata, &schema, &other), Some(all));
+        // OR of two windows: from the first group of one to the last of the other.
+        let either = [col("time").lt(at(2)).or(col("time").gt_eq(at(18)))];
+        assert_eq!(row_group_span(metadata, &schema, &either), Some(all));
+    }
+}
