@@ -22,7 +22,7 @@ use datafusion::logical_expr::{BinaryExpr, Expr, Operator, TableProviderFilterPu
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::empty::EmptyExec;
 use datafusion::physical_plan::union::UnionExec;
-use parquet::file::metadata::ParquetMetaData;
+use parquet::file::metadata::{ParquetMetaData, RowGroupMetaData};
 use parquet::file::statistics::Statistics;
 
 use crate::table::{DataFile, Tables};
@@ -64,6 +64,23 @@ impl SluiceTable {
             schema: Arc::new(Schema::new_with_metadata(fields, stored.metadata().clone())),
             tables,
         }
+    }
+
+    /// An unflushed batch (stored types) in the query schema.
+    fn as_views(&self, batch: &RecordBatch) -> Result<RecordBatch> {
+        let columns = batch
+            .columns()
+            .iter()
+            .zip(self.schema.fields())
+            .map(|(column, field)| {
+                if column.data_type() == field.data_type() {
+                    Ok(column.clone())
+                } else {
+                    Ok(arrow_cast::cast(column, field.data_type())?)
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
     }
 }
 
@@ -176,25 +193,6 @@ impl TableProvider for SluiceTable {
     }
 }
 
-impl SluiceTable {
-    /// An unflushed batch (stored types) in the query schema.
-    fn as_views(&self, batch: &RecordBatch) -> Result<RecordBatch> {
-        let columns = batch
-            .columns()
-            .iter()
-            .zip(self.schema.fields())
-            .map(|(column, field)| {
-                if column.data_type() == field.data_type() {
-                    Ok(column.clone())
-                } else {
-                    Ok(arrow_cast::cast(column, field.data_type())?)
-                }
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
-    }
-}
-
 /// Whether a file may hold rows matching every filter, judged by its timestamp ranges.
 fn may_match(file: &DataFile, filters: &[Expr]) -> bool {
     let ranges = |column: &str| file.time_ranges.get(column).copied();
@@ -274,16 +272,21 @@ fn row_group_span(
         if !filters.iter().all(|f| may_match_one(&ranges, f)) {
             continue;
         }
-        let (start, end) = group.columns().iter().fold((u64::MAX, 0), |(lo, hi), c| {
-            let (offset, length) = c.byte_range();
-            (lo.min(offset), hi.max(offset + length))
-        });
+        let (start, end) = row_group_bytes(group);
         span = Some(match span {
             Some((lo, hi)) => (lo.min(start), hi.max(end)),
             None => (start, end),
         });
     }
     span
+}
+
+/// The byte range a row group's column chunks occupy in its file.
+fn row_group_bytes(group: &RowGroupMetaData) -> (u64, u64) {
+    group.columns().iter().fold((u64::MAX, 0), |(lo, hi), c| {
+        let (offset, length) = c.byte_range();
+        (lo.min(offset), hi.max(offset + length))
+    })
 }
 
 fn timestamp_nanos(value: &ScalarValue) -> Option<i64> {
@@ -341,12 +344,12 @@ mod tests {
         let reader = SerializedFileReader::new(bytes::Bytes::from(bytes)).unwrap();
         let metadata = reader.metadata();
         assert_eq!(metadata.num_row_groups(), 5);
+        // A row group's two column chunks lie one after the other: `time`, then `n`.
         let group_span = |i: usize| {
             let group = metadata.row_group(i);
-            group.columns().iter().fold((u64::MAX, 0), |(lo, hi), c| {
-                let (offset, length) = c.byte_range();
-                (lo.min(offset), hi.max(offset + length))
-            })
+            let (start, _) = group.column(0).byte_range();
+            let (offset, length) = group.column(1).byte_range();
+            (start, offset + length)
         };
 
         // Times 5..11 are in groups 1 (4..8) and 2 (8..12).

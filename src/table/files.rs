@@ -91,12 +91,10 @@ pub(super) fn write_parquet(
     let mut chunks = encode_columns(schema, jobs)?.into_iter();
     for group in &groups {
         let mut row_group = file.next_row_group().map_err(encoding)?;
-        for _ in schema.fields().iter() {
-            for chunk in chunks.next().into_iter().flatten() {
-                chunk
-                    .append_to_row_group(&mut row_group)
-                    .map_err(encoding)?;
-            }
+        for chunk in chunks.by_ref().take(schema.fields().len()).flatten() {
+            chunk
+                .append_to_row_group(&mut row_group)
+                .map_err(encoding)?;
         }
         let written = row_group.close().map_err(encoding)?;
         let expected: usize = group.iter().map(RecordBatch::num_rows).sum();
@@ -276,6 +274,7 @@ fn writer_properties(
         .set_max_row_group_row_count(Some(row_group_rows.max(1)))
         .set_data_page_row_count_limit(8192);
     for field in schema.map(|s| s.fields().iter()).into_iter().flatten() {
+        let path = || ColumnPath::from(field.name().as_str());
         let unique = matches!(
             field.data_type(),
             DataType::Timestamp(_, _)
@@ -284,29 +283,19 @@ fn writer_properties(
                 | DataType::Binary
         );
         if unique {
-            builder = builder
-                .set_column_dictionary_enabled(ColumnPath::from(field.name().as_str()), false);
+            builder = builder.set_column_dictionary_enabled(path(), false);
         }
         if matches!(field.data_type(), DataType::Timestamp(_, _)) {
             builder = builder
-                .set_column_encoding(
-                    ColumnPath::from(field.name().as_str()),
-                    Encoding::DELTA_BINARY_PACKED,
-                )
-                .set_column_compression(
-                    ColumnPath::from(field.name().as_str()),
-                    Compression::UNCOMPRESSED,
-                );
+                .set_column_encoding(path(), Encoding::DELTA_BINARY_PACKED)
+                .set_column_compression(path(), Compression::UNCOMPRESSED);
         }
         let json = field
             .metadata()
             .get(crate::types::SLUICE_TYPE_KEY)
             .is_some_and(|t| matches!(t.as_str(), "object" | "array" | "any"));
         if json || matches!(field.data_type(), DataType::Binary) {
-            builder = builder.set_column_statistics_enabled(
-                ColumnPath::from(field.name().as_str()),
-                EnabledStatistics::None,
-            );
+            builder = builder.set_column_statistics_enabled(path(), EnabledStatistics::None);
         }
     }
     Ok(builder.build())
