@@ -8,6 +8,7 @@ mod ddl;
 mod json_functions;
 mod lex;
 mod provider;
+mod pruning;
 mod scopeql;
 pub mod statements;
 mod time_functions;
@@ -20,6 +21,7 @@ use arrow_schema::{DataType, Field};
 use datafusion::catalog::{CatalogProvider, MemoryCatalogProvider, MemorySchemaProvider};
 use datafusion::error::DataFusionError;
 use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::catalog::{
@@ -191,7 +193,13 @@ impl QueryEngine {
         let config = SessionConfig::new()
             .with_default_catalog_and_schema(DEFAULT_DATABASE, DEFAULT_SCHEMA)
             .with_information_schema(true);
-        let mut ctx = SessionContext::new_with_config_rt(config, self.runtime.clone());
+        let state = SessionStateBuilder::new()
+            .with_config(config)
+            .with_runtime_env(self.runtime.clone())
+            .with_default_features()
+            .with_physical_optimizer_rule(Arc::new(pruning::ColumnPruning))
+            .build();
+        let mut ctx = SessionContext::new_with_state(state);
         // v['k'] in ScopeQL, and json_get* in SQL.
         json_functions::register(&mut ctx)?;
         time_functions::register(&mut ctx);

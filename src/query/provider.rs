@@ -13,7 +13,7 @@ use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::datasource::physical_plan::parquet::CachedParquetFileReaderFactory;
 use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
-use datafusion::datasource::physical_plan::{FileScanConfigBuilder, ParquetSource};
+use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, ParquetSource};
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::object_store::ObjectStoreUrl;
@@ -145,26 +145,29 @@ impl TableProvider for SluiceTable {
                 FileScanConfigBuilder::new(ObjectStoreUrl::parse(STORE_URL)?, Arc::new(source))
                     .with_projection_indices(projection.cloned())?
                     .with_limit(limit);
+            // About four ranges a partition when whole files are read (see `scan_ranges`).
+            let total: u64 = files.iter().map(|f| f.bytes).sum();
+            let partitions = state.config().target_partitions().max(1);
+            let range_bytes = (total / (4 * partitions as u64)).max(MIN_RANGE_BYTES);
+            let mut ranges = Vec::new();
             for f in files {
-                let mut file = PartitionedFile::new(f.path.clone(), f.bytes);
-                if !filters.is_empty() && !f.time_ranges.is_empty() {
-                    // Footers come from (and stay in) the runtime's cache; a file whose
-                    // footer cannot be read is scanned whole and fails there.
-                    let metadata = DFParquetMetadata::new(store.as_ref(), &file.object_meta)
-                        .with_file_metadata_cache(Some(footers.clone()))
-                        .fetch_metadata()
-                        .await;
-                    if let Ok(metadata) = metadata {
-                        match row_group_span(&metadata, &self.schema, filters) {
-                            None => continue,
-                            Some((start, end)) => {
-                                file = file.with_range(start as i64, end as i64);
-                            }
-                        }
-                    }
+                let file = PartitionedFile::new(f.path.clone(), f.bytes);
+                // Footers come from (and stay in) the runtime's cache; a file whose footer
+                // cannot be read is scanned whole and fails there.
+                let metadata = DFParquetMetadata::new(store.as_ref(), &file.object_meta)
+                    .with_file_metadata_cache(Some(footers.clone()))
+                    .fetch_metadata()
+                    .await;
+                let Ok(metadata) = metadata else {
+                    ranges.push((file, f.bytes));
+                    continue;
+                };
+                for (start, end) in scan_ranges(&metadata, &self.schema, filters, range_bytes) {
+                    let range = file.clone().with_range(start as i64, end as i64);
+                    ranges.push((range, end - start));
                 }
-                builder = builder.with_file(file);
             }
+            builder = builder.with_file_groups(contiguous_groups(ranges, partitions));
             inputs.push(DataSourceExec::from_data_source(builder.build()));
         }
         if !snapshot.batches.is_empty() {
@@ -192,6 +195,39 @@ impl TableProvider for SluiceTable {
         }
     }
 }
+
+/// `ranges` (each with its size in bytes), in order, as at most `groups` groups of
+/// consecutive ranges of about equal size. A partition reads its group's ranges one after
+/// the other, so a filter that tightens as the query runs (a top-N's threshold) prunes the
+/// pages of all but the first. (DataFusion re-splits scans of at least
+/// `repartition_file_min_size` bytes evenly by size, keeping the order; smaller ones it
+/// would read with a partition for each range.)
+fn contiguous_groups(ranges: Vec<(PartitionedFile, u64)>, groups: usize) -> Vec<FileGroup> {
+    let mut left: u64 = ranges.iter().map(|(_, bytes)| bytes).sum();
+    let mut groups_left = groups.clamp(1, ranges.len().max(1));
+    let mut out = Vec::new();
+    let mut current = Vec::new();
+    let mut current_bytes = 0;
+    for (range, bytes) in ranges {
+        current.push(range);
+        current_bytes += bytes;
+        // Close the group once it holds its share of what is left.
+        if groups_left > 1 && current_bytes * groups_left as u64 >= left {
+            out.push(FileGroup::new(std::mem::take(&mut current)));
+            left -= current_bytes;
+            current_bytes = 0;
+            groups_left -= 1;
+        }
+    }
+    if !current.is_empty() {
+        out.push(FileGroup::new(current));
+    }
+    out
+}
+
+/// The smallest byte range a scan is cut into (see [`scan_ranges`]): opening a range costs
+/// a fraction of a millisecond.
+const MIN_RANGE_BYTES: u64 = 4 << 20;
 
 /// Whether a file may hold rows matching every filter, judged by its timestamp ranges.
 fn may_match(file: &DataFile, filters: &[Expr]) -> bool {
@@ -235,18 +271,24 @@ fn may_match_one(ranges: &dyn Fn(&str) -> Option<(i64, i64)>, filter: &Expr) -> 
     }
 }
 
-/// What a file's row groups say about `filters`: `None` when none of them may match, else
-/// the byte span from the first to the end of the last row group that may.
+/// The byte ranges of a file to scan for `filters`: the runs of consecutive row groups
+/// whose time statistics may match, cut at row-group boundaries into ranges of about
+/// `range_bytes` (a range is never empty; a row group larger than that is a range of its
+/// own). Empty when no row group may match.
 ///
-/// The scan reads only that span. DataFusion splits a scan across partitions by byte
-/// ranges before it prunes row groups, so a time filter that keeps a run of row groups in
-/// one part of a file left one partition with most of the rows (63/37 on the query bench's
-/// count by service); split over the span, the rows that are read are shared evenly.
-fn row_group_span(
+/// DataFusion opens each range on its own and shares the ranges among partitions by size.
+/// Two things follow. Rows a time filter keeps are shared evenly, where DataFusion's own
+/// split of whole files by bytes, made before it prunes row groups, left one partition
+/// with most of them (63/37 on the query bench's count by service). And filters that
+/// tighten while the query runs (a top-N's threshold) prune the pages of every range opened
+/// after they have tightened: with one range per file, the first, and largest, file of each
+/// partition was read whole.
+fn scan_ranges(
     metadata: &ParquetMetaData,
     schema: &Schema,
     filters: &[Expr],
-) -> Option<(u64, u64)> {
+    range_bytes: u64,
+) -> Vec<(u64, u64)> {
     let leaves = metadata.file_metadata().schema_descr();
     // Timestamp columns by name, with their leaf index in the file.
     let time_columns: Vec<(&str, usize)> = schema
@@ -260,25 +302,31 @@ fn row_group_span(
                 .map(|i| (name, i))
         })
         .collect();
-    let mut span: Option<(u64, u64)> = None;
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    // Whether the last range ends at the row group before this one.
+    let mut extends = false;
     for group in metadata.row_groups() {
-        let ranges = |column: &str| {
+        let time_range = |column: &str| {
             let (_, leaf) = time_columns.iter().find(|(name, _)| *name == column)?;
             match group.column(*leaf).statistics()? {
                 Statistics::Int64(s) => Some((*s.min_opt()?, *s.max_opt()?)),
                 _ => None,
             }
         };
-        if !filters.iter().all(|f| may_match_one(&ranges, f)) {
+        if !filters.iter().all(|f| may_match_one(&time_range, f)) {
+            extends = false;
             continue;
         }
         let (start, end) = row_group_bytes(group);
-        span = Some(match span {
-            Some((lo, hi)) => (lo.min(start), hi.max(end)),
-            None => (start, end),
-        });
+        match ranges.last_mut() {
+            Some(last) if extends && last.1 == start && last.1 - last.0 < range_bytes => {
+                last.1 = end;
+            }
+            _ => ranges.push((start, end)),
+        }
+        extends = true;
     }
-    span
+    ranges
 }
 
 /// The byte range a row group's column chunks occupy in its file.
@@ -317,10 +365,10 @@ mod tests {
         ))
     }
 
-    /// Five row groups of four rows, times 0..20: the span covers exactly the row groups a
-    /// time filter may match, and nothing when none may.
+    /// Five row groups of four rows, times 0..20: the ranges cover exactly the row groups a
+    /// time filter may match, in runs no longer than asked, and nothing when none may.
     #[test]
-    fn span_covers_the_row_groups_a_time_filter_keeps() {
+    fn ranges_cover_the_row_groups_a_time_filter_keeps() {
         let schema = Arc::new(Schema::new(vec![
             Field::new(
                 "time",
@@ -352,23 +400,38 @@ mod tests {
             (start, offset + length)
         };
 
-        // Times 5..11 are in groups 1 (4..8) and 2 (8..12).
+        let ranges = |filters: &[Expr], range_bytes: u64| {
+            scan_ranges(metadata, &schema, filters, range_bytes)
+        };
+        let all = (group_span(0).0, group_span(4).1);
+
+        // Times 5..11 are in groups 1 (4..8) and 2 (8..12): one range, or one a group.
         let window = [col("time").gt_eq(at(5)), col("time").lt(at(11))];
-        let span = row_group_span(metadata, &schema, &window).unwrap();
-        assert_eq!(span, (group_span(1).0, group_span(2).1));
+        assert_eq!(
+            ranges(&window, u64::MAX),
+            [(group_span(1).0, group_span(2).1)]
+        );
+        assert_eq!(ranges(&window, 1), [group_span(1), group_span(2)]);
 
         // Past the end: nothing to read.
-        assert_eq!(
-            row_group_span(metadata, &schema, &[col("time").gt(at(19))]),
-            None
-        );
+        assert_eq!(ranges(&[col("time").gt(at(19))], u64::MAX), []);
 
-        // A filter on another column says nothing about row groups: all of them.
-        let all = (group_span(0).0, group_span(4).1);
+        // A filter on another column, or none, says nothing about row groups: all of them,
+        // cut where a range has reached the size asked for.
         let other = [col("n").eq(lit(3i64))];
-        assert_eq!(row_group_span(metadata, &schema, &other), Some(all));
-        // OR of two windows: from the first group of one to the last of the other.
+        assert_eq!(ranges(&other, u64::MAX), [all]);
+        assert_eq!(ranges(&[], u64::MAX), [all]);
+        let two_groups = group_span(1).1 - group_span(0).0;
+        assert_eq!(
+            ranges(&[], two_groups),
+            [
+                (group_span(0).0, group_span(1).1),
+                (group_span(2).0, group_span(3).1),
+                group_span(4)
+            ]
+        );
+        // OR of two windows: the two runs, with the groups between them left out.
         let either = [col("time").lt(at(2)).or(col("time").gt_eq(at(18)))];
-        assert_eq!(row_group_span(metadata, &schema, &either), Some(all));
+        assert_eq!(ranges(&either, u64::MAX), [group_span(0), group_span(4)]);
     }
 }

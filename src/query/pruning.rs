@@ -1,0 +1,397 @@
+//! Page pruning for filters that name several columns.
+//!
+//! DataFusion prunes Parquet pages only with predicates on a single column, because pages of
+//! different columns need not line up. A filter such as the one a top-N query pushes into
+//! the scan while it runs (`ORDER BY latency DESC, time LIMIT 10` gives
+//! `latency > 1999.9 OR latency = 1999.9 AND time < t`) names two columns, so it prunes
+//! nothing below the row group: every page of every column is decoded, though the threshold
+//! is soon beyond all but a few pages' maximum.
+//!
+//! [`ColumnPruning`] adds to each scan, for every multi-column conjunct of its predicate and
+//! every column that conjunct names, the weaker single-column predicate that the conjunct
+//! implies ([`implied_on`]); for the filter above, `latency > 1999.9 OR latency = 1999.9`.
+//! A conjunct that changes while the query runs (a dynamic filter) is wrapped in
+//! [`ImpliedOn`], which derives the implied predicate from the conjunct's current value each
+//! time the scan takes a snapshot of it (once per file it opens).
+//!
+//! The added predicates only ever keep more rows than the conjunct they come from, so the
+//! answer does not change: they serve pruning, and rows are still filtered by the plan.
+
+use std::fmt;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use arrow_schema::{DataType, Schema};
+use datafusion::common::ScalarValue;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::config::ConfigOptions;
+use datafusion::datasource::physical_plan::{FileScanConfig, FileSource, ParquetSource};
+use datafusion::datasource::source::DataSourceExec;
+use datafusion::error::Result;
+use datafusion::logical_expr::{ColumnarValue, Operator};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::{BinaryExpr, Column, Literal};
+use datafusion::physical_expr::utils::{collect_columns, conjunction, split_conjunction};
+use datafusion::physical_expr_common::physical_expr::snapshot_physical_expr;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::ExecutionPlan;
+
+/// The physical optimizer rule that adds implied single-column predicates to Parquet scans
+/// (see the module documentation). It runs after DataFusion's rules, when the filters of
+/// top-N operators have been pushed into the scans.
+#[derive(Debug, Default)]
+pub(crate) struct ColumnPruning;
+
+impl PhysicalOptimizerRule for ColumnPruning {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        plan.transform_up(|node| {
+            let Some(exec) = node.downcast_ref::<DataSourceExec>() else {
+                return Ok(Transformed::no(node));
+            };
+            let Some(config) = exec.data_source().downcast_ref::<FileScanConfig>() else {
+                return Ok(Transformed::no(node));
+            };
+            let Some(parquet) = config.file_source.downcast_ref::<ParquetSource>() else {
+                return Ok(Transformed::no(node));
+            };
+            let Some(predicate) = parquet.filter() else {
+                return Ok(Transformed::no(node));
+            };
+            let implied = implied_conjuncts(&predicate)?;
+            if implied.is_empty() {
+                return Ok(Transformed::no(node));
+            }
+            let predicate = conjunction(std::iter::once(predicate).chain(implied));
+            let mut config = config.clone();
+            config.file_source = Arc::new(parquet.with_predicate(predicate));
+            let exec = exec.clone().with_data_source(Arc::new(config));
+            Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>))
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "sluice_column_pruning"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+/// The single-column predicates implied by the multi-column conjuncts of `predicate`.
+fn implied_conjuncts(predicate: &Arc<dyn PhysicalExpr>) -> Result<Vec<Arc<dyn PhysicalExpr>>> {
+    let mut implied = Vec::new();
+    for conjunct in split_conjunction(predicate) {
+        let mut columns: Vec<Column> = collect_columns(conjunct).into_iter().collect();
+        if columns.len() < 2 {
+            continue;
+        }
+        columns.sort_by_key(|c| c.index());
+        if is_dynamic(conjunct)? {
+            for column in columns {
+                implied.push(Arc::new(ImpliedOn {
+                    source: conjunct.clone(),
+                    column,
+                }) as Arc<dyn PhysicalExpr>);
+            }
+        } else {
+            implied.extend(columns.iter().filter_map(|c| implied_on(conjunct, c)));
+        }
+    }
+    Ok(implied)
+}
+
+/// Whether `expr` holds a node whose value changes while the query runs.
+fn is_dynamic(expr: &Arc<dyn PhysicalExpr>) -> Result<bool> {
+    let mut dynamic = false;
+    expr.apply(|e| {
+        dynamic = e.snapshot()?.is_some();
+        Ok(if dynamic {
+            TreeNodeRecursion::Stop
+        } else {
+            TreeNodeRecursion::Continue
+        })
+    })?;
+    Ok(dynamic)
+}
+
+/// A predicate on `column` alone that holds wherever `expr` holds; `None` when nothing
+/// about `column` follows from `expr`.
+///
+/// Through `AND` and `OR` the parts are replaced by what they imply (a part that implies
+/// nothing is dropped from an `AND` and makes an `OR` imply nothing); any other expression
+/// is kept whole if it names only `column`, and implies nothing otherwise. Each step keeps
+/// "true where `expr` is true" (SQL's three-valued logic included), so the result never
+/// rejects a row `expr` accepts.
+pub(crate) fn implied_on(
+    expr: &Arc<dyn PhysicalExpr>,
+    column: &Column,
+) -> Option<Arc<dyn PhysicalExpr>> {
+    if let Some(binary) = expr.downcast_ref::<BinaryExpr>() {
+        match binary.op() {
+            Operator::And => {
+                let left = implied_on(binary.left(), column);
+                let right = implied_on(binary.right(), column);
+                return match (left, right) {
+                    (Some(l), Some(r)) => Some(Arc::new(BinaryExpr::new(l, Operator::And, r))),
+                    (one, None) | (None, one) => one,
+                };
+            }
+            Operator::Or => {
+                let left = implied_on(binary.left(), column)?;
+                let right = implied_on(binary.right(), column)?;
+                return Some(Arc::new(BinaryExpr::new(left, Operator::Or, right)));
+            }
+            _ => {}
+        }
+    }
+    if let Some(literal) = expr.downcast_ref::<Literal>() {
+        // A constant implies itself; `true` says nothing.
+        return match literal.value() {
+            ScalarValue::Boolean(Some(true)) => None,
+            _ => Some(expr.clone()),
+        };
+    }
+    let columns = collect_columns(expr);
+    // By name: the scan rewrites column indices from the table's schema to each file's.
+    (!columns.is_empty() && columns.iter().all(|c| c.name() == column.name())).then(|| expr.clone())
+}
+
+/// What `source`, a predicate that changes while the query runs, currently implies about
+/// `column` ([`implied_on`] of its snapshot; `true` when it implies nothing).
+#[derive(Debug)]
+pub(crate) struct ImpliedOn {
+    source: Arc<dyn PhysicalExpr>,
+    column: Column,
+}
+
+impl PartialEq for ImpliedOn {
+    fn eq(&self, other: &Self) -> bool {
+        self.source.as_ref() == other.source.as_ref() && self.column == other.column
+    }
+}
+
+impl Eq for ImpliedOn {}
+
+impl Hash for ImpliedOn {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.source.hash(state);
+        self.column.hash(state);
+    }
+}
+
+impl ImpliedOn {
+    fn current(&self) -> Result<Arc<dyn PhysicalExpr>> {
+        let now = snapshot_physical_expr(self.source.clone())?;
+        Ok(implied_on(&now, &self.column)
+            .unwrap_or_else(|| Arc::new(Literal::new(ScalarValue::Boolean(Some(true))))))
+    }
+}
+
+impl fmt::Display for ImpliedOn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ImpliedOn({}) [ {} ]", self.column, self.source)
+    }
+}
+
+impl PhysicalExpr for ImpliedOn {
+    fn data_type(&self, _input_schema: &Schema) -> Result<DataType> {
+        Ok(DataType::Boolean)
+    }
+
+    fn nullable(&self, _input_schema: &Schema) -> Result<bool> {
+        Ok(true)
+    }
+
+    fn evaluate(&self, batch: &RecordBatch) -> Result<ColumnarValue> {
+        self.current()?.evaluate(batch)
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn PhysicalExpr>> {
+        vec![&self.source]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn PhysicalExpr>>,
+    ) -> Result<Arc<dyn PhysicalExpr>> {
+        let Some(source) = children.into_iter().next() else {
+            return Ok(self);
+        };
+        Ok(Arc::new(ImpliedOn {
+            source,
+            column: self.column.clone(),
+        }))
+    }
+
+    fn snapshot(&self) -> Result<Option<Arc<dyn PhysicalExpr>>> {
+        self.current().map(Some)
+    }
+
+    fn fmt_sql(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow_array::{Array, ArrayRef, BooleanArray, Float64Array, Int64Array};
+    use arrow_schema::Field;
+    use datafusion::physical_expr::expressions::{col, is_null, lit};
+    use datafusion::physical_plan::expressions::DynamicFilterPhysicalExpr;
+
+    use super::*;
+
+    fn schema() -> Schema {
+        Schema::new(vec![
+            Field::new("latency", DataType::Float64, true),
+            Field::new("time", DataType::Int64, true),
+        ])
+    }
+
+    fn binary(
+        l: Arc<dyn PhysicalExpr>,
+        op: Operator,
+        r: Arc<dyn PhysicalExpr>,
+    ) -> Arc<dyn PhysicalExpr> {
+        Arc::new(BinaryExpr::new(l, op, r))
+    }
+
+    /// `latency IS NULL OR latency > 5 OR latency = 5 AND time < 3`, the shape of a
+    /// `ORDER BY latency DESC, time LIMIT n` threshold.
+    fn top_n_filter(s: &Schema) -> Arc<dyn PhysicalExpr> {
+        let latency = col("latency", s).unwrap();
+        let time = col("time", s).unwrap();
+        let tie = binary(
+            binary(latency.clone(), Operator::Eq, lit(5.0)),
+            Operator::And,
+            binary(time, Operator::Lt, lit(3i64)),
+        );
+        binary(
+            binary(
+                is_null(latency.clone()).unwrap(),
+                Operator::Or,
+                binary(latency, Operator::Gt, lit(5.0)),
+            ),
+            Operator::Or,
+            tie,
+        )
+    }
+
+    fn rows(s: &Schema) -> RecordBatch {
+        // (latency, time): every combination around the threshold, nulls included.
+        let latency = [
+            None,
+            Some(4.0),
+            Some(5.0),
+            Some(5.0),
+            Some(6.0),
+            Some(5.0),
+            Some(4.0),
+        ];
+        let time = [Some(9), Some(1), Some(2), Some(3), Some(9), None, None];
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(Float64Array::from(latency.to_vec())),
+            Arc::new(Int64Array::from(time.to_vec())),
+        ];
+        RecordBatch::try_new(Arc::new(s.clone()), columns).unwrap()
+    }
+
+    fn truth(expr: &Arc<dyn PhysicalExpr>, batch: &RecordBatch) -> Vec<bool> {
+        let v = expr
+            .evaluate(batch)
+            .unwrap()
+            .into_array(batch.num_rows())
+            .unwrap();
+        let v = v.as_any().downcast_ref::<BooleanArray>().unwrap();
+        (0..v.len()).map(|i| v.is_valid(i) && v.value(i)).collect()
+    }
+
+    #[test]
+    fn the_leading_column_keeps_its_part_and_others_imply_nothing() {
+        let s = schema();
+        let filter = top_n_filter(&s);
+        let latency = Column::new("latency", 0);
+        let implied = implied_on(&filter, &latency).expect("a predicate on latency");
+        assert_eq!(
+            implied.to_string(),
+            "latency@0 IS NULL OR latency@0 > 5 OR latency@0 = 5"
+        );
+        // The tie-break column alone: `time < 3` is in an OR whose other parts do not
+        // name time, so nothing about time follows.
+        assert!(implied_on(&filter, &Column::new("time", 1)).is_none());
+        // AND keeps what it can; a constant `true` implies nothing.
+        let both = binary(
+            binary(col("time", &s).unwrap(), Operator::Lt, lit(3i64)),
+            Operator::And,
+            lit(true),
+        );
+        assert_eq!(
+            implied_on(&both, &Column::new("time", 1))
+                .unwrap()
+                .to_string(),
+            "time@1 < 3"
+        );
+        assert!(implied_on(&both, &latency).is_none());
+    }
+
+    /// The implied predicate accepts every row the filter accepts (it may accept more).
+    #[test]
+    fn implied_predicates_never_reject_an_accepted_row() {
+        let s = schema();
+        let batch = rows(&s);
+        let filter = top_n_filter(&s);
+        let accepted = truth(&filter, &batch);
+        assert_eq!(accepted, [true, false, true, false, true, false, false]);
+        for column in [Column::new("latency", 0), Column::new("time", 1)] {
+            let Some(implied) = implied_on(&filter, &column) else {
+                continue;
+            };
+            let kept = truth(&implied, &batch);
+            for (i, (&a, &k)) in accepted.iter().zip(&kept).enumerate() {
+                assert!(!a || k, "row {i} accepted by {filter} but not by {implied}");
+            }
+        }
+    }
+
+    /// A dynamic filter is followed as it changes: the wrapper's snapshot is what the
+    /// filter implies now.
+    #[test]
+    fn implied_on_a_dynamic_filter_follows_its_updates() {
+        let s = schema();
+        let latency = col("latency", &s).unwrap();
+        let time = col("time", &s).unwrap();
+        let dynamic = Arc::new(DynamicFilterPhysicalExpr::new(
+            vec![latency.clone(), time],
+            lit(true),
+        ));
+        let source: Arc<dyn PhysicalExpr> = dynamic.clone();
+        assert!(is_dynamic(&source).unwrap());
+        let wrapped = ImpliedOn {
+            source,
+            column: Column::new("latency", 0),
+        };
+        // Before the top-N has rows: nothing is implied.
+        assert_eq!(wrapped.snapshot().unwrap().unwrap().to_string(), "true");
+        dynamic.update(top_n_filter(&s)).unwrap();
+        assert_eq!(
+            wrapped.snapshot().unwrap().unwrap().to_string(),
+            "latency@0 IS NULL OR latency@0 > 5 OR latency@0 = 5"
+        );
+        let batch = rows(&s);
+        assert_eq!(
+            truth(&(Arc::new(wrapped) as Arc<dyn PhysicalExpr>), &batch),
+            [true, false, true, true, true, true, false]
+        );
+        // A static multi-column conjunct is not wrapped: its implications are computed once.
+        let implied = implied_conjuncts(&top_n_filter(&s)).unwrap();
+        assert_eq!(implied.len(), 1);
+        assert!(implied[0].downcast_ref::<ImpliedOn>().is_none());
+    }
+}
