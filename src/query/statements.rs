@@ -105,21 +105,38 @@ pub fn error_code(e: &QueryError) -> &'static str {
 #[derive(Debug, Default)]
 pub struct Statements {
     map: Mutex<HashMap<String, Arc<Statement>>>,
+    /// When expired statements were last dropped: at most once a second, as looking at every
+    /// retained statement on every submit made a submit cost grow with the statements of
+    /// the last [`RETENTION`].
+    last_pruned: Mutex<Option<Instant>>,
 }
 
 impl Statements {
+    /// Whether a second has passed since expired statements were last dropped (and, if so,
+    /// that they are being dropped now).
+    fn prune_due(&self) -> bool {
+        let mut last = self.last_pruned.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|at| at.elapsed() < Duration::from_secs(1)) {
+            return false;
+        }
+        *last = Some(Instant::now());
+        true
+    }
+
     /// Starts `sql` under `id` (a new UUIDv7 when absent). An id already in use answers the
     /// existing statement.
     pub fn submit(&self, engine: QueryEngine, sql: String, id: Option<String>) -> Arc<Statement> {
         let id = id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        map.retain(|_, s| {
-            s.finished
-                .lock()
-                .ok()
-                .and_then(|f| *f)
-                .is_none_or(|at| at.elapsed() < RETENTION)
-        });
+        if self.prune_due() {
+            map.retain(|_, s| {
+                s.finished
+                    .lock()
+                    .ok()
+                    .and_then(|f| *f)
+                    .is_none_or(|at| at.elapsed() < RETENTION)
+            });
+        }
         if let Some(existing) = map.get(&id) {
             return existing.clone();
         }
