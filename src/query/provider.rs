@@ -167,8 +167,11 @@ impl TableProvider for SluiceTable {
                     ranges.push((range, end - start));
                 }
             }
-            builder = builder.with_file_groups(contiguous_groups(ranges, partitions));
-            inputs.push(DataSourceExec::from_data_source(builder.build()));
+            // No range: no row group of any file may match.
+            if !ranges.is_empty() {
+                builder = builder.with_file_groups(contiguous_groups(ranges, partitions));
+                inputs.push(DataSourceExec::from_data_source(builder.build()));
+            }
         }
         if !snapshot.batches.is_empty() {
             let batches = snapshot
@@ -208,11 +211,16 @@ fn contiguous_groups(ranges: Vec<(PartitionedFile, u64)>, groups: usize) -> Vec<
     let mut out = Vec::new();
     let mut current = Vec::new();
     let mut current_bytes = 0;
-    for (range, bytes) in ranges {
+    let count = ranges.len();
+    for (i, (range, bytes)) in ranges.into_iter().enumerate() {
         current.push(range);
         current_bytes += bytes;
-        // Close the group once it holds its share of what is left.
-        if groups_left > 1 && current_bytes * groups_left as u64 >= left {
+        // Close the group once it holds its share of what is left, or when every group
+        // still to fill needs one of the ranges left.
+        let ranges_left = count - i - 1;
+        if groups_left > 1
+            && (current_bytes * groups_left as u64 >= left || ranges_left < groups_left)
+        {
             out.push(FileGroup::new(std::mem::take(&mut current)));
             left -= current_bytes;
             current_bytes = 0;
@@ -363,6 +371,39 @@ mod tests {
             Some(nanos),
             Some("UTC".into()),
         ))
+    }
+
+    /// Groups are consecutive, hold about equal bytes, and are never empty.
+    #[test]
+    fn contiguous_groups_share_bytes_in_order() {
+        let grouped = |sizes: &[u64], groups: usize| -> Vec<Vec<String>> {
+            let ranges = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &bytes)| (PartitionedFile::new(format!("f{i}"), bytes), bytes))
+                .collect();
+            contiguous_groups(ranges, groups)
+                .iter()
+                .map(|g| {
+                    g.iter()
+                        .map(|f| f.object_meta.location.to_string())
+                        .collect()
+                })
+                .collect()
+        };
+        assert_eq!(grouped(&[10, 10, 10, 10], 2), [["f0", "f1"], ["f2", "f3"]]);
+        // A large first range is a group of its own; the rest share the other.
+        assert_eq!(
+            grouped(&[30, 5, 5], 2),
+            [
+                vec!["f0".to_owned()],
+                vec!["f1".to_owned(), "f2".to_owned()]
+            ]
+        );
+        // More groups than ranges: one range each.
+        assert_eq!(grouped(&[1, 2], 4), [["f0"], ["f1"]]);
+        assert_eq!(grouped(&[1, 2, 3], 1), [["f0", "f1", "f2"]]);
+        assert!(grouped(&[], 2).is_empty());
     }
 
     /// Five row groups of four rows, times 0..20: the ranges cover exactly the row groups a
