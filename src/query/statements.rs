@@ -104,40 +104,48 @@ pub fn error_code(e: &QueryError) -> &'static str {
 /// Every statement of this server.
 #[derive(Debug, Default)]
 pub struct Statements {
-    map: Mutex<HashMap<String, Arc<Statement>>>,
+    retained: Mutex<Retained>,
+}
+
+/// The statements of the last [`RETENTION`] (and the running ones), by id.
+#[derive(Debug, Default)]
+struct Retained {
+    by_id: HashMap<String, Arc<Statement>>,
     /// When expired statements were last dropped: at most once a second, as looking at every
     /// retained statement on every submit made a submit cost grow with the statements of
     /// the last [`RETENTION`].
-    last_pruned: Mutex<Option<Instant>>,
+    last_pruned: Option<Instant>,
+}
+
+impl Retained {
+    /// Drops the statements finished more than [`RETENTION`] ago, unless that was done less
+    /// than a second ago.
+    fn drop_expired(&mut self) {
+        if self
+            .last_pruned
+            .is_some_and(|at| at.elapsed() < Duration::from_secs(1))
+        {
+            return;
+        }
+        self.last_pruned = Some(Instant::now());
+        self.by_id.retain(|_, s| {
+            s.finished
+                .lock()
+                .ok()
+                .and_then(|f| *f)
+                .is_none_or(|at| at.elapsed() < RETENTION)
+        });
+    }
 }
 
 impl Statements {
-    /// Whether a second has passed since expired statements were last dropped (and, if so,
-    /// that they are being dropped now).
-    fn prune_due(&self) -> bool {
-        let mut last = self.last_pruned.lock().unwrap_or_else(|p| p.into_inner());
-        if last.is_some_and(|at| at.elapsed() < Duration::from_secs(1)) {
-            return false;
-        }
-        *last = Some(Instant::now());
-        true
-    }
-
     /// Starts `sql` under `id` (a new UUIDv7 when absent). An id already in use answers the
     /// existing statement.
     pub fn submit(&self, engine: QueryEngine, sql: String, id: Option<String>) -> Arc<Statement> {
         let id = id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        if self.prune_due() {
-            map.retain(|_, s| {
-                s.finished
-                    .lock()
-                    .ok()
-                    .and_then(|f| *f)
-                    .is_none_or(|at| at.elapsed() < RETENTION)
-            });
-        }
-        if let Some(existing) = map.get(&id) {
+        let mut retained = self.retained.lock().unwrap_or_else(|p| p.into_inner());
+        retained.drop_expired();
+        if let Some(existing) = retained.by_id.get(&id) {
             return existing.clone();
         }
         let (state, _) = watch::channel(StatementState::Running);
@@ -163,15 +171,16 @@ impl Statements {
         if let Ok(mut abort) = statement.abort.lock() {
             *abort = Some(task.abort_handle());
         }
-        map.insert(id, statement.clone());
+        retained.by_id.insert(id, statement.clone());
         statement
     }
 
     /// The statement with this id.
     pub fn get(&self, id: &str) -> Option<Arc<Statement>> {
-        self.map
+        self.retained
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+            .by_id
             .get(id)
             .cloned()
     }
