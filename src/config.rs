@@ -8,8 +8,10 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::db::DbConfig;
+use crate::http::{BrowserPolicy, SubscriptionLimits};
 use crate::ingest::Limits;
 use crate::log::Durability;
+use crate::query::statements::StatementLimits;
 
 /// Why the configuration is unusable.
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +82,32 @@ pub struct FileConfig {
     pub max_connections: Option<usize>,
     /// How long a client may take to send a request's headers, in seconds.
     pub header_timeout_seconds: Option<f64>,
+    /// Host names the server answers to besides loopback, `localhost` and its listen address.
+    pub allowed_hosts: Option<Vec<String>>,
+    /// Origins whose web pages may call the API (`*` for any).
+    pub cors_origins: Option<Vec<String>>,
+    /// Networks webhooks may reach although they are not public (`127.0.0.0/8`).
+    pub webhook_allowed_networks: Option<Vec<String>>,
+    /// Bytes all running statements' operators may hold.
+    pub query_memory_bytes: Option<usize>,
+    /// Longest a statement may run, in seconds.
+    pub statement_timeout_seconds: Option<f64>,
+    /// Most rows a statement result may hold.
+    pub max_result_rows: Option<usize>,
+    /// Most bytes a statement result may hold.
+    pub max_result_bytes: Option<usize>,
+    /// Statements running at once.
+    pub max_running_statements: Option<usize>,
+    /// Finished statements kept for fetching.
+    pub max_kept_statements: Option<usize>,
+    /// Bytes of finished statements' results kept for fetching.
+    pub max_kept_result_bytes: Option<usize>,
+    /// Streams per server.
+    pub max_streams: Option<usize>,
+    /// Idempotent producers per stream.
+    pub max_producers_per_stream: Option<usize>,
+    /// Subscriptions per server.
+    pub max_subscriptions: Option<usize>,
 }
 
 impl FileConfig {
@@ -111,6 +139,12 @@ pub struct Overrides {
     pub durability: Option<String>,
     /// `--long-poll-timeout-ms` / `SLUICE_LONG_POLL_TIMEOUT_MS`.
     pub long_poll_timeout_ms: Option<u64>,
+    /// `--allowed-host` (repeated) / `SLUICE_ALLOWED_HOSTS` (comma-separated).
+    pub allowed_hosts: Vec<String>,
+    /// `--cors-origin` (repeated) / `SLUICE_CORS_ORIGINS` (comma-separated).
+    pub cors_origins: Vec<String>,
+    /// `--webhook-allowed-network` (repeated) / `SLUICE_WEBHOOK_ALLOWED_NETWORKS`.
+    pub webhook_allowed_networks: Vec<String>,
 }
 
 /// Everything `sluice serve` needs.
@@ -130,6 +164,12 @@ pub struct ServeConfig {
     pub max_connections: usize,
     /// How long a client may take to send a request's headers (idle keep-alive included).
     pub header_timeout: Duration,
+    /// Which hosts and origins browsers may use.
+    pub browser: BrowserPolicy,
+    /// Bounds on running and kept statements.
+    pub statements: StatementLimits,
+    /// Bounds on subscriptions, and where webhooks may point.
+    pub subscriptions: SubscriptionLimits,
 }
 
 /// Default time a client may take to send its request headers.
@@ -157,7 +197,12 @@ impl ServeConfig {
              flush_bytes = {}\nflush_interval_seconds = {}\nmax_unflushed_bytes = {}\n\
              ingest_inflight_bytes = {}\n\
              long_poll_timeout_ms = {}\nstream_checkpoint_interval_seconds = {}\n\
-             request_body_timeout_seconds = {}\nmax_connections = {}\nheader_timeout_seconds = {}",
+             request_body_timeout_seconds = {}\nmax_connections = {}\nheader_timeout_seconds = {}\n\
+             allowed_hosts = {:?}\ncors_origins = {:?}\nwebhook_allowed_networks = {}\n\
+             query_memory_bytes = {}\nstatement_timeout_seconds = {}\nmax_result_rows = {}\n\
+             max_result_bytes = {}\nmax_running_statements = {}\nmax_kept_statements = {}\n\
+             max_kept_result_bytes = {}\nmax_streams = {}\nmax_producers_per_stream = {}\n\
+             max_subscriptions = {}",
             self.listen,
             db.data_dir.display(),
             object_store,
@@ -178,6 +223,19 @@ impl ServeConfig {
             self.body_timeout.as_secs_f64(),
             self.max_connections,
             self.header_timeout.as_secs_f64(),
+            self.browser.allowed_hosts,
+            self.browser.cors_origins,
+            self.subscriptions.webhook_allowed_networks.len(),
+            db.query.memory_bytes,
+            db.query.timeout.as_secs_f64(),
+            db.query.max_result_rows,
+            db.query.max_result_bytes,
+            self.statements.max_running,
+            self.statements.max_retained,
+            self.statements.max_retained_bytes,
+            db.streams.max_streams,
+            db.streams.max_producers_per_stream,
+            self.subscriptions.max_subscriptions,
         )
     }
 }
@@ -279,6 +337,86 @@ impl ServeConfig {
             }
             None => DEFAULT_BODY_TIMEOUT,
         };
+        let positive =
+            |name: &'static str, value: Option<usize>| -> Result<Option<usize>, ConfigError> {
+                match value {
+                    Some(0) => Err(ConfigError::Invalid {
+                        name,
+                        message: "must be at least 1".into(),
+                    }),
+                    other => Ok(other),
+                }
+            };
+        if let Some(b) = positive("query_memory_bytes", file.query_memory_bytes)? {
+            db.query.memory_bytes = b;
+        }
+        if let Some(s) = file.statement_timeout_seconds {
+            if !(s.is_finite() && s > 0.0) {
+                return Err(ConfigError::Invalid {
+                    name: "statement_timeout_seconds",
+                    message: "must be a positive number".into(),
+                });
+            }
+            db.query.timeout = Duration::from_secs_f64(s);
+        }
+        if let Some(n) = positive("max_result_rows", file.max_result_rows)? {
+            db.query.max_result_rows = n;
+        }
+        if let Some(n) = positive("max_result_bytes", file.max_result_bytes)? {
+            db.query.max_result_bytes = n;
+        }
+        if let Some(n) = positive("max_streams", file.max_streams)? {
+            db.streams.max_streams = n;
+        }
+        if let Some(n) = positive("max_producers_per_stream", file.max_producers_per_stream)? {
+            db.streams.max_producers_per_stream = n;
+        }
+        let mut statements = StatementLimits::default();
+        if let Some(n) = positive("max_running_statements", file.max_running_statements)? {
+            statements.max_running = n;
+        }
+        if let Some(n) = positive("max_kept_statements", file.max_kept_statements)? {
+            statements.max_retained = n;
+        }
+        if let Some(n) = positive("max_kept_result_bytes", file.max_kept_result_bytes)? {
+            statements.max_retained_bytes = n;
+        }
+        let mut subscriptions = SubscriptionLimits::default();
+        if let Some(n) = positive("max_subscriptions", file.max_subscriptions)? {
+            subscriptions.max_subscriptions = n;
+        }
+        let networks = if overrides.webhook_allowed_networks.is_empty() {
+            file.webhook_allowed_networks.unwrap_or_default()
+        } else {
+            overrides.webhook_allowed_networks
+        };
+        subscriptions.webhook_allowed_networks = networks
+            .iter()
+            .filter(|n| !n.trim().is_empty())
+            .map(|n| {
+                n.parse().map_err(|message| ConfigError::Invalid {
+                    name: "webhook_allowed_networks",
+                    message,
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        let list = |flags: Vec<String>, file: Option<Vec<String>>| -> Vec<String> {
+            let values = if flags.is_empty() {
+                file.unwrap_or_default()
+            } else {
+                flags
+            };
+            values
+                .into_iter()
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+                .collect()
+        };
+        let browser = BrowserPolicy {
+            allowed_hosts: list(overrides.allowed_hosts, file.allowed_hosts),
+            cors_origins: list(overrides.cors_origins, file.cors_origins),
+            listen: Some(listen),
+        };
         let api_keys: Vec<String> = if overrides.api_keys.is_empty() {
             file.api_keys.unwrap_or_default()
         } else {
@@ -323,6 +461,9 @@ impl ServeConfig {
                 }
                 None => DEFAULT_HEADER_TIMEOUT,
             },
+            browser,
+            statements,
+            subscriptions,
         })
     }
 }

@@ -135,6 +135,27 @@ struct ServeArgs {
     /// Print the effective configuration (API keys masked) and exit
     #[arg(long)]
     print_config: bool,
+    /// A host name the server answers to besides loopback and localhost (repeatable)
+    #[arg(
+        long = "allowed-host",
+        env = "SLUICE_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
+    allowed_hosts: Vec<String>,
+    /// An origin whose web pages may call the API, or * (repeatable)
+    #[arg(
+        long = "cors-origin",
+        env = "SLUICE_CORS_ORIGINS",
+        value_delimiter = ','
+    )]
+    cors_origins: Vec<String>,
+    /// A network webhooks may reach although it is not public, e.g. 127.0.0.0/8 (repeatable)
+    #[arg(
+        long = "webhook-allowed-network",
+        env = "SLUICE_WEBHOOK_ALLOWED_NETWORKS",
+        value_delimiter = ','
+    )]
+    webhook_allowed_networks: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -295,6 +316,9 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         api_keys: args.api_keys,
         durability: args.durability,
         long_poll_timeout_ms: args.long_poll_timeout_ms,
+        allowed_hosts: args.allowed_hosts,
+        cors_origins: args.cors_origins,
+        webhook_allowed_networks: args.webhook_allowed_networks,
     };
     let config = ServeConfig::resolve(overrides, file).map_err(|e| e.to_string())?;
     if args.print_config {
@@ -331,7 +355,10 @@ async fn run(config: ServeConfig) -> Result<(), String> {
     }));
     let state = AppState::new(db.clone(), config.api_keys.clone())
         .with_long_poll_timeout(config.long_poll_timeout)
-        .with_body_timeout(config.body_timeout);
+        .with_body_timeout(config.body_timeout)
+        .with_browser_policy(config.browser.clone())
+        .with_statement_limits(config.statements)
+        .with_subscription_limits(config.subscriptions.clone());
     let app = router(state);
     let streams = db.streams().clone();
     let listener = sluice::http::LimitedListener::new(listener, config.max_connections);

@@ -136,7 +136,7 @@ async fn a_trickled_body_is_cut_off_at_the_deadline() {
         let mut s = std::net::TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         s.write_all(
-            b"POST /v1/statements HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+            b"POST /v1/statements HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
               Content-Length: 1000\r\n\r\n{\"statement\":",
         )
         .unwrap();

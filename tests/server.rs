@@ -85,6 +85,18 @@ impl Server {
         (status, r.json().await.unwrap_or(Value::Null))
     }
 
+    /// Submits a statement that may fail; the answer must be 200.
+    async fn submit(&self, statement: &str) -> Value {
+        let r = self
+            .request(reqwest::Method::POST, "/v1/statements")
+            .json(&json!({"statement": statement}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.json().await.unwrap()
+    }
+
     async fn sql(&self, statement: &str) -> Value {
         let r = self
             .request(reqwest::Method::POST, "/v1/statements")
@@ -561,6 +573,80 @@ async fn computed_columns_are_filled_at_ingest() {
         .await
         .unwrap();
     assert_eq!(r.status(), 400);
+}
+
+#[tokio::test]
+async fn statement_inserts_take_the_ingest_path() {
+    let s = Server::start().await;
+    let r = s
+        .request(
+            reqwest::Method::PUT,
+            "/v1/catalog/databases/scopedb/schemas/public/tables/dst",
+        )
+        .json(&json!({"name": "dst", "columns": [
+            {"name": "a", "data_type": "int"},
+            {"name": "b", "data_type": "int", "expression": "a * 2"},
+            {"name": "t", "data_type": "timestamp"},
+            {"name": "o", "data_type": "object"}
+        ]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    s.sql("CREATE TABLE src (a int)").await;
+    assert_eq!(s.ingest("src", "{\"a\":1}\n{\"a\":2}\n").await.0, 200);
+    // ScopeQL INSERT INTO: computed columns are filled, as at ingest.
+    let v = s.sql("FROM src SELECT a INSERT INTO dst").await;
+    assert_eq!(v["result_set"]["rows"], json!([["2"]]), "{v}");
+    // SQL INSERT ... VALUES and ... SELECT, with and without a column list.
+    let v = s
+        .sql("INSERT INTO dst (a, t, o) VALUES (10, '2026-10-23T09:00:00Z', '{\"k\": [1]}')")
+        .await;
+    assert_eq!(v["status"], "finished", "{v}");
+    let v = s.sql("INSERT INTO dst SELECT a + 100 FROM src").await;
+    assert_eq!(v["result_set"]["rows"], json!([["2"]]), "{v}");
+    let v = s.sql("SELECT a, b, t, o FROM dst ORDER BY a").await;
+    assert_eq!(
+        v["result_set"]["rows"],
+        json!([
+            ["1", "2", null, null],
+            ["2", "4", null, null],
+            ["10", "20", "2026-10-23T09:00:00Z", "{\"k\":[1]}"],
+            ["101", "202", null, null],
+            ["102", "204", null, null]
+        ])
+    );
+    // The same checks as ingest: a value a column refuses fails the whole insert.
+    for bad in [
+        "INSERT INTO dst (a) VALUES (1), (1.5)",
+        "INSERT INTO dst (t) VALUES ('yesterday')",
+        "INSERT INTO dst (o) VALUES ('[1]')",
+        "INSERT INTO dst (o) VALUES ('1, \"a\": 2')",
+        "INSERT INTO dst (b) VALUES (1)",
+        "INSERT INTO dst (nope) VALUES (1)",
+        "INSERT INTO dst (a, a) VALUES (1, 2)",
+        "INSERT INTO dst (a) VALUES (1, 2)",
+    ] {
+        let v = s.submit(bad).await;
+        assert_eq!(v["status"], "failed", "{bad}: {v}");
+    }
+    assert_eq!(
+        s.sql("SELECT count(*) FROM dst").await["result_set"]["rows"][0][0],
+        "5"
+    );
+    // A plain query creates nothing: reading a table never writes.
+    let metrics = s
+        .request(reqwest::Method::GET, "/metrics")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("sluice_ingest_rows_total 7"),
+        "inserts count as ingest"
+    );
 }
 
 #[tokio::test]

@@ -32,6 +32,9 @@ fn node_project() -> PathBuf {
 fn spawn_server(dir: &std::path::Path, port: u16) -> Child {
     common::sluice_serve(dir, port)
         .args(["--long-poll-timeout-ms", "2000"])
+        // The suite's webhook receivers listen on loopback, which webhooks may not reach
+        // unless it is allowed.
+        .args(["--webhook-allowed-network", "127.0.0.0/8"])
         .spawn()
         .unwrap()
 }

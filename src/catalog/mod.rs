@@ -186,6 +186,30 @@ pub fn table_columns(def: &TableDef) -> Result<Vec<Column>, CatalogError> {
         .collect()
 }
 
+/// The table definitions in a subtree `value` that would be written at `path` (for checks
+/// before a change). A value that does not parse yields none: the change itself reports it.
+pub fn tables_in(
+    path: &CatalogPath,
+    value: &serde_json::Value,
+) -> Result<Vec<TableDef>, CatalogError> {
+    fn parse<T: for<'de> Deserialize<'de>>(v: &serde_json::Value) -> Option<T> {
+        serde_json::from_value(v.clone()).ok()
+    }
+    let schemas = |s: Vec<SchemaDef>| s.into_iter().flat_map(|s| s.tables).collect::<Vec<_>>();
+    Ok(match path {
+        CatalogPath::Root => parse::<RootDef>(value)
+            .map(|r| schemas(r.databases.into_iter().flat_map(|d| d.schemas).collect()))
+            .unwrap_or_default(),
+        CatalogPath::Database(_) => parse::<DatabaseDef>(value)
+            .map(|d| schemas(d.schemas))
+            .unwrap_or_default(),
+        CatalogPath::Schema(..) => parse::<SchemaDef>(value)
+            .map(|s| s.tables)
+            .unwrap_or_default(),
+        CatalogPath::Table(..) => parse::<TableDef>(value).into_iter().collect(),
+    })
+}
+
 /// Which part of the catalog a request addresses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CatalogPath {

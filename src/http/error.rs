@@ -96,6 +96,15 @@ impl ApiError {
         .outcome(Outcome::Rejected)
     }
 
+    /// 503 with `Retry-After`: too much is running; nothing was applied.
+    pub(crate) fn busy(message: impl Into<String>) -> Self {
+        service_unavailable(message.into()).outcome(Outcome::Rejected)
+    }
+
+    pub(crate) fn internal(message: impl Into<String>) -> Self {
+        internal(message.into())
+    }
+
     pub(crate) fn payload_too_large(message: impl Into<String>) -> Self {
         ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
     }
@@ -228,6 +237,12 @@ impl From<QueryError> for ApiError {
         match e {
             QueryError::Catalog(c) => c.into(),
             QueryError::Table(t) => from_table(t),
+            QueryError::TooComplex(m) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "statement_too_complex", m)
+            }
+            QueryError::Unsupported(m) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "unsupported_statement", m)
+            }
             other => ApiError::bad_request(other.to_string()),
         }
     }

@@ -161,6 +161,9 @@ pub(super) async fn ingest_statement(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
+    if !super::is_json_request(&headers) {
+        return Err(super::not_json());
+    }
     let encoding = encoding(&headers)?;
     // The rows are inside a JSON string: allow for escaping overhead on top of the limit.
     let limit = state.db.limits().max_body_bytes;

@@ -26,10 +26,25 @@ use subtle::ConstantTimeEq as _;
 
 use crate::db::Database;
 use crate::metrics::{Metrics, RequestLabels, RouteLabels};
-use crate::query::statements::Statements;
+use crate::query::statements::{Owner, StatementLimits, Statements};
 pub(crate) use error::ApiError;
 pub use listener::{LimitedListener, LimitedStream};
 pub use serve::serve;
+pub use subscriptions::SubscriptionLimits;
+
+/// Which requests a browser may make, and which names the server answers to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BrowserPolicy {
+    /// `Host` names (besides loopback addresses, `localhost` and the listen address) the
+    /// server answers to. Without API keys, any other `Host` is refused, so that a web page
+    /// cannot reach the server through DNS rebinding; with keys, only when this is set.
+    pub allowed_hosts: Vec<String>,
+    /// Origins (`https://app.example.com`, or `*`) whose pages may call the API: their
+    /// requests get CORS answers. Writes from any other origin are refused.
+    pub cors_origins: Vec<String>,
+    /// The address the server listens on (its literal is always an allowed `Host`).
+    pub listen: Option<SocketAddr>,
+}
 
 /// Shared state of the HTTP handlers.
 #[derive(Debug, Clone)]
@@ -41,6 +56,7 @@ pub struct AppState {
     body_timeout: Duration,
     metrics: Arc<Metrics>,
     subscriptions: Option<Arc<subscriptions::Subscriptions>>,
+    browser: Arc<BrowserPolicy>,
 }
 
 impl AppState {
@@ -48,13 +64,41 @@ impl AppState {
     pub fn new(db: Arc<Database>, api_keys: Vec<String>) -> Self {
         AppState {
             metrics: Arc::new(Metrics::new(&db)),
-            subscriptions: subscriptions::Subscriptions::new(db.streams().clone()),
+            subscriptions: subscriptions::Subscriptions::new(
+                db.streams().clone(),
+                subscriptions::SubscriptionLimits::default(),
+            ),
             db,
-            statements: Arc::new(Statements::default()),
-            api_keys: Arc::new(api_keys.iter().map(|k| parse_key(k)).collect()),
+            statements: Arc::new(Statements::new(StatementLimits::default())),
+            api_keys: Arc::new(
+                api_keys
+                    .iter()
+                    .enumerate()
+                    .map(|(i, k)| parse_key(i, k))
+                    .collect(),
+            ),
             long_poll_timeout: crate::config::DEFAULT_LONG_POLL_TIMEOUT,
             body_timeout: crate::config::DEFAULT_BODY_TIMEOUT,
+            browser: Arc::new(BrowserPolicy::default()),
         }
+    }
+
+    /// Sets which hosts and origins browsers may use (see [`BrowserPolicy`]).
+    pub fn with_browser_policy(mut self, policy: BrowserPolicy) -> Self {
+        self.browser = Arc::new(policy);
+        self
+    }
+
+    /// Sets the bounds on running and kept statements.
+    pub fn with_statement_limits(mut self, limits: StatementLimits) -> Self {
+        self.statements = Arc::new(Statements::new(limits));
+        self
+    }
+
+    /// Sets the bounds on subscriptions and where their webhooks may point.
+    pub fn with_subscription_limits(mut self, limits: subscriptions::SubscriptionLimits) -> Self {
+        self.subscriptions = subscriptions::Subscriptions::new(self.db.streams().clone(), limits);
+        self
     }
 
     /// Sets how long a request body may take to arrive before the request answers 408.
@@ -73,6 +117,36 @@ impl AppState {
 /// Largest JSON request body (statements, catalog definitions), after decompression.
 const MAX_JSON_BODY_BYTES: usize = 16 << 20;
 
+/// Whether a request says its body is JSON (`application/json` or a `+json` type). JSON
+/// endpoints require it: a browser can send `text/plain` (or no type) from any page without
+/// asking the server first, but not `application/json`.
+pub(crate) fn is_json_request(headers: &axum::http::HeaderMap) -> bool {
+    let Some(value) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let essence = value
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+/// The answer to a JSON endpoint's request whose body is not declared JSON.
+pub(crate) fn not_json() -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_media_type",
+        "send the body as Content-Type: application/json",
+    )
+    .outcome(error::Outcome::Rejected)
+}
+
 /// Reads a JSON request body, undoing its `Content-Encoding` (clients compress statements and
 /// catalog definitions too), within [`MAX_JSON_BODY_BYTES`].
 pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
@@ -80,6 +154,9 @@ pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
     body: axum::body::Body,
     expected: &str,
 ) -> Result<T, ApiError> {
+    if !is_json_request(headers) {
+        return Err(not_json());
+    }
     let encoding = ingest::encoding(headers)?;
     let raw = ingest::read_body(body, MAX_JSON_BODY_BYTES).await?;
     let plain = crate::ingest::decompress(&raw, encoding, MAX_JSON_BODY_BYTES)
@@ -109,11 +186,21 @@ impl Role {
     }
 }
 
+/// Who made a request: the role of its key, and the name its statements are kept under.
+#[derive(Debug, Clone)]
+pub(crate) struct Principal {
+    pub(crate) role: Role,
+    /// The key's name (`key-<n>`, its position in the configuration), or `local` without
+    /// keys. Never the key itself.
+    pub(crate) owner: Owner,
+}
+
 /// A configured key: `read=KEY`, `write=KEY`, `admin=KEY`, or a bare `KEY` (admin).
 #[derive(Clone)]
 struct ApiKey {
     role: Role,
     key: String,
+    owner: Owner,
 }
 
 impl std::fmt::Debug for ApiKey {
@@ -123,7 +210,8 @@ impl std::fmt::Debug for ApiKey {
     }
 }
 
-fn parse_key(spec: &str) -> ApiKey {
+fn parse_key(index: usize, spec: &str) -> ApiKey {
+    let owner: Owner = Arc::from(format!("key-{index}"));
     for (prefix, role) in [
         ("read=", Role::Read),
         ("write=", Role::Write),
@@ -133,22 +221,31 @@ fn parse_key(spec: &str) -> ApiKey {
             return ApiKey {
                 role,
                 key: key.to_owned(),
+                owner,
             };
         }
     }
     ApiKey {
         role: Role::Admin,
         key: spec.to_owned(),
+        owner,
     }
 }
 
-/// The role of a presented key: every configured key is compared in constant time, without
-/// stopping at a match.
-fn key_role(keys: &[ApiKey], presented: &str) -> Option<Role> {
+/// The principal of a presented key: every configured key is compared in constant time,
+/// without stopping at a match.
+fn key_principal(keys: &[ApiKey], presented: &str) -> Option<Principal> {
     keys.iter().fold(None, |found, k| {
         let equal = k.key.len() == presented.len()
             && bool::from(k.key.as_bytes().ct_eq(presented.as_bytes()));
-        if equal { Some(k.role) } else { found }
+        if equal {
+            Some(Principal {
+                role: k.role,
+                owner: k.owner.clone(),
+            })
+        } else {
+            found
+        }
     })
 }
 
@@ -173,10 +270,19 @@ fn required_role(method: &axum::http::Method, route: &str) -> Role {
 }
 
 async fn authenticate(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
-    // Without keys there is no authentication (the server then listens on loopback only).
-    let mut role = Role::Admin;
-    // CORS preflights carry no credentials by design; they reveal nothing.
-    if !state.api_keys.is_empty() && request.method() != axum::http::Method::OPTIONS {
+    // Without keys there is no authentication (the server then listens on loopback only,
+    // and [`browser_guard`] keeps web pages out).
+    let mut principal = Principal {
+        role: Role::Admin,
+        owner: Arc::from("local"),
+    };
+    // CORS preflights carry no credentials by design; they reveal nothing. Wake callbacks
+    // (a webhook consumer's ack, a worker's ack or release) are authorized by the wake's own
+    // token, which their handler checks; a consumer need not hold an API key.
+    let exempt = request.method() == axum::http::Method::OPTIONS
+        || (request.method() == axum::http::Method::POST
+            && subscriptions::is_wake_callback(request.uri().path()));
+    if !state.api_keys.is_empty() && !exempt {
         let presented = request
             .headers()
             .get(header::AUTHORIZATION)
@@ -186,8 +292,8 @@ async fn authenticate(State(state): State<AppState>, mut request: Request, next:
                     .or_else(|| v.strip_prefix("bearer "))
             })
             .map(str::trim);
-        role = match presented.and_then(|key| key_role(&state.api_keys, key)) {
-            Some(role) => role,
+        principal = match presented.and_then(|key| key_principal(&state.api_keys, key)) {
+            Some(p) => p,
             None => return ApiError::unauthorized().into_response(),
         };
         let route = request
@@ -195,12 +301,126 @@ async fn authenticate(State(state): State<AppState>, mut request: Request, next:
             .get::<MatchedPath>()
             .map_or("", |p| p.as_str());
         let needed = required_role(request.method(), route);
-        if role < needed {
-            return ApiError::forbidden(role, needed).into_response();
+        if principal.role < needed {
+            return ApiError::forbidden(principal.role, needed).into_response();
         }
     }
-    request.extensions_mut().insert(role);
+    request.extensions_mut().insert(principal.role);
+    request.extensions_mut().insert(principal);
     next.run(request).await
+}
+
+/// The host part of a `Host` header value (without port; IPv6 without brackets), lowercased.
+fn host_name(value: &str) -> String {
+    let value = value.trim();
+    let host = if let Some(rest) = value.strip_prefix('[') {
+        rest.split(']').next().unwrap_or("")
+    } else {
+        value.rsplit_once(':').map_or(value, |(h, port)| {
+            if port.bytes().all(|b| b.is_ascii_digit()) {
+                h
+            } else {
+                value
+            }
+        })
+    };
+    host.trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// Whether the server answers to this `Host`: loopback addresses, `localhost` (and names
+/// under it), the listen address and configured names.
+fn host_allowed(policy: &BrowserPolicy, value: &str) -> bool {
+    let host = host_name(value);
+    if host == "localhost" || host.ends_with(".localhost") {
+        return true;
+    }
+    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+        if ip.is_loopback() || policy.listen.is_some_and(|l| l.ip() == ip) {
+            return true;
+        }
+    }
+    policy
+        .allowed_hosts
+        .iter()
+        .any(|h| h.eq_ignore_ascii_case(&host))
+}
+
+/// Whether pages of `origin` may call the API cross-origin (the CORS setting).
+pub(crate) fn origin_allowed(policy: &BrowserPolicy, origin: &str) -> bool {
+    policy
+        .cors_origins
+        .iter()
+        .any(|o| o == "*" || o.eq_ignore_ascii_case(origin))
+}
+
+/// Keeps web pages from driving the server: refuses requests addressed to a host name it does
+/// not serve (DNS rebinding; checked without keys, or whenever names are configured), and
+/// writes sent by a page of another origin that the CORS setting does not allow (a page can
+/// send a form or a `no-cors` request anywhere; browsers name its origin in `Origin`).
+async fn browser_guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let policy = &state.browser;
+    let headers = request.headers();
+    let health = request.uri().path() == "/v1/health";
+    if (state.api_keys.is_empty() || !policy.allowed_hosts.is_empty()) && !health {
+        if let Some(host) = headers.get(header::HOST).and_then(|v| v.to_str().ok()) {
+            if !host_allowed(policy, host) {
+                return ApiError::new(
+                    axum::http::StatusCode::MISDIRECTED_REQUEST,
+                    "host_not_allowed",
+                    format!(
+                        "this server does not answer to host {:?}; add it to allowed_hosts",
+                        host_name(host)
+                    ),
+                )
+                .outcome(error::Outcome::Rejected)
+                .into_response();
+            }
+        }
+    }
+    let safe = matches!(
+        *request.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD | axum::http::Method::OPTIONS
+    );
+    if !safe {
+        if let Some(origin) = headers.get(header::ORIGIN) {
+            let origin = origin.to_str().unwrap_or("null");
+            let same = headers
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .is_some_and(|host| {
+                    origin.eq_ignore_ascii_case(&format!("http://{host}"))
+                        || origin.eq_ignore_ascii_case(&format!("https://{host}"))
+                });
+            if !same && !origin_allowed(policy, origin) {
+                return ApiError::new(
+                    axum::http::StatusCode::FORBIDDEN,
+                    "origin_not_allowed",
+                    format!(
+                        "requests from pages of {origin:?} are not allowed; add the origin to cors_origins"
+                    ),
+                )
+                .outcome(error::Outcome::Rejected)
+                .into_response();
+            }
+        }
+    }
+    next.run(request).await
+}
+
+/// A metric label for a method: the standard ones by name, everything else as `OTHER`, so
+/// that made-up methods cannot create series.
+fn method_label(method: &axum::http::Method) -> &'static str {
+    use axum::http::Method;
+    match *method {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::OPTIONS => "OPTIONS",
+        Method::PATCH => "PATCH",
+        _ => "OTHER",
+    }
 }
 
 /// Gives every answer an `x-request-id` (the client's, or a new one), runs the request in a
@@ -216,7 +436,7 @@ async fn observe(State(state): State<AppState>, request: Request, next: Next) ->
             HeaderValue::from_str(&uuid::Uuid::new_v4().simple().to_string())
                 .unwrap_or(HeaderValue::from_static("0"))
         });
-    let method = request.method().as_str().to_owned();
+    let method = method_label(request.method()).to_owned();
     // The route template, never the raw path: names in paths would explode the label space.
     let route = request
         .extensions()
@@ -402,7 +622,10 @@ pub fn router(state: AppState) -> Router {
                 .options(async || ()),
         )
         .route_layer(middleware::from_fn_with_state(state.clone(), authenticate))
-        .route_layer(middleware::from_fn(streams::stream_headers));
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            streams::stream_headers,
+        ));
     Router::new()
         .route("/v1/health", get(health))
         .route("/metrics", get(metrics))
@@ -419,6 +642,7 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             deadline::body_deadline,
         ))
+        .layer(middleware::from_fn_with_state(state.clone(), browser_guard))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)
 }

@@ -2,13 +2,17 @@
 
 use std::time::{Duration, SystemTime};
 
-use axum::Json;
 use axum::extract::{Path, State};
+use axum::http::header;
+use axum::response::{IntoResponse as _, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::error::Outcome;
 use super::{ApiError, AppState};
-use crate::query::statements::{Statement, StatementState};
+use crate::query::statements::{Owner, Statement, StatementState};
+use crate::query::{Access, QueryError};
+use crate::types::cell::format_cell;
 use crate::types::temporal::format_timestamp;
 
 /// How long a submit waits for its statement before answering `running`.
@@ -29,12 +33,35 @@ fn created_at(t: SystemTime) -> String {
     format_timestamp(nanos)
 }
 
+/// The rows of a result in the cell form, rendered while the answer is written: the kept
+/// result is never copied into an intermediate JSON tree.
+struct Rows<'a>(&'a [arrow_array::RecordBatch]);
+
+impl serde::Serialize for Rows<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq as _;
+        let rows = self.0.iter().map(|b| b.num_rows()).sum();
+        let mut seq = serializer.serialize_seq(Some(rows))?;
+        for batch in self.0 {
+            for row in 0..batch.num_rows() {
+                let cells: Vec<Option<String>> = batch
+                    .columns()
+                    .iter()
+                    .map(|c| format_cell(c, row))
+                    .collect();
+                seq.serialize_element(&cells)?;
+            }
+        }
+        seq.end()
+    }
+}
+
 /// The status payload of a statement.
-fn payload(statement: &Statement) -> Value {
+fn payload(statement: &Statement) -> Response {
     let state = statement.state();
     let elapsed = statement.elapsed_nanos();
     let rows = match &state {
-        StatementState::Finished(r) => r.rows.len() as u64,
+        StatementState::Finished(r) => r.num_rows() as u64,
         _ => 0,
     };
     let done = !matches!(state, StatementState::Running);
@@ -63,20 +90,12 @@ fn payload(statement: &Statement) -> Value {
         "created_at": created_at(statement.created_at),
         "progress": progress,
     });
+    let mut result = None;
     match state {
         StatementState::Running => body["status"] = json!("running"),
-        StatementState::Finished(result) => {
+        StatementState::Finished(output) => {
             body["status"] = json!("finished");
-            let fields: Vec<Value> = result
-                .fields
-                .iter()
-                .map(|f| json!({"name": f.name, "data_type": f.data_type}))
-                .collect();
-            body["result_set"] = json!({
-                "metadata": {"fields": fields, "num_rows": result.rows.len()},
-                "format": "json",
-                "rows": result.rows,
-            });
+            result = Some(output);
         }
         StatementState::Failed { code, message } => {
             body["status"] = json!("failed");
@@ -88,27 +107,57 @@ fn payload(statement: &Statement) -> Value {
             body["message"] = json!("statement cancelled");
         }
     }
-    body
+    let mut out = match serde_json::to_vec(&body) {
+        Ok(v) => v,
+        Err(e) => return ApiError::internal(e.to_string()).into_response(),
+    };
+    if let Some(output) = result {
+        // Splice the result set in as the payload's last member.
+        #[derive(serde::Serialize)]
+        struct Metadata {
+            fields: Vec<Value>,
+            num_rows: usize,
+        }
+        #[derive(serde::Serialize)]
+        struct ResultSet<'a> {
+            metadata: Metadata,
+            format: &'static str,
+            rows: Rows<'a>,
+        }
+        let set = ResultSet {
+            metadata: Metadata {
+                fields: output
+                    .fields()
+                    .into_iter()
+                    .map(|f| json!({"name": f.name, "data_type": f.data_type}))
+                    .collect(),
+                num_rows: output.num_rows(),
+            },
+            format: "json",
+            rows: Rows(&output.batches),
+        };
+        out.pop(); // the closing brace
+        out.extend_from_slice(b",\"result_set\":");
+        if let Err(e) = serde_json::to_writer(&mut out, &set) {
+            return ApiError::internal(e.to_string()).into_response();
+        }
+        out.push(b'}');
+    }
+    ([(header::CONTENT_TYPE, "application/json")], out).into_response()
+}
+
+/// The owner of the statements a request may see: the key it presented.
+fn owner(principal: &super::Principal) -> Owner {
+    principal.owner.clone()
 }
 
 pub(super) async fn submit(
     State(state): State<AppState>,
-    role: Option<axum::Extension<super::Role>>,
+    axum::Extension(principal): axum::Extension<super::Principal>,
     headers: axum::http::HeaderMap,
     body: axum::body::Body,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let request: Submit = super::read_json(&headers, body, "{\"statement\": \"...\"}").await?;
-    // What the statement does decides the role it needs: a read key cannot insert, a write
-    // key cannot create or drop.
-    let role = role.map_or(super::Role::Admin, |r| r.0);
-    let needed = match crate::query::QueryEngine::access(&request.statement) {
-        crate::query::Access::Read => super::Role::Read,
-        crate::query::Access::Write => super::Role::Write,
-        crate::query::Access::Admin => super::Role::Admin,
-    };
-    if role < needed {
-        return Err(ApiError::forbidden(role, needed));
-    }
     if let Some(id) = &request.statement_id {
         if id.is_empty() || id.len() > 128 {
             return Err(ApiError::bad_request(
@@ -116,35 +165,59 @@ pub(super) async fn submit(
             ));
         }
     }
-    let statement = state.statements.submit(
-        state.db.engine().clone(),
-        request.statement,
-        request.statement_id,
-    );
+    let owner = owner(&principal);
+    // Parsed once: what the parse says decides the role the statement needs, and the same
+    // parse is what runs. A read key cannot insert, a write key cannot create or drop.
+    let work = match state.db.prepare(&request.statement).await {
+        Ok(prepared) => {
+            let needed = match prepared.access() {
+                Access::Read => super::Role::Read,
+                Access::Write => super::Role::Write,
+                Access::Admin => super::Role::Admin,
+            };
+            if principal.role < needed {
+                return Err(ApiError::forbidden(principal.role, needed));
+            }
+            let db = state.db.clone();
+            futures::future::Either::Left(async move { db.run(prepared).await })
+        }
+        // Statements refused for what they are answer at once, with nothing run.
+        Err(e @ (QueryError::TooComplex(_) | QueryError::Unsupported(_))) => {
+            return Err(ApiError::from(e).outcome(Outcome::Rejected));
+        }
+        // Statements that do not parse fail as statements, as clients expect.
+        Err(e) => futures::future::Either::Right(async move { Err(e) }),
+    };
+    let statement = state
+        .statements
+        .submit(&owner, request.statement_id, work)
+        .map_err(|e| ApiError::busy(e.to_string()))?;
     statement.wait(SUBMIT_WAIT).await;
-    Ok(Json(payload(&statement)))
+    Ok(payload(&statement))
 }
 
 pub(super) async fn fetch(
     State(state): State<AppState>,
+    axum::Extension(principal): axum::Extension<super::Principal>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let statement = state
         .statements
-        .get(&id)
+        .get(&owner(&principal), &id)
         .ok_or_else(|| ApiError::not_found(format!("statement {id} does not exist")))?;
     // A short wait saves a polling client a round trip when the result is about to be ready.
     statement.wait(Duration::from_millis(20)).await;
-    Ok(Json(payload(&statement)))
+    Ok(payload(&statement))
 }
 
 pub(super) async fn cancel(
     State(state): State<AppState>,
+    axum::Extension(principal): axum::Extension<super::Principal>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let statement = state
         .statements
-        .cancel(&id)
+        .cancel(&owner(&principal), &id)
         .ok_or_else(|| ApiError::not_found(format!("statement {id} does not exist")))?;
-    Ok(Json(payload(&statement)))
+    Ok(payload(&statement))
 }

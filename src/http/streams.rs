@@ -40,8 +40,23 @@ const DEFAULT_READ_BYTES: usize = 8 << 20;
 const SSE_EVENT_BYTES: usize = 1 << 20;
 
 /// Headers every stream answer carries: browser safety and CORS.
-pub(super) async fn stream_headers(request: Request, next: Next) -> Response {
+///
+/// Stored content never runs on the server's origin: every answer says `nosniff` and
+/// `Content-Security-Policy: sandbox` (a `text/html` stream renders, if at all, as an opaque
+/// origin with no scripts). CORS answers go only to the origins `cors_origins` allows;
+/// preflights always list the protocol's methods and headers (they reveal nothing).
+pub(super) async fn stream_headers(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
     let preflight = request.method() == Method::OPTIONS;
+    let origin = request
+        .headers()
+        .get(header::ORIGIN)
+        .and_then(|v| v.to_str().ok())
+        .filter(|o| super::origin_allowed(&state.browser, o))
+        .map(str::to_owned);
     let mut response = if preflight {
         StatusCode::NO_CONTENT.into_response()
     } else {
@@ -53,10 +68,32 @@ pub(super) async fn stream_headers(request: Request, next: Next) -> Response {
         HeaderValue::from_static("nosniff"),
     );
     h.insert(
-        "cross-origin-resource-policy",
-        HeaderValue::from_static("cross-origin"),
+        "content-security-policy",
+        HeaderValue::from_static("sandbox; default-src 'none'"),
     );
-    h.insert("access-control-allow-origin", HeaderValue::from_static("*"));
+    h.insert(
+        "cross-origin-resource-policy",
+        HeaderValue::from_static(if origin.is_some() {
+            "cross-origin"
+        } else {
+            "same-origin"
+        }),
+    );
+    if let Some(origin) = origin {
+        if let Ok(v) = HeaderValue::from_str(&origin) {
+            h.insert("access-control-allow-origin", v);
+        }
+        h.insert(header::VARY, HeaderValue::from_static("origin"));
+        h.insert(
+            "access-control-expose-headers",
+            HeaderValue::from_static(
+                "stream-next-offset, stream-cursor, stream-up-to-date, stream-closed, \
+                 stream-incarnation, stream-ttl, stream-expires-at, producer-epoch, producer-seq, \
+                 producer-expected-seq, producer-received-seq, stream-sse-data-encoding, \
+                 x-sluice-not-applied, etag, content-type, location",
+            ),
+        );
+    }
     if preflight {
         h.insert(
             "access-control-allow-methods",
@@ -68,20 +105,11 @@ pub(super) async fn stream_headers(request: Request, next: Next) -> Response {
                 "content-type, authorization, if-none-match, stream-seq, stream-ttl, \
                  stream-expires-at, stream-closed, stream-incarnation, producer-id, \
                  producer-epoch, producer-seq, stream-forked-from, stream-fork-offset, \
-                 stream-fork-sub-offset",
+                 stream-fork-sub-offset, stream-wake-token",
             ),
         );
         h.insert("access-control-max-age", HeaderValue::from_static("86400"));
     }
-    h.insert(
-        "access-control-expose-headers",
-        HeaderValue::from_static(
-            "stream-next-offset, stream-cursor, stream-up-to-date, stream-closed, \
-             stream-incarnation, stream-ttl, stream-expires-at, producer-epoch, producer-seq, \
-             producer-expected-seq, producer-received-seq, stream-sse-data-encoding, \
-             x-sluice-not-applied, etag, content-type, location",
-        ),
-    );
     response
 }
 

@@ -5,9 +5,18 @@
 //!
 //! Wakes carry a generation; an ack for a generation that is no longer current is fenced (409).
 //! Subscriptions live in memory: they do not survive a restart (the streams do).
+//!
+//! Everything keyed by client input is bounded ([`SubscriptionLimits`]): subscriptions per
+//! server, streams linked to one, pattern length and wildcards (the matcher is iterative,
+//! linear in the name for each part of the pattern). Webhooks only reach outside addresses:
+//! the host is resolved, every address is checked against private, loopback, link-local,
+//! shared, documentation, multicast and reserved ranges (and the IPv4 inside mapped, NAT64
+//! and 6to4 IPv6 addresses), the request goes to the checked address, redirects are not
+//! followed, and few deliveries run at once. `webhook_allowed_networks` opens ranges on
+//! purpose (a consumer on the same machine, tests).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -22,6 +31,12 @@ use serde_json::{Value, json};
 use crate::stream::{AppendRequest, Streams, format_offset};
 
 const PREFIX: &str = "__ds/";
+
+/// Longest subscription id, in bytes.
+const MAX_ID_BYTES: usize = 256;
+
+/// Longest wake lease a subscription may ask for.
+const MAX_LEASE: Duration = Duration::from_secs(3600);
 
 fn b64url(bytes: &[u8]) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
@@ -83,8 +98,10 @@ pub(crate) struct Subscriptions {
     subs: Mutex<HashMap<String, Subscription>>,
     key: Ed25519KeyPair,
     kid: String,
-    http: reqwest::Client,
     streams: Streams,
+    limits: SubscriptionLimits,
+    /// Webhook deliveries in flight.
+    deliveries: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for Subscriptions {
@@ -95,46 +112,313 @@ impl std::fmt::Debug for Subscriptions {
     }
 }
 
-/// `*` matches within one path segment, `**` across segments.
-fn glob(pattern: &str, path: &str) -> bool {
-    fn go(p: &[u8], s: &[u8]) -> bool {
-        match p.first() {
-            None => s.is_empty(),
-            Some(b'*') if p.get(1) == Some(&b'*') => (0..=s.len()).any(|i| go(&p[2..], &s[i..])),
-            Some(b'*') => (0..=s.len())
-                .take_while(|i| *i == 0 || s[i - 1] != b'/')
-                .any(|i| go(&p[1..], &s[i..])),
-            Some(c) => s.first() == Some(c) && go(&p[1..], &s[1..]),
-        }
-    }
-    go(pattern.as_bytes(), path.as_bytes())
+/// Bounds on subscriptions, and the networks webhooks may reach.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscriptionLimits {
+    /// Subscriptions per server.
+    pub max_subscriptions: usize,
+    /// Streams linked to one subscription (listed, or matched by its pattern).
+    pub max_links: usize,
+    /// Longest pattern, in bytes.
+    pub max_pattern_bytes: usize,
+    /// Most wildcards (`*`, `**`) in a pattern.
+    pub max_wildcards: usize,
+    /// Webhook deliveries in flight at once.
+    pub max_deliveries: usize,
+    /// Networks webhooks may reach although they are not public (`127.0.0.0/8`, …).
+    pub webhook_allowed_networks: Vec<Network>,
 }
 
-/// Webhook targets must be http(s) and not private-network addresses (loopback is allowed,
-/// for consumers on the same machine).
-fn webhook_url_allowed(url: &str) -> bool {
+impl Default for SubscriptionLimits {
+    fn default() -> Self {
+        SubscriptionLimits {
+            max_subscriptions: 1000,
+            max_links: 10_000,
+            max_pattern_bytes: 256,
+            max_wildcards: 8,
+            max_deliveries: 16,
+            webhook_allowed_networks: Vec::new(),
+        }
+    }
+}
+
+/// An IP network, `address/prefix` (a bare address is a network of one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Network {
+    address: IpAddr,
+    prefix: u8,
+}
+
+impl std::str::FromStr for Network {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let (address, prefix) = match text.trim().split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (text.trim(), None),
+        };
+        let address: IpAddr = address
+            .parse()
+            .map_err(|_| format!("{text:?} is not an IP address or network"))?;
+        let max = if address.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            Some(p) => p
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(|| format!("{text:?}: the prefix must be 0 to {max}"))?,
+            None => max,
+        };
+        Ok(Network { address, prefix })
+    }
+}
+
+impl Network {
+    fn contains(&self, ip: IpAddr) -> bool {
+        match (self.address, ip) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Whether an IPv4 address is on the public internet: not private, loopback, link-local,
+/// shared (CGNAT), documentation, benchmarking, multicast, reserved or broadcast.
+fn public_v4(ip: Ipv4Addr) -> bool {
+    let [a, b, c, _] = ip.octets();
+    !(a == 0
+        || a == 10
+        || a == 127
+        || (a == 100 && (64..128).contains(&b))
+        || (a == 169 && b == 254)
+        || (a == 172 && (16..32).contains(&b))
+        || (a == 192 && b == 168)
+        || (a == 192 && b == 0 && (c == 0 || c == 2))
+        || (a == 192 && b == 88 && c == 99)
+        || (a == 198 && (b == 18 || b == 19))
+        || (a == 198 && b == 51 && c == 100)
+        || (a == 203 && b == 0 && c == 113)
+        || a >= 224)
+}
+
+/// Whether an IPv6 address is on the public internet. Addresses that carry an IPv4 address
+/// (mapped, compatible, NAT64, 6to4) are judged by it.
+fn public_v6(ip: Ipv6Addr) -> bool {
+    let s = ip.segments();
+    let embedded = |hi: usize| {
+        Ipv4Addr::new(
+            (s[hi] >> 8) as u8,
+            s[hi] as u8,
+            (s[hi + 1] >> 8) as u8,
+            s[hi + 1] as u8,
+        )
+    };
+    if s[..5] == [0; 5] && (s[5] == 0xffff || s[5] == 0) {
+        // ::ffff:a.b.c.d (mapped), ::a.b.c.d (compatible), ::, ::1
+        return public_v4(embedded(6)) && !(s[5] == 0 && s[6] == 0);
+    }
+    if s[0] == 0x64 && s[1] == 0xff9b {
+        // NAT64: 64:ff9b::/96 and 64:ff9b:1::/48
+        return public_v4(embedded(6));
+    }
+    if s[0] == 0x2002 {
+        // 6to4: the IPv4 address is in the next 32 bits.
+        return public_v4(embedded(1));
+    }
+    !((s[0] & 0xfe00) == 0xfc00 // unique local fc00::/7
+        || (s[0] & 0xffc0) == 0xfe80 // link-local fe80::/10
+        || (s[0] & 0xffc0) == 0xfec0 // site-local fec0::/10
+        || (s[0] & 0xff00) == 0xff00 // multicast
+        || (s[0] == 0x2001 && s[1] < 0x0200) // protocol assignments, Teredo 2001::/23
+        || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation
+        || (s[0] == 0x0100 && s[1..4] == [0, 0, 0])) // discard 100::/64
+}
+
+/// Whether a webhook may be sent to `ip`: a public address, or one in an allowed network.
+pub(crate) fn webhook_address_allowed(ip: IpAddr, allowed: &[Network]) -> bool {
+    if allowed.iter().any(|n| n.contains(ip)) {
+        return true;
+    }
+    match ip {
+        IpAddr::V4(v4) => public_v4(v4),
+        IpAddr::V6(v6) => public_v6(v6),
+    }
+}
+
+/// A pattern part: literal text, `*` (within one path segment) or `**` (across segments).
+#[derive(Debug, PartialEq, Eq)]
+enum Part<'a> {
+    Text(&'a [u8]),
+    Star,
+    DoubleStar,
+}
+
+fn parts(pattern: &str) -> Vec<Part<'_>> {
+    let p = pattern.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < p.len() {
+        if p[i] == b'*' {
+            if p.get(i + 1) == Some(&b'*') {
+                out.push(Part::DoubleStar);
+                i += 2;
+            } else {
+                out.push(Part::Star);
+                i += 1;
+            }
+        } else {
+            let end = p[i..]
+                .iter()
+                .position(|b| *b == b'*')
+                .map_or(p.len(), |e| i + e);
+            out.push(Part::Text(&p[i..end]));
+            i = end;
+        }
+    }
+    out
+}
+
+/// `*` matches within one path segment, `**` across segments. Iterative: the set of name
+/// positions reachable after each part, so the work is (parts × name length), whatever the
+/// pattern.
+fn glob(pattern: &str, path: &str) -> bool {
+    let s = path.as_bytes();
+    let mut reach = vec![false; s.len() + 1];
+    reach[0] = true;
+    for part in parts(pattern) {
+        let mut next = vec![false; s.len() + 1];
+        match part {
+            Part::Text(t) => {
+                for i in (0..=s.len()).filter(|i| reach[*i]) {
+                    if s[i..].starts_with(t) {
+                        next[i + t.len()] = true;
+                    }
+                }
+            }
+            Part::Star => {
+                // From each reachable position, on to the end of its segment.
+                let mut open = false;
+                for i in 0..=s.len() {
+                    open |= reach[i];
+                    next[i] = open;
+                    if i < s.len() && s[i] == b'/' {
+                        open = false;
+                    }
+                }
+            }
+            Part::DoubleStar => {
+                if let Some(first) = reach.iter().position(|r| *r) {
+                    next[first..].iter_mut().for_each(|n| *n = true);
+                }
+            }
+        }
+        reach = next;
+        if !reach.iter().any(|r| *r) {
+            return false;
+        }
+    }
+    reach[s.len()]
+}
+
+/// Checks a pattern against the limits.
+fn check_pattern(pattern: &str, limits: &SubscriptionLimits) -> Result<(), String> {
+    if pattern.len() > limits.max_pattern_bytes {
+        return Err(format!(
+            "pattern is longer than {} bytes",
+            limits.max_pattern_bytes
+        ));
+    }
+    let wildcards = parts(pattern)
+        .iter()
+        .filter(|p| **p != Part::Text(b""))
+        .filter(|p| !matches!(p, Part::Text(_)))
+        .count();
+    if wildcards > limits.max_wildcards {
+        return Err(format!(
+            "pattern has {wildcards} wildcards; at most {} are allowed",
+            limits.max_wildcards
+        ));
+    }
+    Ok(())
+}
+
+/// Webhook targets must be plain http(s) URLs; an address given literally must be one a
+/// webhook may reach. Names are resolved and checked at each delivery.
+fn webhook_url_allowed(url: &str, allowed: &[Network]) -> bool {
     let Ok(parsed) = reqwest::Url::parse(url) else {
         return false;
     };
-    if !matches!(parsed.scheme(), "http" | "https") {
+    if !matches!(parsed.scheme(), "http" | "https")
+        || !parsed.username().is_empty()
+        || parsed.password().is_some()
+    {
         return false;
     }
     match parsed.host() {
-        Some(url::Host::Ipv4(ip)) => {
-            ip.is_loopback() || !(ip.is_private() || ip.is_link_local() || ip.is_unspecified())
-        }
-        Some(url::Host::Ipv6(ip)) => {
-            let ip = IpAddr::V6(ip);
-            ip.is_loopback() || !ip.is_unspecified()
-        }
-        Some(url::Host::Domain(_)) => true,
+        Some(url::Host::Ipv4(ip)) => webhook_address_allowed(IpAddr::V4(ip), allowed),
+        Some(url::Host::Ipv6(ip)) => webhook_address_allowed(IpAddr::V6(ip), allowed),
+        Some(url::Host::Domain(d)) => !d.is_empty(),
         None => false,
     }
 }
 
+/// The address a webhook delivery connects to: the URL's host resolved, every address it
+/// resolves to checked (a name that resolves to any inside address is refused).
+async fn webhook_target(url: &reqwest::Url, allowed: &[Network]) -> Result<SocketAddr, String> {
+    let port = url.port_or_known_default().unwrap_or(80);
+    let addresses: Vec<SocketAddr> = match url.host() {
+        Some(url::Host::Ipv4(ip)) => vec![SocketAddr::new(IpAddr::V4(ip), port)],
+        Some(url::Host::Ipv6(ip)) => vec![SocketAddr::new(IpAddr::V6(ip), port)],
+        Some(url::Host::Domain(d)) => tokio::net::lookup_host((d, port))
+            .await
+            .map_err(|e| format!("cannot resolve {d}: {e}"))?
+            .collect(),
+        None => Vec::new(),
+    };
+    if let Some(bad) = addresses
+        .iter()
+        .find(|a| !webhook_address_allowed(a.ip(), allowed))
+    {
+        return Err(format!("{} is not an address webhooks may reach", bad.ip()));
+    }
+    addresses
+        .into_iter()
+        .next()
+        .ok_or_else(|| "the webhook host has no address".to_owned())
+}
+
+/// Whether a request path is a wake callback (`.../subscriptions/{id}/callback`, `/ack`,
+/// `/release`), which the wake's own token authorizes.
+pub(crate) fn is_wake_callback(path: &str) -> bool {
+    let Some(rest) = path
+        .strip_prefix("/v1/stream/")
+        .and_then(|r| r.strip_prefix(PREFIX))
+    else {
+        return false;
+    };
+    let Some(rest) = rest.strip_prefix("subscriptions/") else {
+        return false;
+    };
+    matches!(
+        rest.split_once('/').map(|(_, tail)| tail),
+        Some("callback" | "ack" | "release")
+    )
+}
+
 impl Subscriptions {
     /// Subscriptions over `streams`, with a fresh signing key.
-    pub(crate) fn new(streams: Streams) -> Option<Arc<Subscriptions>> {
+    pub(crate) fn new(streams: Streams, limits: SubscriptionLimits) -> Option<Arc<Subscriptions>> {
         let rng = ring::rand::SystemRandom::new();
         let pkcs8 = Ed25519KeyPair::generate_pkcs8(&rng).ok()?;
         let key = Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).ok()?;
@@ -142,11 +426,9 @@ impl Subscriptions {
             subs: Mutex::new(HashMap::new()),
             kid: format!("ds_{}", &token()[..16]),
             key,
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(10))
-                .build()
-                .ok()?,
             streams: streams.clone(),
+            deliveries: Arc::new(tokio::sync::Semaphore::new(limits.max_deliveries.max(1))),
+            limits,
         });
         // Wake subscribers as streams receive data.
         let watcher = subs.clone();
@@ -175,7 +457,7 @@ impl Subscriptions {
     }
 
     /// A stream received data: raise a wake for every subscription watching it that has none.
-    async fn changed(&self, name: &str) {
+    async fn changed(self: &Arc<Self>, name: &str) {
         if self.subs().is_empty() {
             return;
         }
@@ -190,6 +472,14 @@ impl Subscriptions {
                 let watched = sub.links.get(name).is_some_and(|l| l.explicit)
                     || sub.pattern.as_deref().is_some_and(|p| glob(p, name));
                 if !watched {
+                    continue;
+                }
+                if !sub.links.contains_key(name) && sub.links.len() >= self.limits.max_links {
+                    tracing::warn!(
+                        subscription = %sub.id,
+                        "subscription links {} streams, its limit; {name} is not linked",
+                        self.limits.max_links
+                    );
                     continue;
                 }
                 let link = sub.links.entry(name.to_owned()).or_insert(Link {
@@ -220,7 +510,17 @@ impl Subscriptions {
         }
         for (id, kind, wake) in deliveries {
             match kind {
-                Kind::Webhook { url } => self.notify(&id, &url, &wake).await,
+                Kind::Webhook { url } => {
+                    // Deliveries run beside the watcher, a bounded number at a time: a slow
+                    // consumer holds up neither the watcher nor other subscriptions.
+                    let this = self.clone();
+                    tokio::spawn(async move {
+                        let Ok(_permit) = this.deliveries.clone().acquire_owned().await else {
+                            return;
+                        };
+                        this.notify(&id, &url, &wake).await;
+                    });
+                }
                 Kind::PullWake { wake_stream } => {
                     let event = json!({
                         "subscription_id": id,
@@ -307,14 +607,21 @@ impl Subscriptions {
             self.kid,
             b64url(signature.as_ref())
         );
-        let answer = self
-            .http
-            .post(url)
-            .header("content-type", "application/json")
-            .header("webhook-signature", header)
-            .body(body)
-            .send()
-            .await;
+        let answer = match self.webhook_client(url).await {
+            Ok((client, url)) => {
+                client
+                    .post(url)
+                    .header("content-type", "application/json")
+                    .header("webhook-signature", header)
+                    .body(body)
+                    .send()
+                    .await
+            }
+            Err(reason) => {
+                tracing::warn!(subscription = id, %reason, "webhook not delivered");
+                return;
+            }
+        };
         let done = match answer {
             Ok(r) => r.json::<Value>().await.is_ok_and(|v| v["done"] == true),
             Err(e) => {
@@ -326,6 +633,21 @@ impl Subscriptions {
             let acks: Vec<(String, u64)> = wake.streams.clone();
             let _ = self.finish(id, &wake.id, wake.generation, &acks, true);
         }
+    }
+
+    /// A client that connects only to the checked address of `url` and follows no redirect.
+    async fn webhook_client(&self, url: &str) -> Result<(reqwest::Client, reqwest::Url), String> {
+        let parsed = reqwest::Url::parse(url).map_err(|e| e.to_string())?;
+        let target = webhook_target(&parsed, &self.limits.webhook_allowed_networks).await?;
+        let mut builder = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy();
+        if let Some(url::Host::Domain(d)) = parsed.host() {
+            builder = builder.resolve(d, target);
+        }
+        let client = builder.build().map_err(|e| e.to_string())?;
+        Ok((client, parsed))
     }
 
     /// Applies acks to the current wake; `done` ends it. `Err` when the wake is not current.
@@ -394,12 +716,29 @@ pub(super) fn reserved(name: &str) -> bool {
     name.starts_with(PREFIX)
 }
 
-fn bearer(headers: &HeaderMap) -> Option<&str> {
+/// The wake token a callback presents: `Stream-Wake-Token`, or (the protocol's way) the
+/// bearer token of `Authorization` when no API key needs that header.
+fn wake_token(headers: &HeaderMap) -> Option<&str> {
+    if let Some(t) = headers
+        .get("stream-wake-token")
+        .and_then(|v| v.to_str().ok())
+    {
+        return Some(t.trim());
+    }
     headers
         .get("authorization")?
         .to_str()
         .ok()?
         .strip_prefix("Bearer ")
+        .map(str::trim)
+}
+
+/// Whether a presented wake token is the wake's, compared in constant time.
+fn token_matches(wake: &Wake, presented: Option<&str>) -> bool {
+    use subtle::ConstantTimeEq as _;
+    presented.is_some_and(|p| {
+        p.len() == wake.token.len() && bool::from(p.as_bytes().ct_eq(wake.token.as_bytes()))
+    })
 }
 
 fn acks(body: &Value) -> Vec<(String, u64)> {
@@ -437,8 +776,23 @@ pub(super) async fn handle(
         return error(StatusCode::NOT_FOUND, "NOT_FOUND", "no such reserved API");
     };
     let (id, tail) = rest.split_once('/').unwrap_or((rest, ""));
+    if id.is_empty() || id.len() > MAX_ID_BYTES {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "INVALID",
+            format!("a subscription id is 1 to {MAX_ID_BYTES} bytes"),
+        );
+    }
     let body: Value = match axum::body::to_bytes(body, 1 << 20).await {
         Ok(b) if b.is_empty() => Value::Null,
+        // A JSON body must say so: a page could send a text/plain one without asking.
+        Ok(_) if !super::is_json_request(headers) => {
+            return error(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "UNSUPPORTED_MEDIA_TYPE",
+                "send the body as Content-Type: application/json",
+            );
+        }
         Ok(b) => match serde_json::from_slice(&b) {
             Ok(v) => v,
             Err(e) => return error(StatusCode::BAD_REQUEST, "INVALID_JSON", e.to_string()),
@@ -460,6 +814,23 @@ pub(super) async fn handle(
             let Some(sub) = all.get_mut(id) else {
                 return error(StatusCode::NOT_FOUND, "NOT_FOUND", "no such subscription");
             };
+            let added: BTreeSet<&str> = body["streams"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s.as_str())
+                .filter(|s| !sub.links.contains_key(*s))
+                .collect();
+            if sub.links.len() + added.len() > subs.limits.max_links {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "TOO_MANY_STREAMS",
+                    format!(
+                        "a subscription links at most {} streams",
+                        subs.limits.max_links
+                    ),
+                );
+            }
             for s in body["streams"].as_array().into_iter().flatten() {
                 if let Some(p) = s.as_str() {
                     let link = sub.links.entry(p.to_owned()).or_insert(Link {
@@ -487,7 +858,7 @@ pub(super) async fn handle(
                 .subs()
                 .get(id)
                 .and_then(|s| s.wake.as_ref())
-                .is_some_and(|w| Some(w.token.as_str()) == bearer(headers));
+                .is_some_and(|w| token_matches(w, wake_token(headers)));
             let wake_id = body["wake_id"].as_str().unwrap_or("");
             let generation = body["generation"].as_u64().unwrap_or(0);
             if !authorized {
@@ -516,7 +887,7 @@ pub(super) async fn handle(
                 return error(StatusCode::NOT_FOUND, "NOT_FOUND", "no such subscription");
             };
             let current = sub.wake.as_ref().is_some_and(|w| {
-                Some(w.token.as_str()) == bearer(headers)
+                token_matches(w, wake_token(headers))
                     && body["wake_id"].as_str() == Some(w.id.as_str())
             });
             if !current {
@@ -537,10 +908,26 @@ pub(super) async fn handle(
 }
 
 fn put(subs: &Subscriptions, id: &str, headers: &HeaderMap, body: Value) -> Response {
+    if let Some(pattern) = body["pattern"].as_str() {
+        if let Err(message) = check_pattern(pattern, &subs.limits) {
+            return error(StatusCode::BAD_REQUEST, "INVALID_PATTERN", message);
+        }
+    }
+    let listed = body["streams"].as_array().map_or(0, Vec::len);
+    if listed > subs.limits.max_links {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "TOO_MANY_STREAMS",
+            format!(
+                "a subscription links at most {} streams",
+                subs.limits.max_links
+            ),
+        );
+    }
     let kind = match body["type"].as_str() {
         Some("webhook") => {
             let url = body["webhook"]["url"].as_str().unwrap_or("");
-            if !webhook_url_allowed(url) {
+            if !webhook_url_allowed(url, &subs.limits.webhook_allowed_networks) {
                 return error(
                     StatusCode::BAD_REQUEST,
                     "WEBHOOK_URL_REJECTED",
@@ -578,6 +965,16 @@ fn put(subs: &Subscriptions, id: &str, headers: &HeaderMap, body: Value) -> Resp
     let mut definition = body.clone();
     definition["__base"] = json!(format!("http://{host}"));
     let mut all = subs.subs();
+    if !all.contains_key(id) && all.len() >= subs.limits.max_subscriptions {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "TOO_MANY_SUBSCRIPTIONS",
+            format!(
+                "this server keeps at most {} subscriptions",
+                subs.limits.max_subscriptions
+            ),
+        );
+    }
     if let Some(existing) = all.get(id) {
         let mut same = existing.definition.clone();
         same["__base"] = definition["__base"].clone();
@@ -601,7 +998,8 @@ fn put(subs: &Subscriptions, id: &str, headers: &HeaderMap, body: Value) -> Resp
         id: id.to_owned(),
         kind,
         pattern: body["pattern"].as_str().map(str::to_owned),
-        lease_ttl: Duration::from_millis(body["lease_ttl_ms"].as_u64().unwrap_or(30_000)),
+        lease_ttl: Duration::from_millis(body["lease_ttl_ms"].as_u64().unwrap_or(30_000))
+            .min(MAX_LEASE),
         description: body["description"].as_str().map(str::to_owned),
         definition,
         links: explicit
@@ -696,11 +1094,67 @@ mod tests {
     }
 
     #[test]
+    fn globs_are_linear_and_bounded() {
+        assert!(glob("**", "a/b/c"));
+        assert!(glob("a/*/c", "a/b/c"));
+        assert!(!glob("a/*/c", "a/b/x/c"));
+        assert!(glob("a/**/c", "a/b/x/c"));
+        assert!(glob("*a*b*", "xaybz"));
+        assert!(!glob("*a*b*", "xbyaz"));
+        // Many stars against a long name that almost matches: linear, answered at once.
+        let name = format!("{}/", "a".repeat(10_000));
+        assert!(!glob(&format!("{}b", "*a".repeat(1000)), &name));
+        let limits = SubscriptionLimits::default();
+        assert!(check_pattern(&"*".repeat(64), &limits).is_err());
+        assert!(check_pattern(&"a".repeat(1000), &limits).is_err());
+        assert!(check_pattern("events/**", &limits).is_ok());
+    }
+
+    #[test]
     fn webhook_targets() {
-        assert!(webhook_url_allowed("http://127.0.0.1:9/hook"));
-        assert!(webhook_url_allowed("https://example.com/hook"));
-        assert!(!webhook_url_allowed("http://10.0.0.1/hook"));
-        assert!(!webhook_url_allowed("http://192.168.1.2/hook"));
-        assert!(!webhook_url_allowed("ftp://example.com/"));
+        let none: &[Network] = &[];
+        assert!(webhook_url_allowed("https://example.com/hook", none));
+        assert!(webhook_url_allowed("http://8.8.8.8/hook", none));
+        assert!(!webhook_url_allowed("ftp://example.com/", none));
+        assert!(!webhook_url_allowed("http://user:pw@example.com/", none));
+        for url in [
+            "http://127.0.0.1:9/hook",
+            "http://10.0.0.1/hook",
+            "http://192.168.1.2/hook",
+            "http://172.16.0.1/",
+            "http://100.64.0.1/",
+            "http://169.254.169.254/latest/meta-data",
+            "http://0.0.0.0/",
+            "http://[::1]/",
+            "http://[::ffff:127.0.0.1]/",
+            "http://[::ffff:10.0.0.1]/",
+            "http://[::ffff:169.254.169.254]/",
+            "http://[64:ff9b::a00:1]/",
+            "http://[2002:a00:1::]/",
+            "http://[fd00::1]/",
+            "http://[fe80::1]/",
+            "http://[ff02::1]/",
+            "http://[::]/",
+            "http://224.0.0.1/",
+            "http://255.255.255.255/",
+        ] {
+            assert!(!webhook_url_allowed(url, none), "{url} is allowed");
+        }
+        let loopback: Vec<Network> = vec!["127.0.0.0/8".parse().unwrap()];
+        assert!(webhook_url_allowed("http://127.0.0.1:9/hook", &loopback));
+        assert!(!webhook_url_allowed("http://10.0.0.1/hook", &loopback));
+        assert!("300.0.0.0/8".parse::<Network>().is_err());
+        assert!("10.0.0.0/33".parse::<Network>().is_err());
+    }
+
+    #[test]
+    fn wake_callbacks_are_recognized_by_path() {
+        assert!(is_wake_callback(
+            "/v1/stream/__ds/subscriptions/s1/callback"
+        ));
+        assert!(is_wake_callback("/v1/stream/__ds/subscriptions/s1/ack"));
+        assert!(!is_wake_callback("/v1/stream/__ds/subscriptions/s1/claim"));
+        assert!(!is_wake_callback("/v1/stream/__ds/subscriptions/s1"));
+        assert!(!is_wake_callback("/v1/stream/events/callback"));
     }
 }

@@ -26,6 +26,7 @@
 mod builder;
 mod decoder;
 mod decompress;
+pub mod encode;
 
 pub use decoder::Decoder;
 pub use decompress::{ContentEncoding, decompress};

@@ -57,22 +57,226 @@ pub(super) fn read_quoted(
     }
 }
 
-/// The first word of a statement, after whitespace and comments (empty if there is none).
-pub(super) fn first_word(src: &str) -> &str {
-    let mut i = 0;
-    loop {
-        let rest = &src[i..];
-        let trimmed = rest.trim_start();
-        i += rest.len() - trimmed.len();
-        match skip_comment(src, i) {
-            Ok(Some(next)) => i = next,
-            Ok(None) => break,
-            Err(_) => return "",
+/// How a statement's text may be read: the parsers differ in whether block comments nest
+/// (DataFusion's does, sluice's own do not) and whether a backslash escapes a quote (ScopeQL
+/// strings: yes; SQL: no). [`expression_depth`] reads the text each way and keeps the
+/// deepest, so no parser can see deeper nesting than it measured.
+#[derive(Debug, Clone, Copy)]
+struct Reading {
+    nested_comments: bool,
+    backslash_escapes: bool,
+}
+
+/// Words that join or wrap expressions without an operator character (`a AND b`, `NOT x`,
+/// `x IS NULL`, `x AT TIME ZONE z`, …): each can add a level to an expression tree.
+const EXPRESSION_WORDS: &[&str] = &[
+    "AND",
+    "OR",
+    "NOT",
+    "IS",
+    "IN",
+    "LIKE",
+    "ILIKE",
+    "RLIKE",
+    "REGEXP",
+    "SIMILAR",
+    "BETWEEN",
+    "AT",
+    "COLLATE",
+    "ESCAPE",
+    "OVERLAPS",
+    "DIV",
+    "MOD",
+    "XOR",
+    "ISNULL",
+    "NOTNULL",
+    "EXISTS",
+    "ANY",
+    "ALL",
+    "SOME",
+    "INTERVAL",
+    "DISTINCT",
+    "UNION",
+    "INTERSECT",
+    "EXCEPT",
+];
+
+/// An upper bound on how deep the expressions (and subqueries) of a statement can nest
+/// once parsed, found without parsing: brackets and `CASE … END` open a level, and every
+/// operator character and joining word counts one more level in its bracket (`1+1+1` is a
+/// tree three deep), until a `,` or `;` starts a sibling. It counts too much rather than too
+/// little: the real tree is usually much shallower. Linear in the text, with no recursion.
+pub(crate) fn expression_depth(src: &str) -> usize {
+    let mut deepest = 0;
+    for nested_comments in [false, true] {
+        for backslash_escapes in [false, true] {
+            let reading = Reading {
+                nested_comments,
+                backslash_escapes,
+            };
+            deepest = deepest.max(depth_in(src, reading));
         }
     }
-    let rest = &src[i..];
-    let end = rest
-        .find(|c: char| !c.is_ascii_alphanumeric() && c != '_')
-        .unwrap_or(rest.len());
-    &rest[..end]
+    deepest
+}
+
+fn depth_in(src: &str, reading: Reading) -> usize {
+    let bytes = src.as_bytes();
+    // Operators counted in each open bracket; their sum plus the brackets is the depth.
+    let mut levels: Vec<usize> = vec![0];
+    let mut sum = 0usize;
+    let mut deepest = 0usize;
+    let mut i = 0;
+    while i < bytes.len() {
+        let c = bytes[i];
+        match c {
+            b'\'' | b'"' | b'`' => {
+                i = skip_quoted(bytes, i, reading.backslash_escapes);
+                continue;
+            }
+            b'-' if bytes.get(i + 1) == Some(&b'-') => {
+                i = bytes[i..]
+                    .iter()
+                    .position(|b| *b == b'\n')
+                    .map_or(bytes.len(), |p| i + p);
+                continue;
+            }
+            b'/' if bytes.get(i + 1) == Some(&b'*') => {
+                i = skip_block_comment(bytes, i, reading.nested_comments);
+                continue;
+            }
+            b'(' | b'[' => {
+                if c == b'[' {
+                    // `v['a']['b']` wraps `v` once per index.
+                    if let Some(top) = levels.last_mut() {
+                        *top += 1;
+                        sum += 1;
+                    }
+                }
+                levels.push(0);
+            }
+            b')' | b']' if levels.len() > 1 => {
+                sum -= levels.pop().unwrap_or(0);
+            }
+            b',' | b';' => {
+                if let Some(top) = levels.last_mut() {
+                    sum -= *top;
+                    *top = 0;
+                }
+            }
+            b'+' | b'-' | b'*' | b'/' | b'%' | b'<' | b'>' | b'=' | b'!' | b'|' | b'&' | b'^'
+            | b'~' | b':' | b'@' | b'#' | b'?' => {
+                if let Some(top) = levels.last_mut() {
+                    *top += 1;
+                    sum += 1;
+                }
+            }
+            c if c.is_ascii_alphabetic() || c == b'_' => {
+                let start = i;
+                while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
+                    i += 1;
+                }
+                let word = &src[start..i];
+                if word.eq_ignore_ascii_case("CASE") {
+                    levels.push(0);
+                } else if word.eq_ignore_ascii_case("END") {
+                    if levels.len() > 1 {
+                        sum -= levels.pop().unwrap_or(0);
+                    }
+                } else if EXPRESSION_WORDS
+                    .iter()
+                    .any(|w| word.eq_ignore_ascii_case(w))
+                {
+                    if let Some(top) = levels.last_mut() {
+                        *top += 1;
+                        sum += 1;
+                    }
+                }
+                deepest = deepest.max(levels.len() - 1 + sum);
+                continue;
+            }
+            _ => {}
+        }
+        deepest = deepest.max(levels.len() - 1 + sum);
+        i += 1;
+    }
+    deepest
+}
+
+/// The position after the quoted text starting at `start` (the end of input if it never
+/// closes). A doubled quote stands for itself.
+fn skip_quoted(bytes: &[u8], start: usize, backslash_escapes: bool) -> usize {
+    let quote = bytes[start];
+    let mut i = start + 1;
+    while i < bytes.len() {
+        let c = bytes[i];
+        if backslash_escapes && c == b'\\' {
+            i += 2;
+            continue;
+        }
+        if c == quote {
+            if bytes.get(i + 1) == Some(&quote) {
+                i += 2;
+                continue;
+            }
+            return i + 1;
+        }
+        i += 1;
+    }
+    bytes.len()
+}
+
+/// The position after the block comment starting at `start` (`/*`).
+fn skip_block_comment(bytes: &[u8], start: usize, nested: bool) -> usize {
+    let mut depth = 0usize;
+    let mut i = start;
+    while i + 1 < bytes.len() {
+        if bytes[i] == b'/' && bytes[i + 1] == b'*' {
+            if depth > 0 && !nested {
+                i += 1;
+                continue;
+            }
+            depth += 1;
+            i += 2;
+        } else if bytes[i] == b'*' && bytes[i + 1] == b'/' {
+            depth -= 1;
+            i += 2;
+            if depth == 0 {
+                return i;
+            }
+        } else {
+            i += 1;
+        }
+    }
+    bytes.len()
+}
+
+#[cfg(test)]
+mod depth_tests {
+    use super::expression_depth;
+
+    #[test]
+    fn depth_counts_brackets_operators_and_joining_words() {
+        assert_eq!(expression_depth("SELECT 1"), 0);
+        assert_eq!(expression_depth("SELECT 1+1+1"), 2);
+        assert_eq!(expression_depth("SELECT f(1+1, 2+2)"), 2);
+        assert_eq!(expression_depth("SELECT ((1))"), 2);
+        assert!(expression_depth("SELECT a = 1 OR a = 2 OR a = 3") >= 5);
+        assert_eq!(expression_depth("SELECT '(((((' , \"((\" -- (((\n"), 0);
+        assert!(expression_depth(&format!("SELECT {}", "NOT ".repeat(100))) >= 100);
+        assert!(expression_depth(&"CASE WHEN x THEN ".repeat(50)) >= 50);
+        assert!(expression_depth(&"v['a']".repeat(100)) >= 100);
+    }
+
+    #[test]
+    fn quotes_and_comments_cannot_hide_operators_from_every_reading() {
+        // A backslash ends this string for SQL, not for ScopeQL: either way, it is counted.
+        let hidden = format!("SELECT 'a\\' || {} || '", vec!["1"; 200].join("+"));
+        assert!(expression_depth(&hidden) >= 200);
+        // Nested for DataFusion, not for sluice's lexers.
+        let comment = format!("/* /* */ {} */ SELECT 1", vec!["1"; 200].join("+"));
+        assert!(expression_depth(&comment) >= 200);
+        let line = format!("SELECT 1 -- {}", vec!["1"; 200].join("+"));
+        assert_eq!(expression_depth(&line), 0);
+    }
 }

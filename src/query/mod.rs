@@ -1,14 +1,22 @@
-//! Queries: SQL through DataFusion over every table's files and unflushed batches, and the
-//! catalog statements (`CREATE TABLE`, `DROP`, `DESCRIBE`, `SHOW TABLES`) on sluice's catalog.
+//! Queries: SQL through DataFusion over every table's files and unflushed batches, ScopeQL
+//! pipelines translated to SQL, and the parsing of sluice's catalog statements.
+//!
+//! The query engine only reads. A statement is parsed once ([`prepare`]) into a
+//! [`Prepared`] statement that says what it needs ([`Access`]); writes (`INSERT`) and catalog
+//! changes run through [`crate::db::Database`], which owns the one write path. A query's
+//! plan is checked again to be free of DDL, DML and session statements, and it runs on a
+//! runtime of its own ([`runtime`]) whose DataFusion environment reaches only sluice's store.
 //!
 //! A table is named `db.schema.table` (DataFusion's catalog.schema.table); `scopedb.public` is
 //! the default, so `FROM events` works too.
 
-mod ddl;
+pub(crate) mod ddl;
 mod json_functions;
 mod lex;
+mod prepare;
 mod provider;
 mod pruning;
+mod runtime;
 mod scopeql;
 pub mod statements;
 mod time_functions;
@@ -16,24 +24,26 @@ mod wrapped_udf;
 
 use std::sync::Arc;
 
-use arrow_array::RecordBatch;
-use arrow_schema::{DataType, Field};
+use arrow_array::{ArrayRef, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::{CatalogProvider, MemoryCatalogProvider, MemorySchemaProvider};
 use datafusion::error::DataFusionError;
-use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::session_state::SessionStateBuilder;
-use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
+use datafusion::sql::parser::Statement as DfStatement;
+use futures::StreamExt as _;
 
-use crate::catalog::{
-    Catalog, CatalogError, CatalogPath, ColumnDef, DEFAULT_DATABASE, DEFAULT_SCHEMA, DatabaseDef,
-    MutateOptions, Mutation, SchemaDef, TableDef,
-};
+use crate::catalog::{Catalog, CatalogError, DEFAULT_DATABASE, DEFAULT_SCHEMA};
+use crate::ingest::IngestError;
 use crate::storage::Storage;
 use crate::table::{TableError, Tables};
 use crate::types::ColumnType;
 use crate::types::cell::format_cell;
-pub(crate) use ddl::DdlError;
-use ddl::{Ddl, DropKind};
+pub use prepare::Access;
+pub(crate) use prepare::{Insert, InsertColumns, Prepared};
+pub use runtime::QueryLimits;
+use runtime::StatementRuntime;
 
 /// Why a statement failed.
 #[derive(Debug, thiserror::Error)]
@@ -43,29 +53,75 @@ pub enum QueryError {
     Syntax {
         /// What is wrong.
         message: String,
-        /// 1-based line.
+        /// 1-based line (0 when unknown).
         line: usize,
-        /// 1-based column.
+        /// 1-based column (0 when unknown).
         column: usize,
     },
+    /// The statement is longer or nests deeper than sluice parses.
+    #[error("statement too complex: {0}")]
+    TooComplex(String),
+    /// A statement kind sluice does not run.
+    #[error("{0}")]
+    Unsupported(String),
     /// DataFusion refused or failed the query.
     #[error("{0}")]
     Query(String),
+    /// Rows an `INSERT` produced do not fit the table; nothing was written.
+    #[error(transparent)]
+    Rows(#[from] IngestError),
+    /// An `INSERT`'s source does not match the table (columns, counts); nothing was written.
+    #[error("{0}")]
+    Invalid(String),
     /// A catalog change failed.
     #[error(transparent)]
     Catalog(#[from] CatalogError),
     /// Table storage failed.
     #[error(transparent)]
     Table(#[from] TableError),
+    /// The result is larger than a statement may return.
+    #[error(
+        "the result is larger than {limit} {unit}; add a LIMIT or aggregate (statement results are capped)"
+    )]
+    ResultTooLarge {
+        /// The limit.
+        limit: usize,
+        /// `rows` or `bytes`.
+        unit: &'static str,
+    },
+    /// The statement ran longer than it may.
+    #[error("statement stopped after {0} seconds (the statement timeout)")]
+    Timeout(u64),
     /// The statement was cancelled.
     #[error("statement cancelled")]
     Cancelled,
 }
 
+impl QueryError {
+    /// A syntax error at byte `offset` of `text`.
+    pub(crate) fn syntax(text: &str, message: String, offset: usize) -> QueryError {
+        let before = &text[..offset.min(text.len())];
+        let line = before.matches('\n').count() + 1;
+        let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        QueryError::Syntax {
+            message,
+            line,
+            column,
+        }
+    }
+}
+
 impl From<DataFusionError> for QueryError {
     fn from(e: DataFusionError) -> Self {
-        // DataFusion wraps our own errors as External; surface the message cleanly.
-        QueryError::Query(e.strip_backtrace())
+        match e {
+            DataFusionError::SQL(parse, _) => QueryError::Syntax {
+                message: parse.to_string(),
+                line: 0,
+                column: 0,
+            },
+            // DataFusion wraps our own errors as External; surface the message cleanly.
+            other => QueryError::Query(other.strip_backtrace()),
+        }
     }
 }
 
@@ -85,6 +141,99 @@ pub struct QueryResult {
     pub fields: Vec<ResultField>,
     /// Rows of cells (`None` is SQL NULL).
     pub rows: Vec<Vec<Option<String>>>,
+}
+
+/// A statement's output as Arrow: what the statements API renders, cell by cell, when asked.
+#[derive(Debug, Clone)]
+pub struct StatementOutput {
+    /// The result's schema.
+    pub schema: SchemaRef,
+    /// The rows.
+    pub batches: Vec<RecordBatch>,
+}
+
+impl StatementOutput {
+    /// A one-column text result (catalog statements' status lines and listings).
+    pub(crate) fn text(column: &str, rows: Vec<String>) -> StatementOutput {
+        Self::strings(&[column], rows.into_iter().map(|r| vec![Some(r)]).collect())
+    }
+
+    /// A result of text columns.
+    pub(crate) fn strings(columns: &[&str], rows: Vec<Vec<Option<String>>>) -> StatementOutput {
+        let schema = Arc::new(Schema::new(
+            columns
+                .iter()
+                .map(|c| Field::new(*c, DataType::Utf8, true))
+                .collect::<Vec<_>>(),
+        ));
+        let arrays: Vec<ArrayRef> = (0..columns.len())
+            .map(|i| {
+                Arc::new(StringArray::from_iter(
+                    rows.iter().map(|r| r.get(i).cloned().flatten()),
+                )) as ArrayRef
+            })
+            .collect();
+        let batch =
+            RecordBatch::try_new(schema.clone(), arrays).map_or_else(|_| Vec::new(), |b| vec![b]);
+        StatementOutput {
+            schema,
+            batches: batch,
+        }
+    }
+
+    /// The count of inserted rows, as `INSERT` answers it.
+    pub(crate) fn inserted(rows: usize) -> StatementOutput {
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "num_rows_inserted",
+            DataType::Int64,
+            false,
+        )]));
+        let array: ArrayRef = Arc::new(arrow_array::Int64Array::from(vec![
+            i64::try_from(rows).unwrap_or(i64::MAX),
+        ]));
+        let batches = RecordBatch::try_new(schema.clone(), vec![array])
+            .map_or_else(|_| Vec::new(), |b| vec![b]);
+        StatementOutput { schema, batches }
+    }
+
+    /// Rows in the result.
+    pub fn num_rows(&self) -> usize {
+        self.batches.iter().map(RecordBatch::num_rows).sum()
+    }
+
+    /// Arrow memory the result holds.
+    pub fn memory_bytes(&self) -> usize {
+        self.batches
+            .iter()
+            .map(RecordBatch::get_array_memory_size)
+            .sum()
+    }
+
+    /// The result's fields with their sluice type names.
+    pub fn fields(&self) -> Vec<ResultField> {
+        self.schema
+            .fields()
+            .iter()
+            .map(|f| ResultField {
+                name: f.name().clone(),
+                data_type: sluice_type_name(f).to_owned(),
+            })
+            .collect()
+    }
+
+    /// The result in the cell form (every value a string or null).
+    pub fn to_result(&self) -> QueryResult {
+        let mut rows = Vec::with_capacity(self.num_rows());
+        for batch in &self.batches {
+            for r in 0..batch.num_rows() {
+                rows.push(batch.columns().iter().map(|c| format_cell(c, r)).collect());
+            }
+        }
+        QueryResult {
+            fields: self.fields(),
+            rows,
+        }
+    }
 }
 
 /// The sluice type name of a result field.
@@ -117,85 +266,87 @@ pub fn sluice_type_name(field: &Field) -> &'static str {
     }
 }
 
-/// Turns batches into a [`QueryResult`].
-pub fn to_result(schema: &arrow_schema::Schema, batches: &[RecordBatch]) -> QueryResult {
-    let fields = schema
-        .fields()
-        .iter()
-        .map(|f| ResultField {
-            name: f.name().clone(),
-            data_type: sluice_type_name(f).to_owned(),
-        })
-        .collect();
-    let mut rows = Vec::new();
-    for batch in batches {
-        for r in 0..batch.num_rows() {
-            rows.push(batch.columns().iter().map(|c| format_cell(c, r)).collect());
-        }
-    }
-    QueryResult { fields, rows }
+/// An upper bound on how deeply an expression's text nests once parsed (see
+/// [`lex::expression_depth`]).
+pub(crate) fn expression_depth(text: &str) -> usize {
+    lex::expression_depth(text)
 }
 
-fn line_column(sql: &str, offset: usize) -> (usize, usize) {
-    let before = &sql[..offset.min(sql.len())];
-    let line = before.matches('\n').count() + 1;
-    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-    (line, column)
-}
-
-fn text_result(column: &str, rows: Vec<String>) -> QueryResult {
-    QueryResult {
-        fields: vec![ResultField {
-            name: column.to_owned(),
-            data_type: "string".to_owned(),
-        }],
-        rows: rows.into_iter().map(|r| vec![Some(r)]).collect(),
+/// A table name of one to three parts, with the default database and schema filled in.
+pub(crate) fn qualify(name: &[String]) -> Result<(String, String, String), QueryError> {
+    match name {
+        [t] => Ok((DEFAULT_DATABASE.into(), DEFAULT_SCHEMA.into(), t.clone())),
+        [s, t] => Ok((DEFAULT_DATABASE.into(), s.clone(), t.clone())),
+        [d, s, t] => Ok((d.clone(), s.clone(), t.clone())),
+        _ => Err(QueryError::Invalid(format!(
+            "{:?} is not a table name: use [database.][schema.]table",
+            name.join(".")
+        ))),
     }
 }
 
-/// What a statement needs to be allowed to run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
-    /// It only reads.
-    Read,
-    /// It writes rows.
-    Write,
-    /// It changes the catalog.
-    Admin,
-}
-
-/// Runs statements against one sluice database.
+/// Runs read-only queries against one sluice database.
 #[derive(Debug, Clone)]
 pub struct QueryEngine {
     catalog: Arc<Catalog>,
     tables: Arc<Tables>,
     /// Shared by every statement's session: it holds the object store and the cache of
     /// Parquet footers and page indexes, so a query does not fetch and parse them again.
-    runtime: Arc<datafusion::execution::runtime_env::RuntimeEnv>,
+    env: Arc<RuntimeEnv>,
+    runtime: Arc<StatementRuntime>,
+    limits: QueryLimits,
+}
+
+/// What a query's plan may contain: no DDL, no DML (`INSERT`, `COPY`), no session
+/// statements (`SET`, transactions).
+fn read_only() -> SQLOptions {
+    SQLOptions::new()
+        .with_allow_ddl(false)
+        .with_allow_dml(false)
+        .with_allow_statements(false)
 }
 
 impl QueryEngine {
     /// An engine over this catalog, these tables and their object store.
-    pub fn new(catalog: Arc<Catalog>, tables: Arc<Tables>, storage: Storage) -> Self {
-        let runtime = Arc::new(datafusion::execution::runtime_env::RuntimeEnv::default());
-        if let Ok(url) = ObjectStoreUrl::parse(provider::STORE_URL) {
-            runtime.register_object_store(url.as_ref(), storage.store().clone());
-        }
-        QueryEngine {
+    pub fn new(
+        catalog: Arc<Catalog>,
+        tables: Arc<Tables>,
+        storage: Storage,
+        limits: QueryLimits,
+    ) -> Result<Self, QueryError> {
+        let env = runtime::runtime_env(provider::STORE_URL, storage.store().clone(), &limits)?;
+        let runtime = StatementRuntime::new()
+            .map_err(|e| QueryError::Query(format!("cannot start the query runtime: {e}")))?;
+        Ok(QueryEngine {
             catalog,
             tables,
-            runtime,
-        }
+            env,
+            runtime: Arc::new(runtime),
+            limits,
+        })
+    }
+
+    /// The limits statements run under.
+    pub fn limits(&self) -> &QueryLimits {
+        &self.limits
+    }
+
+    /// Parses and classifies a statement (on the statement runtime: parsing recurses).
+    pub(crate) async fn prepare(&self, text: String) -> Result<Prepared, QueryError> {
+        self.runtime
+            .run(async move { prepare::prepare(&text) })
+            .await
+            .map_err(QueryError::Query)?
     }
 
     /// A DataFusion session that sees every table of the catalog as it is now.
-    pub async fn session(&self) -> Result<SessionContext, QueryError> {
+    async fn session(&self) -> Result<SessionContext, QueryError> {
         let config = SessionConfig::new()
             .with_default_catalog_and_schema(DEFAULT_DATABASE, DEFAULT_SCHEMA)
             .with_information_schema(true);
         let state = SessionStateBuilder::new()
             .with_config(config)
-            .with_runtime_env(self.runtime.clone())
+            .with_runtime_env(self.env.clone())
             .with_default_features()
             .with_physical_optimizer_rule(Arc::new(pruning::ColumnPruning))
             .build();
@@ -211,13 +362,11 @@ impl QueryEngine {
             ctx.register_catalog(&db, catalog);
         }
         for t in self.catalog.tables().await {
+            // A table in the catalog whose storage does not exist yet reads as empty; a query
+            // never creates storage.
             let schema = match self.tables.schema(&t.id).await {
                 Ok(s) => s,
-                // Created in the catalog but its storage is not there yet: create it.
-                Err(TableError::NotFound(_)) => {
-                    self.tables.create_table(&t.id, &t.columns()?).await?;
-                    self.tables.schema(&t.id).await?
-                }
+                Err(TableError::NotFound(_)) => crate::types::arrow_schema(&t.columns()?),
                 Err(e) => return Err(e.into()),
             };
             let table = Arc::new(provider::SluiceTable::new(
@@ -232,345 +381,53 @@ impl QueryEngine {
         Ok(ctx)
     }
 
-    /// What a statement would do, for access control: catalog changes are [`Access::Admin`],
-    /// `INSERT INTO` pipelines [`Access::Write`], queries and catalog reads [`Access::Read`].
-    /// Statements that do not parse are classed as reads; they fail when run.
-    pub fn access(sql: &str) -> Access {
-        match ddl::parse(sql) {
-            Ok(Some(
-                ddl::Ddl::Describe { .. }
-                | ddl::Ddl::ShowTables
-                | ddl::Ddl::ShowDatabases
-                | ddl::Ddl::ShowSchemas,
-            )) => return Access::Read,
-            Ok(Some(_)) => return Access::Admin,
-            Ok(None) | Err(_) => {}
-        }
-        if scopeql::is_scopeql(sql) {
-            return match scopeql::parse(sql) {
-                Ok(p) if p.insert_into.is_some() => Access::Write,
-                _ => Access::Read,
-            };
-        }
-        let first = lex::first_word(sql).to_ascii_uppercase();
-        match first.as_str() {
-            "SELECT" | "WITH" | "EXPLAIN" | "VALUES" | "SHOW" | "DESCRIBE" | "DESC" | "" => {
-                Access::Read
+    /// Runs a read-only query to completion, within the statement limits.
+    pub(crate) async fn query(
+        &self,
+        statement: DfStatement,
+    ) -> Result<StatementOutput, QueryError> {
+        let engine = self.clone();
+        let timeout = self.limits.timeout;
+        let run = async move {
+            match tokio::time::timeout(timeout, engine.query_inner(statement)).await {
+                Ok(result) => result,
+                Err(_) => Err(QueryError::Timeout(timeout.as_secs())),
             }
-            "INSERT" => Access::Write,
-            _ => Access::Admin,
-        }
+        };
+        self.runtime.run(run).await.map_err(QueryError::Query)?
     }
 
-    /// Runs one statement to completion.
-    pub async fn execute(&self, sql: &str) -> Result<QueryResult, QueryError> {
-        match ddl::parse(sql) {
-            Ok(Some(ddl)) => return self.run_ddl(ddl).await,
-            Ok(None) => {}
-            Err(DdlError { message, offset }) => {
-                let (line, column) = line_column(sql, offset);
-                return Err(QueryError::Syntax {
-                    message,
-                    line,
-                    column,
+    async fn query_inner(&self, statement: DfStatement) -> Result<StatementOutput, QueryError> {
+        let ctx = self.session().await?;
+        let state = ctx.state();
+        let plan = state.statement_to_plan(statement).await?;
+        read_only().verify_plan(&plan)?;
+        let df = ctx.execute_logical_plan(plan).await?;
+        let schema = df.schema().as_arrow().clone();
+        let mut stream = df.execute_stream().await?;
+        let mut batches = Vec::new();
+        let (mut rows, mut bytes) = (0usize, 0usize);
+        while let Some(batch) = stream.next().await {
+            let batch = batch?;
+            rows += batch.num_rows();
+            bytes += batch.get_array_memory_size();
+            if rows > self.limits.max_result_rows {
+                return Err(QueryError::ResultTooLarge {
+                    limit: self.limits.max_result_rows,
+                    unit: "rows",
                 });
             }
-        }
-        if scopeql::is_scopeql(sql) {
-            return self.execute_scopeql(sql).await;
-        }
-        let ctx = self.session().await?;
-        let df = ctx.sql(sql).await.map_err(|e| match e {
-            DataFusionError::SQL(parse, _) => QueryError::Syntax {
-                message: parse.to_string(),
-                line: 0,
-                column: 0,
-            },
-            other => other.into(),
-        })?;
-        let schema = df.schema().as_arrow().clone();
-        let batches = df.collect().await?;
-        Ok(to_result(&schema, &batches))
-    }
-
-    /// Replaces the catalog subtree at `path` (see [`Catalog::mutate`]), after checking any
-    /// computed-column expressions, and creates storage for the tables it adds.
-    pub async fn mutate_catalog(
-        &self,
-        path: &CatalogPath,
-        value: Option<serde_json::Value>,
-        options: MutateOptions<'_>,
-    ) -> Result<Mutation, QueryError> {
-        if let (Some(v), CatalogPath::Table(..)) = (&value, path) {
-            if let Ok(def) = serde_json::from_value::<TableDef>(v.clone()) {
-                crate::db::check_table_def(&def)?;
+            if bytes > self.limits.max_result_bytes {
+                return Err(QueryError::ResultTooLarge {
+                    limit: self.limits.max_result_bytes,
+                    unit: "bytes",
+                });
             }
+            batches.push(batch);
         }
-        let m = self.catalog.mutate(path, value, options).await?;
-        for (_, id, def) in &m.created_tables {
-            self.tables
-                .create_table(id, &crate::catalog::table_columns(def)?)
-                .await?;
-        }
-        Ok(m)
-    }
-
-    /// `CREATE TABLE|DATABASE|SCHEMA [IF NOT EXISTS]`: adds `def` at `path` unless something
-    /// is there already.
-    async fn create(
-        &self,
-        path: CatalogPath,
-        def: impl serde::Serialize,
-        label: String,
-        if_not_exists: bool,
-    ) -> Result<QueryResult, QueryError> {
-        if self.catalog.get(&path).await.is_ok() {
-            if if_not_exists {
-                return Ok(text_result("status", vec![format!("{label} exists")]));
-            }
-            return Err(CatalogError::Invalid(format!("{label} already exists")).into());
-        }
-        let value = serde_json::to_value(&def).map_err(|e| QueryError::Query(e.to_string()))?;
-        self.mutate_catalog(&path, Some(value), MutateOptions::default())
-            .await?;
-        Ok(text_result("status", vec![format!("created {label}")]))
-    }
-
-    /// Runs a ScopeQL pipeline: translated to SQL, planned by DataFusion; a final
-    /// `INSERT INTO t` appends the rows to `t`.
-    async fn execute_scopeql(&self, text: &str) -> Result<QueryResult, QueryError> {
-        let pipeline = scopeql::parse(text).map_err(|e| {
-            let (line, column) = line_column(text, e.offset);
-            QueryError::Syntax {
-                message: e.message,
-                line,
-                column,
-            }
-        })?;
-        let ctx = self.session().await?;
-        let df = ctx.sql(&pipeline.to_sql()).await?;
-        let schema = df.schema().as_arrow().clone();
-        let batches = df.collect().await?;
-        let Some(target) = &pipeline.insert_into else {
-            return Ok(to_result(&schema, &batches));
-        };
-        let (d, s, t) = Self::qualify(target);
-        let table = self.catalog.table(&d, &s, &t).await?;
-        let stored = self.tables.schema(&table.id).await?;
-        let mut inserted = 0;
-        for batch in &batches {
-            if batch.num_rows() == 0 {
-                continue;
-            }
-            let columns = stored
-                .fields()
-                .iter()
-                .map(|field| match batch.column_by_name(field.name()) {
-                    Some(c) => arrow_cast::cast(c, field.data_type())
-                        .map_err(|e| QueryError::Query(format!("column {}: {e}", field.name()))),
-                    None => Ok(arrow_array::new_null_array(
-                        field.data_type(),
-                        batch.num_rows(),
-                    )),
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            let converted = RecordBatch::try_new(stored.clone(), columns)
-                .map_err(|e| QueryError::Query(e.to_string()))?;
-            inserted += converted.num_rows();
-            self.tables.append(&table.id, converted).await?;
-        }
-        Ok(QueryResult {
-            fields: vec![ResultField {
-                name: "num_rows_inserted".into(),
-                data_type: "int".into(),
-            }],
-            rows: vec![vec![Some(inserted.to_string())]],
+        Ok(StatementOutput {
+            schema: Arc::new(schema),
+            batches,
         })
-    }
-
-    fn qualify(name: &[String]) -> (String, String, String) {
-        match name {
-            [t] => (DEFAULT_DATABASE.into(), DEFAULT_SCHEMA.into(), t.clone()),
-            [s, t] => (DEFAULT_DATABASE.into(), s.clone(), t.clone()),
-            [d, s, t] => (d.clone(), s.clone(), t.clone()),
-            _ => (String::new(), String::new(), String::new()),
-        }
-    }
-
-    async fn run_ddl(&self, ddl: Ddl) -> Result<QueryResult, QueryError> {
-        match ddl {
-            Ddl::CreateTable {
-                name,
-                if_not_exists,
-                columns,
-            } => {
-                let (d, s, t) = Self::qualify(&name);
-                let def = TableDef {
-                    name: t.clone(),
-                    comment: None,
-                    columns: columns
-                        .into_iter()
-                        .map(|(name, t, comment)| ColumnDef {
-                            name,
-                            data_type: t.as_str().to_owned(),
-                            comment,
-                            expression: None,
-                        })
-                        .collect(),
-                };
-                let label = format!("table {d}.{s}.{t}");
-                self.create(CatalogPath::Table(d, s, t), def, label, if_not_exists)
-                    .await
-            }
-            Ddl::CreateDatabase {
-                name,
-                if_not_exists,
-            } => {
-                let def = DatabaseDef {
-                    name: name.clone(),
-                    comment: None,
-                    schemas: Vec::new(),
-                };
-                let label = format!("database {name}");
-                self.create(CatalogPath::Database(name), def, label, if_not_exists)
-                    .await
-            }
-            Ddl::CreateSchema {
-                name,
-                if_not_exists,
-            } => {
-                let (d, s) = match name.as_slice() {
-                    [s] => (DEFAULT_DATABASE.to_owned(), s.clone()),
-                    [d, s] => (d.clone(), s.clone()),
-                    _ => return Err(CatalogError::Invalid("bad schema name".into()).into()),
-                };
-                let def = SchemaDef {
-                    name: s.clone(),
-                    comment: None,
-                    tables: Vec::new(),
-                };
-                let label = format!("schema {d}.{s}");
-                self.create(CatalogPath::Schema(d, s), def, label, if_not_exists)
-                    .await
-            }
-            Ddl::Drop {
-                kind,
-                name,
-                if_exists,
-            } => {
-                let path = match (kind, name.as_slice()) {
-                    (DropKind::Database, [d]) => CatalogPath::Database(d.clone()),
-                    (DropKind::Schema, [s]) => {
-                        CatalogPath::Schema(DEFAULT_DATABASE.into(), s.clone())
-                    }
-                    (DropKind::Schema, [d, s]) => CatalogPath::Schema(d.clone(), s.clone()),
-                    (DropKind::Table, n) if !n.is_empty() => {
-                        let (d, s, t) = Self::qualify(n);
-                        CatalogPath::Table(d, s, t)
-                    }
-                    _ => return Err(CatalogError::Invalid("bad name for DROP".into()).into()),
-                };
-                let drop = MutateOptions {
-                    allow_destructive: true,
-                    ..MutateOptions::default()
-                };
-                match self.mutate_catalog(&path, None, drop).await {
-                    Ok(_) => Ok(text_result("status", vec!["dropped".into()])),
-                    Err(QueryError::Catalog(CatalogError::NotFound { .. })) if if_exists => {
-                        Ok(text_result("status", vec!["nothing to drop".into()]))
-                    }
-                    Err(e) => Err(e),
-                }
-            }
-            Ddl::Describe { name } => {
-                let (d, s, t) = Self::qualify(&name);
-                let table = self.catalog.table(&d, &s, &t).await?;
-                let rows = table
-                    .def
-                    .columns
-                    .iter()
-                    .map(|c| {
-                        vec![
-                            Some(c.name.clone()),
-                            Some(c.data_type.clone()),
-                            c.comment.clone(),
-                            c.expression.clone(),
-                        ]
-                    })
-                    .collect();
-                let field = |n: &str| ResultField {
-                    name: n.to_owned(),
-                    data_type: "string".to_owned(),
-                };
-                Ok(QueryResult {
-                    fields: vec![
-                        field("name"),
-                        field("data_type"),
-                        field("comment"),
-                        field("expression"),
-                    ],
-                    rows,
-                })
-            }
-            Ddl::ShowTables => {
-                let field = |n: &str| ResultField {
-                    name: n.to_owned(),
-                    data_type: "string".to_owned(),
-                };
-                let rows = self
-                    .catalog
-                    .tables()
-                    .await
-                    .into_iter()
-                    .map(|t| vec![Some(t.database), Some(t.schema), Some(t.def.name)])
-                    .collect();
-                Ok(QueryResult {
-                    fields: vec![field("database"), field("schema"), field("table")],
-                    rows,
-                })
-            }
-            Ddl::ShowDatabases => Ok(text_result(
-                "database",
-                self.catalog
-                    .schemas()
-                    .await
-                    .into_iter()
-                    .map(|(d, _)| d)
-                    .collect(),
-            )),
-            Ddl::ShowSchemas => Ok(text_result(
-                "schema",
-                self.catalog
-                    .schemas()
-                    .await
-                    .into_iter()
-                    .flat_map(|(d, ss)| ss.into_iter().map(move |s| format!("{d}.{s}")))
-                    .collect(),
-            )),
-        }
-    }
-}
-
-#[cfg(test)]
-mod access_tests {
-    use super::*;
-
-    #[test]
-    fn statements_are_classed_by_what_they_do() {
-        assert_eq!(QueryEngine::access("SELECT 1"), Access::Read);
-        assert_eq!(QueryEngine::access(" -- c\n select 1"), Access::Read);
-        assert_eq!(QueryEngine::access("SHOW TABLES"), Access::Read);
-        assert_eq!(QueryEngine::access("FROM t SELECT a"), Access::Read);
-        assert_eq!(
-            QueryEngine::access("FROM t SELECT a INSERT INTO t"),
-            Access::Write
-        );
-        assert_eq!(
-            QueryEngine::access("INSERT INTO t VALUES (1)"),
-            Access::Write
-        );
-        assert_eq!(QueryEngine::access("CREATE TABLE t (a int)"), Access::Admin);
-        assert_eq!(QueryEngine::access("drop table t"), Access::Admin);
-        assert_eq!(QueryEngine::access("COPY t TO 'x'"), Access::Admin);
     }
 }

@@ -3,17 +3,43 @@
 //! Each statement runs in its own task. Submitting waits a little for it, so short statements
 //! answer `finished` at once; longer ones answer `running` and are polled. Finished statements
 //! are kept for a while for clients to fetch, then forgotten.
+//!
+//! A statement belongs to the key that submitted it (its *owner*): ids live in one namespace
+//! per owner, so another key can neither read, cancel nor take over a statement by naming
+//! its id. What is kept is bounded: running statements by count, finished ones by count,
+//! by the bytes of their results and by age ([`StatementLimits`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::watch;
 
-use super::{QueryEngine, QueryError, QueryResult};
+use super::{QueryError, StatementOutput};
 
-/// How long a finished statement stays fetchable.
-const RETENTION: Duration = Duration::from_secs(15 * 60);
+/// Bounds on the statements a server keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatementLimits {
+    /// Statements running at once; past it a submit is refused (retry later).
+    pub max_running: usize,
+    /// Finished statements kept for fetching; the oldest are forgotten first.
+    pub max_retained: usize,
+    /// Bytes of results kept for fetching; the oldest are forgotten first.
+    pub max_retained_bytes: usize,
+    /// How long a finished statement stays fetchable.
+    pub retention: Duration,
+}
+
+impl Default for StatementLimits {
+    fn default() -> Self {
+        StatementLimits {
+            max_running: 64,
+            max_retained: 1000,
+            max_retained_bytes: 256 << 20,
+            retention: Duration::from_secs(15 * 60),
+        }
+    }
+}
 
 /// Where a statement is.
 #[derive(Debug, Clone)]
@@ -21,7 +47,7 @@ pub enum StatementState {
     /// Running.
     Running,
     /// Done, with its result.
-    Finished(Arc<QueryResult>),
+    Finished(Arc<StatementOutput>),
     /// Failed: an error code and message.
     Failed {
         /// Machine-readable code.
@@ -36,7 +62,7 @@ pub enum StatementState {
 /// One submitted statement.
 #[derive(Debug)]
 pub struct Statement {
-    /// Its id.
+    /// Its id (unique for its owner).
     pub id: String,
     /// When it was submitted.
     pub created_at: SystemTime,
@@ -73,12 +99,22 @@ impl Statement {
         .await;
     }
 
-    fn finish(&self, state: StatementState) {
-        if let Ok(mut f) = self.finished.lock() {
-            f.get_or_insert_with(Instant::now);
+    fn finished_at(&self) -> Option<Instant> {
+        self.finished.lock().ok().and_then(|f| *f)
+    }
+
+    /// Bytes its result holds (0 unless finished).
+    fn result_bytes(&self) -> usize {
+        match &*self.state.borrow() {
+            StatementState::Finished(output) => output.memory_bytes(),
+            _ => 0,
         }
-        // Only the first end counts (a cancel racing a finish keeps whichever came first).
-        self.state.send_if_modified(|s| {
+    }
+
+    /// Ends the statement; only the first end counts (a cancel racing a finish keeps
+    /// whichever came first). Returns whether this call ended it.
+    fn finish(&self, state: StatementState) -> bool {
+        let ended = self.state.send_if_modified(|s| {
             if matches!(s, StatementState::Running) {
                 *s = state;
                 true
@@ -86,71 +122,140 @@ impl Statement {
                 false
             }
         });
+        if ended {
+            if let Ok(mut f) = self.finished.lock() {
+                f.get_or_insert_with(Instant::now);
+            }
+        }
+        ended
     }
 }
 
-/// The code and message a failed statement reports.
+/// The code a failed statement reports.
 pub fn error_code(e: &QueryError) -> &'static str {
     match e {
         QueryError::Syntax { .. } => "syntax_error",
+        QueryError::TooComplex(_) => "statement_too_complex",
+        QueryError::Unsupported(_) => "unsupported_statement",
         QueryError::Query(_) => "query_error",
+        QueryError::Rows(_) | QueryError::Invalid(_) => "invalid_input",
         QueryError::Catalog(crate::catalog::CatalogError::NotFound { .. }) => "not_found",
         QueryError::Catalog(_) => "catalog_error",
         QueryError::Table(_) => "storage_error",
+        QueryError::ResultTooLarge { .. } => "result_too_large",
+        QueryError::Timeout(_) => "statement_timeout",
         QueryError::Cancelled => "cancelled",
     }
 }
 
+/// Why a statement was not started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    /// As many statements as allowed are running.
+    #[error("{0} statements are running, the most this server runs at once; retry shortly")]
+    Busy(usize),
+}
+
+/// Who a statement belongs to: an opaque name of the key that submitted it.
+pub type Owner = Arc<str>;
+
 /// Every statement of this server.
 #[derive(Debug, Default)]
 pub struct Statements {
+    limits: StatementLimits,
     retained: Mutex<Retained>,
 }
 
-/// The statements of the last [`RETENTION`] (and the running ones), by id.
+/// The running statements and the finished ones still kept, by owner and id.
 #[derive(Debug, Default)]
 struct Retained {
-    by_id: HashMap<String, Arc<Statement>>,
-    /// When expired statements were last dropped: at most once a second, as looking at every
-    /// retained statement on every submit made a submit cost grow with the statements of
-    /// the last [`RETENTION`].
+    by_key: HashMap<(Owner, String), Arc<Statement>>,
+    /// Keys in submission order: the oldest finished statements are forgotten first.
+    order: VecDeque<(Owner, String)>,
+    running: usize,
+    /// When expired statements were last dropped: at most once a second.
     last_pruned: Option<Instant>,
 }
 
 impl Retained {
-    /// Drops the statements finished more than [`RETENTION`] ago, unless that was done less
-    /// than a second ago.
-    fn drop_expired(&mut self) {
-        if self
-            .last_pruned
-            .is_some_and(|at| at.elapsed() < Duration::from_secs(1))
+    /// Forgets finished statements older than the retention, and the oldest finished ones
+    /// while more, or more bytes, are kept than the limits allow.
+    fn prune(&mut self, limits: &StatementLimits, force: bool) {
+        if !force
+            && self
+                .last_pruned
+                .is_some_and(|at| at.elapsed() < Duration::from_secs(1))
         {
             return;
         }
         self.last_pruned = Some(Instant::now());
-        self.by_id.retain(|_, s| {
-            s.finished
-                .lock()
-                .ok()
-                .and_then(|f| *f)
-                .is_none_or(|at| at.elapsed() < RETENTION)
+        let mut finished = 0usize;
+        let mut bytes = 0usize;
+        for s in self.by_key.values() {
+            if s.finished_at().is_some() {
+                finished += 1;
+                bytes += s.result_bytes();
+            }
+        }
+        let by_key = &mut self.by_key;
+        self.order.retain(|key| {
+            let Some(s) = by_key.get(key) else {
+                return false;
+            };
+            let Some(at) = s.finished_at() else {
+                return true;
+            };
+            let expired = at.elapsed() >= limits.retention;
+            let over = finished > limits.max_retained || bytes > limits.max_retained_bytes;
+            if expired || over {
+                finished -= 1;
+                bytes = bytes.saturating_sub(s.result_bytes());
+                by_key.remove(key);
+                false
+            } else {
+                true
+            }
         });
     }
 }
 
 impl Statements {
-    /// Starts `sql` under `id` (a new UUIDv7 when absent). An id already in use answers the
-    /// existing statement.
-    pub fn submit(&self, engine: QueryEngine, sql: String, id: Option<String>) -> Arc<Statement> {
+    /// A registry with these limits.
+    pub fn new(limits: StatementLimits) -> Self {
+        Statements {
+            limits,
+            retained: Mutex::new(Retained::default()),
+        }
+    }
+
+    fn retained(&self) -> std::sync::MutexGuard<'_, Retained> {
+        self.retained.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts `work` as the statement `id` of `owner` (a new UUIDv7 when absent). An id the
+    /// owner already uses answers that statement; nothing new runs.
+    pub fn submit<F>(
+        self: &Arc<Self>,
+        owner: &Owner,
+        id: Option<String>,
+        work: F,
+    ) -> Result<Arc<Statement>, SubmitError>
+    where
+        F: std::future::Future<Output = Result<StatementOutput, QueryError>> + Send + 'static,
+    {
         let id = id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-        let mut retained = self.retained.lock().unwrap_or_else(|p| p.into_inner());
-        retained.drop_expired();
-        if let Some(existing) = retained.by_id.get(&id) {
-            return existing.clone();
+        let key = (owner.clone(), id.clone());
+        let mut retained = self.retained();
+        retained.prune(&self.limits, false);
+        if let Some(existing) = retained.by_key.get(&key) {
+            return Ok(existing.clone());
+        }
+        if retained.running >= self.limits.max_running {
+            return Err(SubmitError::Busy(self.limits.max_running));
         }
         let (state, _) = watch::channel(StatementState::Running);
         let statement = Arc::new(Statement {
-            id: id.clone(),
+            id,
             created_at: SystemTime::now(),
             submitted: Instant::now(),
             finished: Mutex::new(None),
@@ -158,42 +263,126 @@ impl Statements {
             abort: Mutex::new(None),
         });
         let running = statement.clone();
+        let registry = self.clone();
         let task = tokio::spawn(async move {
-            let outcome = engine.execute(&sql).await;
-            running.finish(match outcome {
-                Ok(result) => StatementState::Finished(Arc::new(result)),
-                Err(e) => StatementState::Failed {
-                    code: error_code(&e),
-                    message: e.to_string(),
+            let outcome = work.await;
+            registry.end(
+                &running,
+                match outcome {
+                    Ok(result) => StatementState::Finished(Arc::new(result)),
+                    Err(e) => StatementState::Failed {
+                        code: error_code(&e),
+                        message: e.to_string(),
+                    },
                 },
-            });
+            );
         });
         if let Ok(mut abort) = statement.abort.lock() {
             *abort = Some(task.abort_handle());
         }
-        retained.by_id.insert(id, statement.clone());
-        statement
+        retained.running += 1;
+        retained.by_key.insert(key.clone(), statement.clone());
+        retained.order.push_back(key);
+        Ok(statement)
     }
 
-    /// The statement with this id.
-    pub fn get(&self, id: &str) -> Option<Arc<Statement>> {
-        self.retained
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .by_id
-            .get(id)
+    /// Ends a statement and brings the kept results back within the limits.
+    fn end(&self, statement: &Statement, state: StatementState) {
+        if statement.finish(state) {
+            let mut retained = self.retained();
+            retained.running = retained.running.saturating_sub(1);
+            retained.prune(&self.limits, true);
+        }
+    }
+
+    /// The owner's statement with this id.
+    pub fn get(&self, owner: &Owner, id: &str) -> Option<Arc<Statement>> {
+        self.retained()
+            .by_key
+            .get(&(owner.clone(), id.to_owned()))
             .cloned()
     }
 
-    /// Cancels a running statement (a finished one keeps its state).
-    pub fn cancel(&self, id: &str) -> Option<Arc<Statement>> {
-        let statement = self.get(id)?;
+    /// Cancels the owner's running statement (a finished one keeps its state).
+    pub fn cancel(&self, owner: &Owner, id: &str) -> Option<Arc<Statement>> {
+        let statement = self.get(owner, id)?;
         if let Ok(abort) = statement.abort.lock() {
             if let Some(handle) = abort.as_ref() {
                 handle.abort();
             }
         }
-        statement.finish(StatementState::Cancelled);
+        self.end(&statement, StatementState::Cancelled);
         Some(statement)
+    }
+
+    /// Statements running now.
+    pub fn running(&self) -> usize {
+        self.retained().running
+    }
+
+    /// Finished statements kept, and the bytes of their results.
+    pub fn kept(&self) -> (usize, usize) {
+        let retained = self.retained();
+        let finished: Vec<&Arc<Statement>> = retained
+            .by_key
+            .values()
+            .filter(|s| s.finished_at().is_some())
+            .collect();
+        (
+            finished.len(),
+            finished.iter().map(|s| s.result_bytes()).sum(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner(name: &str) -> Owner {
+        Arc::from(name)
+    }
+
+    #[tokio::test]
+    async fn ids_are_per_owner_and_kept_results_are_bounded() {
+        let limits = StatementLimits {
+            max_running: 2,
+            max_retained: 3,
+            max_retained_bytes: usize::MAX,
+            retention: Duration::from_secs(60),
+        };
+        let statements = Arc::new(Statements::new(limits));
+        let done = || async { Ok(StatementOutput::text("x", vec!["1".into()])) };
+        let a = statements
+            .submit(&owner("reader"), Some("s1".into()), done())
+            .unwrap();
+        a.wait(Duration::from_secs(5)).await;
+        // Another owner naming the same id gets a statement of its own.
+        let b = statements
+            .submit(&owner("admin"), Some("s1".into()), done())
+            .unwrap();
+        assert!(!Arc::ptr_eq(&a, &b));
+        assert!(statements.get(&owner("admin"), "s1").is_some());
+        assert!(statements.get(&owner("other"), "s1").is_none());
+        assert!(statements.cancel(&owner("other"), "s1").is_none());
+        b.wait(Duration::from_secs(5)).await;
+        for i in 0..10 {
+            let s = statements
+                .submit(&owner("reader"), Some(format!("n{i}")), done())
+                .unwrap();
+            s.wait(Duration::from_secs(5)).await;
+        }
+        assert!(statements.kept().0 <= 3, "{:?}", statements.kept());
+        // Running statements are capped.
+        let forever = || async {
+            std::future::pending::<()>().await;
+            Ok(StatementOutput::text("x", Vec::new()))
+        };
+        statements.submit(&owner("r"), None, forever()).unwrap();
+        statements.submit(&owner("r"), None, forever()).unwrap();
+        assert_eq!(
+            statements.submit(&owner("r"), None, forever()).unwrap_err(),
+            SubmitError::Busy(2)
+        );
     }
 }

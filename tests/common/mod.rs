@@ -80,7 +80,9 @@ pub fn wait_healthy(port: u16) -> std::time::Duration {
     let started = std::time::Instant::now();
     while started.elapsed() < std::time::Duration::from_secs(30) {
         if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
-            let _ = s.write_all(b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            let _ = s.write_all(
+                b"GET /v1/health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+            );
             let mut out = String::new();
             let _ = s.read_to_string(&mut out);
             if out.starts_with("HTTP/1.1 200") {

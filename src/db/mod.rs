@@ -1,5 +1,14 @@
 //! One sluice database: the commit log, the catalog, the tables and the query engine, wired
 //! together. The HTTP layer calls this API; so can tests and embedders.
+//!
+//! `Database` owns the one write path for table rows: [`Database::insert_rows`] decodes and
+//! checks NDJSON against the table's columns, fills computed columns and commits the batch to
+//! the log. HTTP ingest, SQL `INSERT` and ScopeQL `INSERT INTO` all end there
+//! ([`statements`] turns a statement's rows into that NDJSON form). Catalog changes go
+//! through [`Database::mutate_catalog`], which checks computed-column expressions and
+//! creates the storage of new tables. The query engine only reads.
+
+mod statements;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -15,7 +24,7 @@ use datafusion::prelude::SessionContext;
 use crate::catalog::{Catalog, CatalogError, CatalogPath, MutateOptions, Mutation, ResolvedTable};
 use crate::ingest::{ContentEncoding, Decoder, IngestError, Limits, decompress};
 use crate::log::{CommitLog, Durability, LogConfig, LogError};
-use crate::query::{QueryEngine, QueryError, QueryResult};
+use crate::query::{QueryEngine, QueryError, QueryLimits};
 use crate::storage::probe::{Probe, ProbedStore};
 use crate::storage::{Storage, StorageError};
 use crate::stream::{StreamError, Streams, StreamsConfig};
@@ -48,6 +57,8 @@ pub struct DbConfig {
     /// Request-body bytes that may be read and decoded at once; further ingest requests
     /// wait their turn before their bodies are read (TCP pushes back on their clients).
     pub ingest_inflight_bytes: usize,
+    /// What one statement may use: memory, time, result size.
+    pub query: QueryLimits,
 }
 
 impl std::fmt::Debug for DbConfig {
@@ -80,6 +91,7 @@ impl DbConfig {
             streams: StreamsConfig::default(),
             log_fail_hook: None,
             ingest_inflight_bytes: 48 << 20,
+            query: QueryLimits::default(),
         }
     }
 }
@@ -111,6 +123,9 @@ pub enum OpenError {
     /// Streams could not load their snapshot or replay.
     #[error(transparent)]
     Stream(#[from] StreamError),
+    /// The query engine could not start.
+    #[error(transparent)]
+    Query(#[from] QueryError),
 }
 
 /// Why an ingest request did not commit.
@@ -268,7 +283,12 @@ impl Database {
             config.streams.clone(),
         )
         .await?;
-        let engine = QueryEngine::new(catalog.clone(), tables.clone(), storage.clone());
+        let engine = QueryEngine::new(
+            catalog.clone(),
+            tables.clone(),
+            storage.clone(),
+            config.query,
+        )?;
         let ingest_admission = Arc::new(tokio::sync::Semaphore::new(admission_budget(&config)));
         Ok(Arc::new(Database {
             log,
@@ -376,15 +396,27 @@ impl Database {
         result.map(|_| ())
     }
 
-    /// Changes the catalog and creates storage for new tables (see
-    /// [`QueryEngine::mutate_catalog`]).
+    /// Replaces the catalog subtree at `path` (see [`Catalog::mutate`]) after checking the
+    /// computed-column expressions of every table in the new subtree, and creates storage for
+    /// the tables it adds.
     pub async fn mutate_catalog(
         &self,
         path: &CatalogPath,
         value: Option<serde_json::Value>,
         options: MutateOptions<'_>,
     ) -> Result<Mutation, QueryError> {
-        self.engine.mutate_catalog(path, value, options).await
+        if let Some(v) = &value {
+            for def in crate::catalog::tables_in(path, v)? {
+                check_table_def(&def)?;
+            }
+        }
+        let m = self.catalog.mutate(path, value, options).await?;
+        for (_, id, def) in &m.created_tables {
+            self.tables
+                .create_table(id, &crate::catalog::table_columns(def)?)
+                .await?;
+        }
+        Ok(m)
     }
 
     fn plan(&self, table: &ResolvedTable) -> Result<Arc<IngestPlan>, IngestFailure> {
@@ -398,9 +430,8 @@ impl Database {
         Ok(plan)
     }
 
-    /// Ingests a request body into `db.schema.table`: decompress (within the limit), decode
-    /// and check every row, fill computed columns, commit to the log. Returns the row count
-    /// once the rows are durable and visible.
+    /// Ingests a request body into `db.schema.table`: decompress (within the limit), then
+    /// [`Database::insert_rows`]. Returns the row count once the rows are durable and visible.
     pub async fn ingest(
         &self,
         db: &str,
@@ -409,22 +440,21 @@ impl Database {
         body: bytes::Bytes,
         encoding: ContentEncoding,
     ) -> Result<usize, IngestFailure> {
-        use std::sync::atomic::Ordering::Relaxed;
-        let size = body.len() as u64;
-        let result = self.ingest_inner(db, schema, table, body, encoding).await;
-        match &result {
-            Ok(rows) => {
-                self.ingest_stats.rows.fetch_add(*rows as u64, Relaxed);
-                self.ingest_stats.bytes.fetch_add(size, Relaxed);
+        let resolved = self.resolve_table(db, schema, table).await?;
+        let limits = self.config.limits;
+        let body = match encoding {
+            ContentEncoding::Identity => body,
+            _ => {
+                // Decompressing is CPU work: keep it off the I/O threads.
+                tokio::task::spawn_blocking(move || {
+                    decompress(&body, encoding, limits.max_body_bytes)
+                })
+                .await
+                .map_err(|e| IngestFailure::Table(TableError::Task(e.to_string())))??
+                .into()
             }
-            Err(IngestFailure::Input(IngestError::InvalidRows(rows))) => {
-                self.ingest_stats
-                    .rejected_rows
-                    .fetch_add(rows.errors.len() as u64, Relaxed);
-            }
-            Err(_) => {}
-        }
-        result
+        };
+        self.insert_rows(&resolved, body, limits).await
     }
 
     /// Waits until a request body of up to `bytes` may be read and decoded, within
@@ -481,39 +511,50 @@ impl Database {
         Ok(self.tables.snapshot(&resolved.id).await?.files)
     }
 
-    /// The uncounted ingest.
-    async fn ingest_inner(
+    /// The one write path of table rows: decode and check `ndjson` against the table's columns
+    /// (all-or-nothing), fill computed columns, commit the batch to the log. Returns the row
+    /// count once the rows are durable and visible. Counts the work for metrics.
+    pub(crate) async fn insert_rows(
         &self,
-        db: &str,
-        schema: &str,
-        table: &str,
-        body: bytes::Bytes,
-        encoding: ContentEncoding,
+        table: &ResolvedTable,
+        ndjson: bytes::Bytes,
+        limits: Limits,
     ) -> Result<usize, IngestFailure> {
-        let resolved = self.resolve_table(db, schema, table).await?;
-        let plan = self.plan(&resolved)?;
-        let limits = self.config.limits;
-        // Decompressing and decoding are CPU work: keep them off the I/O threads.
-        let decode_plan = plan.clone();
+        use std::sync::atomic::Ordering::Relaxed;
+        let size = ndjson.len() as u64;
+        let result = self.insert_rows_uncounted(table, ndjson, limits).await;
+        match &result {
+            Ok(rows) => {
+                self.ingest_stats.rows.fetch_add(*rows as u64, Relaxed);
+                self.ingest_stats.bytes.fetch_add(size, Relaxed);
+            }
+            Err(IngestFailure::Input(IngestError::InvalidRows(rows))) => {
+                self.ingest_stats
+                    .rejected_rows
+                    .fetch_add(rows.errors.len() as u64, Relaxed);
+            }
+            Err(_) => {}
+        }
+        result
+    }
+
+    async fn insert_rows_uncounted(
+        &self,
+        resolved: &ResolvedTable,
+        ndjson: bytes::Bytes,
+        limits: Limits,
+    ) -> Result<usize, IngestFailure> {
+        if ndjson.len() > limits.max_body_bytes {
+            return Err(IngestError::BodyTooLarge {
+                limit: limits.max_body_bytes,
+            }
+            .into());
+        }
+        let plan = self.plan(resolved)?;
+        // Decoding is CPU work: keep it off the I/O threads.
         let batch = tokio::task::spawn_blocking(move || -> Result<RecordBatch, IngestFailure> {
-            let plain;
-            let bytes: &[u8] = match encoding {
-                ContentEncoding::Identity => {
-                    if body.len() > limits.max_body_bytes {
-                        return Err(IngestError::BodyTooLarge {
-                            limit: limits.max_body_bytes,
-                        }
-                        .into());
-                    }
-                    &body
-                }
-                _ => {
-                    plain = decompress(&body, encoding, limits.max_body_bytes)?;
-                    &plain
-                }
-            };
-            let input = decode_plan.decoder.decode(bytes, &limits)?;
-            decode_plan.complete(input)
+            let input = plan.decoder.decode(&ndjson, &limits)?;
+            plan.complete(input)
         })
         .await
         .map_err(|e| IngestFailure::Table(TableError::Task(e.to_string())))??;
@@ -535,16 +576,14 @@ impl Database {
         Ok(rows)
     }
 
-    /// Runs one SQL or catalog statement to completion.
-    pub async fn execute(&self, sql: &str) -> Result<QueryResult, QueryError> {
-        self.engine.execute(sql).await
-    }
-
     /// The query engine.
     pub fn engine(&self) -> &QueryEngine {
         &self.engine
     }
 }
+
+/// Deepest a computed column's expression may nest (see [`crate::query::expression_depth`]).
+const MAX_COMPUTED_DEPTH: usize = 64;
 
 /// Checks that a table definition's computed-column expressions compile.
 pub(crate) fn check_table_def(def: &crate::catalog::TableDef) -> Result<(), CatalogError> {
@@ -568,6 +607,14 @@ fn compile_plan(
         let Some(sql) = &c.expression else {
             continue;
         };
+        // Expressions are compiled and evaluated on request threads: keep them shallow.
+        let depth = crate::query::expression_depth(sql);
+        if depth > MAX_COMPUTED_DEPTH {
+            return Err(CatalogError::Invalid(format!(
+                "column {} expression nests about {depth} levels deep; the limit is {MAX_COMPUTED_DEPTH}",
+                c.name
+            )));
+        }
         let invalid = |e: datafusion::error::DataFusionError| {
             CatalogError::Invalid(format!(
                 "column {} expression {sql:?}: {}",

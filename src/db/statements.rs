@@ -1,0 +1,319 @@
+//! Running prepared statements: queries through the read-only query engine, inserts through
+//! the database's one write path, catalog statements on the catalog.
+
+use crate::catalog::{
+    CatalogError, CatalogPath, ColumnDef, DEFAULT_DATABASE, DatabaseDef, MutateOptions, SchemaDef,
+    TableDef,
+};
+use crate::ingest::Limits;
+use crate::ingest::encode::{Target, write_ndjson};
+use crate::query::ddl::{Ddl, DropKind};
+use crate::query::{Insert, InsertColumns, Prepared, QueryError, StatementOutput, qualify};
+
+use super::{Database, IngestFailure};
+
+/// How large one `INSERT` may be: its rows become one commit-log record, so that it is
+/// applied whole or not at all.
+const INSERT_LIMITS: Limits = Limits {
+    max_body_bytes: 128 << 20,
+    max_rows: 1_000_000,
+    max_row_errors: 100,
+};
+
+impl From<IngestFailure> for QueryError {
+    fn from(e: IngestFailure) -> Self {
+        match e {
+            IngestFailure::Input(input) => QueryError::Rows(input),
+            IngestFailure::Catalog(c) => QueryError::Catalog(c),
+            IngestFailure::Computed { .. } => QueryError::Invalid(e.to_string()),
+            IngestFailure::Table(t) => QueryError::Table(t),
+        }
+    }
+}
+
+impl Database {
+    /// Parses and classifies a statement (see [`Prepared`]).
+    pub(crate) async fn prepare(&self, text: &str) -> Result<Prepared, QueryError> {
+        self.engine.prepare(text.to_owned()).await
+    }
+
+    /// Runs a prepared statement to completion. The caller has checked that it may.
+    pub(crate) async fn run(&self, statement: Prepared) -> Result<StatementOutput, QueryError> {
+        match statement {
+            Prepared::Catalog(ddl) => self.run_ddl(ddl).await,
+            Prepared::Query(query) => self.engine.query(*query).await,
+            Prepared::Insert(insert) => self.run_insert(insert).await,
+        }
+    }
+
+    /// Runs one SQL, ScopeQL or catalog statement with every permission (for embedders and
+    /// tests; the HTTP API checks each key's role first).
+    pub async fn execute(&self, text: &str) -> Result<crate::query::QueryResult, QueryError> {
+        let prepared = self.prepare(text).await?;
+        Ok(self.run(prepared).await?.to_result())
+    }
+
+    /// `INSERT`: the source query runs read-only; its rows are written in ingest's NDJSON form
+    /// and go through [`Database::insert_rows`], the path every table write takes.
+    async fn run_insert(&self, insert: Insert) -> Result<StatementOutput, QueryError> {
+        let (d, s, t) = qualify(&insert.table)?;
+        let table = self.resolve_table(&d, &s, &t).await?;
+        let input_columns: Vec<ColumnDef> = table
+            .def
+            .columns
+            .iter()
+            .filter(|c| c.expression.is_none())
+            .cloned()
+            .collect();
+        let source = self.engine.query(*insert.source).await?;
+        let source_names: Vec<String> = source
+            .schema
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        let names: Vec<String> = match &insert.columns {
+            InsertColumns::ByName => source_names.clone(),
+            InsertColumns::Listed(listed) => {
+                if listed.len() != source_names.len() {
+                    return Err(QueryError::Invalid(format!(
+                        "INSERT names {} columns but its source has {}",
+                        listed.len(),
+                        source_names.len()
+                    )));
+                }
+                listed.clone()
+            }
+            InsertColumns::Positional => {
+                if source_names.len() > input_columns.len() {
+                    return Err(QueryError::Invalid(format!(
+                        "INSERT source has {} columns but table {} takes {}",
+                        source_names.len(),
+                        table.qualified_name(),
+                        input_columns.len()
+                    )));
+                }
+                input_columns
+                    .iter()
+                    .take(source_names.len())
+                    .map(|c| c.name.clone())
+                    .collect()
+            }
+        };
+        let mut targets = Vec::with_capacity(names.len());
+        for name in &names {
+            let Some(column) = table.def.columns.iter().find(|c| &c.name == name) else {
+                return Err(QueryError::Invalid(format!(
+                    "{name} is not a column of {}",
+                    table.qualified_name()
+                )));
+            };
+            if column.expression.is_some() {
+                return Err(QueryError::Invalid(format!(
+                    "{name} is a computed column of {}; it cannot be inserted",
+                    table.qualified_name()
+                )));
+            }
+            if targets.iter().any(|t: &Target| &t.name == name) {
+                return Err(QueryError::Invalid(format!(
+                    "column {name} appears twice in the INSERT"
+                )));
+            }
+            let data_type = column
+                .data_type
+                .parse()
+                .map_err(|e: crate::types::UnknownTypeError| QueryError::Invalid(e.to_string()))?;
+            targets.push(Target {
+                name: name.clone(),
+                data_type,
+            });
+        }
+        let rows = source.num_rows();
+        if rows > INSERT_LIMITS.max_rows {
+            return Err(QueryError::Rows(crate::ingest::IngestError::TooManyRows {
+                limit: INSERT_LIMITS.max_rows,
+            }));
+        }
+        let mut body = Vec::new();
+        for batch in &source.batches {
+            write_ndjson(batch, &targets, &mut body)
+                .map_err(|e| QueryError::Invalid(e.to_string()))?;
+            if body.len() > INSERT_LIMITS.max_body_bytes {
+                return Err(QueryError::Rows(crate::ingest::IngestError::BodyTooLarge {
+                    limit: INSERT_LIMITS.max_body_bytes,
+                }));
+            }
+        }
+        let inserted = self
+            .insert_rows(&table, bytes::Bytes::from(body), INSERT_LIMITS)
+            .await?;
+        Ok(StatementOutput::inserted(inserted))
+    }
+
+    /// `CREATE TABLE|DATABASE|SCHEMA [IF NOT EXISTS]`: adds `def` at `path` unless something
+    /// is there already.
+    async fn create(
+        &self,
+        path: CatalogPath,
+        def: impl serde::Serialize,
+        label: String,
+        if_not_exists: bool,
+    ) -> Result<StatementOutput, QueryError> {
+        if self.catalog.get(&path).await.is_ok() {
+            if if_not_exists {
+                return Ok(StatementOutput::text(
+                    "status",
+                    vec![format!("{label} exists")],
+                ));
+            }
+            return Err(CatalogError::Invalid(format!("{label} already exists")).into());
+        }
+        let value = serde_json::to_value(&def).map_err(|e| QueryError::Query(e.to_string()))?;
+        self.mutate_catalog(&path, Some(value), MutateOptions::default())
+            .await?;
+        Ok(StatementOutput::text(
+            "status",
+            vec![format!("created {label}")],
+        ))
+    }
+
+    async fn run_ddl(&self, ddl: Ddl) -> Result<StatementOutput, QueryError> {
+        match ddl {
+            Ddl::CreateTable {
+                name,
+                if_not_exists,
+                columns,
+            } => {
+                let (d, s, t) = qualify(&name)?;
+                let def = TableDef {
+                    name: t.clone(),
+                    comment: None,
+                    columns: columns
+                        .into_iter()
+                        .map(|(name, t, comment)| ColumnDef {
+                            name,
+                            data_type: t.as_str().to_owned(),
+                            comment,
+                            expression: None,
+                        })
+                        .collect(),
+                };
+                let label = format!("table {d}.{s}.{t}");
+                self.create(CatalogPath::Table(d, s, t), def, label, if_not_exists)
+                    .await
+            }
+            Ddl::CreateDatabase {
+                name,
+                if_not_exists,
+            } => {
+                let def = DatabaseDef {
+                    name: name.clone(),
+                    comment: None,
+                    schemas: Vec::new(),
+                };
+                let label = format!("database {name}");
+                self.create(CatalogPath::Database(name), def, label, if_not_exists)
+                    .await
+            }
+            Ddl::CreateSchema {
+                name,
+                if_not_exists,
+            } => {
+                let (d, s) = match name.as_slice() {
+                    [s] => (DEFAULT_DATABASE.to_owned(), s.clone()),
+                    [d, s] => (d.clone(), s.clone()),
+                    _ => return Err(CatalogError::Invalid("bad schema name".into()).into()),
+                };
+                let def = SchemaDef {
+                    name: s.clone(),
+                    comment: None,
+                    tables: Vec::new(),
+                };
+                let label = format!("schema {d}.{s}");
+                self.create(CatalogPath::Schema(d, s), def, label, if_not_exists)
+                    .await
+            }
+            Ddl::Drop {
+                kind,
+                name,
+                if_exists,
+            } => {
+                let path = match (kind, name.as_slice()) {
+                    (DropKind::Database, [d]) => CatalogPath::Database(d.clone()),
+                    (DropKind::Schema, [s]) => {
+                        CatalogPath::Schema(DEFAULT_DATABASE.into(), s.clone())
+                    }
+                    (DropKind::Schema, [d, s]) => CatalogPath::Schema(d.clone(), s.clone()),
+                    (DropKind::Table, n) if !n.is_empty() => {
+                        let (d, s, t) = qualify(n)?;
+                        CatalogPath::Table(d, s, t)
+                    }
+                    _ => return Err(CatalogError::Invalid("bad name for DROP".into()).into()),
+                };
+                let drop = MutateOptions {
+                    allow_destructive: true,
+                    ..MutateOptions::default()
+                };
+                match self.mutate_catalog(&path, None, drop).await {
+                    Ok(_) => Ok(StatementOutput::text("status", vec!["dropped".into()])),
+                    Err(QueryError::Catalog(CatalogError::NotFound { .. })) if if_exists => Ok(
+                        StatementOutput::text("status", vec!["nothing to drop".into()]),
+                    ),
+                    Err(e) => Err(e),
+                }
+            }
+            Ddl::Describe { name } => {
+                let (d, s, t) = qualify(&name)?;
+                let table = self.resolve_table(&d, &s, &t).await?;
+                let rows = table
+                    .def
+                    .columns
+                    .iter()
+                    .map(|c| {
+                        vec![
+                            Some(c.name.clone()),
+                            Some(c.data_type.clone()),
+                            c.comment.clone(),
+                            c.expression.clone(),
+                        ]
+                    })
+                    .collect();
+                Ok(StatementOutput::strings(
+                    &["name", "data_type", "comment", "expression"],
+                    rows,
+                ))
+            }
+            Ddl::ShowTables => {
+                let rows = self
+                    .catalog
+                    .tables()
+                    .await
+                    .into_iter()
+                    .map(|t| vec![Some(t.database), Some(t.schema), Some(t.def.name)])
+                    .collect();
+                Ok(StatementOutput::strings(
+                    &["database", "schema", "table"],
+                    rows,
+                ))
+            }
+            Ddl::ShowDatabases => Ok(StatementOutput::text(
+                "database",
+                self.catalog
+                    .schemas()
+                    .await
+                    .into_iter()
+                    .map(|(d, _)| d)
+                    .collect(),
+            )),
+            Ddl::ShowSchemas => Ok(StatementOutput::text(
+                "schema",
+                self.catalog
+                    .schemas()
+                    .await
+                    .into_iter()
+                    .flat_map(|(d, ss)| ss.into_iter().map(move |s| format!("{d}.{s}")))
+                    .collect(),
+            )),
+        }
+    }
+}

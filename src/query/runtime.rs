@@ -1,0 +1,168 @@
+//! Where statements run, and what they may reach.
+//!
+//! Statements are parsed, planned and executed on their own Tokio runtime, whose threads have
+//! large stacks ([`STACK_BYTES`]): parsers, planners and expression evaluators recurse on the
+//! statement's shape, and an expression that [`super::prepare::check_size`] lets through must
+//! never exhaust a stack. Query work also stays off the HTTP runtime this way.
+//!
+//! DataFusion's runtime environment is built so that SQL cannot reach anything sluice does
+//! not read itself: its object store registry knows only sluice's table store (no `file://`,
+//! no other URL), spilling to disk is off, and a memory pool bounds what operators hold.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use datafusion::error::{DataFusionError, Result as DfResult};
+use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
+use datafusion::execution::memory_pool::GreedyMemoryPool;
+use datafusion::execution::object_store::ObjectStoreRegistry;
+use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
+use object_store::ObjectStore;
+use url::Url;
+
+/// Stack of each statement thread. Only touched pages take memory.
+pub(crate) const STACK_BYTES: usize = 64 << 20;
+
+/// Limits on what one statement may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueryLimits {
+    /// Bytes all running statements' operators (sorts, joins, aggregations) may hold at
+    /// once; past it a statement fails with "resources exhausted".
+    pub memory_bytes: usize,
+    /// Longest a statement may run before it is stopped.
+    pub timeout: Duration,
+    /// Most rows a result may hold.
+    pub max_result_rows: usize,
+    /// Most bytes (in Arrow memory) a result may hold.
+    pub max_result_bytes: usize,
+}
+
+impl Default for QueryLimits {
+    fn default() -> Self {
+        QueryLimits {
+            memory_bytes: 1 << 30,
+            timeout: Duration::from_secs(300),
+            max_result_rows: 1_000_000,
+            max_result_bytes: 128 << 20,
+        }
+    }
+}
+
+/// The runtime statements run on. Dropping it stops its threads without waiting for them
+/// (it may be dropped inside another runtime).
+pub(crate) struct StatementRuntime {
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl std::fmt::Debug for StatementRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatementRuntime").finish_non_exhaustive()
+    }
+}
+
+impl StatementRuntime {
+    pub(crate) fn new() -> std::io::Result<StatementRuntime> {
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("sluice-query")
+            .thread_stack_size(STACK_BYTES)
+            .enable_all()
+            .build()?;
+        Ok(StatementRuntime {
+            runtime: Some(runtime),
+        })
+    }
+
+    /// Runs `work` on the statement runtime and waits for it. A panic in it is an error, not
+    /// a crash of the caller.
+    pub(crate) async fn run<T: Send + 'static>(
+        &self,
+        work: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> Result<T, String> {
+        let Some(runtime) = &self.runtime else {
+            return Err("the statement runtime is shut down".into());
+        };
+        runtime.spawn(work).await.map_err(|e| e.to_string())
+    }
+}
+
+impl Drop for StatementRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// An object store registry that knows one store, sluice's own, and refuses every other URL:
+/// a statement cannot name a file or bucket and have DataFusion open it.
+#[derive(Debug)]
+struct OnlySluiceStore {
+    url: Url,
+    store: Arc<dyn ObjectStore>,
+}
+
+impl ObjectStoreRegistry for OnlySluiceStore {
+    fn register_store(
+        &self,
+        _url: &Url,
+        _store: Arc<dyn ObjectStore>,
+    ) -> Option<Arc<dyn ObjectStore>> {
+        // Nothing may be added: the registry is fixed when the engine is built.
+        None
+    }
+
+    fn get_store(&self, url: &Url) -> DfResult<Arc<dyn ObjectStore>> {
+        if url.scheme() == self.url.scheme() && url.host_str() == self.url.host_str() {
+            Ok(self.store.clone())
+        } else {
+            Err(DataFusionError::Plan(format!(
+                "statements cannot read or write {}://{}",
+                url.scheme(),
+                url.host_str().unwrap_or("")
+            )))
+        }
+    }
+}
+
+/// DataFusion's runtime environment for statements: sluice's store only, no spilling, and
+/// a memory pool of `limits.memory_bytes`.
+pub(crate) fn runtime_env(
+    store_url: &str,
+    store: Arc<dyn ObjectStore>,
+    limits: &QueryLimits,
+) -> DfResult<Arc<RuntimeEnv>> {
+    let url = Url::parse(store_url).map_err(|e| DataFusionError::Plan(e.to_string()))?;
+    RuntimeEnvBuilder::new()
+        .with_object_store_registry(Arc::new(OnlySluiceStore { url, store }))
+        .with_memory_pool(Arc::new(GreedyMemoryPool::new(limits.memory_bytes)))
+        .with_disk_manager_builder(
+            DiskManagerBuilder::default().with_mode(DiskManagerMode::Disabled),
+        )
+        .build_arc()
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::execution::object_store::ObjectStoreUrl;
+
+    use super::*;
+
+    #[test]
+    fn only_sluices_store_is_reachable() {
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let env = runtime_env("sluice://data/", store, &QueryLimits::default()).unwrap();
+        for url in [
+            "file:///",
+            "s3://bucket/",
+            "http://169.254.169.254/",
+            "sluice://other/",
+        ] {
+            let store_url = ObjectStoreUrl::parse(url).unwrap();
+            assert!(env.object_store(&store_url).is_err(), "{url} is reachable");
+        }
+        let ours = ObjectStoreUrl::parse("sluice://data/").unwrap();
+        assert!(env.object_store(&ours).is_ok());
+    }
+}
