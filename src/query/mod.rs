@@ -266,6 +266,12 @@ pub fn sluice_type_name(field: &Field) -> &'static str {
     }
 }
 
+/// What a statement needs to run (for embedders that check permissions themselves, and the
+/// fuzz target): it is parsed exactly as it would be run.
+pub fn statement_access(text: &str) -> Result<Access, QueryError> {
+    prepare::prepare(text).map(|p| p.access())
+}
+
 /// An upper bound on how deeply an expression's text nests once parsed (see
 /// [`lex::expression_depth`]).
 pub(crate) fn expression_depth(text: &str) -> usize {
