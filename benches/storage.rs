@@ -90,16 +90,32 @@ fn main() {
         .expect("decode");
     let arrow_bytes = batch.get_array_memory_size();
     let flush_dir = bench_dir("flush");
-    let (flush_log, replay) = CommitLog::open(LogConfig::new(&flush_dir)).expect("open log");
+    let mut flush_config = LogConfig::new(&flush_dir);
+    flush_config.consumers = vec!["tables".into()];
+    let (flush_log, replay) = CommitLog::open(flush_config).expect("open log");
     let storage = Storage::open("memory://").expect("memory store");
+    let node = runtime
+        .block_on(sluice::node::Node::claim(
+            &flush_dir,
+            storage.clone(),
+            sluice::node::LogState {
+                has_records: !replay.is_empty(),
+                last_lsn: flush_log.last_lsn(),
+                synced: true,
+            },
+            Duration::from_secs(1),
+            None,
+        ))
+        .expect("node");
     let tables = Arc::new(
         runtime
             .block_on(Tables::open(
                 flush_log,
                 &replay,
                 storage,
-                "bench",
+                Arc::new(node),
                 TableConfig::default(),
+                Duration::from_secs(600),
             ))
             .expect("tables"),
     );

@@ -108,6 +108,18 @@ pub struct FileConfig {
     pub max_producers_per_stream: Option<usize>,
     /// Subscriptions per server.
     pub max_subscriptions: Option<usize>,
+    /// How long unreferenced objects are kept before garbage collection deletes them.
+    pub gc_grace_seconds: Option<f64>,
+    /// How long a node's heartbeat must stay still before another process may take its id.
+    pub node_lease_seconds: Option<f64>,
+    /// Commit-log segment size (segments are the unit of log release).
+    pub log_segment_bytes: Option<u64>,
+    /// How often flushes, compactions, checkpoints and catalog refreshes are considered.
+    pub maintenance_interval_seconds: Option<f64>,
+    /// Write a manifest checkpoint every this many versions.
+    pub manifest_checkpoint_interval: Option<u64>,
+    /// Compact a table once it has this many small files.
+    pub compact_min_files: Option<usize>,
 }
 
 impl FileConfig {
@@ -145,6 +157,10 @@ pub struct Overrides {
     pub cors_origins: Vec<String>,
     /// `--webhook-allowed-network` (repeated) / `SLUICE_WEBHOOK_ALLOWED_NETWORKS`.
     pub webhook_allowed_networks: Vec<String>,
+    /// `--gc-grace-seconds` / `SLUICE_GC_GRACE_SECONDS`.
+    pub gc_grace_seconds: Option<f64>,
+    /// `--node-lease-seconds` / `SLUICE_NODE_LEASE_SECONDS`.
+    pub node_lease_seconds: Option<f64>,
 }
 
 /// Everything `sluice serve` needs.
@@ -202,7 +218,8 @@ impl ServeConfig {
              query_memory_bytes = {}\nstatement_timeout_seconds = {}\nmax_result_rows = {}\n\
              max_result_bytes = {}\nmax_running_statements = {}\nmax_kept_statements = {}\n\
              max_kept_result_bytes = {}\nmax_streams = {}\nmax_producers_per_stream = {}\n\
-             max_subscriptions = {}",
+             max_subscriptions = {}\ngc_grace_seconds = {}\nnode_lease_seconds = {}\n\
+             log_segment_bytes = {}\nmaintenance_interval_seconds = {}",
             self.listen,
             db.data_dir.display(),
             object_store,
@@ -236,6 +253,10 @@ impl ServeConfig {
             db.streams.max_streams,
             db.streams.max_producers_per_stream,
             self.subscriptions.max_subscriptions,
+            db.gc_grace.as_secs_f64(),
+            db.node_lease.as_secs_f64(),
+            db.log_segment_bytes,
+            db.maintenance_interval.as_secs_f64(),
         )
     }
 }
@@ -337,6 +358,52 @@ impl ServeConfig {
             }
             None => DEFAULT_BODY_TIMEOUT,
         };
+        let seconds =
+            |name: &'static str, value: Option<f64>| -> Result<Option<Duration>, ConfigError> {
+                match value {
+                    Some(s) if s.is_finite() && s > 0.0 && s < 1e9 => {
+                        Ok(Some(Duration::from_secs_f64(s)))
+                    }
+                    Some(_) => Err(ConfigError::Invalid {
+                        name,
+                        message: "must be a positive number of seconds".into(),
+                    }),
+                    None => Ok(None),
+                }
+            };
+        if let Some(d) = seconds(
+            "gc_grace_seconds",
+            overrides.gc_grace_seconds.or(file.gc_grace_seconds),
+        )? {
+            db.gc_grace = d;
+        }
+        if let Some(d) = seconds(
+            "node_lease_seconds",
+            overrides.node_lease_seconds.or(file.node_lease_seconds),
+        )? {
+            db.node_lease = d;
+        }
+        if let Some(d) = seconds(
+            "maintenance_interval_seconds",
+            file.maintenance_interval_seconds,
+        )? {
+            db.maintenance_interval = d;
+        }
+        if let Some(b) = file.log_segment_bytes {
+            if b < 4096 {
+                return Err(ConfigError::Invalid {
+                    name: "log_segment_bytes",
+                    message: "must be at least 4096".into(),
+                });
+            }
+            db.log_segment_bytes = b;
+        }
+        if let Some(n) = file.manifest_checkpoint_interval {
+            db.tables.checkpoint_interval = n.max(1);
+        }
+        if let Some(n) = file.compact_min_files {
+            db.tables.compact_min_files = n.max(2);
+        }
         let positive =
             |name: &'static str, value: Option<usize>| -> Result<Option<usize>, ConfigError> {
                 match value {

@@ -14,6 +14,7 @@ pub mod http;
 pub mod ingest;
 pub mod log;
 pub mod metrics;
+pub mod node;
 pub mod query;
 pub mod storage;
 pub mod stream;

@@ -49,6 +49,24 @@ enum Command {
     /// Example:
     ///   sluice tables
     Tables(ClientArgs),
+    /// Make a data directory whose commit log is damaged start again.
+    ///
+    /// `sluice serve` refuses to start when a log record before the log's tail fails its
+    /// checksum, naming the segment and offset: the records after it were acknowledged.
+    /// This cuts each damaged segment at the damaged record and keeps the bytes from there
+    /// on beside it as `<segment>.corrupt-<offset>`; the records in them are not replayed.
+    /// Stop the server first.
+    ///
+    /// Example:
+    ///   sluice repair --data-dir ./data
+    Repair(RepairArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct RepairArgs {
+    /// The data directory [default: ./data]
+    #[arg(long, env = "SLUICE_DATA_DIR", default_value = "data")]
+    data_dir: PathBuf,
 }
 
 #[derive(Debug, clap::Args)]
@@ -156,6 +174,14 @@ struct ServeArgs {
         value_delimiter = ','
     )]
     webhook_allowed_networks: Vec<String>,
+    /// Seconds an object no live version references is kept before garbage collection
+    /// deletes it (longer than the statement timeout) [default: 600]
+    #[arg(long, env = "SLUICE_GC_GRACE_SECONDS")]
+    gc_grace_seconds: Option<f64>,
+    /// Seconds a node's heartbeat must stay still before another process may take over its
+    /// node id [default: 10]
+    #[arg(long, env = "SLUICE_NODE_LEASE_SECONDS")]
+    node_lease_seconds: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -170,6 +196,7 @@ fn main() -> ExitCode {
         Command::Ingest(args) => client(ingest(args)),
         Command::Query(args) => client(query(args)),
         Command::Tables(args) => client(tables(args)),
+        Command::Repair(args) => repair(&args),
         Command::Serve(args) => match serve(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(message) => {
@@ -177,6 +204,31 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+    }
+}
+
+fn repair(args: &RepairArgs) -> ExitCode {
+    match sluice::log::repair(&args.data_dir.join("log")) {
+        Ok(moved) if moved.is_empty() => {
+            println!("the commit log is whole; nothing to repair");
+            ExitCode::SUCCESS
+        }
+        Ok(moved) => {
+            for m in moved {
+                println!(
+                    "cut {} at byte {}; {} bytes (the records from there on, not replayed) kept in {}",
+                    m.segment.display(),
+                    m.offset,
+                    m.bytes,
+                    m.moved_to.display()
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("sluice: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -319,6 +371,8 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         allowed_hosts: args.allowed_hosts,
         cors_origins: args.cors_origins,
         webhook_allowed_networks: args.webhook_allowed_networks,
+        gc_grace_seconds: args.gc_grace_seconds,
+        node_lease_seconds: args.node_lease_seconds,
     };
     let config = ServeConfig::resolve(overrides, file).map_err(|e| e.to_string())?;
     if args.print_config {
@@ -358,7 +412,8 @@ async fn run(config: ServeConfig) -> Result<(), String> {
         .with_body_timeout(config.body_timeout)
         .with_browser_policy(config.browser.clone())
         .with_statement_limits(config.statements)
-        .with_subscription_limits(config.subscriptions.clone());
+        .with_subscriptions(config.subscriptions.clone())
+        .await;
     let app = router(state);
     let streams = db.streams().clone();
     let listener = sluice::http::LimitedListener::new(listener, config.max_connections);

@@ -175,6 +175,44 @@ impl Collector for StateCollector {
             "Row errors reported by ingest requests refused for invalid rows (at most 100 per request)",
             ingest.rejected_rows.load(Ordering::Relaxed),
         )?;
+        counter(
+            &mut encoder,
+            "stream_checkpoints",
+            "Stream checkpoints that sealed data and wrote a snapshot",
+            db.streams().stats().checkpoints.load(Ordering::Relaxed),
+        )?;
+        let log_stats = db.log().stats();
+        counter(
+            &mut encoder,
+            "log_segments_rolled",
+            "Commit-log segments closed because they were full",
+            log_stats.segments_rolled.load(Ordering::Relaxed),
+        )?;
+        counter(
+            &mut encoder,
+            "log_segments_deleted",
+            "Commit-log segments deleted once every consumer had released them",
+            log_stats.segments_deleted.load(Ordering::Relaxed),
+        )?;
+        let gc = db.gc_stats();
+        counter(
+            &mut encoder,
+            "gc_deleted_objects",
+            "Objects garbage collection deleted (unreferenced for the grace period)",
+            gc.objects.load(Ordering::Relaxed),
+        )?;
+        counter(
+            &mut encoder,
+            "gc_deleted_bytes",
+            "Bytes of the objects garbage collection deleted",
+            gc.bytes.load(Ordering::Relaxed),
+        )?;
+        counter(
+            &mut encoder,
+            "gc_failures",
+            "Garbage collections that failed part-way (retried at the next interval)",
+            gc.failures.load(Ordering::Relaxed),
+        )?;
         let streams = db.streams().stats();
         counter(
             &mut encoder,

@@ -1,24 +1,73 @@
 //! Crash loop: the real `sluice serve` under mixed load (table ingest from several clients, an
-//! idempotent stream producer, queries), killed with SIGKILL at random moments and restarted.
-//! After every restart: the server starts; every acknowledged row is queryable exactly once and
-//! nothing unacknowledged appears twice; every acknowledged stream message is readable once, at
-//! its acknowledged offset; a producer's retries of unacknowledged appends land at most once.
+//! idempotent stream producer, queries), killed with SIGKILL at random moments over lifetimes
+//! from a fraction of a second to several seconds (tens in the long form), sometimes twice in
+//! quick succession, and restarted. Settings are small enough that between kills the server
+//! flushes Parquet, compacts, rolls and releases log segments, checkpoints streams and
+//! collects garbage; the test reads the server's counters before each kill and fails if any
+//! of those never happened.
 //!
-//! Short form (CI): 10 cycles. Long form: `SLUICE_CRASH_CYCLES=100 cargo test --test crash --
+//! After every restart: the server takes writes again (a server that refuses everything
+//! fails the test); every acknowledged row is queryable exactly once and nothing
+//! unacknowledged appears twice; every acknowledged stream message is readable once, at its
+//! acknowledged offset; a producer's retries of unacknowledged appends land at most once.
+//! During load every answer is 200/204, or a refusal that applied nothing (503 with
+//! `Retry-After` and `rejected`); any other answer fails the test.
+//!
+//! Short form (CI): 12 cycles. Long form, with the default 64 MiB segments and lifetimes up to
+//! 30 s: `SLUICE_CRASH_LONG=1 SLUICE_CRASH_CYCLES=100 cargo test --release --test crash --
 //! --nocapture` (prints the figures). `SLUICE_CRASH_SEED` replays a run.
 
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Child;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
-fn spawn(dir: &std::path::Path, port: u16) -> Child {
-    common::sluice_serve(dir, port).spawn().unwrap()
+/// The counters the loop needs to see move.
+const COUNTERS: [&str; 7] = [
+    "sluice_table_flushes_total",
+    "sluice_table_compactions_total",
+    "sluice_log_segments_rolled_total",
+    "sluice_log_segments_deleted_total",
+    "sluice_stream_checkpoints_total",
+    "sluice_gc_deleted_objects_total",
+    "sluice_log_records_total",
+];
+
+struct Profile {
+    long: bool,
+    /// Note bytes per row (rows are the bulk of the log).
+    note: usize,
+}
+
+fn config_file(dir: &std::path::Path, profile: &Profile) -> std::path::PathBuf {
+    let path = dir.join("crash.toml");
+    let text = if profile.long {
+        // Default segment size; everything else short enough that it happens between kills.
+        "flush_interval_seconds = 2\nstream_checkpoint_interval_seconds = 2\n\
+         gc_grace_seconds = 5\nmaintenance_interval_seconds = 0.25\ncompact_min_files = 4\n\
+         manifest_checkpoint_interval = 5\n"
+    } else {
+        "log_segment_bytes = 131072\nflush_bytes = 262144\nflush_interval_seconds = 0.4\n\
+         stream_checkpoint_interval_seconds = 0.4\ngc_grace_seconds = 1\n\
+         maintenance_interval_seconds = 0.1\ncompact_min_files = 3\n\
+         manifest_checkpoint_interval = 4\n"
+    };
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn spawn(dir: &std::path::Path, port: u16, config: &std::path::Path) -> Child {
+    common::sluice_serve(&dir.join("data"), port)
+        .arg("--config")
+        .arg(config)
+        .spawn()
+        .unwrap()
 }
 
 /// Waits for the restarted server without blocking the runtime's other tasks.
@@ -44,7 +93,7 @@ impl Rng {
 }
 
 /// What the clients know.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Ledger {
     /// Row ids acknowledged (200).
     acked_rows: BTreeSet<i64>,
@@ -54,35 +103,63 @@ struct Ledger {
     acked_messages: BTreeMap<u64, Option<u64>>,
 }
 
+/// Refusals that applied nothing, by kind.
+#[derive(Default)]
+struct Refusals {
+    ingest_503: AtomicU64,
+    append_503: AtomicU64,
+}
+
+/// Checks that a 503 says nothing was applied; panics on any other non-success answer.
+async fn refusal(what: &str, r: reqwest::Response) {
+    let status = r.status();
+    let retry_after = r.headers().get("retry-after").is_some();
+    let not_applied = r.headers().get("x-sluice-not-applied").is_some();
+    let body: Value = r.json().await.unwrap_or(Value::Null);
+    assert_eq!(status, 503, "{what}: unexpected answer {status}: {body}");
+    assert!(retry_after, "{what}: 503 without Retry-After: {body}");
+    assert!(
+        body["details"]["status"] == "rejected" || not_applied,
+        "{what}: 503 that does not say nothing was applied: {body}"
+    );
+}
+
+fn rows_body(ids: &[i64], note: usize) -> String {
+    ids.iter()
+        .map(|i| format!("{{\"id\":{i},\"note\":\"{}\"}}\n", "n".repeat(note)))
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn ingest_client(
     base: String,
     client: reqwest::Client,
     next_id: Arc<AtomicI64>,
     ledger: Arc<Mutex<Ledger>>,
+    refusals: Arc<Refusals>,
     stop: Arc<AtomicBool>,
+    note: usize,
 ) {
     while !stop.load(Ordering::Relaxed) {
-        let first = next_id.fetch_add(10, Ordering::Relaxed);
-        let ids: Vec<i64> = (first..first + 10).collect();
-        let body: String = ids
-            .iter()
-            .map(|i| format!("{{\"id\":{i},\"note\":\"row {i}\"}}\n"))
-            .collect();
+        let first = next_id.fetch_add(20, Ordering::Relaxed);
+        let ids: Vec<i64> = (first..first + 20).collect();
         let r = client
             .post(format!(
                 "{base}/v1/catalog/databases/scopedb/schemas/public/tables/c/ingest"
             ))
             .header("content-type", "application/x-ndjson")
-            .body(body)
+            .body(rows_body(&ids, note))
             .send()
             .await;
-        let mut l = ledger.lock().unwrap();
         match r {
-            Ok(r) if r.status() == 200 => l.acked_rows.extend(ids),
-            // Refused with nothing applied (503 while the log is busy, say).
-            Ok(r) if r.status().is_client_error() || r.status() == 503 => {}
-            _ => {
-                l.unknown_rows.extend(ids);
+            Ok(r) if r.status() == 200 => ledger.lock().unwrap().acked_rows.extend(ids),
+            Ok(r) => {
+                refusal("ingest", r).await;
+                refusals.ingest_503.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(_) => {
+                ledger.lock().unwrap().unknown_rows.extend(ids);
                 return;
             }
         }
@@ -90,46 +167,64 @@ async fn ingest_client(
 }
 
 /// Appends `{"s": seq}` with producer headers; an append without an answer is retried with the
-/// same sequence number after the restart (it must land at most once).
+/// same sequence number after the restart (it must land at most once). Returns whether it
+/// got any answer at all.
+async fn produce_one(
+    base: &str,
+    client: &reqwest::Client,
+    next_seq: &AtomicI64,
+    ledger: &Mutex<Ledger>,
+    refusals: &Refusals,
+) -> Result<bool, ()> {
+    let seq = next_seq.load(Ordering::Relaxed) as u64;
+    let r = client
+        .post(format!("{base}/v1/stream/crash"))
+        .header("content-type", "application/json")
+        .header("producer-id", "crash-producer")
+        .header("producer-epoch", "0")
+        .header("producer-seq", seq.to_string())
+        .body(json!({"s": seq, "pad": "p".repeat(150)}).to_string())
+        .send()
+        .await;
+    match r {
+        Ok(r) if r.status() == 200 || r.status() == 204 => {
+            let offset = r
+                .headers()
+                .get("stream-next-offset")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.split_once('_'))
+                .and_then(|(_, b)| b.parse().ok());
+            let duplicate = r.status() == 204;
+            ledger
+                .lock()
+                .unwrap()
+                .acked_messages
+                .insert(seq, if duplicate { None } else { offset });
+            next_seq.fetch_add(1, Ordering::Relaxed);
+            Ok(true)
+        }
+        Ok(r) => {
+            refusal(&format!("producer append {seq}"), r).await;
+            refusals.append_503.fetch_add(1, Ordering::Relaxed);
+            Ok(false)
+        }
+        Err(_) => Err(()),
+    }
+}
+
 async fn producer(
     base: String,
     client: reqwest::Client,
     next_seq: Arc<AtomicI64>,
     ledger: Arc<Mutex<Ledger>>,
+    refusals: Arc<Refusals>,
     stop: Arc<AtomicBool>,
 ) {
     while !stop.load(Ordering::Relaxed) {
-        let seq = next_seq.load(Ordering::Relaxed) as u64;
-        let r = client
-            .post(format!("{base}/v1/stream/crash"))
-            .header("content-type", "application/json")
-            .header("producer-id", "crash-producer")
-            .header("producer-epoch", "0")
-            .header("producer-seq", seq.to_string())
-            .body(json!({"s": seq}).to_string())
-            .send()
-            .await;
-        match r {
-            Ok(r) if r.status() == 200 || r.status() == 204 => {
-                let offset = r
-                    .headers()
-                    .get("stream-next-offset")
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.split_once('_'))
-                    .and_then(|(_, b)| b.parse().ok());
-                let duplicate = r.status() == 204;
-                ledger
-                    .lock()
-                    .unwrap()
-                    .acked_messages
-                    .insert(seq, if duplicate { None } else { offset });
-                next_seq.fetch_add(1, Ordering::Relaxed);
-            }
-            // 503: nothing applied, try the same sequence again.
-            Ok(r) if r.status() == 503 => tokio::time::sleep(Duration::from_millis(20)).await,
-            Ok(r) => panic!("producer append {seq}: {}", r.status()),
-            // No answer: retried with the same sequence once the server is back.
-            Err(_) => return,
+        match produce_one(&base, &client, &next_seq, &ledger, &refusals).await {
+            Ok(true) => {}
+            Ok(false) => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(()) => return,
         }
     }
 }
@@ -149,9 +244,32 @@ async fn querier(base: String, client: reqwest::Client, stop: Arc<AtomicBool>) -
             }
             Err(_) => return answered,
         }
-        tokio::time::sleep(Duration::from_millis(30)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     answered
+}
+
+/// The server's counters now (they start from zero at each start).
+async fn counters(client: &reqwest::Client, base: &str) -> Option<BTreeMap<&'static str, u64>> {
+    let text = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let mut out = BTreeMap::new();
+    for name in COUNTERS {
+        let value = text
+            .lines()
+            .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        out.insert(name, value);
+    }
+    Some(out)
 }
 
 /// Checks every invariant against what the server serves now.
@@ -174,15 +292,14 @@ async fn verify(client: &reqwest::Client, base: &str, ledger: &Ledger) {
         .collect();
     assert!(strays.is_empty(), "rows nobody sent: {strays:?}");
     // The stream, as stored: one message per line; its end offset is where the line ends.
-    let body = client
+    let r = client
         .get(format!("{base}/v1/stream/crash"))
         .header("accept", "application/x-ndjson")
         .send()
         .await
-        .unwrap()
-        .bytes()
-        .await
         .unwrap();
+    assert_eq!(r.status(), 200, "the stream is gone");
+    let body = r.bytes().await.unwrap();
     let mut at = 0u64;
     let mut seen = BTreeMap::new();
     for line in body.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
@@ -207,12 +324,62 @@ async fn verify(client: &reqwest::Client, base: &str, ledger: &Ledger) {
     }
 }
 
+/// After a restart the server must take a row and a stream append (within 15 s; a server
+/// that refuses everything fails here).
+async fn takes_writes(
+    client: &reqwest::Client,
+    base: &str,
+    next_id: &AtomicI64,
+    next_seq: &AtomicI64,
+    ledger: &Mutex<Ledger>,
+    refusals: &Refusals,
+    note: usize,
+) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let first = next_id.fetch_add(20, Ordering::Relaxed);
+        let ids: Vec<i64> = (first..first + 20).collect();
+        let r = client
+            .post(format!(
+                "{base}/v1/catalog/databases/scopedb/schemas/public/tables/c/ingest"
+            ))
+            .header("content-type", "application/x-ndjson")
+            .body(rows_body(&ids, note))
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 200 {
+            ledger.lock().unwrap().acked_rows.extend(ids);
+            break;
+        }
+        refusal("ingest after restart", r).await;
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no ingest accepted after a restart"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    loop {
+        match produce_one(base, client, next_seq, ledger, refusals).await {
+            Ok(true) => break,
+            Ok(false) => {}
+            Err(()) => panic!("no answer to an append after a restart"),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no append accepted after a restart"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_at_random_moments_it_loses_nothing_acknowledged() {
+    let long = std::env::var("SLUICE_CRASH_LONG").is_ok_and(|v| v == "1");
     let cycles: usize = std::env::var("SLUICE_CRASH_CYCLES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
+        .unwrap_or(12);
     let seed: u64 = std::env::var("SLUICE_CRASH_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -223,16 +390,21 @@ async fn killed_at_random_moments_it_loses_nothing_acknowledged() {
                 .as_nanos() as u64
                 | 1
         });
-    println!("crash loop: {cycles} cycles, seed {seed}");
+    let profile = Profile {
+        long,
+        note: if long { 400 } else { 100 },
+    };
+    println!("crash loop: {cycles} cycles, seed {seed}, long form {long}");
     let mut rng = Rng(seed);
     let dir = common::temp_dir("crash");
+    let config = config_file(&dir, &profile);
     let port = common::free_port();
     let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(20))
+        .timeout(Duration::from_secs(30))
         .build()
         .unwrap();
-    let mut server = spawn(&dir, port);
+    let mut server = spawn(&dir, port, &config);
     wait_healthy(port).await;
     common::statement(&client, &base, "CREATE TABLE c (id int, note string)").await;
     let r = client
@@ -243,11 +415,36 @@ async fn killed_at_random_moments_it_loses_nothing_acknowledged() {
         .unwrap();
     assert_eq!(r.status(), 201);
     let ledger = Arc::new(Mutex::new(Ledger::default()));
+    let refusals = Arc::new(Refusals::default());
     let next_id = Arc::new(AtomicI64::new(0));
     let next_seq = Arc::new(AtomicI64::new(0));
+    let mut totals: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut restarts = Vec::new();
+    let mut double_restarts = 0;
     let mut queries = 0;
     for cycle in 0..cycles {
+        // Mostly short lives, some long enough for everything to happen, sometimes a kill
+        // right after the start.
+        let roll = if cycle == 1 { 0 } else { rng.between(0, 10) };
+        let life = match roll {
+            0 if cycle > 0 => 0,
+            1..=2 => {
+                if long {
+                    rng.between(5_000, 30_000)
+                } else {
+                    rng.between(2_000, 4_000)
+                }
+            }
+            _ => rng.between(100, 1_500),
+        };
+        if life == 0 {
+            // A quick double restart: killed as soon as it is up, then started again.
+            server.kill().unwrap();
+            server.wait().unwrap();
+            server = spawn(&dir, port, &config);
+            wait_healthy(port).await;
+            double_restarts += 1;
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let mut tasks = Vec::new();
         for _ in 0..3 {
@@ -256,7 +453,9 @@ async fn killed_at_random_moments_it_loses_nothing_acknowledged() {
                 client.clone(),
                 next_id.clone(),
                 ledger.clone(),
+                refusals.clone(),
                 stop.clone(),
+                profile.note,
             )));
         }
         tasks.push(tokio::spawn(producer(
@@ -264,10 +463,19 @@ async fn killed_at_random_moments_it_loses_nothing_acknowledged() {
             client.clone(),
             next_seq.clone(),
             ledger.clone(),
+            refusals.clone(),
             stop.clone(),
         )));
         let query_task = tokio::spawn(querier(base.clone(), client.clone(), stop.clone()));
-        tokio::time::sleep(Duration::from_millis(rng.between(150, 900))).await;
+        // Read the counters along the way: the last reading before the kill counts.
+        let mut last = None;
+        let until = std::time::Instant::now() + Duration::from_millis(life.max(50));
+        while std::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if let Some(c) = counters(&client, &base).await {
+                last = Some(c);
+            }
+        }
         server.kill().unwrap();
         server.wait().unwrap();
         stop.store(true, Ordering::Relaxed);
@@ -275,36 +483,51 @@ async fn killed_at_random_moments_it_loses_nothing_acknowledged() {
             t.await.unwrap();
         }
         queries += query_task.await.unwrap();
-        server = spawn(&dir, port);
+        for (name, value) in last.unwrap_or_default() {
+            *totals.entry(name).or_default() += value;
+        }
+        server = spawn(&dir, port, &config);
         restarts.push(wait_healthy(port).await);
-        let snapshot = {
-            let l = ledger.lock().unwrap();
-            Ledger {
-                acked_rows: l.acked_rows.clone(),
-                unknown_rows: l.unknown_rows.clone(),
-                acked_messages: l.acked_messages.clone(),
-            }
-        };
+        let snapshot = ledger.lock().unwrap().clone();
         verify(&client, &base, &snapshot).await;
+        takes_writes(
+            &client,
+            &base,
+            &next_id,
+            &next_seq,
+            &ledger,
+            &refusals,
+            profile.note,
+        )
+        .await;
         println!(
-            "cycle {cycle}: {} rows acknowledged, {} unknown, {} stream appends acknowledged",
+            "cycle {cycle}: lived {life} ms; {} rows acknowledged, {} unknown, {} stream appends acknowledged",
             snapshot.acked_rows.len(),
             snapshot.unknown_rows.len(),
             snapshot.acked_messages.len()
         );
     }
-    let l = ledger.lock().unwrap();
+    let l = ledger.lock().unwrap().clone();
     let slowest = restarts.iter().max().copied().unwrap_or_default();
     println!(
-        "crash loop done: {cycles} kills, {} rows and {} stream appends acknowledged, {} rows \
-         unknown, {queries} queries answered, slowest restart {slowest:?}",
+        "crash loop done: {cycles} kills ({double_restarts} quick double restarts), {} rows \
+         and {} stream appends acknowledged, {} rows unknown, {queries} queries answered, \
+         {} ingest and {} append refusals (503, nothing applied), slowest restart {slowest:?}",
         l.acked_rows.len(),
         l.acked_messages.len(),
-        l.unknown_rows.len()
+        l.unknown_rows.len(),
+        refusals.ingest_503.load(Ordering::Relaxed),
+        refusals.append_503.load(Ordering::Relaxed),
     );
-    assert!(l.acked_rows.len() > cycles * 10, "the load did not run");
+    println!("between kills: {totals:?}");
+    assert!(l.acked_rows.len() > cycles * 20, "the load did not run");
     assert!(l.acked_messages.len() > cycles, "the producer did not run");
-    drop(l);
+    for name in COUNTERS {
+        assert!(
+            totals.get(name).copied().unwrap_or(0) > 0,
+            "{name} never moved between kills: the loop did not reach that threshold"
+        );
+    }
     let _ = server.kill();
     let _ = server.wait();
 }

@@ -331,3 +331,128 @@ fn stray_files_are_ignored() {
         1
     );
 }
+
+#[test]
+fn damage_before_a_complete_later_group_refuses_to_open_and_repair_moves_it_aside() {
+    let dir = temp_dir("midsegment");
+    let config = LogConfig::new(&dir);
+    let (log, _) = CommitLog::open(config.clone()).unwrap();
+    // One segment, many groups (each blocking append is its own group).
+    for i in 0..20 {
+        log.append_blocking(RecordKind::TableBatch, payload(i))
+            .unwrap();
+    }
+    log.close();
+    let files = segments(&dir);
+    assert_eq!(files.len(), 1);
+    // Flip a bit in the payload of the fifth record: acknowledged records follow it.
+    let mut bytes = fs::read(&files[0]).unwrap();
+    let mut at = 0usize;
+    for _ in 0..4 {
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        at += 17 + len;
+    }
+    let damaged_at = at as u64;
+    bytes[at + 20] ^= 0x10;
+    fs::write(&files[0], &bytes).unwrap();
+    match CommitLog::open(config.clone()) {
+        Err(LogError::Corrupt { offset, path }) => {
+            assert_eq!(offset, damaged_at);
+            assert_eq!(path, files[0]);
+        }
+        other => panic!("expected Corrupt, got {:?}", other.map(|_| ())),
+    }
+    let moved = sluice::log::repair(&dir).unwrap();
+    assert_eq!(moved.len(), 1);
+    assert_eq!(moved[0].offset, damaged_at);
+    assert!(moved[0].moved_to.exists());
+    let (_log, replay) = CommitLog::open(config).unwrap();
+    assert_eq!(replay.len(), 4);
+}
+
+#[test]
+fn a_torn_final_group_is_cut_even_when_its_later_records_survived() {
+    let dir = temp_dir("torn-group");
+    let config = LogConfig::new(&dir);
+    let (log, _) = CommitLog::open(config.clone()).unwrap();
+    for i in 0..5 {
+        log.append_blocking(RecordKind::TableBatch, payload(i))
+            .unwrap();
+    }
+    log.close();
+    // A last group of three records, written by hand as the writer frames a group (only the
+    // last record marked as its end), then its first record damaged: the power went out
+    // before the group was synced, so nothing of it was acknowledged.
+    let files = segments(&dir);
+    let mut bytes = fs::read(&files[0]).unwrap();
+    let start = bytes.len();
+    for (i, lsn) in (6..9).enumerate() {
+        let body = payload(100 + lsn);
+        let kind = RecordKind::TableBatch as u8 | if i == 2 { 0x80 } else { 0 };
+        let mut crc = crc32c::crc32c(&[kind]);
+        crc = crc32c::crc32c_append(crc, &lsn.to_le_bytes());
+        crc = crc32c::crc32c_append(crc, &body);
+        bytes.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(&crc.to_le_bytes());
+        bytes.push(kind);
+        bytes.extend_from_slice(&lsn.to_le_bytes());
+        bytes.extend_from_slice(&body);
+    }
+    bytes[start + 20] ^= 0x10;
+    fs::write(&files[0], &bytes).unwrap();
+    let (_log, replay) = CommitLog::open(config).unwrap();
+    assert_eq!(replay.len(), 5);
+}
+
+#[test]
+fn only_declared_consumers_release_and_segments_wait_for_all_of_them() {
+    let dir = temp_dir("consumers");
+    let mut config = LogConfig::new(&dir);
+    config.segment_bytes = 300;
+    config.consumers = vec!["tables".into(), "streams".into()];
+    let (log, _) = CommitLog::open(config.clone()).unwrap();
+    assert!(matches!(
+        log.consumer("other"),
+        Err(LogError::UnknownConsumer(_))
+    ));
+    for i in 0..40 {
+        log.append_blocking(RecordKind::TableBatch, payload(i))
+            .unwrap();
+    }
+    let before = segments(&dir).len();
+    // One consumer alone releases nothing: the other still needs everything.
+    let tables = log.consumer("tables").unwrap();
+    assert_eq!(tables.release_before(40).unwrap(), 0);
+    assert_eq!(segments(&dir).len(), before);
+    let streams = log.consumer("streams").unwrap();
+    assert!(streams.release_before(40).unwrap() > 0);
+    log.close();
+}
+
+#[tokio::test]
+async fn advancing_starts_a_new_segment_at_the_epochs_first_lsn() {
+    let dir = temp_dir("advance");
+    let (log, _) = CommitLog::open(LogConfig::new(&dir)).unwrap();
+    assert_eq!(
+        log.append(RecordKind::Metadata, b"a".to_vec())
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(log.advance_to(1 << 48).await.unwrap(), 1 << 48);
+    assert_eq!(
+        log.append(RecordKind::Metadata, b"b".to_vec())
+            .await
+            .unwrap(),
+        1 << 48
+    );
+    log.fence();
+    assert!(matches!(
+        log.append(RecordKind::Metadata, b"c".to_vec()).await,
+        Err(LogError::Fenced)
+    ));
+    log.close();
+    let (_log, replay) = CommitLog::open(LogConfig::new(&dir)).unwrap();
+    let lsns: Vec<Lsn> = replay.iter().map(|r| r.lsn).collect();
+    assert_eq!(lsns, vec![1, 1 << 48]);
+}

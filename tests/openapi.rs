@@ -40,15 +40,15 @@ fn validate(root: &Value, schema: &Value, value: &Value, at: &str, errors: &mut 
         }
         _ => {}
     }
-    if let Some(c) = schema.get("const") {
-        if c != value {
-            errors.push(format!("{at}: expected {c}, got {value}"));
-        }
+    if let Some(c) = schema.get("const")
+        && c != value
+    {
+        errors.push(format!("{at}: expected {c}, got {value}"));
     }
-    if let Some(options) = schema["enum"].as_array() {
-        if !options.contains(value) {
-            errors.push(format!("{at}: {value} is not one of {options:?}"));
-        }
+    if let Some(options) = schema["enum"].as_array()
+        && !options.contains(value)
+    {
+        errors.push(format!("{at}: {value} is not one of {options:?}"));
     }
     if let Some(object) = value.as_object() {
         for name in schema["required"].as_array().into_iter().flatten() {
@@ -69,10 +69,10 @@ fn validate(root: &Value, schema: &Value, value: &Value, at: &str, errors: &mut 
         }
     }
     if let Some(items) = value.as_array() {
-        if let Some(min) = schema["minItems"].as_u64() {
-            if (items.len() as u64) < min {
-                errors.push(format!("{at}: fewer than {min} items"));
-            }
+        if let Some(min) = schema["minItems"].as_u64()
+            && (items.len() as u64) < min
+        {
+            errors.push(format!("{at}: fewer than {min} items"));
         }
         if schema.get("items").is_some() {
             for (i, item) in items.iter().enumerate() {

@@ -72,10 +72,10 @@ impl Node {
         let client = reqwest::Client::new();
         // Up to a minute: a debug build starting beside other tests on two cores can be slow.
         for _ in 0..1200 {
-            if let Ok(r) = client.get(format!("{}/v1/health", node.base)).send().await {
-                if r.status() == 200 {
-                    return node;
-                }
+            if let Ok(r) = client.get(format!("{}/v1/health", node.base)).send().await
+                && r.status() == 200
+            {
+                return node;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

@@ -16,6 +16,7 @@ use object_store::path::Path;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use sluice::ingest::{Decoder, Limits};
 use sluice::log::{CommitLog, LogConfig};
+use sluice::node::{LogState, Node};
 use sluice::storage::Storage;
 use sluice::storage::probe::{Probe, ProbedStore};
 use sluice::table::{TableConfig, TableError, TableSnapshot, Tables};
@@ -49,12 +50,50 @@ fn world(backend: &str) -> World {
 impl World {
     /// Opens (or reopens, after a "crash") node `node`'s log and table engine.
     async fn open(&self, node: &str, config: TableConfig) -> (CommitLog, Tables) {
-        let (log, replay) = CommitLog::open(LogConfig::new(self.dir.join(node))).unwrap();
-        let tables = Tables::open(log.clone(), &replay, self.storage.clone(), node, config)
-            .await
-            .unwrap();
-        (log, tables)
+        open_tables(
+            LogConfig::new(self.dir.join(node)),
+            self.storage.clone(),
+            config,
+        )
+        .await
     }
+}
+
+/// A node over the log `log_config` describes (its directory is the node's data directory),
+/// as the database opens one: the log, the node's claim of its id, then the tables.
+async fn open_tables(
+    mut log_config: LogConfig,
+    storage: Storage,
+    config: TableConfig,
+) -> (CommitLog, Tables) {
+    log_config.consumers = vec!["tables".into()];
+    let dir = log_config.dir.clone();
+    let (log, replay) = CommitLog::open(log_config).unwrap();
+    let node = Node::claim(
+        &dir,
+        storage.clone(),
+        LogState {
+            has_records: !replay.is_empty(),
+            last_lsn: log.last_lsn(),
+            synced: true,
+        },
+        std::time::Duration::from_secs(1),
+        None,
+    )
+    .await
+    .unwrap();
+    log.advance_to(node.lsn_base()).await.unwrap();
+    let tables = Tables::open(
+        log.clone(),
+        &replay,
+        storage,
+        Arc::new(node),
+        config,
+        std::time::Duration::from_secs(600),
+    )
+    .await
+    .unwrap();
+    (log, tables)
 }
 
 fn columns() -> Vec<Column> {
@@ -464,16 +503,8 @@ async fn log_segments_are_released_after_flush(backend: &str) {
     let dir = w.dir.join("seg");
     let mut config = LogConfig::new(&dir);
     config.segment_bytes = 4096;
-    let (log, replay) = CommitLog::open(config.clone()).unwrap();
-    let tables = Tables::open(
-        log.clone(),
-        &replay,
-        w.storage.clone(),
-        "seg",
-        TableConfig::default(),
-    )
-    .await
-    .unwrap();
+    let (log, tables) =
+        open_tables(config.clone(), w.storage.clone(), TableConfig::default()).await;
     tables.create_table("s", &columns()).await.unwrap();
     for i in 0..20 {
         tables
@@ -491,16 +522,7 @@ async fn log_segments_are_released_after_flush(backend: &str) {
     );
     log.close();
     drop(tables);
-    let (log, replay) = CommitLog::open(config).unwrap();
-    let tables = Tables::open(
-        log,
-        &replay,
-        w.storage.clone(),
-        "seg",
-        TableConfig::default(),
-    )
-    .await
-    .unwrap();
+    let (_log, tables) = open_tables(config, w.storage.clone(), TableConfig::default()).await;
     assert_exactly(&w.storage, &tables, "s", 200).await;
 }
 
@@ -544,16 +566,12 @@ fn faulty(w: &World) -> (Arc<Probe>, Storage) {
 async fn an_object_store_outage_defers_flushes_and_loses_nothing() {
     let w = world("memory");
     let (faults, storage) = faulty(&w);
-    let (log, replay) = CommitLog::open(LogConfig::new(w.dir.join("outage"))).unwrap();
-    let tables = Tables::open(
-        log,
-        &replay,
+    let (_log, tables) = open_tables(
+        LogConfig::new(w.dir.join("outage")),
         storage.clone(),
-        "outage",
         TableConfig::default(),
     )
-    .await
-    .unwrap();
+    .await;
     tables.create_table("t", &columns()).await.unwrap();
     tables.append("t", batch(0, 10)).await.unwrap();
     tables.flush("t").await.unwrap();
@@ -581,10 +599,12 @@ async fn an_object_store_outage_defers_flushes_and_loses_nothing() {
 async fn ambiguous_manifest_creates_are_settled_by_reading_back() {
     let w = world("memory");
     let (faults, storage) = faulty(&w);
-    let (log, replay) = CommitLog::open(LogConfig::new(w.dir.join("amb"))).unwrap();
-    let tables = Tables::open(log, &replay, storage.clone(), "amb", TableConfig::default())
-        .await
-        .unwrap();
+    let (_log, tables) = open_tables(
+        LogConfig::new(w.dir.join("amb")),
+        storage.clone(),
+        TableConfig::default(),
+    )
+    .await;
     faults.lose_create_answers(1);
     tables.create_table("t", &columns()).await.unwrap();
     for i in 0..5i64 {

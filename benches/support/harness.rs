@@ -169,10 +169,9 @@ pub fn events_file(bytes: u64, seed: u64) -> (PathBuf, u64) {
     if let (Ok(_), Ok(rows)) = (
         std::fs::metadata(&path),
         std::fs::read_to_string(&rows_path),
-    ) {
-        if let Ok(rows) = rows.trim().parse() {
-            return (path, rows);
-        }
+    ) && let Ok(rows) = rows.trim().parse()
+    {
+        return (path, rows);
     }
     let started = Instant::now();
     let partial = path.with_extension("partial");

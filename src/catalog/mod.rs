@@ -1,19 +1,22 @@
 //! The catalog: databases, schemas and tables, kept as versions in object storage.
 //!
 //! The whole catalog is one JSON document. Each change writes the next version
-//! (`catalog/{version:020}.json`) with a conditional create, so two nodes cannot both commit
-//! the same version; the version number is the catalog's `ETag`. Changes are declarative: a
+//! (`catalog/{version:020}.json`) through the versioned-object protocol
+//! ([`crate::storage::versioned`]: conditional create, tagged attempts, read-back), so two
+//! nodes cannot both commit the same version; the version number is the catalog's `ETag`.
+//! Every version holds the whole catalog, so garbage collection keeps only the newest few
+//! (and those inside the grace period); a change always starts from a fresh listing. Changes are declarative: a
 //! `PUT` replaces a subtree and answers what it was before and after. Every table carries a
 //! storage id, fixed when the table is created, naming its data in object storage, so a table
 //! dropped and created again starts empty.
 
 use std::collections::BTreeMap;
 
-use object_store::path::Path;
-use object_store::{ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
+use object_store::ObjectStoreExt as _;
 use serde::{Deserialize, Serialize};
 
 use crate::storage::Storage;
+use crate::storage::versioned::{Tagged, VersionError, VersionLog};
 use crate::types::{Column, ColumnType};
 
 /// The database and schema that exist from the start, so the seed's examples run as written.
@@ -52,6 +55,12 @@ pub enum CatalogError {
     /// Another node committed a conflicting version.
     #[error("catalog changed concurrently; retry")]
     Conflict,
+    /// The table was dropped and created again while rows were written to it: nothing of
+    /// them is visible in the new table.
+    #[error(
+        "table {0} was replaced while these rows were written; none of them is visible: send them again"
+    )]
+    Replaced(String),
     /// Object storage failed.
     #[error("object store error: {0}")]
     Storage(#[from] object_store::Error),
@@ -139,6 +148,21 @@ pub struct CatalogVersion {
     /// `db.schema.table` to storage id.
     #[serde(default)]
     pub table_ids: BTreeMap<String, String>,
+}
+
+impl Tagged for CatalogVersion {
+    fn tag(&self) -> &str {
+        &self.tag
+    }
+}
+
+impl From<VersionError> for CatalogError {
+    fn from(e: VersionError) -> Self {
+        match e {
+            VersionError::Storage(e) => CatalogError::Storage(e),
+            VersionError::Corrupt { path, reason } => CatalogError::Corrupt { path, reason },
+        }
+    }
 }
 
 /// A resolved table: its definition and where its data lives.
@@ -428,14 +452,19 @@ fn diff(before: &RootDef, after: &RootDef) -> Result<Vec<String>, CatalogError> 
 #[derive(Debug)]
 pub struct Catalog {
     storage: Storage,
+    log: VersionLog,
     current: tokio::sync::RwLock<CatalogVersion>,
     /// Serializes this node's mutations.
     write: tokio::sync::Mutex<()>,
+    /// The last look for a newer version: when it started and whether it found one (see
+    /// [`Catalog::changed_since`]).
+    probe: tokio::sync::Mutex<Option<(std::time::Instant, bool)>>,
+    /// When a refresh last checked whether its version fell below the floor.
+    floor_checked: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
-fn version_path(v: u64) -> Path {
-    Path::from(format!("catalog/{v:020}.json"))
-}
+/// How often a refresh that finds nothing new checks the floor.
+const FLOOR_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Catalog {
     /// Opens the catalog in `storage`, creating version 0 (with `scopedb.public`) if there is
@@ -443,8 +472,11 @@ impl Catalog {
     pub async fn open(storage: Storage) -> Result<Catalog, CatalogError> {
         let catalog = Catalog {
             storage,
+            log: VersionLog::new("catalog"),
             current: tokio::sync::RwLock::new(CatalogVersion::default()),
             write: tokio::sync::Mutex::new(()),
+            probe: tokio::sync::Mutex::new(None),
+            floor_checked: std::sync::Mutex::new(None),
         };
         match catalog.load_latest().await? {
             Some(v) => *catalog.current.write().await = v,
@@ -476,82 +508,43 @@ impl Catalog {
     }
 
     async fn read_version(&self, v: u64) -> Result<Option<CatalogVersion>, CatalogError> {
-        let path = version_path(v);
-        let bytes = match self.storage.store().get(&path).await {
-            Ok(r) => r.bytes().await?,
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
-        serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| CatalogError::Corrupt {
-                path: path.to_string(),
-                reason: e.to_string(),
-            })
+        Ok(self.log.read(self.storage.store().as_ref(), v).await?)
     }
 
+    /// The newest version: the highest listed, then any that landed after the listing.
     async fn load_latest(&self) -> Result<Option<CatalogVersion>, CatalogError> {
-        use futures::TryStreamExt as _;
-        let listed: Vec<object_store::ObjectMeta> = self
-            .storage
-            .store()
-            .list(Some(&Path::from("catalog")))
-            .try_collect()
-            .await?;
-        let latest = listed
-            .iter()
-            .filter_map(|m| {
-                m.location
-                    .filename()?
-                    .strip_suffix(".json")?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .max();
-        match latest {
-            None => Ok(None),
-            Some(v) => {
-                let mut current = self.read_version(v).await?;
-                // A version may have landed after the listing.
-                while let Some(next) = self
-                    .read_version(current.as_ref().map_or(0, |c| c.version + 1))
-                    .await?
-                {
-                    current = Some(next);
-                }
-                Ok(current)
-            }
+        let listing = self.log.list(self.storage.store().as_ref()).await?;
+        let Some(v) = listing.latest() else {
+            return Ok(None);
+        };
+        let mut current = self.read_version(v).await?;
+        while let Some(next) = self
+            .read_version(current.as_ref().map_or(0, |c| c.version + 1))
+            .await?
+        {
+            current = Some(next);
         }
+        Ok(current)
     }
 
     /// Writes a version if it does not exist; `Ok(true)` when this attempt's version is there.
     async fn try_create(&self, v: &CatalogVersion) -> Result<bool, CatalogError> {
-        let path = version_path(v.version);
-        let body = serde_json::to_vec(v).map_err(|e| CatalogError::Invalid(e.to_string()))?;
-        match self
-            .storage
-            .store()
-            .put_opts(
-                &path,
-                PutPayload::from(body),
-                PutOptions::from(PutMode::Create),
-            )
-            .await
-        {
-            Ok(_) => Ok(true),
-            Err(object_store::Error::AlreadyExists { .. })
-            | Err(object_store::Error::Precondition { .. }) => Ok(self
-                .read_version(v.version)
-                .await?
-                .is_some_and(|w| w.tag == v.tag)),
-            Err(e) => match self.read_version(v.version).await {
-                Ok(Some(w)) => Ok(w.tag == v.tag),
-                _ => Err(e.into()),
-            },
+        Ok(self
+            .log
+            .try_create(self.storage.store().as_ref(), v.version, v)
+            .await?)
+    }
+
+    /// Installs `latest` if it is newer than what this node holds.
+    async fn install(&self, latest: CatalogVersion) {
+        let mut current = self.current.write().await;
+        if latest.version > current.version {
+            *current = latest;
         }
     }
 
-    /// Reads versions other nodes committed since this node last looked.
+    /// Reads versions other nodes committed since this node last looked (and, now and then,
+    /// loads the catalog afresh if old versions were collected past this node's).
     pub async fn refresh(&self) -> Result<(), CatalogError> {
         let mut version = self.current.read().await.version;
         let mut latest = None;
@@ -559,13 +552,89 @@ impl Catalog {
             version = next.version;
             latest = Some(next);
         }
-        if let Some(latest) = latest {
-            let mut current = self.current.write().await;
-            if latest.version > current.version {
-                *current = latest;
+        match latest {
+            Some(latest) => self.install(latest).await,
+            None => {
+                let due = {
+                    let mut checked = self.floor_checked.lock().unwrap_or_else(|p| p.into_inner());
+                    let due = checked.is_none_or(|at| at.elapsed() >= FLOOR_CHECK_INTERVAL);
+                    if due {
+                        *checked = Some(std::time::Instant::now());
+                    }
+                    due
+                };
+                if due
+                    && version + 1 < self.log.floor(self.storage.store().as_ref()).await?
+                    && let Some(latest) = self.load_latest().await?
+                {
+                    self.install(latest).await;
+                }
             }
         }
         Ok(())
+    }
+
+    /// Whether a version newer than this node's exists, as seen by a look that started at
+    /// or after `since` (one small read; looks by concurrent callers are shared). Ingest asks
+    /// after its rows are durable, before it answers: rows must not be acknowledged into a
+    /// table another node dropped or replaced.
+    pub async fn changed_since(&self, since: std::time::Instant) -> Result<bool, CatalogError> {
+        let mut probe = self.probe.lock().await;
+        if let Some((started, found)) = *probe
+            && started >= since
+        {
+            return Ok(found);
+        }
+        let started = std::time::Instant::now();
+        let next = self.current.read().await.version + 1;
+        let found = match self.storage.store().head(&self.log.path(next)).await {
+            Ok(_) => true,
+            Err(object_store::Error::NotFound { .. }) => false,
+            Err(e) => return Err(e.into()),
+        };
+        *probe = Some((started, found));
+        Ok(found)
+    }
+
+    /// Loads the newest version afresh (a listing, not the next-version probe).
+    pub async fn reload(&self) -> Result<(), CatalogError> {
+        if let Some(latest) = self.load_latest().await? {
+            self.install(latest).await;
+        }
+        Ok(())
+    }
+
+    /// Deletes old catalog versions: every version holds the whole catalog, so only the
+    /// newest few and those younger than `grace` are kept; the floor is raised first.
+    pub async fn collect_garbage(
+        &self,
+        grace: std::time::Duration,
+    ) -> Result<crate::storage::GcReport, CatalogError> {
+        /// Versions kept whatever their age.
+        const KEEP: usize = 10;
+        let store = self.storage.store().as_ref();
+        let listing = self.log.list(store).await?;
+        let cutoff = crate::storage::gc::cutoff(grace);
+        let old = listing.versions.len().saturating_sub(KEEP);
+        let doomed: Vec<&(u64, object_store::ObjectMeta)> = listing.versions[..old]
+            .iter()
+            .take_while(|(_, m)| m.last_modified < cutoff)
+            .collect();
+        let mut report = crate::storage::GcReport::default();
+        let Some(&(last, _)) = doomed.last() else {
+            return Ok(report);
+        };
+        self.log.raise_floor(store, last + 1).await?;
+        for (_, meta) in doomed {
+            match store.delete(&meta.location).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {
+                    report.objects += 1;
+                    report.bytes += meta.size;
+                }
+                Err(e) => tracing::debug!(error = %e, "garbage collection: delete failed"),
+            }
+        }
+        Ok(report)
     }
 
     /// The current version number (the `ETag`).
@@ -666,7 +735,11 @@ impl Catalog {
             allow_destructive,
         } = options;
         let _write = self.write.lock().await;
-        self.refresh().await?;
+        // From a fresh listing: a change must never be numbered below versions that
+        // garbage collection removed.
+        if let Some(latest) = self.load_latest().await? {
+            self.install(latest).await;
+        }
         let current = self.current.read().await.clone();
         if let Some(expected) = if_match {
             let expected_trimmed = expected.trim().trim_start_matches("W/").trim_matches('"');

@@ -8,7 +8,10 @@
 //! through [`Database::mutate_catalog`], which checks computed-column expressions and
 //! creates the storage of new tables. The query engine only reads.
 
+mod gc;
 mod statements;
+
+pub use gc::GcStats;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -24,6 +27,7 @@ use datafusion::prelude::SessionContext;
 use crate::catalog::{Catalog, CatalogError, CatalogPath, MutateOptions, Mutation, ResolvedTable};
 use crate::ingest::{ContentEncoding, Decoder, IngestError, Limits, decompress};
 use crate::log::{CommitLog, Durability, LogConfig, LogError};
+use crate::node::{LogState, Node};
 use crate::query::{QueryEngine, QueryError, QueryLimits};
 use crate::storage::probe::{Probe, ProbedStore};
 use crate::storage::{Storage, StorageError};
@@ -59,6 +63,16 @@ pub struct DbConfig {
     pub ingest_inflight_bytes: usize,
     /// What one statement may use: memory, time, result size.
     pub query: QueryLimits,
+    /// How long a node's heartbeat must stay still before another process may take over its
+    /// id (see [`crate::node`]).
+    pub node_lease: Duration,
+    /// How long an object no live version references is kept before garbage collection
+    /// deletes it (queries and other nodes may still be reading it).
+    pub gc_grace: Duration,
+    /// Records what the log and the local store made durable, for simulated power loss
+    /// (tests only).
+    #[doc(hidden)]
+    pub sync_journal: Option<Arc<crate::storage::journal::SyncJournal>>,
 }
 
 impl std::fmt::Debug for DbConfig {
@@ -92,6 +106,9 @@ impl DbConfig {
             log_fail_hook: None,
             ingest_inflight_bytes: 48 << 20,
             query: QueryLimits::default(),
+            node_lease: Duration::from_secs(10),
+            gc_grace: Duration::from_secs(600),
+            sync_journal: None,
         }
     }
 }
@@ -126,6 +143,9 @@ pub enum OpenError {
     /// The query engine could not start.
     #[error(transparent)]
     Query(#[from] QueryError),
+    /// The node could not take its identity.
+    #[error(transparent)]
+    Node(#[from] crate::node::NodeError),
 }
 
 /// Why an ingest request did not commit.
@@ -178,6 +198,7 @@ struct IngestPlan {
 /// One open sluice database.
 pub struct Database {
     log: CommitLog,
+    node: Arc<Node>,
     storage: Storage,
     catalog: Arc<Catalog>,
     tables: Arc<Tables>,
@@ -186,6 +207,7 @@ pub struct Database {
     config: DbConfig,
     probe: Arc<Probe>,
     ingest_stats: IngestStats,
+    gc_stats: GcStats,
     plans: Mutex<HashMap<String, Arc<IngestPlan>>>,
     /// Admission of ingest bodies, in KiB of [`DbConfig::ingest_inflight_bytes`].
     ingest_admission: Arc<tokio::sync::Semaphore>,
@@ -211,32 +233,15 @@ impl std::fmt::Debug for Database {
     }
 }
 
-/// Reads the node id from the data directory, or makes one.
-fn node_id(data_dir: &std::path::Path) -> Result<String, OpenError> {
-    let path = data_dir.join("node_id");
-    let io = |source| OpenError::DataDir {
-        path: path.display().to_string(),
-        source,
-    };
-    match std::fs::read_to_string(&path) {
-        Ok(id) if !id.trim().is_empty() => Ok(id.trim().to_owned()),
-        Ok(_) | Err(_) => {
-            let id = uuid::Uuid::new_v4().simple().to_string();
-            let tmp = data_dir.join("node_id.tmp");
-            std::fs::write(&tmp, &id).map_err(io)?;
-            std::fs::rename(&tmp, &path).map_err(io)?;
-            Ok(id)
-        }
-    }
-}
-
 impl Database {
     /// Opens the database: object storage, the commit log (replaying it), the catalog and the
     /// tables.
     pub async fn open(config: DbConfig) -> Result<Arc<Database>, OpenError> {
+        let sync = config.durability == Durability::Fsync;
+        let journal = config.sync_journal.clone();
         let storage = match &config.object_store {
-            Some(url) => Storage::open(url)?,
-            None => Storage::local(&config.data_dir.join("objects"))?,
+            Some(url) => Storage::open_with(url, sync, journal)?,
+            None => Storage::local_with(&config.data_dir.join("objects"), sync, journal)?,
         };
         Self::open_with_storage(config, storage).await
     }
@@ -257,21 +262,41 @@ impl Database {
             storage.store().clone(),
             probe.clone(),
         )));
-        let node = node_id(&config.data_dir)?;
         let mut log_config = LogConfig::new(config.data_dir.join("log"));
         log_config.durability = config.durability;
         log_config.max_log_bytes = config.max_log_bytes;
         log_config.segment_bytes = config.log_segment_bytes;
         log_config.fail_hook = config.log_fail_hook.clone();
+        log_config.journal = config.sync_journal.clone();
+        // Both consumers are declared before anything is released: a segment goes only when
+        // the tables and the streams have both made its records durable elsewhere.
+        log_config.consumers = vec!["tables".into(), "streams".into()];
         let (log, replay) = CommitLog::open(log_config)?;
+        let node = Arc::new(
+            Node::claim(
+                &config.data_dir,
+                storage.clone(),
+                LogState {
+                    has_records: !replay.is_empty(),
+                    last_lsn: log.last_lsn(),
+                    synced: config.durability == Durability::Fsync,
+                },
+                config.node_lease,
+                config.sync_journal.as_deref(),
+            )
+            .await?,
+        );
+        // This epoch's records start past every LSN an earlier epoch could have used.
+        log.advance_to(node.lsn_base()).await?;
         let catalog = Arc::new(Catalog::open(storage.clone()).await?);
         let tables = Arc::new(
             Tables::open(
                 log.clone(),
                 &replay,
                 storage.clone(),
-                &node,
+                node.clone(),
                 config.tables.clone(),
+                config.gc_grace,
             )
             .await?,
         );
@@ -279,7 +304,7 @@ impl Database {
             log.clone(),
             &replay,
             storage.clone(),
-            &node,
+            node.clone(),
             config.streams.clone(),
         )
         .await?;
@@ -292,6 +317,7 @@ impl Database {
         let ingest_admission = Arc::new(tokio::sync::Semaphore::new(admission_budget(&config)));
         Ok(Arc::new(Database {
             log,
+            node,
             storage,
             catalog,
             tables,
@@ -300,6 +326,7 @@ impl Database {
             config,
             probe,
             ingest_stats: IngestStats::default(),
+            gc_stats: GcStats::default(),
             plans: Mutex::new(HashMap::new()),
             ingest_admission,
         }))
@@ -318,6 +345,11 @@ impl Database {
     /// Ingest counters.
     pub fn ingest_stats(&self) -> &IngestStats {
         &self.ingest_stats
+    }
+
+    /// The object store.
+    pub fn storage(&self) -> &Storage {
+        &self.storage
     }
 
     /// Object-store requests that failed since the database opened.
@@ -361,16 +393,30 @@ impl Database {
             .run_maintenance(tick, stopped(stop_rx.clone()));
         let refresh = {
             let db = self.clone();
-            crate::every(tick, stopped(stop_rx), move || {
+            crate::every(tick, stopped(stop_rx.clone()), move || {
                 let db = db.clone();
                 async move { db.refresh().await }
+            })
+        };
+        let heartbeat = crate::node::run_heartbeat(
+            self.node.clone(),
+            self.log.clone(),
+            stopped(stop_rx.clone()),
+        );
+        let gc = {
+            let db = self.clone();
+            crate::every(self.gc_interval(), stopped(stop_rx), move || {
+                let db = db.clone();
+                async move {
+                    db.collect_garbage().await;
+                }
             })
         };
         let signal = async move {
             shutdown.await;
             let _ = stop_tx.send(true);
         };
-        tokio::join!(tables, streams, refresh, signal);
+        tokio::join!(tables, streams, refresh, heartbeat, gc, signal);
     }
 
     /// Picks up what other nodes sharing the object store committed: new catalog versions
@@ -386,14 +432,25 @@ impl Database {
         }
     }
 
-    /// Seals stream data, flushes every table and closes the commit log.
+    /// Seals stream data, flushes every table, closes the commit log and releases the node's
+    /// id (a restart anywhere may claim it at once).
     pub async fn close(&self) -> Result<(), TableError> {
         if let Err(e) = self.streams.checkpoint(true).await {
             tracing::warn!(error = %e, "stream checkpoint at close failed (data is safe in the log)");
         }
         let result = self.tables.flush_due(true).await;
         self.log.close();
+        if !self.node.is_fenced()
+            && let Err(e) = self.node.heartbeat(self.log.last_lsn(), true).await
+        {
+            tracing::warn!(error = %e, "could not release the node id; a restart elsewhere waits a lease");
+        }
         result.map(|_| ())
+    }
+
+    /// This node's identity.
+    pub fn node(&self) -> &Arc<Node> {
+        &self.node
     }
 
     /// Replaces the catalog subtree at `path` (see [`Catalog::mutate`]) after checking the
@@ -572,8 +629,44 @@ impl Database {
                     other?;
                 }
             }
+            self.confirm_table(resolved, std::time::Instant::now())
+                .await?;
         }
         Ok(rows)
+    }
+
+    /// Checks, after rows were committed to `table` and before they are acknowledged, that
+    /// the table is still the one the catalog names: another node may have dropped or
+    /// replaced it since this node last looked. One small read of the catalog's next
+    /// version, shared by concurrent ingests. While the store cannot be reached the rows are
+    /// acknowledged (they are durable; no other node can change the catalog either).
+    async fn confirm_table(
+        &self,
+        table: &ResolvedTable,
+        committed: std::time::Instant,
+    ) -> Result<(), CatalogError> {
+        match self.catalog.changed_since(committed).await {
+            Ok(false) => return Ok(()),
+            Ok(true) => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "catalog version check failed; acknowledging");
+                return Ok(());
+            }
+        }
+        if let Err(e) = self.catalog.refresh().await {
+            tracing::debug!(error = %e, "catalog refresh failed; acknowledging");
+            return Ok(());
+        }
+        match self
+            .catalog
+            .table(&table.database, &table.schema, &table.def.name)
+            .await
+        {
+            Ok(now) if now.id == table.id => Ok(()),
+            Ok(_) => Err(CatalogError::Replaced(table.qualified_name())),
+            Err(e @ CatalogError::NotFound { .. }) => Err(e),
+            Err(_) => Ok(()),
+        }
     }
 
     /// The query engine.

@@ -160,7 +160,8 @@ impl From<CatalogError> for ApiError {
             ),
             CatalogError::Destructive(_)
             | CatalogError::Unsupported(_)
-            | CatalogError::Conflict => ApiError::new(StatusCode::CONFLICT, "conflict", message),
+            | CatalogError::Conflict
+            | CatalogError::Replaced(_) => ApiError::new(StatusCode::CONFLICT, "conflict", message),
             CatalogError::Storage(_) | CatalogError::Corrupt { .. } => service_unavailable(message),
         }
     }

@@ -178,13 +178,13 @@ pub(super) async fn ingest_statement(
         ApiError::bad_request(format!("expected {{\"data\":{{\"format\":\"json\",\"rows\":\"...\"}},\"statement\":\"INSERT INTO t\"}}: {e}"))
             .outcome(Outcome::Rejected)
     })?;
-    if let Some(format) = &request.data.format {
-        if !format.eq_ignore_ascii_case("json") {
-            return Err(ApiError::bad_request(format!(
-                "data format {format:?} is not supported; use json"
-            ))
-            .outcome(Outcome::Rejected));
-        }
+    if let Some(format) = &request.data.format
+        && !format.eq_ignore_ascii_case("json")
+    {
+        return Err(ApiError::bad_request(format!(
+            "data format {format:?} is not supported; use json"
+        ))
+        .outcome(Outcome::Rejected));
     }
     let (db, schema, table) = insert_target(&request.statement).ok_or_else(|| {
         ApiError::bad_request("statement must be INSERT INTO <table>").outcome(Outcome::Rejected)

@@ -61,13 +61,11 @@ pub struct AppState {
 
 impl AppState {
     /// State over an open database; with no keys, requests are not authenticated.
+    /// Subscriptions are off until [`AppState::with_subscriptions`] loads them.
     pub fn new(db: Arc<Database>, api_keys: Vec<String>) -> Self {
         AppState {
             metrics: Arc::new(Metrics::new(&db)),
-            subscriptions: subscriptions::Subscriptions::new(
-                db.streams().clone(),
-                subscriptions::SubscriptionLimits::default(),
-            ),
+            subscriptions: None,
             db,
             statements: Arc::new(Statements::new(StatementLimits::default())),
             api_keys: Arc::new(
@@ -95,9 +93,24 @@ impl AppState {
         self
     }
 
-    /// Sets the bounds on subscriptions and where their webhooks may point.
-    pub fn with_subscription_limits(mut self, limits: subscriptions::SubscriptionLimits) -> Self {
-        self.subscriptions = subscriptions::Subscriptions::new(self.db.streams().clone(), limits);
+    /// Turns subscriptions on, with these bounds and webhook networks, and loads the stored
+    /// ones (call once).
+    pub async fn with_subscriptions(mut self, limits: SubscriptionLimits) -> Self {
+        let db = &self.db;
+        self.subscriptions = match subscriptions::Subscriptions::new(
+            db.streams().clone(),
+            limits,
+            db.storage().clone(),
+            db.node().id(),
+        )
+        .await
+        {
+            Ok(subs) => Some(subs),
+            Err(e) => {
+                tracing::error!(error = %e, "subscriptions are unavailable");
+                None
+            }
+        };
         self
     }
 
@@ -334,10 +347,10 @@ fn host_allowed(policy: &BrowserPolicy, value: &str) -> bool {
     if host == "localhost" || host.ends_with(".localhost") {
         return true;
     }
-    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
-        if ip.is_loopback() || policy.listen.is_some_and(|l| l.ip() == ip) {
-            return true;
-        }
+    if let Ok(ip) = host.parse::<std::net::IpAddr>()
+        && (ip.is_loopback() || policy.listen.is_some_and(|l| l.ip() == ip))
+    {
+        return true;
     }
     policy
         .allowed_hosts
@@ -361,38 +374,37 @@ async fn browser_guard(State(state): State<AppState>, request: Request, next: Ne
     let policy = &state.browser;
     let headers = request.headers();
     let health = request.uri().path() == "/v1/health";
-    if (state.api_keys.is_empty() || !policy.allowed_hosts.is_empty()) && !health {
-        if let Some(host) = headers.get(header::HOST).and_then(|v| v.to_str().ok()) {
-            if !host_allowed(policy, host) {
-                return ApiError::new(
-                    axum::http::StatusCode::MISDIRECTED_REQUEST,
-                    "host_not_allowed",
-                    format!(
-                        "this server does not answer to host {:?}; add it to allowed_hosts",
-                        host_name(host)
-                    ),
-                )
-                .outcome(error::Outcome::Rejected)
-                .into_response();
-            }
-        }
+    if (state.api_keys.is_empty() || !policy.allowed_hosts.is_empty())
+        && !health
+        && let Some(host) = headers.get(header::HOST).and_then(|v| v.to_str().ok())
+        && !host_allowed(policy, host)
+    {
+        return ApiError::new(
+            axum::http::StatusCode::MISDIRECTED_REQUEST,
+            "host_not_allowed",
+            format!(
+                "this server does not answer to host {:?}; add it to allowed_hosts",
+                host_name(host)
+            ),
+        )
+        .outcome(error::Outcome::Rejected)
+        .into_response();
     }
     let safe = matches!(
         *request.method(),
         axum::http::Method::GET | axum::http::Method::HEAD | axum::http::Method::OPTIONS
     );
-    if !safe {
-        if let Some(origin) = headers.get(header::ORIGIN) {
-            let origin = origin.to_str().unwrap_or("null");
-            let same = headers
-                .get(header::HOST)
-                .and_then(|h| h.to_str().ok())
-                .is_some_and(|host| {
-                    origin.eq_ignore_ascii_case(&format!("http://{host}"))
-                        || origin.eq_ignore_ascii_case(&format!("https://{host}"))
-                });
-            if !same && !origin_allowed(policy, origin) {
-                return ApiError::new(
+    if !safe && let Some(origin) = headers.get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or("null");
+        let same = headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .is_some_and(|host| {
+                origin.eq_ignore_ascii_case(&format!("http://{host}"))
+                    || origin.eq_ignore_ascii_case(&format!("https://{host}"))
+            });
+        if !same && !origin_allowed(policy, origin) {
+            return ApiError::new(
                     axum::http::StatusCode::FORBIDDEN,
                     "origin_not_allowed",
                     format!(
@@ -401,7 +413,6 @@ async fn browser_guard(State(state): State<AppState>, request: Request, next: Ne
                 )
                 .outcome(error::Outcome::Rejected)
                 .into_response();
-            }
         }
     }
     next.run(request).await

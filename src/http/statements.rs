@@ -158,12 +158,12 @@ pub(super) async fn submit(
     body: axum::body::Body,
 ) -> Result<Response, ApiError> {
     let request: Submit = super::read_json(&headers, body, "{\"statement\": \"...\"}").await?;
-    if let Some(id) = &request.statement_id {
-        if id.is_empty() || id.len() > 128 {
-            return Err(ApiError::bad_request(
-                "statement_id must be 1 to 128 characters",
-            ));
-        }
+    if let Some(id) = &request.statement_id
+        && (id.is_empty() || id.len() > 128)
+    {
+        return Err(ApiError::bad_request(
+            "statement_id must be 1 to 128 characters",
+        ));
     }
     let owner = owner(&principal);
     // Parsed once: what the parse says decides the role the statement needs, and the same

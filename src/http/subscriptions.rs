@@ -4,7 +4,10 @@
 //! stream (an event appended there; a worker claims the wake, acks and releases it).
 //!
 //! Wakes carry a generation; an ack for a generation that is no longer current is fenced (409).
-//! Subscriptions live in memory: they do not survive a restart (the streams do).
+//! Subscriptions are durable: every change (a subscription made or removed, streams linked or
+//! unlinked, acks) is written to `subscriptions/{node}.json` in the object store before it
+//! is answered, and a restart loads them back (definitions, links, acked offsets and
+//! generations; a wake that was in flight is raised again for what is still unacked).
 //!
 //! Everything keyed by client input is bounded ([`SubscriptionLimits`]): subscriptions per
 //! server, streams linked to one, pattern length and wildcards (the matcher is iterative,
@@ -61,11 +64,27 @@ enum Kind {
     PullWake { wake_stream: String },
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct Link {
     explicit: bool,
     acked: u64,
+    #[serde(skip)]
     tail: u64,
+}
+
+/// A subscription as it is stored.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct StoredSubscription {
+    id: String,
+    definition: Value,
+    links: BTreeMap<String, Link>,
+    generation: u64,
+}
+
+/// Everything that is stored.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct Stored {
+    subscriptions: Vec<StoredSubscription>,
 }
 
 #[derive(Debug, Clone)]
@@ -102,6 +121,13 @@ pub(crate) struct Subscriptions {
     limits: SubscriptionLimits,
     /// Webhook deliveries in flight.
     deliveries: Arc<tokio::sync::Semaphore>,
+    /// Where the subscriptions are stored.
+    storage: crate::storage::Storage,
+    path: object_store::path::Path,
+    /// Bumped by every change; the last revision written is kept beside the writer lock,
+    /// so an older state never overwrites a newer one.
+    revision: std::sync::atomic::AtomicU64,
+    written: tokio::sync::Mutex<u64>,
 }
 
 impl std::fmt::Debug for Subscriptions {
@@ -417,11 +443,17 @@ pub(crate) fn is_wake_callback(path: &str) -> bool {
 }
 
 impl Subscriptions {
-    /// Subscriptions over `streams`, with a fresh signing key.
-    pub(crate) fn new(streams: Streams, limits: SubscriptionLimits) -> Option<Arc<Subscriptions>> {
+    /// Subscriptions over `streams`, with a fresh signing key, loaded from `storage` (this
+    /// node's object `subscriptions/{node}.json`).
+    pub(crate) async fn new(
+        streams: Streams,
+        limits: SubscriptionLimits,
+        storage: crate::storage::Storage,
+        node: &str,
+    ) -> Result<Arc<Subscriptions>, String> {
         let rng = ring::rand::SystemRandom::new();
-        let pkcs8 = Ed25519KeyPair::generate_pkcs8(&rng).ok()?;
-        let key = Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).ok()?;
+        let pkcs8 = Ed25519KeyPair::generate_pkcs8(&rng).map_err(|e| e.to_string())?;
+        let key = Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).map_err(|e| e.to_string())?;
         let subs = Arc::new(Subscriptions {
             subs: Mutex::new(HashMap::new()),
             kid: format!("ds_{}", &token()[..16]),
@@ -429,7 +461,12 @@ impl Subscriptions {
             streams: streams.clone(),
             deliveries: Arc::new(tokio::sync::Semaphore::new(limits.max_deliveries.max(1))),
             limits,
+            storage,
+            path: object_store::path::Path::from(format!("subscriptions/{node}.json")),
+            revision: std::sync::atomic::AtomicU64::new(0),
+            written: tokio::sync::Mutex::new(0),
         });
+        subs.load().await?;
         // Wake subscribers as streams receive data.
         let watcher = subs.clone();
         let mut changes = streams.changes();
@@ -442,7 +479,93 @@ impl Subscriptions {
                 }
             }
         });
-        Some(subs)
+        // Wakes that were pending when the server stopped are raised again.
+        let names: Vec<String> = subs
+            .subs()
+            .values()
+            .flat_map(|s| s.links.keys().cloned())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let restart = subs.clone();
+        tokio::spawn(async move {
+            for name in names {
+                restart.changed(&name).await;
+            }
+        });
+        Ok(subs)
+    }
+
+    /// Loads the stored subscriptions.
+    async fn load(&self) -> Result<(), String> {
+        use object_store::ObjectStoreExt as _;
+        let bytes = match self.storage.store().get(&self.path).await {
+            Ok(r) => r.bytes().await.map_err(|e| e.to_string())?,
+            Err(object_store::Error::NotFound { .. }) => return Ok(()),
+            Err(e) => return Err(format!("cannot load subscriptions: {e}")),
+        };
+        let stored: Stored = serde_json::from_slice(&bytes)
+            .map_err(|e| format!("subscriptions object {} is unreadable: {e}", self.path))?;
+        let mut all = self.subs();
+        for s in stored.subscriptions {
+            let mut definition = s.definition;
+            let base = definition["__base"].clone();
+            let sub = match parse_subscription(&s.id, &definition, &self.limits, true) {
+                Ok(sub) => sub,
+                Err(_) => {
+                    tracing::warn!(subscription = %s.id, "stored subscription is no longer valid; dropped");
+                    continue;
+                }
+            };
+            definition["__base"] = base;
+            all.insert(
+                s.id.clone(),
+                Subscription {
+                    definition,
+                    links: s.links,
+                    generation: s.generation,
+                    ..sub
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Writes every subscription to the object store; returns once this state (or a newer
+    /// one) is durable.
+    async fn persist(&self) -> Result<(), String> {
+        use object_store::ObjectStoreExt as _;
+        use std::sync::atomic::Ordering;
+        let (revision, body) = {
+            let all = self.subs();
+            let revision = self.revision.fetch_add(1, Ordering::AcqRel) + 1;
+            let stored = Stored {
+                subscriptions: all
+                    .values()
+                    .map(|s| StoredSubscription {
+                        id: s.id.clone(),
+                        definition: s.definition.clone(),
+                        links: s.links.clone(),
+                        generation: s.generation,
+                    })
+                    .collect(),
+            };
+            (
+                revision,
+                serde_json::to_vec(&stored).map_err(|e| e.to_string())?,
+            )
+        };
+        let mut written = self.written.lock().await;
+        if *written >= revision {
+            return Ok(());
+        }
+        self.storage
+            .store()
+            .put(&self.path, body.into())
+            .await
+            .map_err(|e| format!("cannot store subscriptions: {e}"))?;
+        *written = revision;
+        Ok(())
     }
 
     fn subs(&self) -> std::sync::MutexGuard<'_, HashMap<String, Subscription>> {
@@ -631,7 +754,13 @@ impl Subscriptions {
         };
         if done {
             let acks: Vec<(String, u64)> = wake.streams.clone();
-            let _ = self.finish(id, &wake.id, wake.generation, &acks, true);
+            if self
+                .finish(id, &wake.id, wake.generation, &acks, true)
+                .is_ok()
+                && let Err(e) = self.persist().await
+            {
+                tracing::warn!(subscription = id, error = %e, "acks not stored");
+            }
         }
     }
 
@@ -799,6 +928,37 @@ pub(super) async fn handle(
         },
         Err(e) => return error(StatusCode::BAD_REQUEST, "INVALID_BODY", e.to_string()),
     };
+    let mutates = matches!(
+        (method.clone(), tail),
+        (Method::PUT, "")
+            | (Method::DELETE, _)
+            | (Method::POST, "streams")
+            | (Method::POST, "callback")
+            | (Method::POST, "ack")
+    );
+    let response = dispatch(subs, method, id, tail, headers, body).await;
+    if mutates
+        && response.status().is_success()
+        && let Err(e) = subs.persist().await
+    {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "NOT_DURABLE",
+            format!("the change was applied but could not be stored: {e}"),
+        );
+    }
+    response
+}
+
+async fn dispatch(
+    subs: &Subscriptions,
+    method: &axum::http::Method,
+    id: &str,
+    tail: &str,
+    headers: &HeaderMap,
+    body: Value,
+) -> Response {
+    use axum::http::Method;
     match (method.clone(), tail) {
         (Method::PUT, "") => put(subs, id, headers, body),
         (Method::GET, "") => match subs.subs().get(id) {
@@ -907,32 +1067,39 @@ pub(super) async fn handle(
     }
 }
 
-fn put(subs: &Subscriptions, id: &str, headers: &HeaderMap, body: Value) -> Response {
-    if let Some(pattern) = body["pattern"].as_str() {
-        if let Err(message) = check_pattern(pattern, &subs.limits) {
-            return error(StatusCode::BAD_REQUEST, "INVALID_PATTERN", message);
-        }
+/// Why a definition was refused: status, code, message.
+type Refusal = (StatusCode, &'static str, String);
+
+/// A subscription from its definition (a `PUT` body, or a stored one: `stored` skips the
+/// checks that depend on the moment, such as how many subscriptions exist).
+fn parse_subscription(
+    id: &str,
+    body: &Value,
+    limits: &SubscriptionLimits,
+    stored: bool,
+) -> Result<Subscription, Refusal> {
+    if let Some(pattern) = body["pattern"].as_str()
+        && let Err(message) = check_pattern(pattern, limits)
+    {
+        return Err((StatusCode::BAD_REQUEST, "INVALID_PATTERN", message));
     }
     let listed = body["streams"].as_array().map_or(0, Vec::len);
-    if listed > subs.limits.max_links {
-        return error(
+    if listed > limits.max_links && !stored {
+        return Err((
             StatusCode::BAD_REQUEST,
             "TOO_MANY_STREAMS",
-            format!(
-                "a subscription links at most {} streams",
-                subs.limits.max_links
-            ),
-        );
+            format!("a subscription links at most {} streams", limits.max_links),
+        ));
     }
     let kind = match body["type"].as_str() {
         Some("webhook") => {
             let url = body["webhook"]["url"].as_str().unwrap_or("");
-            if !webhook_url_allowed(url, &subs.limits.webhook_allowed_networks) {
-                return error(
+            if !webhook_url_allowed(url, &limits.webhook_allowed_networks) {
+                return Err((
                     StatusCode::BAD_REQUEST,
                     "WEBHOOK_URL_REJECTED",
                     format!("webhook URL {url:?} is not allowed (private network or not http)"),
-                );
+                ));
             }
             Kind::Webhook {
                 url: url.to_owned(),
@@ -943,65 +1110,35 @@ fn put(subs: &Subscriptions, id: &str, headers: &HeaderMap, body: Value) -> Resp
                 wake_stream: s.to_owned(),
             },
             None => {
-                return error(
+                return Err((
                     StatusCode::BAD_REQUEST,
                     "INVALID",
-                    "pull-wake needs wake_stream",
-                );
+                    "pull-wake needs wake_stream".into(),
+                ));
             }
         },
         _ => {
-            return error(
+            return Err((
                 StatusCode::BAD_REQUEST,
                 "INVALID",
-                "type must be webhook or pull-wake",
-            );
+                "type must be webhook or pull-wake".into(),
+            ));
         }
     };
-    let host = headers
-        .get("host")
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("localhost");
-    let mut definition = body.clone();
-    definition["__base"] = json!(format!("http://{host}"));
-    let mut all = subs.subs();
-    if !all.contains_key(id) && all.len() >= subs.limits.max_subscriptions {
-        return error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "TOO_MANY_SUBSCRIPTIONS",
-            format!(
-                "this server keeps at most {} subscriptions",
-                subs.limits.max_subscriptions
-            ),
-        );
-    }
-    if let Some(existing) = all.get(id) {
-        let mut same = existing.definition.clone();
-        same["__base"] = definition["__base"].clone();
-        return if same == definition {
-            (StatusCode::OK, axum::Json(subs.describe(existing))).into_response()
-        } else {
-            error(
-                StatusCode::CONFLICT,
-                "CONFLICT",
-                "subscription exists with another definition",
-            )
-        };
-    }
     let explicit: BTreeSet<String> = body["streams"]
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(|s| s.as_str().map(str::to_owned))
         .collect();
-    let sub = Subscription {
+    Ok(Subscription {
         id: id.to_owned(),
         kind,
         pattern: body["pattern"].as_str().map(str::to_owned),
         lease_ttl: Duration::from_millis(body["lease_ttl_ms"].as_u64().unwrap_or(30_000))
             .min(MAX_LEASE),
         description: body["description"].as_str().map(str::to_owned),
-        definition,
+        definition: body.clone(),
         links: explicit
             .into_iter()
             .map(|p| {
@@ -1017,7 +1154,43 @@ fn put(subs: &Subscriptions, id: &str, headers: &HeaderMap, body: Value) -> Resp
             .collect(),
         generation: 0,
         wake: None,
+    })
+}
+
+fn put(subs: &Subscriptions, id: &str, headers: &HeaderMap, body: Value) -> Response {
+    let mut sub = match parse_subscription(id, &body, &subs.limits, false) {
+        Ok(sub) => sub,
+        Err((status, code, message)) => return error(status, code, message),
     };
+    let host = headers
+        .get("host")
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("localhost");
+    sub.definition["__base"] = json!(format!("http://{host}"));
+    let mut all = subs.subs();
+    if let Some(existing) = all.get(id) {
+        let mut same = existing.definition.clone();
+        same["__base"] = sub.definition["__base"].clone();
+        return if same == sub.definition {
+            (StatusCode::OK, axum::Json(subs.describe(existing))).into_response()
+        } else {
+            error(
+                StatusCode::CONFLICT,
+                "CONFLICT",
+                "subscription exists with another definition",
+            )
+        };
+    }
+    if all.len() >= subs.limits.max_subscriptions {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "TOO_MANY_SUBSCRIPTIONS",
+            format!(
+                "this server keeps at most {} subscriptions",
+                subs.limits.max_subscriptions
+            ),
+        );
+    }
     let described = subs.describe(&sub);
     all.insert(id.to_owned(), sub);
     (StatusCode::CREATED, axum::Json(described)).into_response()
@@ -1030,20 +1203,20 @@ fn claim(subs: &Subscriptions, id: &str, body: &Value) -> Response {
         return error(StatusCode::NOT_FOUND, "NOT_FOUND", "no such subscription");
     };
     let now = Instant::now();
-    if let Some(w) = &sub.wake {
-        if let (Some(holder), Some(until)) = (&w.holder, w.lease_until) {
-            if until > now && *holder != worker {
-                return (
-                    StatusCode::CONFLICT,
-                    axum::Json(json!({"error": {
-                        "code": "ALREADY_CLAIMED",
-                        "message": "another worker holds this wake",
-                        "current_holder": holder,
-                    }})),
-                )
-                    .into_response();
-            }
-        }
+    if let Some(w) = &sub.wake
+        && let (Some(holder), Some(until)) = (&w.holder, w.lease_until)
+        && until > now
+        && *holder != worker
+    {
+        return (
+            StatusCode::CONFLICT,
+            axum::Json(json!({"error": {
+                "code": "ALREADY_CLAIMED",
+                "message": "another worker holds this wake",
+                "current_holder": holder,
+            }})),
+        )
+            .into_response();
     }
     let pending: Vec<(String, u64)> = sub
         .links

@@ -164,10 +164,10 @@ impl Decoder {
             return Err(IngestError::BodyTooLarge { limit: max_body });
         }
         let parts = self.parallelism.min(body.len() / PARALLEL_MIN_CHUNK_BYTES);
-        if parts > 1 {
-            if let Some(batch) = self.decode_parallel(body, limits, parts) {
-                return batch;
-            }
+        if parts > 1
+            && let Some(batch) = self.decode_parallel(body, limits, parts)
+        {
+            return batch;
         }
         self.decode_chunk(body, limits)
     }
@@ -274,10 +274,10 @@ impl Decoder {
     /// list fields in the same order), then the map.
     #[inline]
     fn lookup(&self, key: &[u8], hint: usize) -> Option<Target> {
-        if let Some((name, _)) = self.inputs.get(hint) {
-            if short_eq(name, key) {
-                return Some(Target::Input(hint));
-            }
+        if let Some((name, _)) = self.inputs.get(hint)
+            && short_eq(name, key)
+        {
+            return Some(Target::Input(hint));
         }
         self.by_name.get(key).copied()
     }

@@ -6,18 +6,31 @@
 //! them with one `fdatasync` (group commit); an append returns its LSN only after the sync that
 //! covers it.
 //!
-//! On open, the log is scanned from its first segment: a torn or corrupt record at the tail of
-//! the last segment (a crash mid-write) is cut off; anything else that fails its checksum stops
-//! the open with an error, because data after it was acknowledged. The records found are
-//! handed back for replay. Segments whose records are all made durable elsewhere (flushed to
-//! object storage) are deleted with [`CommitLog::truncate_before`].
+//! On open, the log is scanned from its first segment. A record that is torn or fails its
+//! checksum is a torn tail, and is cut off, only when nothing acknowledged can follow it: it
+//! is in the last segment, and no complete group follows it (the last record of every group
+//! carries a group-end mark, and a group is written only after the one before it was synced,
+//! so a valid record after a later group end proves that the damaged record was
+//! acknowledged). Anything else stops the open with [`LogError::Corrupt`], naming the segment
+//! and offset: acknowledged data is never dropped silently (`sluice repair` moves the damaged
+//! part aside). The records found are handed back for replay.
+//!
+//! Segments are released by the log's consumers (tables, streams), declared when the log is
+//! opened ([`LogConfig::consumers`]): a segment is deleted only once every declared consumer
+//! has made all its records durable elsewhere ([`LogConsumer::release_before`]), so one
+//! consumer can never release what another still needs, whatever order they start in.
+//!
+//! LSNs only grow. A node starting a new ownership epoch moves the log on to the epoch's first
+//! LSN ([`CommitLog::advance_to`]), in a new segment, so that records of different epochs
+//! never share an LSN.
 //!
 //! Frame layout (little endian):
 //!
 //! ```text
 //! | len: u32 | crc32c: u32 | kind: u8 | lsn: u64 | payload: len bytes |
 //! ```
-//! The CRC covers kind, lsn and payload.
+//! The CRC covers kind, lsn and payload. The kind byte's top bit marks the last record of a
+//! group commit.
 
 mod segment;
 
@@ -55,9 +68,12 @@ pub enum RecordKind {
     Metadata = 3,
 }
 
+/// The kind byte's flag on the last record of a group commit.
+pub(crate) const GROUP_END: u8 = 0x80;
+
 impl RecordKind {
     fn from_byte(b: u8) -> Option<RecordKind> {
-        match b {
+        match b & !GROUP_END {
             1 => Some(RecordKind::TableBatch),
             2 => Some(RecordKind::StreamAppend),
             3 => Some(RecordKind::Metadata),
@@ -114,10 +130,17 @@ pub struct LogConfig {
     pub max_log_bytes: u64,
     /// Failure injection for tests.
     pub fail_hook: Option<FailHook>,
+    /// The consumers that release the log (see [`CommitLog::consumer`]); a segment is
+    /// deleted only when every one of them has released it. Empty: only
+    /// [`CommitLog::truncate_before`] deletes segments.
+    pub consumers: Vec<String>,
+    /// Records what the log's syncs made durable, for simulated power loss (tests).
+    pub journal: Option<Arc<crate::storage::journal::SyncJournal>>,
 }
 
 impl LogConfig {
-    /// Defaults: 64 MiB segments, fsync per group, 4 GiB log budget, no failure injection.
+    /// Defaults: 64 MiB segments, fsync per group, 4 GiB log budget, no consumers, no
+    /// failure injection.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         LogConfig {
             dir: dir.into(),
@@ -125,6 +148,8 @@ impl LogConfig {
             durability: Durability::Fsync,
             max_log_bytes: 4 << 30,
             fail_hook: None,
+            consumers: Vec::new(),
+            journal: None,
         }
     }
 }
@@ -137,7 +162,8 @@ impl std::fmt::Debug for LogConfig {
             .field("durability", &self.durability)
             .field("max_log_bytes", &self.max_log_bytes)
             .field("fail_hook", &self.fail_hook.is_some())
-            .finish()
+            .field("consumers", &self.consumers)
+            .finish_non_exhaustive()
     }
 }
 
@@ -155,7 +181,7 @@ pub enum LogError {
     },
     /// A record before the tail fails its checksum: acknowledged data is damaged.
     #[error(
-        "commit log segment {path} is corrupt at byte {offset}, before its tail; refusing to drop acknowledged data"
+        "commit log segment {path} is corrupt at byte {offset}, before its tail; refusing to drop acknowledged data (`sluice repair` moves the damaged part aside)"
     )]
     Corrupt {
         /// The segment.
@@ -181,6 +207,15 @@ pub enum LogError {
     /// The log was closed.
     #[error("commit log is closed")]
     Closed,
+    /// This node no longer owns its log: another process claimed its node id.
+    #[error("this node was fenced: another process took over its node id; nothing more is written")]
+    Fenced,
+    /// Another process (or another open log in this one) uses the directory.
+    #[error("commit log {0} is in use by another sluice process")]
+    Locked(PathBuf),
+    /// A consumer that was not declared when the log was opened.
+    #[error("commit log consumer {0:?} was not declared when the log was opened")]
+    UnknownConsumer(String),
 }
 
 impl LogError {
@@ -208,6 +243,10 @@ pub struct LogStats {
     pub syncs: AtomicU64,
     /// Total nanoseconds spent in syncs.
     pub sync_nanos: AtomicU64,
+    /// Segments closed because they were full (or an epoch began).
+    pub segments_rolled: AtomicU64,
+    /// Segments deleted once every consumer released them.
+    pub segments_deleted: AtomicU64,
 }
 
 /// Work to run on the writer thread once a record is durable, before it is acknowledged.
@@ -222,6 +261,8 @@ struct Append {
 
 enum Msg {
     Append(Append),
+    /// Continue at this LSN (at least), in a new segment.
+    Advance(Lsn, oneshot::Sender<Result<Lsn, LogError>>),
     /// Finish the appends before this message, then stop.
     Close,
 }
@@ -238,6 +279,9 @@ struct Shared {
     last_lsn: AtomicU64,
     poisoned: AtomicBool,
     closing: AtomicBool,
+    fenced: AtomicBool,
+    /// The directory's lock, released when the log closes.
+    lock: Mutex<Option<fs::File>>,
     stats: LogStats,
     /// For each consumer, the LSN below which it needs no record any more.
     consumers: Mutex<HashMap<String, Lsn>>,
@@ -264,6 +308,17 @@ impl CommitLog {
     /// and every record in it, in LSN order, for replay.
     pub fn open(config: LogConfig) -> Result<(CommitLog, Vec<Record>), LogError> {
         fs::create_dir_all(&config.dir).map_err(|e| LogError::io(&config.dir, e))?;
+        // One process at a time: the lock lives until the log is closed (or the process ends).
+        let lock_path = config.dir.join("LOCK");
+        let lock = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| LogError::io(&lock_path, e))?;
+        if lock.try_lock().is_err() {
+            return Err(LogError::Locked(config.dir.clone()));
+        }
         let mut paths = segment::list(&config.dir)?;
         let mut records = Vec::new();
         let mut closed = Vec::new();
@@ -274,16 +329,20 @@ impl CommitLog {
             let SegmentScan {
                 valid_len,
                 file_len,
+                complete_group_after,
             } = segment::scan(path, &mut records, next_lsn.max(*first_lsn))?;
             if valid_len < file_len {
-                if Some(i) != last_index {
+                if Some(i) != last_index || complete_group_after {
                     return Err(LogError::Corrupt {
                         path: path.clone(),
                         offset: valid_len,
                     });
                 }
                 // A torn tail: the crash came mid-write, and nothing past it was acknowledged.
-                segment::truncate(path, valid_len)?;
+                segment::truncate(path, valid_len, config.journal.as_deref())?;
+            }
+            if let Some(journal) = &config.journal {
+                journal.existing(path, valid_len);
             }
             if let Some(last) = records.last() {
                 next_lsn = last.lsn + 1;
@@ -298,11 +357,14 @@ impl CommitLog {
         // Continue in the last segment, or start the first one.
         let active = match paths.pop() {
             Some((first_lsn, path)) => Segment::open_append(&path, first_lsn)?,
-            None => Segment::create(&config.dir, next_lsn)?,
+            None => Segment::create(&config.dir, next_lsn, config.journal.as_deref())?,
         };
         if config.durability == Durability::Fsync {
-            segment::sync_dir(&config.dir)?;
+            segment::sync_dir(&config.dir, config.journal.as_deref())?;
         }
+        // Every declared consumer starts needing the whole log.
+        let consumers: HashMap<String, Lsn> =
+            config.consumers.iter().map(|c| (c.clone(), 0)).collect();
         let shared = Arc::new(Shared {
             config,
             closed: Mutex::new(closed),
@@ -311,8 +373,10 @@ impl CommitLog {
             last_lsn: AtomicU64::new(next_lsn - 1),
             poisoned: AtomicBool::new(false),
             closing: AtomicBool::new(false),
+            fenced: AtomicBool::new(false),
+            lock: Mutex::new(Some(lock)),
             stats: LogStats::default(),
-            consumers: Mutex::new(HashMap::new()),
+            consumers: Mutex::new(consumers),
         });
         let (tx, rx) = mpsc::unbounded_channel();
         let writer_shared = shared.clone();
@@ -378,6 +442,9 @@ impl CommitLog {
         if self.shared.poisoned.load(Ordering::Acquire) {
             return Err(LogError::Poisoned);
         }
+        if self.shared.fenced.load(Ordering::Acquire) {
+            return Err(LogError::Fenced);
+        }
         let bytes = self.shared.bytes.load(Ordering::Acquire);
         if bytes > self.shared.config.max_log_bytes {
             return Err(LogError::Full {
@@ -397,17 +464,43 @@ impl CommitLog {
         Ok(rx)
     }
 
-    /// Registers a consumer of the log's records (tables, streams). Segments are deleted only
-    /// below the position every registered consumer has released. A new consumer needs
+    /// The handle of a consumer declared in [`LogConfig::consumers`]. Segments are deleted
+    /// only below the position every declared consumer has released; each starts needing
     /// everything from the first record on.
-    pub fn consumer(&self, name: &str) -> LogConsumer {
-        if let Ok(mut consumers) = self.shared.consumers.lock() {
-            consumers.entry(name.to_owned()).or_insert(0);
+    pub fn consumer(&self, name: &str) -> Result<LogConsumer, LogError> {
+        let consumers = self
+            .shared
+            .consumers
+            .lock()
+            .map_err(|_| LogError::Poisoned)?;
+        if !consumers.contains_key(name) {
+            return Err(LogError::UnknownConsumer(name.to_owned()));
         }
-        LogConsumer {
+        Ok(LogConsumer {
             log: self.clone(),
             name: name.to_owned(),
-        }
+        })
+    }
+
+    /// Moves the log on so that the next record's LSN is at least `lsn`, starting a new
+    /// segment there; returns the next LSN. A node calls it once, before any append, when it
+    /// starts a new ownership epoch.
+    pub async fn advance_to(&self, lsn: Lsn) -> Result<Lsn, LogError> {
+        let (done, rx) = oneshot::channel();
+        self.tx
+            .send(Msg::Advance(lsn, done))
+            .map_err(|_| LogError::Closed)?;
+        rx.await.map_err(|_| LogError::Closed)?
+    }
+
+    /// Stops all appends for good: this node lost ownership of its log.
+    pub fn fence(&self) {
+        self.shared.fenced.store(true, Ordering::Release);
+    }
+
+    /// Whether the log was fenced.
+    pub fn is_fenced(&self) -> bool {
+        self.shared.fenced.load(Ordering::Acquire)
     }
 
     /// Deletes every closed segment whose records all have LSNs below `lsn`: the caller has
@@ -426,6 +519,13 @@ impl CommitLog {
             }
             let (_, path, size) = closed.remove(0);
             fs::remove_file(&path).map_err(|e| LogError::io(&path, e))?;
+            if let Some(journal) = &self.shared.config.journal {
+                journal.removed(&path);
+            }
+            self.shared
+                .stats
+                .segments_deleted
+                .fetch_add(1, Ordering::Relaxed);
             self.shared.bytes.fetch_sub(size, Ordering::AcqRel);
             deleted += 1;
         }
@@ -452,10 +552,66 @@ impl CommitLog {
         // Clones keep the channel open, so the writer is told to stop explicitly.
         self.shared.closing.store(true, Ordering::Release);
         let _ = self.tx.send(Msg::Close);
-        if let Ok(mut writer) = self.writer.lock() {
-            if let Some(handle) = writer.take() {
-                let _ = handle.join();
+        if let Ok(mut writer) = self.writer.lock()
+            && let Some(handle) = writer.take()
+        {
+            let _ = handle.join();
+        }
+        if let Ok(mut lock) = self.shared.lock.lock() {
+            lock.take();
+        }
+    }
+}
+
+/// What [`repair`] moved aside.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MovedAside {
+    /// The segment that was cut.
+    pub segment: PathBuf,
+    /// Where it was cut: the damaged record's offset.
+    pub offset: u64,
+    /// The file now holding the bytes from that offset on.
+    pub moved_to: PathBuf,
+    /// How many bytes were moved.
+    pub bytes: u64,
+}
+
+/// Makes a log that refuses to open for corruption open again: each damaged segment is cut at
+/// the damaged record, and the bytes from there on are kept in
+/// `{segment}.corrupt-{offset}` beside it (for inspection; the log ignores them). The records
+/// in those bytes, acknowledged ones included, are not replayed. Returns what was moved.
+pub fn repair(dir: &Path) -> Result<Vec<MovedAside>, LogError> {
+    let mut moved = Vec::new();
+    loop {
+        let config = LogConfig::new(dir);
+        match CommitLog::open(config) {
+            Ok((log, _)) => {
+                log.close();
+                return Ok(moved);
             }
+            Err(LogError::Corrupt { path, offset }) => {
+                let bytes = fs::read(&path).map_err(|e| LogError::io(&path, e))?;
+                let at = usize::try_from(offset)
+                    .unwrap_or(bytes.len())
+                    .min(bytes.len());
+                let name = format!(
+                    "{}.corrupt-{offset}",
+                    path.file_name()
+                        .and_then(|n| n.to_str())
+                        .unwrap_or("segment")
+                );
+                let aside = path.with_file_name(name);
+                fs::write(&aside, &bytes[at..]).map_err(|e| LogError::io(&aside, e))?;
+                segment::truncate(&path, offset, None)?;
+                segment::sync_dir(dir, None)?;
+                moved.push(MovedAside {
+                    segment: path,
+                    offset,
+                    moved_to: aside,
+                    bytes: (bytes.len() - at) as u64,
+                });
+            }
+            Err(e) => return Err(e),
         }
     }
 }
@@ -478,8 +634,9 @@ impl LogConsumer {
                 .consumers
                 .lock()
                 .map_err(|_| LogError::Poisoned)?;
-            let entry = consumers.entry(self.name.clone()).or_insert(0);
-            *entry = (*entry).max(lsn);
+            if let Some(entry) = consumers.get_mut(&self.name) {
+                *entry = (*entry).max(lsn);
+            }
             consumers.values().copied().min().unwrap_or(0)
         };
         self.log.truncate_before(floor)
@@ -505,46 +662,98 @@ fn writer_loop(
             break;
         };
         let mut next = Some(first);
+        let mut advance_to = None;
         while let Some(msg) = next.take().or_else(|| rx.try_recv().ok()) {
             match msg {
                 Msg::Append(append) => group.push(append),
+                Msg::Advance(lsn, done) => {
+                    // Appends before it are written first, in their own group.
+                    advance_to = Some((lsn, done));
+                    break;
+                }
                 Msg::Close => {
                     stop = true;
                     break;
                 }
             }
         }
-        if group.is_empty() {
-            continue;
+        if !group.is_empty() {
+            write_and_answer(&shared, &mut active, &mut group, &mut next_lsn);
         }
-        if shared.poisoned.load(Ordering::Acquire) {
+        if let Some((lsn, done)) = advance_to {
+            let _ = done.send(advance(&shared, &mut active, &mut next_lsn, lsn));
+        }
+    }
+}
+
+/// Starts a new segment at `lsn` (if the log is not there yet) and continues from it.
+fn advance(
+    shared: &Shared,
+    active: &mut Segment,
+    next_lsn: &mut Lsn,
+    lsn: Lsn,
+) -> Result<Lsn, LogError> {
+    if lsn <= *next_lsn {
+        return Ok(*next_lsn);
+    }
+    let config = &shared.config;
+    let journal = config.journal.as_deref();
+    let next = Segment::create(&config.dir, lsn, journal)?;
+    if config.durability == Durability::Fsync {
+        segment::sync_dir(&config.dir, journal)?;
+    }
+    let old = std::mem::replace(active, next);
+    if old.len() == 0 {
+        // Nothing was ever written to it: it need not stay.
+        let path = old.path().to_owned();
+        drop(old);
+        fs::remove_file(&path).map_err(|e| LogError::io(&path, e))?;
+        if let Some(journal) = journal {
+            journal.removed(&path);
+        }
+    } else if let Ok(mut closed) = shared.closed.lock() {
+        closed.push((old.first_lsn(), old.path().to_owned(), old.len()));
+    }
+    shared.active_first.store(lsn, Ordering::Release);
+    *next_lsn = lsn;
+    shared.last_lsn.store(lsn - 1, Ordering::Release);
+    Ok(lsn)
+}
+
+/// Writes a group, syncs it, applies and answers every append in it.
+fn write_and_answer(
+    shared: &Shared,
+    active: &mut Segment,
+    group: &mut Vec<Append>,
+    next_lsn: &mut Lsn,
+) {
+    if shared.poisoned.load(Ordering::Acquire) {
+        for append in group.drain(..) {
+            let _ = append.done.send(Err(LogError::Poisoned));
+        }
+        return;
+    }
+    match write_group(shared, active, group, *next_lsn) {
+        Ok(()) => {
             for append in group.drain(..) {
-                let _ = append.done.send(Err(LogError::Poisoned));
+                let lsn = *next_lsn;
+                if let Some(apply) = append.apply {
+                    apply(lsn);
+                }
+                shared.last_lsn.store(lsn, Ordering::Release);
+                let _ = append.done.send(Ok(lsn));
+                *next_lsn += 1;
             }
-            continue;
         }
-        let result = write_group(&shared, &mut active, &group, next_lsn);
-        match result {
-            Ok(()) => {
-                for append in group.drain(..) {
-                    if let Some(apply) = append.apply {
-                        apply(next_lsn);
-                    }
-                    shared.last_lsn.store(next_lsn, Ordering::Release);
-                    let _ = append.done.send(Ok(next_lsn));
-                    next_lsn += 1;
-                }
-            }
-            Err(e) => {
-                // After a failed write or sync, the file's state is unknown: stop appending.
-                shared.poisoned.store(true, Ordering::Release);
-                let message = e.to_string();
-                for append in group.drain(..) {
-                    let _ = append.done.send(Err(LogError::Io {
-                        path: active.path().to_owned(),
-                        source: io::Error::other(message.clone()),
-                    }));
-                }
+        Err(e) => {
+            // After a failed write or sync, the file's state is unknown: stop appending.
+            shared.poisoned.store(true, Ordering::Release);
+            let message = e.to_string();
+            for append in group.drain(..) {
+                let _ = append.done.send(Err(LogError::Io {
+                    path: active.path().to_owned(),
+                    source: io::Error::other(message.clone()),
+                }));
             }
         }
     }
@@ -557,24 +766,32 @@ fn write_group(
     first_lsn: Lsn,
 ) -> Result<(), LogError> {
     let config = &shared.config;
+    let journal = config.journal.as_deref();
+    if let Some(journal) = journal {
+        journal
+            .check_alive()
+            .map_err(|e| LogError::io(active.path(), e))?;
+    }
     if active.len() >= config.segment_bytes {
         // Roll: the full segment is synced already (every group is), so close it and start
         // the next one at this group's first LSN.
-        let next = Segment::create(&config.dir, first_lsn)?;
+        let next = Segment::create(&config.dir, first_lsn, journal)?;
         if config.durability == Durability::Fsync {
-            segment::sync_dir(&config.dir)?;
+            segment::sync_dir(&config.dir, journal)?;
         }
         let old = std::mem::replace(active, next);
         if let Ok(mut closed) = shared.closed.lock() {
             closed.push((old.first_lsn(), old.path().to_owned(), old.len()));
         }
         shared.active_first.store(first_lsn, Ordering::Release);
+        shared.stats.segments_rolled.fetch_add(1, Ordering::Relaxed);
     }
     let headers: Vec<[u8; FRAME_HEADER_BYTES]> = group
         .iter()
         .enumerate()
         .map(|(i, append)| {
-            segment::frame_header(first_lsn + i as u64, append.kind, &append.payload)
+            let end = i + 1 == group.len();
+            segment::frame_header(first_lsn + i as u64, append.kind, end, &append.payload)
         })
         .collect();
     let mut slices: Vec<IoSlice<'_>> = headers
@@ -583,21 +800,21 @@ fn write_group(
         .flat_map(|(header, append)| [IoSlice::new(header), IoSlice::new(&append.payload)])
         .collect();
     let bytes: usize = slices.iter().map(|s| s.len()).sum();
-    if let Some(hook) = &config.fail_hook {
-        if let Some(e) = hook(FailPoint::BeforeWrite) {
-            return Err(LogError::io(active.path(), e));
-        }
+    if let Some(hook) = &config.fail_hook
+        && let Some(e) = hook(FailPoint::BeforeWrite)
+    {
+        return Err(LogError::io(active.path(), e));
     }
     active.write_all_vectored(&mut slices)?;
     shared.bytes.fetch_add(bytes as u64, Ordering::AcqRel);
-    if let Some(hook) = &config.fail_hook {
-        if let Some(e) = hook(FailPoint::BeforeSync) {
-            return Err(LogError::io(active.path(), e));
-        }
+    if let Some(hook) = &config.fail_hook
+        && let Some(e) = hook(FailPoint::BeforeSync)
+    {
+        return Err(LogError::io(active.path(), e));
     }
     if config.durability == Durability::Fsync {
         let started = Instant::now();
-        active.sync_data()?;
+        active.sync_data(journal)?;
         let elapsed = started.elapsed().min(Duration::from_secs(3600));
         shared.stats.syncs.fetch_add(1, Ordering::Relaxed);
         shared

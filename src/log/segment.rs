@@ -4,7 +4,8 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, IoSlice, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use super::{FRAME_HEADER_BYTES, LogError, Lsn, MAX_RECORD_BYTES, Record, RecordKind};
+use super::{FRAME_HEADER_BYTES, GROUP_END, LogError, Lsn, MAX_RECORD_BYTES, Record, RecordKind};
+use crate::storage::journal::SyncJournal;
 
 const SUFFIX: &str = ".log";
 
@@ -29,16 +30,23 @@ pub(super) fn list(dir: &Path) -> Result<Vec<(Lsn, PathBuf)>, LogError> {
     Ok(segments)
 }
 
-/// The frame header of one record: length, checksum (of kind, LSN and payload), kind, LSN.
-pub(super) fn frame_header(lsn: Lsn, kind: RecordKind, payload: &[u8]) -> [u8; FRAME_HEADER_BYTES] {
+/// The frame header of one record: length, checksum (of kind, LSN and payload), kind (with
+/// the group-end mark on a group's last record), LSN.
+pub(super) fn frame_header(
+    lsn: Lsn,
+    kind: RecordKind,
+    group_end: bool,
+    payload: &[u8],
+) -> [u8; FRAME_HEADER_BYTES] {
     let len = payload.len() as u32;
-    let mut crc = crc32c::crc32c(&[kind as u8]);
+    let kind = kind as u8 | if group_end { GROUP_END } else { 0 };
+    let mut crc = crc32c::crc32c(&[kind]);
     crc = crc32c::crc32c_append(crc, &lsn.to_le_bytes());
     crc = crc32c::crc32c_append(crc, payload);
     let mut header = [0u8; FRAME_HEADER_BYTES];
     header[0..4].copy_from_slice(&len.to_le_bytes());
     header[4..8].copy_from_slice(&crc.to_le_bytes());
-    header[8] = kind as u8;
+    header[8] = kind;
     header[9..17].copy_from_slice(&lsn.to_le_bytes());
     header
 }
@@ -49,6 +57,9 @@ pub(super) struct SegmentScan {
     pub(super) valid_len: u64,
     /// The file's size.
     pub(super) file_len: u64,
+    /// Whether, past the first bad record, a complete group is followed by more valid
+    /// records: then the bad record was acknowledged (corruption, not a torn tail).
+    pub(super) complete_group_after: bool,
 }
 
 /// Reads a segment's records into `records`, stopping at the first record that is torn,
@@ -64,7 +75,7 @@ pub(super) fn scan(
         .map_err(|e| LogError::io(path, e))?;
     let mut pos = 0usize;
     let mut expected = first_lsn;
-    while let Some((record, next)) = decode_at(&bytes, pos) {
+    while let Some((record, next, _)) = decode_at(&bytes, pos) {
         if record.lsn != expected {
             break;
         }
@@ -72,14 +83,40 @@ pub(super) fn scan(
         records.push(record);
         pos = next;
     }
+    let complete_group_after = pos < bytes.len() && group_end_then_more(&bytes, pos, expected);
     Ok(SegmentScan {
         valid_len: pos as u64,
         file_len: bytes.len() as u64,
+        complete_group_after,
     })
 }
 
-/// Decodes the record framed at `pos`; `None` if it is torn or corrupt.
-fn decode_at(bytes: &[u8], pos: usize) -> Option<(Record, usize)> {
+/// Whether the bytes from `bad` on (where a record failed) hold a valid group-end record
+/// followed by another valid record, with LSNs from `expected` on. Such records can only
+/// have been written after the group holding `bad` was synced, so that group was
+/// acknowledged. Records are looked for at every offset: the damaged record's length cannot
+/// be trusted.
+fn group_end_then_more(bytes: &[u8], bad: usize, expected: Lsn) -> bool {
+    let mut seen_group_end = false;
+    let mut at = bad + 1;
+    while at + FRAME_HEADER_BYTES <= bytes.len() {
+        match decode_at(bytes, at) {
+            Some((record, next, group_end)) if record.lsn >= expected => {
+                if seen_group_end {
+                    return true;
+                }
+                seen_group_end = group_end;
+                at = next;
+            }
+            _ => at += 1,
+        }
+    }
+    false
+}
+
+/// Decodes the record framed at `pos`, and whether it ends its group; `None` if it is torn
+/// or corrupt.
+fn decode_at(bytes: &[u8], pos: usize) -> Option<(Record, usize, bool)> {
     let header = bytes.get(pos..pos + FRAME_HEADER_BYTES)?;
     let len = u32::from_le_bytes(header[0..4].try_into().ok()?) as usize;
     let crc = u32::from_le_bytes(header[4..8].try_into().ok()?);
@@ -104,24 +141,37 @@ fn decode_at(bytes: &[u8], pos: usize) -> Option<(Record, usize)> {
             payload: payload.to_vec(),
         },
         payload_start + len,
+        kind_byte & GROUP_END != 0,
     ))
 }
 
 /// Cuts a segment file to `len` bytes and syncs it.
-pub(super) fn truncate(path: &Path, len: u64) -> Result<(), LogError> {
+pub(super) fn truncate(
+    path: &Path,
+    len: u64,
+    journal: Option<&SyncJournal>,
+) -> Result<(), LogError> {
     let file = OpenOptions::new()
         .write(true)
         .open(path)
         .map_err(|e| LogError::io(path, e))?;
     file.set_len(len).map_err(|e| LogError::io(path, e))?;
-    file.sync_all().map_err(|e| LogError::io(path, e))
+    file.sync_all().map_err(|e| LogError::io(path, e))?;
+    if let Some(journal) = journal {
+        journal.synced(path, len);
+    }
+    Ok(())
 }
 
 /// Syncs a directory, so that files created or removed in it survive a crash.
-pub(super) fn sync_dir(dir: &Path) -> Result<(), LogError> {
+pub(super) fn sync_dir(dir: &Path, journal: Option<&SyncJournal>) -> Result<(), LogError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(|e| LogError::io(dir, e))
+        .map_err(|e| LogError::io(dir, e))?;
+    if let Some(journal) = journal {
+        journal.dir_synced(dir);
+    }
+    Ok(())
 }
 
 /// The segment the writer appends to.
@@ -134,13 +184,20 @@ pub(super) struct Segment {
 
 impl Segment {
     /// Creates a new, empty segment whose first record will have `first_lsn`.
-    pub(super) fn create(dir: &Path, first_lsn: Lsn) -> Result<Segment, LogError> {
+    pub(super) fn create(
+        dir: &Path,
+        first_lsn: Lsn,
+        journal: Option<&SyncJournal>,
+    ) -> Result<Segment, LogError> {
         let path = segment_path(dir, first_lsn);
         let file = OpenOptions::new()
             .create_new(true)
             .append(true)
             .open(&path)
             .map_err(|e| LogError::io(&path, e))?;
+        if let Some(journal) = journal {
+            journal.created(&path);
+        }
         Ok(Segment {
             file,
             path,
@@ -191,10 +248,14 @@ impl Segment {
         Ok(())
     }
 
-    pub(super) fn sync_data(&self) -> Result<(), LogError> {
+    pub(super) fn sync_data(&self, journal: Option<&SyncJournal>) -> Result<(), LogError> {
         self.file
             .sync_data()
-            .map_err(|e| LogError::io(&self.path, e))
+            .map_err(|e| LogError::io(&self.path, e))?;
+        if let Some(journal) = journal {
+            journal.synced(&self.path, self.len);
+        }
+        Ok(())
     }
 
     pub(super) fn path(&self) -> &Path {

@@ -186,11 +186,10 @@ fn depth_in(src: &str, reading: Reading) -> usize {
                 } else if EXPRESSION_WORDS
                     .iter()
                     .any(|w| word.eq_ignore_ascii_case(w))
+                    && let Some(top) = levels.last_mut()
                 {
-                    if let Some(top) = levels.last_mut() {
-                        *top += 1;
-                        sum += 1;
-                    }
+                    *top += 1;
+                    sum += 1;
                 }
                 deepest = deepest.max(levels.len() - 1 + sum);
                 continue;

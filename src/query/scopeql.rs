@@ -804,17 +804,17 @@ fn render(out: &mut String, e: &Expr) {
 fn render_call(out: &mut String, name: &str, args: &[(Option<String>, Expr)], distinct: bool) {
     let lower = name.to_ascii_lowercase();
     // `trunc(ts, unit => 'day')` is DataFusion's date_trunc('day', ts).
-    if lower == "trunc" {
-        if let Some((_, unit)) = args.iter().find(|(n, _)| n.as_deref() == Some("unit")) {
-            out.push_str("date_trunc(");
-            render(out, unit);
-            if let Some((_, ts)) = args.iter().find(|(n, _)| n.is_none()) {
-                out.push_str(", ");
-                render(out, ts);
-            }
-            out.push(')');
-            return;
+    if lower == "trunc"
+        && let Some((_, unit)) = args.iter().find(|(n, _)| n.as_deref() == Some("unit"))
+    {
+        out.push_str("date_trunc(");
+        render(out, unit);
+        if let Some((_, ts)) = args.iter().find(|(n, _)| n.is_none()) {
+            out.push_str(", ");
+            render(out, ts);
         }
+        out.push(')');
+        return;
     }
     out.push_str(&lower);
     out.push('(');

@@ -122,10 +122,8 @@ impl Statement {
                 false
             }
         });
-        if ended {
-            if let Ok(mut f) = self.finished.lock() {
-                f.get_or_insert_with(Instant::now);
-            }
+        if ended && let Ok(mut f) = self.finished.lock() {
+            f.get_or_insert_with(Instant::now);
         }
         ended
     }
@@ -306,10 +304,10 @@ impl Statements {
     /// Cancels the owner's running statement (a finished one keeps its state).
     pub fn cancel(&self, owner: &Owner, id: &str) -> Option<Arc<Statement>> {
         let statement = self.get(owner, id)?;
-        if let Ok(abort) = statement.abort.lock() {
-            if let Some(handle) = abort.as_ref() {
-                handle.abort();
-            }
+        if let Ok(abort) = statement.abort.lock()
+            && let Some(handle) = abort.as_ref()
+        {
+            handle.abort();
         }
         self.end(&statement, StatementState::Cancelled);
         Some(statement)

@@ -53,16 +53,16 @@ impl Invoke for UtcAsZoneLess {
         let Some(tz) = utc else {
             return inner.invoke_with_args(args);
         };
-        if let Some(ColumnarValue::Array(array)) = args.args.get_mut(1) {
-            if let Some(naive) = with_time_zone(array, None) {
-                *array = naive;
-            }
+        if let Some(ColumnarValue::Array(array)) = args.args.get_mut(1)
+            && let Some(naive) = with_time_zone(array, None)
+        {
+            *array = naive;
         }
-        if let Some(field) = args.arg_fields.get_mut(1) {
-            if let DataType::Timestamp(unit, _) = field.data_type() {
-                let naive = DataType::Timestamp(*unit, None);
-                *field = Arc::new(Field::clone(field).with_data_type(naive));
-            }
+        if let Some(field) = args.arg_fields.get_mut(1)
+            && let DataType::Timestamp(unit, _) = field.data_type()
+        {
+            let naive = DataType::Timestamp(*unit, None);
+            *field = Arc::new(Field::clone(field).with_data_type(naive));
         }
         if let DataType::Timestamp(unit, _) = args.return_field.data_type() {
             let naive = DataType::Timestamp(*unit, None);

@@ -1,21 +1,27 @@
 //! Object storage: the one place that knows which backend holds the data at rest.
 //!
 //! [`Storage::open`] builds an `object_store` from a URL: a local directory (the default, under
-//! the data directory), `s3://bucket/prefix` (credentials, endpoint and region from the
-//! standard `AWS_*` variables; path-style requests for MinIO and other S3-compatible servers),
-//! or `memory://` for tests. Everything else in sluice sees only [`Storage::store`] and paths
+//! the data directory; writes are fsynced before they count, see [`local`]),
+//! `s3://bucket/prefix` (credentials, endpoint and region from the standard `AWS_*`
+//! variables; path-style requests for MinIO and other S3-compatible servers), or `memory://`
+//! for tests. Everything else in sluice sees only [`Storage::store`] and paths
 //! relative to the database root.
 
+pub(crate) mod gc;
+pub mod journal;
+mod local;
 pub mod probe;
+pub(crate) mod versioned;
 
 use std::path::Path;
 use std::sync::Arc;
 
 use object_store::ObjectStore;
 use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
-use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::prefix::PrefixStore;
+
+pub use gc::GcReport;
 
 /// Why object storage could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -86,6 +92,16 @@ impl Storage {
     /// # }
     /// ```
     pub fn open(url: &str) -> Result<Storage, StorageError> {
+        Self::open_with(url, true, None)
+    }
+
+    /// [`Storage::open`], with a local directory's writes fsynced or not (`sync`) and its
+    /// syncs recorded in `journal` (simulated power loss in tests).
+    pub fn open_with(
+        url: &str,
+        sync: bool,
+        journal: Option<Arc<journal::SyncJournal>>,
+    ) -> Result<Storage, StorageError> {
         let invalid = |reason| StorageError::InvalidUrl {
             url: url.to_owned(),
             reason,
@@ -136,25 +152,35 @@ impl Storage {
         if dir.is_empty() {
             return Err(invalid("empty directory path"));
         }
-        Self::local(Path::new(dir)).map(|mut s| {
+        Self::local_with(Path::new(dir), sync, journal).map(|mut s| {
             s.url = url.to_owned();
             s
         })
     }
 
-    /// A local directory store (created if missing).
+    /// A local directory store (created if missing) whose writes are fsynced, file and
+    /// directories, before they return.
     pub fn local(dir: &Path) -> Result<Storage, StorageError> {
+        Self::local_with(dir, true, None)
+    }
+
+    /// A local directory store; `sync` says whether writes are fsynced (durability `none`
+    /// turns it off), `journal` records syncs for simulated power loss (tests).
+    pub fn local_with(
+        dir: &Path,
+        sync: bool,
+        journal: Option<Arc<journal::SyncJournal>>,
+    ) -> Result<Storage, StorageError> {
         std::fs::create_dir_all(dir).map_err(|source| StorageError::Io {
             path: dir.display().to_string(),
             source,
         })?;
-        let store = LocalFileSystem::new_with_prefix(dir)
-            .map_err(|source| StorageError::Backend {
+        let store = local::DurableLocalStore::new(dir, sync, journal).map_err(|source| {
+            StorageError::Backend {
                 url: dir.display().to_string(),
                 source,
-            })?
-            // Let conditional creates and deletes clean up empty directories.
-            .with_automatic_cleanup(true);
+            }
+        })?;
         Ok(Storage {
             store: Arc::new(store),
             url: dir.display().to_string(),

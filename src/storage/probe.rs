@@ -34,6 +34,9 @@ pub struct Probe {
     latency_ms: AtomicU64,
     fail_next: AtomicUsize,
     lose_create_answers: AtomicUsize,
+    lose_create_answers_unverified: AtomicUsize,
+    /// Objects whose next read fails (a lost create answer that cannot be checked).
+    blind: std::sync::Mutex<std::collections::HashSet<String>>,
     requests: AtomicU64,
     failures: AtomicU64,
     errors: AtomicU64,
@@ -60,6 +63,14 @@ impl Probe {
     /// after the request was sent would: the writer cannot tell whether it landed.
     pub fn lose_create_answers(&self, n: usize) {
         self.lose_create_answers.store(n, Ordering::SeqCst);
+    }
+
+    /// Like [`Probe::lose_create_answers`], and the writer's read-back of each such object
+    /// fails once too: the outcome stays unknown to it (a timeout, then a read that times
+    /// out as well).
+    pub fn lose_create_answers_unverified(&self, n: usize) {
+        self.lose_create_answers_unverified
+            .store(n, Ordering::SeqCst);
     }
 
     /// Requests seen, and requests failed by a fault.
@@ -161,6 +172,14 @@ impl ObjectStore for ProbedStore {
                 .probe
                 .injected("connection reset after the request was sent (injected fault)"));
         }
+        if create && result.is_ok() && Probe::take(&self.probe.lose_create_answers_unverified) {
+            if let Ok(mut blind) = self.probe.blind.lock() {
+                blind.insert(location.to_string());
+            }
+            return Err(self
+                .probe
+                .injected("connection reset after the request was sent (injected fault)"));
+        }
         result
     }
 
@@ -176,6 +195,15 @@ impl ObjectStore for ProbedStore {
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
         self.probe.before().await?;
+        let blind = self
+            .probe
+            .blind
+            .lock()
+            .map(|mut b| b.remove(location.as_ref()))
+            .unwrap_or(false);
+        if blind {
+            return Err(self.probe.injected("read timed out (injected fault)"));
+        }
         self.probe
             .record(self.inner.get_opts(location, options).await)
     }

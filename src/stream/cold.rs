@@ -5,8 +5,17 @@
 //! stream's state that points into the data objects, and only then releases the commit log
 //! up to the cut. Restart loads the newest snapshot and replays the log after it.
 //!
+//! Garbage collection deletes data objects no stream's sealed extents point into (those of
+//! deleted and expired streams) and superseded snapshots, once they have stayed so for the
+//! grace period; it runs under the checkpoint lock, so a checkpoint's new object is never
+//! judged between its write and its snapshot's. An object whose live extents hold less than
+//! half of it is marked, and the next checkpoint copies those extents into its own object
+//! (they are read back and sealed again like hot records), so one small live stream cannot
+//! keep a large object of deleted ones alive.
+//!
 //! Object layout, under `streams/{node}/`:
-//! - `data/{lsn:020}.bin`: chunks, one per run of sealed records of one stream:
+//! - `data/{lsn:020}-{tag}.bin` (`data/{lsn:020}.bin` before the tag was added): chunks, one
+//!   per run of sealed records of one stream:
 //!   `| count: u32 | start: u64 | count × end: u64 | record bytes |` (little endian).
 //! - `snapshots/{lsn:020}.json`: the state of every stream at `lsn`.
 
@@ -25,6 +34,7 @@ use super::state::{Chunk, ColdExtent, ProducerState, StreamState};
 use super::{StreamError, Streams};
 use crate::log::Lsn;
 use crate::storage::Storage;
+use crate::storage::gc::{GcReport, Unreferenced};
 
 /// Records of one sealed chunk: `(start, end, bytes)`.
 type Records = Arc<Vec<(u64, u64, Bytes)>>;
@@ -37,6 +47,11 @@ pub(super) struct ColdStore {
     snapshot_lsn: AtomicU64,
     last_checkpoint: Mutex<Instant>,
     checkpoint_lock: tokio::sync::Mutex<()>,
+    /// Objects garbage collection has seen unreferenced.
+    unreferenced: Mutex<Unreferenced>,
+    /// Objects mostly holding data of deleted streams: the next checkpoint copies what is
+    /// still live out of them into its own object, so they stop being referenced.
+    rewrite: Mutex<std::collections::HashSet<String>>,
 }
 
 struct Cache {
@@ -88,6 +103,8 @@ impl ColdStore {
             snapshot_lsn: AtomicU64::new(0),
             last_checkpoint: Mutex::new(Instant::now()),
             checkpoint_lock: tokio::sync::Mutex::new(()),
+            unreferenced: Mutex::new(Unreferenced::default()),
+            rewrite: Mutex::new(std::collections::HashSet::new()),
         }
     }
 
@@ -274,25 +291,60 @@ fn hot_runs(chunks: &[Chunk]) -> Vec<Vec<(u64, u64, Bytes)>> {
     runs
 }
 
-/// Replaces the hot records an extent now holds with the extent.
+/// Replaces the chunks an extent now holds (hot records, and extents of an object being
+/// rewritten) with the extent; returns the hot bytes freed.
 fn seal(chunks: &mut Vec<Chunk>, extent: &ColdExtent) -> u64 {
     let mut freed = 0;
     let mut out = Vec::with_capacity(chunks.len());
     let mut placed = false;
     for chunk in chunks.drain(..) {
-        match chunk {
-            Chunk::Hot(r) if r.start >= extent.start && r.end <= extent.end => {
-                freed += r.data.len() as u64;
-                if !placed {
-                    out.push(Chunk::Cold(extent.clone()));
-                    placed = true;
-                }
-            }
-            other => out.push(other),
+        let inside = match &chunk {
+            Chunk::Hot(r) => r.start >= extent.start && r.end <= extent.end,
+            Chunk::Cold(c) => c.key != extent.key && c.start >= extent.start && c.end <= extent.end,
+        };
+        if !inside {
+            out.push(chunk);
+            continue;
+        }
+        if let Chunk::Hot(r) = &chunk {
+            freed += r.data.len() as u64;
+        }
+        if !placed {
+            out.push(Chunk::Cold(extent.clone()));
+            placed = true;
         }
     }
     *chunks = out;
     freed
+}
+
+/// The chunks to seal: the stream's own, with extents of objects being rewritten read back
+/// as records (only extents whose records cover them whole: fork views cut mid-record stay).
+async fn with_rewrites(
+    cold: &ColdStore,
+    chunks: &[Chunk],
+    rewrite: &std::collections::HashSet<String>,
+) -> Result<Vec<Chunk>, StreamError> {
+    let mut out = Vec::with_capacity(chunks.len());
+    for chunk in chunks {
+        match chunk {
+            Chunk::Cold(e) if rewrite.contains(&e.key) => {
+                let records = cold.read_extent(e).await?;
+                let whole = records.first().is_some_and(|r| r.0 == e.start)
+                    && records.last().is_some_and(|r| r.1 == e.end)
+                    && records.windows(2).all(|w| w[0].1 == w[1].0);
+                if whole {
+                    out.extend(records.into_iter().map(|(start, end, data)| {
+                        Chunk::Hot(super::state::HotRecord { start, end, data })
+                    }));
+                } else {
+                    out.push(chunk.clone());
+                }
+            }
+            other => out.push(other.clone()),
+        }
+    }
+    Ok(out)
 }
 
 pub(super) async fn checkpoint(streams: &Streams, force: bool) -> Result<bool, StreamError> {
@@ -303,12 +355,13 @@ pub(super) async fn checkpoint(streams: &Streams, force: bool) -> Result<bool, S
     // Read the log's tail before the applied position: a stream record at or below the
     // tail has been applied by then.
     let log_tail = inner.log.last_lsn();
-    if inner.applied_lsn.load(Ordering::Acquire) == snapshot_lsn {
+    let rewrite = cold.rewrite.lock().map(|r| r.clone()).unwrap_or_default();
+    if inner.applied_lsn.load(Ordering::Acquire) == snapshot_lsn && rewrite.is_empty() {
         // No stream changed since the snapshot: streams need none of the log.
         inner.consumer.release_before(log_tail + 1)?;
         return Ok(false);
     }
-    if !force {
+    if !force && rewrite.is_empty() {
         let since = cold
             .last_checkpoint
             .lock()
@@ -331,12 +384,21 @@ pub(super) async fn checkpoint(streams: &Streams, force: bool) -> Result<bool, S
             .collect();
         (lsn, captured)
     };
-    let key = format!("{}/data/{lsn:020}.bin", cold.prefix);
+    // Unique per checkpoint: a checkpoint that only rewrites has the LSN of the last one.
+    let key = format!(
+        "{}/data/{lsn:020}-{}.bin",
+        cold.prefix,
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    let mut sealable = Vec::with_capacity(captured.len());
+    for (_, _, state) in &captured {
+        sealable.push(with_rewrites(cold, &state.chunks, &rewrite).await?);
+    }
     let mut object = Vec::new();
     let mut sealed: Vec<Vec<ColdExtent>> = Vec::with_capacity(captured.len());
-    for (_, _, state) in &captured {
+    for chunks in &sealable {
         let mut extents = Vec::new();
-        for run in hot_runs(&state.chunks) {
+        for run in hot_runs(chunks) {
             let pos = object.len() as u64;
             encode_chunk(&mut object, &run);
             extents.push(ColdExtent {
@@ -362,8 +424,9 @@ pub(super) async fn checkpoint(streams: &Streams, force: bool) -> Result<bool, S
         streams: captured
             .iter()
             .zip(&sealed)
-            .map(|((name, _, s), extents)| {
-                let mut chunks = s.chunks.clone();
+            .zip(&sealable)
+            .map(|(((name, _, s), extents), sealable)| {
+                let mut chunks = sealable.clone();
                 for extent in extents {
                     seal(&mut chunks, extent);
                 }
@@ -397,6 +460,12 @@ pub(super) async fn checkpoint(streams: &Streams, force: bool) -> Result<bool, S
     };
     let body = serde_json::to_vec(&snapshot)
         .map_err(|e| StreamError::Corrupt(format!("snapshot encoding: {e}")))?;
+    // A fenced node's snapshot would overwrite the new owner's view of these streams.
+    inner
+        .node
+        .ensure_current()
+        .await
+        .map_err(|e| StreamError::Storage(e.to_string()))?;
     store
         .put(&cold.snapshot_path(lsn), PutPayload::from(body))
         .await
@@ -416,6 +485,10 @@ pub(super) async fn checkpoint(streams: &Streams, force: bool) -> Result<bool, S
         }
     }
     cold.set_snapshot_lsn(lsn);
+    inner.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+    if let Ok(mut pending) = cold.rewrite.lock() {
+        pending.retain(|k| !rewrite.contains(k));
+    }
     if let Ok(mut t) = cold.last_checkpoint.lock() {
         *t = Instant::now();
     }
@@ -425,6 +498,96 @@ pub(super) async fn checkpoint(streams: &Streams, force: bool) -> Result<bool, S
         let _ = store.delete(&cold.snapshot_path(snapshot_lsn)).await;
     }
     Ok(true)
+}
+
+/// Deletes this node's stream objects that nothing references any more (see the module
+/// docs).
+pub(super) async fn collect_garbage(
+    streams: &Streams,
+    grace: std::time::Duration,
+) -> Result<GcReport, StreamError> {
+    let inner = &streams.inner;
+    let cold = &inner.cold;
+    let _one = cold.checkpoint_lock.lock().await;
+    // Every sealed extent a stream points into: (object, position, length).
+    let extents: Vec<(String, u64, u64)> = {
+        let registry = inner.registry();
+        registry
+            .streams
+            .values()
+            .flat_map(|s| {
+                s.read_state()
+                    .chunks
+                    .iter()
+                    .filter_map(|c| match c {
+                        Chunk::Cold(e) => Some((e.key.clone(), e.pos, e.len)),
+                        Chunk::Hot(_) => None,
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let referenced: std::collections::HashSet<&str> =
+        extents.iter().map(|(k, _, _)| k.as_str()).collect();
+    let latest = cold
+        .snapshot_path(cold.snapshot_lsn.load(Ordering::Acquire))
+        .to_string();
+    let store = cold.storage.store();
+    let listed: Vec<object_store::ObjectMeta> = store
+        .list(Some(&Path::from(cold.prefix.as_str())))
+        .try_collect()
+        .await
+        .map_err(storage_error)?;
+    let data_dir = format!("{}/data/", cold.prefix);
+    let snapshot_dir = format!("{}/snapshots/", cold.prefix);
+    let sizes: HashMap<String, u64> = listed
+        .iter()
+        .map(|m| (m.location.to_string(), m.size))
+        .collect();
+    let candidates: Vec<&str> = sizes
+        .keys()
+        .map(String::as_str)
+        .filter(|k| {
+            (k.starts_with(&data_dir) && !referenced.contains(k))
+                || (k.starts_with(&snapshot_dir) && *k != latest)
+        })
+        .collect();
+    // Objects whose live extents hold less than half their bytes are copied out of by the
+    // next checkpoint, after which they are unreferenced.
+    let mut live: HashMap<&str, u64> = HashMap::new();
+    let mut seen = std::collections::HashSet::new();
+    for (key, pos, len) in &extents {
+        if seen.insert((key.as_str(), *pos)) {
+            *live.entry(key.as_str()).or_default() += len;
+        }
+    }
+    if let Ok(mut pending) = cold.rewrite.lock() {
+        for (key, bytes) in &live {
+            if sizes.get(*key).is_some_and(|size| bytes * 2 < *size) {
+                pending.insert((*key).to_owned());
+            }
+        }
+    }
+    let scope = format!("{}/", cold.prefix);
+    let due = cold
+        .unreferenced
+        .lock()
+        .map(|mut u| u.due(&scope, candidates, grace))
+        .unwrap_or_default();
+    let mut report = GcReport::default();
+    for key in due {
+        match store.delete(&Path::from(key.as_str())).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {
+                report.objects += 1;
+                report.bytes += sizes.get(&key).copied().unwrap_or(0);
+                if let Ok(mut u) = cold.unreferenced.lock() {
+                    u.forget(&key);
+                }
+            }
+            Err(e) => tracing::debug!(%key, error = %e, "garbage collection: delete failed"),
+        }
+    }
+    Ok(report)
 }
 
 #[cfg(test)]

@@ -33,6 +33,7 @@ pub use json::JsonTextError;
 use state::{Chunk, ProducerCheck, StreamState};
 
 use crate::log::{CommitLog, LogConsumer, LogError, Lsn, Record, RecordKind};
+use crate::node::Node;
 use crate::storage::Storage;
 
 /// Largest append body (32 MiB).
@@ -372,10 +373,10 @@ impl Stream {
 
     fn expired(&self, now: i64) -> bool {
         let s = self.read_state();
-        if let Some(at) = s.lifetime.expires_at_ms {
-            if now >= at {
-                return true;
-            }
+        if let Some(at) = s.lifetime.expires_at_ms
+            && now >= at
+        {
+            return true;
         }
         if let Some(ttl) = s.lifetime.ttl_secs {
             let last = self.last_access_ms.load(Ordering::Relaxed);
@@ -414,6 +415,8 @@ pub struct StreamStats {
     pub appends: AtomicU64,
     /// Their bytes, as stored.
     pub append_bytes: AtomicU64,
+    /// Checkpoints that wrote a snapshot.
+    pub checkpoints: AtomicU64,
 }
 
 struct Inner {
@@ -430,6 +433,8 @@ struct Inner {
     meta: tokio::sync::Mutex<()>,
     cold: ColdStore,
     closing: watch::Sender<bool>,
+    /// This node's ownership of its id, checked before every snapshot.
+    node: Arc<Node>,
 }
 
 /// The stream engine. Cheap to clone.
@@ -557,14 +562,14 @@ fn remove_stream(registry: &mut Registry, name: &str) {
         let fork = s.fork.clone();
         drop(s);
         stream.bump();
-        if let Some(f) = fork {
-            if let Some(source) = registry.streams.get(&f.source) {
-                let mut src = source.write_state();
-                if src.incarnation == f.source_incarnation {
-                    src.ref_count = src.ref_count.saturating_sub(1);
-                    if src.ref_count == 0 && src.soft_deleted {
-                        next = Some(f.source.clone());
-                    }
+        if let Some(f) = fork
+            && let Some(source) = registry.streams.get(&f.source)
+        {
+            let mut src = source.write_state();
+            if src.incarnation == f.source_incarnation {
+                src.ref_count = src.ref_count.saturating_sub(1);
+                if src.ref_count == 0 && src.soft_deleted {
+                    next = Some(f.source.clone());
                 }
             }
         }
@@ -578,11 +583,11 @@ impl Streams {
         log: CommitLog,
         replay: &[Record],
         storage: Storage,
-        node: &str,
+        node: Arc<Node>,
         config: StreamsConfig,
     ) -> Result<Streams, StreamError> {
-        let consumer = log.consumer("streams");
-        let cold = ColdStore::new(storage, node, config.cache_bytes);
+        let consumer = log.consumer("streams")?;
+        let cold = ColdStore::new(storage, node.id(), config.cache_bytes);
         let snapshot = cold.load_snapshot().await?;
         let (streams, snapshot_lsn) = match snapshot {
             Some((lsn, streams)) => (streams, lsn),
@@ -607,6 +612,7 @@ impl Streams {
             meta: tokio::sync::Mutex::new(()),
             cold,
             closing: watch::channel(false).0,
+            node,
         });
         inner.cold.set_snapshot_lsn(snapshot_lsn);
         for record in replay {
@@ -787,12 +793,12 @@ impl Streams {
                 return Err(StreamError::NameHeld);
             }
             if !s.gone {
-                if let Some(token) = &req.incarnation {
-                    if *token != s.incarnation {
-                        return Err(StreamError::IncarnationMismatch {
-                            current: s.incarnation.clone(),
-                        });
-                    }
+                if let Some(token) = &req.incarnation
+                    && *token != s.incarnation
+                {
+                    return Err(StreamError::IncarnationMismatch {
+                        current: s.incarnation.clone(),
+                    });
                 }
                 return if same_config(&s, &req) {
                     drop(s);
@@ -925,12 +931,12 @@ impl Streams {
             if s.soft_deleted {
                 return Err(StreamError::Gone);
             }
-            if let Some(token) = &req.incarnation {
-                if *token != s.incarnation {
-                    return Err(StreamError::IncarnationMismatch {
-                        current: s.incarnation.clone(),
-                    });
-                }
+            if let Some(token) = &req.incarnation
+                && *token != s.incarnation
+            {
+                return Err(StreamError::IncarnationMismatch {
+                    current: s.incarnation.clone(),
+                });
             }
             if req.body.is_empty() && !req.close {
                 return Err(StreamError::BadRequest(
@@ -1014,14 +1020,14 @@ impl Streams {
                     }
                 }
             }
-            if let (Some(given), Some(last)) = (&req.stream_seq, &s.stream_seq) {
-                if given.as_bytes() <= last.as_bytes() {
-                    return Err(StreamError::StreamSeqConflict {
-                        given: given.clone(),
-                        last: last.clone(),
-                        tail: s.tail,
-                    });
-                }
+            if let (Some(given), Some(last)) = (&req.stream_seq, &s.stream_seq)
+                && given.as_bytes() <= last.as_bytes()
+            {
+                return Err(StreamError::StreamSeqConflict {
+                    given: given.clone(),
+                    last: last.clone(),
+                    tail: s.tail,
+                });
             }
             let data = if req.body.is_empty() {
                 None
@@ -1084,10 +1090,10 @@ impl Streams {
             }
             s.incarnation.clone()
         };
-        if let Some(token) = incarnation {
-            if token != current {
-                return Err(StreamError::IncarnationMismatch { current });
-            }
+        if let Some(token) = incarnation
+            && token != current
+        {
+            return Err(StreamError::IncarnationMismatch { current });
         }
         self.commit(
             RecordKind::Metadata,
@@ -1177,6 +1183,28 @@ impl Streams {
     /// object, writes a snapshot and releases the log behind it.
     pub async fn checkpoint(&self, force: bool) -> Result<bool, StreamError> {
         cold::checkpoint(self, force).await
+    }
+
+    /// Deletes expired streams no request touched (they are deleted lazily otherwise), then
+    /// the objects no stream references any more, after the grace period.
+    pub async fn collect_garbage(
+        &self,
+        grace: Duration,
+    ) -> Result<crate::storage::GcReport, StreamError> {
+        let now = now_ms();
+        let expired: Vec<Arc<Stream>> = self
+            .inner
+            .registry()
+            .streams
+            .values()
+            .filter(|s| s.expired(now))
+            .cloned()
+            .collect();
+        for stream in expired {
+            let _meta = self.inner.meta.lock().await;
+            self.expire_locked(&stream).await?;
+        }
+        cold::collect_garbage(self, grace).await
     }
 
     /// Checkpoints on a timer until `shutdown` resolves, then once more.

@@ -1,20 +1,21 @@
 //! A table's manifest: its versions as a create-next log of small JSON files in object storage.
 //!
-//! Version `n` lives at `tables/{id}/_log/{n:020}.json` and is written with a conditional
-//! create, the only coordination primitive: two writers racing for the same version cannot
-//! both win. A loser reads what won, folds it into its state and tries the next version. Each
-//! attempt carries a random tag, so an ambiguous outcome (a timeout after the request went out)
-//! is resolved by reading the version back: our tag means we won. Every few versions a
-//! checkpoint (`{n:020}.checkpoint.json`) holds the whole state, so opening a table reads the
-//! last checkpoint and the versions after it, not the whole history.
+//! Version `n` lives at `tables/{id}/_log/{n:020}.json`, written through the versioned-object
+//! protocol ([`crate::storage::versioned`]): a conditional create, a tag per attempt, and a
+//! read-back that settles ambiguous outcomes. A loser reads what won, folds it into its state
+//! and tries the next version. Every few versions a checkpoint (`{n:020}.checkpoint.json`)
+//! holds the whole state, so opening a table reads the last checkpoint and the versions after
+//! it, not the whole history; garbage collection deletes versions below a checkpoint once
+//! they are older than the grace period, after raising the log's floor, and a reader whose
+//! state is below the floor loads the table again.
 
 use std::collections::BTreeMap;
 
-use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
+use object_store::ObjectStore;
 use serde::{Deserialize, Serialize};
 
 use super::TableError;
+use crate::storage::versioned::{Tagged, VersionError, VersionLog, read_json};
 use crate::types::{Column, ColumnType};
 
 /// One Parquet file of a table.
@@ -59,6 +60,21 @@ pub struct Version {
     /// Per writing node, the commit-log position all of whose table records are now in files.
     #[serde(default)]
     pub flushed: BTreeMap<String, u64>,
+}
+
+impl Tagged for Version {
+    fn tag(&self) -> &str {
+        &self.tag
+    }
+}
+
+impl From<VersionError> for TableError {
+    fn from(e: VersionError) -> Self {
+        match e {
+            VersionError::Storage(e) => TableError::Storage(e),
+            VersionError::Corrupt { path, reason } => TableError::CorruptManifest { path, reason },
+        }
+    }
 }
 
 /// The folded state of a table at one version.
@@ -119,21 +135,17 @@ pub struct Change {
     pub removed: Vec<String>,
     /// Log positions now covered.
     pub flushed: BTreeMap<String, u64>,
+    /// `(node, lsn)`: commit only while the manifest's position for `node` is below `lsn`
+    /// (else [`TableError::Conflict`]): a flush whose rows are already in a file must not
+    /// add them again.
+    pub flushed_below: Option<(String, u64)>,
 }
 
 /// Manifest access for one table.
 #[derive(Debug, Clone)]
 pub struct Manifest {
-    dir: String,
+    log: VersionLog,
     checkpoint_interval: u64,
-}
-
-fn version_path(dir: &str, v: u64) -> Path {
-    Path::from(format!("{dir}/{v:020}.json"))
-}
-
-fn checkpoint_path(dir: &str, v: u64) -> Path {
-    Path::from(format!("{dir}/{v:020}.checkpoint.json"))
 }
 
 fn new_tag() -> String {
@@ -144,9 +156,14 @@ impl Manifest {
     /// The manifest of the table stored under `table_dir` (e.g. `tables/{id}`).
     pub fn new(table_dir: &str, checkpoint_interval: u64) -> Self {
         Manifest {
-            dir: format!("{table_dir}/_log"),
+            log: VersionLog::new(format!("{table_dir}/_log")),
             checkpoint_interval: checkpoint_interval.max(1),
         }
+    }
+
+    /// The manifest's version log.
+    pub(crate) fn log(&self) -> &VersionLog {
+        &self.log
     }
 
     /// Creates the table: version 0 with its columns (computed ones too: they are stored).
@@ -173,7 +190,7 @@ impl Manifest {
             removed: Vec::new(),
             flushed: BTreeMap::new(),
         };
-        match self.try_put(store, &v0).await? {
+        match self.log.try_create(store, 0, &v0).await? {
             true => {
                 let mut state = ManifestState::default();
                 state.apply(&v0);
@@ -184,101 +201,59 @@ impl Manifest {
                 if state.columns == specs {
                     Ok(state)
                 } else {
-                    Err(TableError::AlreadyExists(self.dir.clone()))
+                    Err(TableError::AlreadyExists(self.log.dir().to_owned()))
                 }
             }
         }
-    }
-
-    /// Writes version `v` if it does not exist. `Ok(true)`: ours; `Ok(false)`: someone
-    /// else's. An ambiguous failure is settled by reading the version back and comparing tags.
-    async fn try_put(&self, store: &dyn ObjectStore, v: &Version) -> Result<bool, TableError> {
-        let path = version_path(&self.dir, v.version);
-        let body = serde_json::to_vec(v).map_err(|e| TableError::CorruptManifest {
-            path: path.to_string(),
-            reason: e.to_string(),
-        })?;
-        let options = PutOptions::from(PutMode::Create);
-        match store.put_opts(&path, PutPayload::from(body), options).await {
-            Ok(_) => Ok(true),
-            Err(object_store::Error::AlreadyExists { .. })
-            | Err(object_store::Error::Precondition { .. }) => {
-                // Lost the race, or won it on an earlier attempt whose answer was lost.
-                Ok(self
-                    .read_version(store, v.version)
-                    .await?
-                    .is_some_and(|w| w.tag == v.tag))
-            }
-            Err(e) => match self.read_version(store, v.version).await {
-                Ok(Some(written)) => Ok(written.tag == v.tag),
-                // Not there: the attempt did not land; report the original failure.
-                Ok(None) => Err(TableError::Storage(e)),
-                Err(_) => Err(TableError::Storage(e)),
-            },
-        }
-    }
-
-    async fn read_version(
-        &self,
-        store: &dyn ObjectStore,
-        v: u64,
-    ) -> Result<Option<Version>, TableError> {
-        read_json(store, &version_path(&self.dir, v)).await
     }
 
     /// Reads the table's current state: the newest checkpoint, then every version after it.
     pub async fn load(&self, store: &dyn ObjectStore) -> Result<ManifestState, TableError> {
-        use futures::TryStreamExt as _;
-        let listed: Vec<object_store::ObjectMeta> = store
-            .list(Some(&Path::from(self.dir.as_str())))
-            .try_collect()
-            .await
-            .map_err(TableError::Storage)?;
-        let mut latest_checkpoint: Option<u64> = None;
-        let mut any_version = false;
-        for meta in &listed {
-            let Some(name) = meta.location.filename() else {
-                continue;
-            };
-            if let Some(n) = name.strip_suffix(".checkpoint.json") {
-                if let Ok(v) = n.parse::<u64>() {
-                    latest_checkpoint = latest_checkpoint.max(Some(v));
-                }
-            } else if name.ends_with(".json") {
-                any_version = true;
-            }
+        let listing = self.log.list(store).await?;
+        let Some(latest) = listing.latest() else {
+            return Err(TableError::NotFound(self.log.dir().to_owned()));
+        };
+        let mut start = None;
+        if let Some(v) = listing.checkpoint_at_or_below(latest)
+            && let Some(state) =
+                read_json::<ManifestState>(store, &self.log.checkpoint_path(v)).await?
+        {
+            start = Some(state);
         }
-        if !any_version {
-            return Err(TableError::NotFound(self.dir.clone()));
-        }
-        let (mut state, mut next) = match latest_checkpoint {
-            Some(v) => {
-                match read_json::<ManifestState>(store, &checkpoint_path(&self.dir, v)).await? {
-                    Some(state) => (state, v + 1),
-                    None => (ManifestState::default(), 0),
-                }
+        let (mut state, mut next) = match start {
+            Some(state) => {
+                let next = state.version + 1;
+                (state, next)
             }
             None => (ManifestState::default(), 0),
         };
-        while let Some(v) = self.read_version(store, next).await? {
+        // Versions may have landed after the listing: read on until one is missing.
+        while let Some(v) = self.log.read::<Version>(store, next).await? {
             state.apply(&v);
             next += 1;
         }
         if next == 0 {
-            return Err(TableError::NotFound(self.dir.clone()));
+            return Err(TableError::NotFound(self.log.dir().to_owned()));
         }
         Ok(state)
     }
 
     /// Reads versions after `state.version` written by other writers and applies them.
+    /// With `check_floor`, a state whose next version may have been collected away (it is
+    /// below the log's floor) is replaced by a full load.
     pub async fn refresh(
         &self,
         store: &dyn ObjectStore,
         state: &mut ManifestState,
+        check_floor: bool,
     ) -> Result<bool, TableError> {
         let mut changed = false;
-        while let Some(v) = self.read_version(store, state.version + 1).await? {
+        while let Some(v) = self.log.read::<Version>(store, state.version + 1).await? {
             state.apply(&v);
+            changed = true;
+        }
+        if !changed && check_floor && state.version + 1 < self.log.floor(store).await? {
+            *state = self.load(store).await?;
             changed = true;
         }
         Ok(changed)
@@ -293,6 +268,10 @@ impl Manifest {
         change: &Change,
     ) -> Result<ManifestState, TableError> {
         let mut state = state.clone();
+        // Never create a version below the floor: that number may have existed.
+        if state.version + 1 < self.log.floor(store).await? {
+            state = self.load(store).await?;
+        }
         let tag = new_tag();
         loop {
             if let Some(gone) = change
@@ -304,6 +283,14 @@ impl Manifest {
                     "file {gone} was removed by another writer"
                 )));
             }
+            if let Some((node, lsn)) = &change.flushed_below {
+                let covered = state.flushed.get(node).copied().unwrap_or(0);
+                if covered >= *lsn {
+                    return Err(TableError::Conflict(format!(
+                        "log position {covered} of node {node} is flushed already"
+                    )));
+                }
+            }
             let v = Version {
                 version: state.version + 1,
                 tag: tag.clone(),
@@ -312,51 +299,19 @@ impl Manifest {
                 removed: change.removed.clone(),
                 flushed: change.flushed.clone(),
             };
-            if self.try_put(store, &v).await? {
+            if self.log.try_create(store, v.version, &v).await? {
                 state.apply(&v);
-                if v.version % self.checkpoint_interval == 0 {
+                if v.version.is_multiple_of(self.checkpoint_interval) {
                     // Best effort: a missing checkpoint only makes opening read more versions.
-                    let _ = self.write_checkpoint(store, &state).await;
+                    let _ = self
+                        .log
+                        .write_checkpoint(store, state.version, &state)
+                        .await;
                 }
                 return Ok(state);
             }
             // Another writer took this version: fold it (and any after it) in, and go again.
-            self.refresh(store, &mut state).await?;
+            self.refresh(store, &mut state, false).await?;
         }
     }
-
-    async fn write_checkpoint(
-        &self,
-        store: &dyn ObjectStore,
-        state: &ManifestState,
-    ) -> Result<(), TableError> {
-        let path = checkpoint_path(&self.dir, state.version);
-        let body = serde_json::to_vec(state).map_err(|e| TableError::CorruptManifest {
-            path: path.to_string(),
-            reason: e.to_string(),
-        })?;
-        store
-            .put(&path, PutPayload::from(body))
-            .await
-            .map(|_| ())
-            .map_err(TableError::Storage)
-    }
-}
-
-/// Reads and parses a JSON object; `None` when it does not exist.
-async fn read_json<T: for<'de> Deserialize<'de>>(
-    store: &dyn ObjectStore,
-    path: &Path,
-) -> Result<Option<T>, TableError> {
-    let bytes = match store.get(path).await {
-        Ok(result) => result.bytes().await.map_err(TableError::Storage)?,
-        Err(object_store::Error::NotFound { .. }) => return Ok(None),
-        Err(e) => return Err(TableError::Storage(e)),
-    };
-    serde_json::from_slice(&bytes)
-        .map(Some)
-        .map_err(|e| TableError::CorruptManifest {
-            path: path.to_string(),
-            reason: e.to_string(),
-        })
 }

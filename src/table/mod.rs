@@ -8,9 +8,19 @@
 //! committed row exactly once, in a file or in memory. After a restart, the log records past
 //! the manifest's position for this node are replayed; earlier ones are already in files.
 //!
-//! Compaction merges small files into one through a manifest commit that removes them.
+//! The manifest decides, never memory: whenever a manifest state is installed (a flush's own
+//! commit, or a refresh that reads versions written since), the unflushed batches that its
+//! position for this node covers leave memory in the same step, under the table's lock. So a
+//! query never sees a row twice, and a flush whose commit landed although its answer was lost
+//! (an ambiguous outcome) cannot write those rows again: a flush commits only if the
+//! manifest's position for this node is still below the first record it holds.
+//!
+//! Compaction merges small files into one through a manifest commit that removes them; its
+//! output is deleted only when its commit is known to have lost. Before a commit that other
+//! nodes or a restart will read, the node checks it still owns its id ([`crate::node`]).
 
 mod files;
+mod gc;
 pub mod manifest;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -24,6 +34,7 @@ use object_store::ObjectStoreExt as _;
 use object_store::path::Path;
 
 use crate::log::{CommitLog, LogConsumer, LogError, Lsn, Record, RecordKind};
+use crate::node::{Node, NodeError};
 use crate::storage::Storage;
 use crate::types::{Column, arrow_schema};
 use manifest::{Change, Manifest};
@@ -80,6 +91,9 @@ pub enum TableError {
     /// A background task could not run.
     #[error("task failed: {0}")]
     Task(String),
+    /// This node does not own its id any more (or could not check).
+    #[error(transparent)]
+    Node(#[from] NodeError),
 }
 
 impl TableError {
@@ -185,6 +199,32 @@ struct TableState {
     oldest_unflushed: Option<Instant>,
 }
 
+impl TableState {
+    /// Installs a manifest state and, in the same step, drops the unflushed batches whose
+    /// records its position for `node` covers: they are in its files now.
+    fn install(&mut self, manifest: ManifestState, node: &str) {
+        if manifest.version < self.manifest.version {
+            return;
+        }
+        let covered = manifest.flushed.get(node).copied().unwrap_or(0);
+        let mut dropped = false;
+        while self.unflushed.front().is_some_and(|u| u.lsn <= covered) {
+            if let Some(u) = self.unflushed.pop_front() {
+                self.unflushed_bytes -= u.bytes;
+                dropped = true;
+            }
+        }
+        if dropped {
+            self.oldest_unflushed = if self.unflushed.is_empty() {
+                None
+            } else {
+                Some(Instant::now())
+            };
+        }
+        self.manifest = manifest;
+    }
+}
+
 struct Table {
     id: String,
     schema: SchemaRef,
@@ -192,7 +232,13 @@ struct Table {
     state: Mutex<TableState>,
     /// One flush or compaction of this table at a time on this node.
     maintenance: tokio::sync::Mutex<()>,
+    /// When a refresh last checked the manifest's floor (see [`Manifest::refresh`]).
+    floor_checked: Mutex<Option<Instant>>,
 }
+
+/// How often a refresh that finds nothing new checks whether its state fell below the
+/// manifest's floor (versions collected away).
+const FLOOR_CHECK_INTERVAL: Duration = Duration::from_secs(30);
 
 impl Table {
     fn lock(&self) -> std::sync::MutexGuard<'_, TableState> {
@@ -241,7 +287,7 @@ pub struct Tables {
     log: CommitLog,
     consumer: LogConsumer,
     storage: Storage,
-    node_id: String,
+    node: Arc<Node>,
     config: TableConfig,
     tables: RwLock<HashMap<String, Arc<Table>>>,
     stats: OpStats,
@@ -250,6 +296,10 @@ pub struct Tables {
     flush_wanted: tokio::sync::Notify,
     /// Woken after every flush: ingest waiting for memory headroom looks again.
     flushed: tokio::sync::Notify,
+    /// How long garbage collection keeps unreferenced objects.
+    gc_grace: Duration,
+    /// Objects garbage collection has seen unreferenced.
+    gc: Mutex<crate::storage::gc::Unreferenced>,
 }
 
 /// Work counters of flushes and compactions (for metrics).
@@ -268,7 +318,7 @@ pub struct OpStats {
 impl std::fmt::Debug for Tables {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tables")
-            .field("node_id", &self.node_id)
+            .field("node", &self.node.id())
             .field("storage", &self.storage.url())
             .finish()
     }
@@ -278,26 +328,28 @@ impl Tables {
     /// Opens the table engine over `log` and `storage`, replaying the table records of
     /// `replay` (the records [`CommitLog::open`] returned) that no Parquet file holds yet.
     ///
-    /// `node_id` names this node's log in manifests; it must stay the same across restarts
-    /// of the same data directory.
+    /// `node` names this node's log in manifests (see [`crate::node`]).
     pub async fn open(
         log: CommitLog,
         replay: &[Record],
         storage: Storage,
-        node_id: &str,
+        node: Arc<Node>,
         config: TableConfig,
+        gc_grace: Duration,
     ) -> Result<Tables, TableError> {
-        let consumer = log.consumer("tables");
+        let consumer = log.consumer("tables")?;
         let tables = Tables {
             log,
             consumer,
             storage,
-            node_id: node_id.to_owned(),
+            node,
             config,
             tables: RwLock::new(HashMap::new()),
             stats: OpStats::default(),
             flush_wanted: tokio::sync::Notify::new(),
             flushed: tokio::sync::Notify::new(),
+            gc_grace,
+            gc: Mutex::new(crate::storage::gc::Unreferenced::default()),
         };
         for record in replay.iter().filter(|r| r.kind == RecordKind::TableBatch) {
             let (id, batch) = files::decode_record(&record.payload)?;
@@ -314,7 +366,7 @@ impl Tables {
                 .lock()
                 .manifest
                 .flushed
-                .get(&tables.node_id)
+                .get(tables.node.id())
                 .copied()
                 .unwrap_or(0);
             if record.lsn > covered {
@@ -351,9 +403,19 @@ impl Tables {
                 oldest_unflushed: None,
             }),
             maintenance: tokio::sync::Mutex::new(()),
+            floor_checked: Mutex::new(None),
         });
         let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
         Ok(tables.entry(id.to_owned()).or_insert(table).clone())
+    }
+
+    /// Forgets a dropped table whose storage garbage collection removed (its unflushed
+    /// batches, if any, belong to no table).
+    fn forget_table(&self, id: &str) {
+        self.tables
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
     }
 
     /// Creates a table with these columns (computed ones included: batches carry their
@@ -481,15 +543,24 @@ impl Tables {
     pub async fn refresh(&self, id: &str) -> Result<(), TableError> {
         let table = self.table(id).await?;
         let mut manifest = table.lock().manifest.clone();
+        let check_floor = {
+            let mut checked = table
+                .floor_checked
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let due = checked.is_none_or(|at| at.elapsed() >= FLOOR_CHECK_INTERVAL);
+            if due {
+                *checked = Some(Instant::now());
+            }
+            due
+        };
         if table
             .manifest
-            .refresh(self.storage.store().as_ref(), &mut manifest)
+            .refresh(self.storage.store().as_ref(), &mut manifest, check_floor)
             .await?
         {
-            let mut state = table.lock();
-            if manifest.version > state.manifest.version {
-                state.manifest = manifest;
-            }
+            // Our own flush, committed with its answer lost, takes its rows out of memory here.
+            table.lock().install(manifest, self.node.id());
         }
         Ok(())
     }
@@ -551,9 +622,10 @@ impl Tables {
         let table = self.table(id).await?;
         let _maintenance = table.maintenance.lock().await;
         // The cut: everything unflushed now. Appends may go on; they land after it.
-        let (batches, count, last_lsn, manifest) = {
+        let (batches, first_lsn, last_lsn, manifest) = {
             let state = table.lock();
-            let Some(last) = state.unflushed.back() else {
+            let (Some(first), Some(last)) = (state.unflushed.front(), state.unflushed.back())
+            else {
                 return Ok(None);
             };
             (
@@ -562,36 +634,50 @@ impl Tables {
                     .iter()
                     .map(|u| u.batch.clone())
                     .collect::<Vec<_>>(),
-                state.unflushed.len(),
+                first.lsn,
                 last.lsn,
                 state.manifest.clone(),
             )
         };
+        let written = Instant::now();
         let file = self.write_data_file(&table, move || Ok(batches)).await?;
+        let node = self.node.id().to_owned();
         let change = Change {
             added: vec![file.clone()],
             removed: Vec::new(),
-            flushed: BTreeMap::from([(self.node_id.clone(), last_lsn)]),
+            flushed: BTreeMap::from([(node.clone(), last_lsn)]),
+            // Rows of this cut already in a file (an earlier commit that landed with its
+            // answer lost) must not be written twice.
+            flushed_below: Some((node.clone(), first_lsn)),
         };
-        let committed = table
+        self.node.ensure_current().await?;
+        if written.elapsed() > self.commit_deadline() {
+            // Garbage collection may take a file this old for an orphan: write it again.
+            return Err(TableError::Task(
+                "the flushed file waited too long for its commit".into(),
+            ));
+        }
+        let committed = match table
             .manifest
             .commit(self.storage.store().as_ref(), &manifest, &change)
-            .await?;
+            .await
         {
-            // Swap in one step: the file appears and its batches leave together.
-            let mut state = table.lock();
-            state.manifest = committed;
-            for _ in 0..count {
-                if let Some(u) = state.unflushed.pop_front() {
-                    state.unflushed_bytes -= u.bytes;
-                }
+            Ok(committed) => committed,
+            Err(TableError::Conflict(reason)) => {
+                // Our file was never referenced: no commit of ours landed.
+                let _ = self
+                    .storage
+                    .store()
+                    .delete(&Path::from(file.path.as_str()))
+                    .await;
+                self.refresh(id).await?;
+                tracing::info!(table = %id, %reason, "flush superseded; rows already in files");
+                return Ok(None);
             }
-            state.oldest_unflushed = if state.unflushed.is_empty() {
-                None
-            } else {
-                Some(Instant::now())
-            };
-        }
+            Err(e) => return Err(e),
+        };
+        // Swap in one step: the file appears and its batches leave together.
+        table.lock().install(committed, &node);
         self.flushed.notify_waiters();
         self.release_log()?;
         Ok(Some(file))
@@ -745,6 +831,7 @@ impl Tables {
                 );
             }
         }
+        let written = Instant::now();
         let file = match spliced {
             Some(bytes) => {
                 let mut time_ranges: BTreeMap<String, (i64, i64)> = BTreeMap::new();
@@ -777,15 +864,23 @@ impl Tables {
             added: vec![file.clone()],
             removed: picked.iter().map(|f| f.path.clone()).collect(),
             flushed: BTreeMap::new(),
+            flushed_below: None,
         };
+        self.node.ensure_current().await?;
+        if written.elapsed() > self.commit_deadline() {
+            // Garbage collection may take a file this old for an orphan; it collects it.
+            return Err(TableError::Task(
+                "the compacted file waited too long for its commit".into(),
+            ));
+        }
         let committed = match table
             .manifest
             .commit(self.storage.store().as_ref(), &manifest, &change)
             .await
         {
             Ok(c) => c,
-            Err(e) => {
-                // The merged file was never referenced: remove it (best effort).
+            Err(e @ TableError::Conflict(_)) => {
+                // Known lost: the merged file was never referenced; remove it.
                 let _ = self
                     .storage
                     .store()
@@ -793,10 +888,13 @@ impl Tables {
                     .await;
                 return Err(e);
             }
+            // Any other failure may have landed: the file stays, and garbage collection
+            // removes it after the grace period if no version references it.
+            Err(e) => return Err(e),
         };
         // Replaced files stay in object storage: snapshots taken before this commit may
-        // still read them. Reclaiming them is a separate, delayed clean-up.
-        table.lock().manifest = committed;
+        // still read them. Garbage collection reclaims them after the grace period.
+        table.lock().install(committed, self.node.id());
         Ok(Some(file))
     }
 

@@ -614,11 +614,11 @@ impl<'a> Scanner<'a> {
             let key_pos = self.pos;
             let key = self.string()?;
             self.push_key(key);
-            if self.keys.len() - frame <= LINEAR_KEY_CHECK {
-                if let Some(duplicate) = self.duplicate_of_last(frame) {
-                    self.pos = key_pos;
-                    return Err(self.error(JsonErrorKind::DuplicateKey(duplicate)));
-                }
+            if self.keys.len() - frame <= LINEAR_KEY_CHECK
+                && let Some(duplicate) = self.duplicate_of_last(frame)
+            {
+                self.pos = key_pos;
+                return Err(self.error(JsonErrorKind::DuplicateKey(duplicate)));
             }
             sink.put_byte(b'"');
             sink.put(key.content);
@@ -632,10 +632,10 @@ impl<'a> Scanner<'a> {
                     sink.put_byte(b',');
                 }
                 Some(b'}') => {
-                    if self.keys.len() - frame > LINEAR_KEY_CHECK {
-                        if let Some(duplicate) = self.duplicate_in_frame(frame) {
-                            return Err(self.error(JsonErrorKind::DuplicateKey(duplicate)));
-                        }
+                    if self.keys.len() - frame > LINEAR_KEY_CHECK
+                        && let Some(duplicate) = self.duplicate_in_frame(frame)
+                    {
+                        return Err(self.error(JsonErrorKind::DuplicateKey(duplicate)));
                     }
                     self.pos += 1;
                     return Ok(());

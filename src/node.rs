@@ -1,0 +1,591 @@
+//! A node's identity, claimed in object storage so that it can be neither lost nor shared.
+//!
+//! A node is one data directory. Its id names its commit-log positions in table manifests
+//! (`flushed[node]`) and its stream objects, so two processes must never write under one id,
+//! and a directory must never silently change its id while its log holds records.
+//!
+//! - **Local identity.** `node.json` in the data directory holds the id and the epoch the
+//!   directory last claimed; it is written with fsync of the file and the directory before it
+//!   is used. A missing, empty or unreadable identity beside a log that holds records refuses
+//!   to start ([`NodeError::MissingIdentity`]): a new id would replay records already flushed
+//!   under the old one. The commit log locks the directory while a process uses it, and a
+//!   node claims its id only with the log open.
+//! - **Claims.** Each start claims the next *epoch* of the id with a conditional create of
+//!   `nodes/{id}/epochs/{epoch:020}.json`: two processes cannot claim the same epoch. A
+//!   directory whose id has been claimed by a later epoch than its own was superseded (a
+//!   copy of it, or it was replaced) and refuses to start ([`NodeError::Superseded`]).
+//! - **Liveness.** The owner of an epoch writes `nodes/{id}/heartbeat.json` every quarter of
+//!   the lease; before claiming, a start waits until the last owner is known gone: it shut
+//!   down cleanly, or it is this directory's own previous run on this boot of this machine
+//!   (the directory lock proves it dead), or its heartbeat stays still for a whole lease. A
+//!   heartbeat that moves means another live process holds the id
+//!   ([`NodeError::InUse`]): a copied data directory is refused, never merged. A directory
+//!   whose log ends before the last position its id is known to have made durable is a stale
+//!   copy and is refused ([`NodeError::StaleCopy`]).
+//! - **Fencing.** A running node checks, at every heartbeat and before every manifest commit
+//!   and stream snapshot, that no later epoch exists; once one does it is fenced: its log
+//!   refuses appends and it commits nothing more.
+//! - **LSN spaces.** Epoch `e` appends from LSN `e << 48`, so records written by two
+//!   copies of one directory in different epochs never share an LSN, and a flushed position
+//!   of one epoch never covers another epoch's records.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
+use serde::{Deserialize, Serialize};
+
+use crate::log::Lsn;
+use crate::storage::Storage;
+use crate::storage::journal::SyncJournal;
+
+/// Bits of an LSN below the epoch.
+const EPOCH_SHIFT: u32 = 48;
+
+/// The first LSN of an epoch.
+pub fn lsn_base(epoch: u64) -> Lsn {
+    epoch << EPOCH_SHIFT
+}
+
+/// Why a node could not take its identity.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// A file of the data directory could not be read or written.
+    #[error("node identity file {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The log holds records but the node's identity is gone.
+    #[error(
+        "data directory {dir}: the commit log holds records but node.json is {problem}; \
+         starting under a new id would apply flushed records twice. Restore node.json (the \
+         ids this store knows are under nodes/ in the object store), or move the log \
+         directory aside to start empty (its unflushed records are then not applied)"
+    )]
+    MissingIdentity {
+        /// The data directory.
+        dir: String,
+        /// What is wrong with the identity file.
+        problem: String,
+    },
+    /// A later epoch of this id was claimed after this directory last ran.
+    #[error(
+        "node {id} was taken over by another process (epoch {latest}) after this data \
+         directory last ran (epoch {local}): this directory is an old copy or was replaced. \
+         Its log is not applied; move it aside"
+    )]
+    Superseded {
+        /// The node id.
+        id: String,
+        /// This directory's epoch.
+        local: u64,
+        /// The latest claimed epoch.
+        latest: u64,
+    },
+    /// A live process holds the id.
+    #[error(
+        "node {id} is in use by another running process (its heartbeat moved {ago_ms} ms ago); \
+         was this data directory copied? A copy needs its own node.json"
+    )]
+    InUse {
+        /// The node id.
+        id: String,
+        /// How long ago its heartbeat was written.
+        ago_ms: u64,
+    },
+    /// The log ends before a position the node made durable.
+    #[error(
+        "data directory {dir}: its log ends at LSN {log_last} but node {id} had made LSN \
+         {known} durable: this is a stale copy of the directory. Move it aside"
+    )]
+    StaleCopy {
+        /// The data directory.
+        dir: String,
+        /// The node id.
+        id: String,
+        /// The log's last LSN.
+        log_last: Lsn,
+        /// The last durable LSN the node reported.
+        known: Lsn,
+    },
+    /// Too many restarts for the LSN space.
+    #[error("node {0} has used every epoch; start it with a new data directory")]
+    EpochsExhausted(String),
+    /// This node was fenced.
+    #[error("node {0} was fenced: another process took over its id")]
+    Fenced(String),
+    /// Object storage failed.
+    #[error("object store error while claiming the node identity: {0}")]
+    Storage(#[from] object_store::Error),
+}
+
+/// The identity file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct LocalIdentity {
+    id: String,
+    epoch: u64,
+}
+
+/// An epoch claim object.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Claim {
+    epoch: u64,
+    token: String,
+    claimed_at_ms: u64,
+}
+
+/// The heartbeat object.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Heartbeat {
+    epoch: u64,
+    at_ms: u64,
+    /// The owner shut down cleanly.
+    released: bool,
+    /// The last LSN the owner had made durable.
+    last_lsn: Lsn,
+    /// The owner's machine boot and data directory.
+    boot: String,
+    dir: String,
+}
+
+/// What a starting node knows of its log.
+#[derive(Debug, Clone, Copy)]
+pub struct LogState {
+    /// Whether the log holds any record.
+    pub has_records: bool,
+    /// Its last LSN (0 when empty).
+    pub last_lsn: Lsn,
+    /// Whether its records are fsynced before they count (then a shorter log than the last
+    /// heartbeat reported means a stale copy).
+    pub synced: bool,
+}
+
+/// This process's ownership of a node id.
+pub struct Node {
+    id: String,
+    epoch: u64,
+    storage: Storage,
+    lease: Duration,
+    boot: String,
+    dir: String,
+    fenced: AtomicBool,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("id", &self.id)
+            .field("epoch", &self.epoch)
+            .finish_non_exhaustive()
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// This machine's current boot (Linux: the kernel's boot id); empty when unknown, and then
+/// no earlier owner is taken for this directory's own previous run.
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> NodeError + '_ {
+    move |source| NodeError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// Writes `bytes` to `path` durably: a temporary file, fsynced, renamed into place, and the
+/// directory fsynced.
+pub(crate) fn write_durably(
+    path: &Path,
+    bytes: &[u8],
+    journal: Option<&SyncJournal>,
+) -> std::io::Result<()> {
+    use std::io::Write as _;
+    if let Some(journal) = journal {
+        journal.check_alive()?;
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = path.with_extension("tmp");
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    drop(file);
+    std::fs::rename(&tmp, path)?;
+    if let Some(journal) = journal {
+        journal.created(path);
+        journal.synced(path, bytes.len() as u64);
+    }
+    std::fs::File::open(dir)?.sync_all()?;
+    if let Some(journal) = journal {
+        journal.dir_synced(dir);
+    }
+    Ok(())
+}
+
+fn epochs_dir(id: &str) -> String {
+    format!("nodes/{id}/epochs")
+}
+
+fn claim_path(id: &str, epoch: u64) -> ObjectPath {
+    ObjectPath::from(format!("{}/{epoch:020}.json", epochs_dir(id)))
+}
+
+fn heartbeat_path(id: &str) -> ObjectPath {
+    ObjectPath::from(format!("nodes/{id}/heartbeat.json"))
+}
+
+/// Reads a JSON object; `None` when it does not exist (or cannot be parsed: an object that
+/// is not ours proves nothing).
+async fn read_json<T: for<'de> Deserialize<'de>>(
+    storage: &Storage,
+    path: &ObjectPath,
+) -> Result<Option<T>, object_store::Error> {
+    match storage.store().get(path).await {
+        Ok(r) => Ok(serde_json::from_slice(&r.bytes().await?).ok()),
+        Err(object_store::Error::NotFound { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The latest epoch claimed for `id`.
+async fn latest_epoch(storage: &Storage, id: &str) -> Result<Option<u64>, object_store::Error> {
+    use futures::TryStreamExt as _;
+    let listed: Vec<object_store::ObjectMeta> = storage
+        .store()
+        .list(Some(&ObjectPath::from(epochs_dir(id))))
+        .try_collect()
+        .await?;
+    Ok(listed
+        .iter()
+        .filter_map(|m| m.location.filename()?.strip_suffix(".json")?.parse().ok())
+        .max())
+}
+
+/// Reads the directory's identity: `Ok(None)` when there is none, an error string when it is
+/// there but unusable. A `node_id` file of older versions is read as epoch 0.
+fn read_local(data_dir: &Path) -> Result<Option<LocalIdentity>, String> {
+    let path = data_dir.join("node.json");
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            let identity: LocalIdentity =
+                serde_json::from_slice(&bytes).map_err(|e| format!("unreadable ({e})"))?;
+            if identity.id.is_empty() || !valid_id(&identity.id) {
+                return Err("holding no valid id".into());
+            }
+            return Ok(Some(identity));
+        }
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(format!("unreadable ({e})"));
+        }
+        Err(_) => {}
+    }
+    match std::fs::read_to_string(data_dir.join("node_id")) {
+        Ok(text) if valid_id(text.trim()) => Ok(Some(LocalIdentity {
+            id: text.trim().to_owned(),
+            epoch: 0,
+        })),
+        Ok(_) => Err("missing, and node_id is empty or invalid".into()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("missing, and node_id is unreadable ({e})")),
+    }
+}
+
+fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+impl Node {
+    /// Takes this data directory's node identity for a new epoch (see the module docs).
+    /// `lease` is how long a silent heartbeat takes to mean its owner is gone. The caller
+    /// holds the directory's commit log open (and so its lock).
+    pub async fn claim(
+        data_dir: &Path,
+        storage: Storage,
+        log: LogState,
+        lease: Duration,
+        journal: Option<&SyncJournal>,
+    ) -> Result<Node, NodeError> {
+        let dir = std::fs::canonicalize(data_dir)
+            .unwrap_or_else(|_| PathBuf::from(data_dir))
+            .display()
+            .to_string();
+        let (id, local_epoch) = match read_local(data_dir) {
+            Ok(Some(identity)) => (identity.id, Some(identity.epoch)),
+            Ok(None) if !log.has_records => (uuid::Uuid::new_v4().simple().to_string(), None),
+            Ok(None) => {
+                return Err(NodeError::MissingIdentity {
+                    dir,
+                    problem: "missing".into(),
+                });
+            }
+            Err(problem) if log.has_records => {
+                return Err(NodeError::MissingIdentity { dir, problem });
+            }
+            // Nothing to replay: whatever was there, start afresh.
+            Err(_) => (uuid::Uuid::new_v4().simple().to_string(), None),
+        };
+        let boot = boot_id();
+        let latest = latest_epoch(&storage, &id).await?;
+        if let Some(latest) = latest {
+            let superseded = match local_epoch {
+                Some(local) => latest > local,
+                None => true,
+            };
+            if superseded && log.has_records {
+                return Err(NodeError::Superseded {
+                    id,
+                    local: local_epoch.unwrap_or(0),
+                    latest,
+                });
+            }
+            let last = wait_until_gone(&storage, &id, latest, &boot, &dir, lease).await?;
+            if let Some(known) = last
+                && log.synced
+                && !superseded
+                && known > log.last_lsn
+            {
+                return Err(NodeError::StaleCopy {
+                    dir,
+                    id,
+                    log_last: log.last_lsn,
+                    known,
+                });
+            }
+        }
+        let epoch = latest.max(local_epoch).unwrap_or(0) + 1;
+        if epoch >= 1 << (64 - EPOCH_SHIFT) {
+            return Err(NodeError::EpochsExhausted(id));
+        }
+        // The directory records the epoch before it is claimed: if the process dies between
+        // the two, the next start finds its own claim (or none), never a stranger's.
+        let identity = serde_json::to_vec(&LocalIdentity {
+            id: id.clone(),
+            epoch,
+        })
+        .unwrap_or_default();
+        let identity_path = data_dir.join("node.json");
+        write_durably(&identity_path, &identity, journal).map_err(io_error(&identity_path))?;
+        let claim = Claim {
+            epoch,
+            token: uuid::Uuid::new_v4().simple().to_string(),
+            claimed_at_ms: now_ms(),
+        };
+        let body = serde_json::to_vec(&claim).unwrap_or_default();
+        let path = claim_path(&id, epoch);
+        let put = storage
+            .store()
+            .put_opts(
+                &path,
+                PutPayload::from(body),
+                PutOptions::from(PutMode::Create),
+            )
+            .await;
+        match put {
+            Ok(_) => {}
+            Err(e) => {
+                // Lost the race, or won it but lost the answer: the tag says which.
+                let written: Option<Claim> = read_json(&storage, &path).await?;
+                match written {
+                    Some(w) if w.token == claim.token => {}
+                    Some(_) => return Err(NodeError::InUse { id, ago_ms: 0 }),
+                    None => return Err(NodeError::Storage(e)),
+                }
+            }
+        }
+        let node = Node {
+            id,
+            epoch,
+            storage,
+            lease,
+            boot,
+            dir,
+            fenced: AtomicBool::new(false),
+        };
+        node.heartbeat(log.last_lsn, false).await?;
+        Ok(node)
+    }
+
+    /// The node id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The epoch this process claimed.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The first LSN of this epoch's appends.
+    pub fn lsn_base(&self) -> Lsn {
+        lsn_base(self.epoch)
+    }
+
+    /// How often the heartbeat runs.
+    pub fn heartbeat_interval(&self) -> Duration {
+        (self.lease / 4).max(Duration::from_millis(10))
+    }
+
+    /// Whether this node was fenced.
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.load(Ordering::Acquire)
+    }
+
+    /// Checks that this process still owns the id: no later epoch was claimed. Fails (and
+    /// fences the node for good) when one was. Callers check before committing anything
+    /// other nodes or a restart will read.
+    pub async fn ensure_current(&self) -> Result<(), NodeError> {
+        if self.is_fenced() {
+            return Err(NodeError::Fenced(self.id.clone()));
+        }
+        let next = claim_path(&self.id, self.epoch + 1);
+        match self.storage.store().head(&next).await {
+            Ok(_) => {
+                self.fenced.store(true, Ordering::Release);
+                tracing::error!(
+                    node = %self.id,
+                    epoch = self.epoch,
+                    "another process claimed this node id; this node stops writing"
+                );
+                Err(NodeError::Fenced(self.id.clone()))
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Checks ownership and writes the heartbeat (`released` at a clean shutdown).
+    pub async fn heartbeat(&self, last_lsn: Lsn, released: bool) -> Result<(), NodeError> {
+        self.ensure_current().await?;
+        let beat = Heartbeat {
+            epoch: self.epoch,
+            at_ms: now_ms(),
+            released,
+            last_lsn,
+            boot: self.boot.clone(),
+            dir: self.dir.clone(),
+        };
+        let body = serde_json::to_vec(&beat).unwrap_or_default();
+        self.storage
+            .store()
+            .put(&heartbeat_path(&self.id), PutPayload::from(body))
+            .await?;
+        Ok(())
+    }
+}
+
+impl Node {
+    /// Deletes this id's claims older than the previous epoch once older than `grace` (the
+    /// latest claims are what a starting process compares itself with).
+    pub async fn collect_garbage(
+        &self,
+        grace: Duration,
+    ) -> Result<crate::storage::GcReport, NodeError> {
+        use futures::TryStreamExt as _;
+        let mut report = crate::storage::GcReport::default();
+        let cutoff = crate::storage::gc::cutoff(grace);
+        let listed: Vec<object_store::ObjectMeta> = self
+            .storage
+            .store()
+            .list(Some(&ObjectPath::from(epochs_dir(&self.id))))
+            .try_collect()
+            .await?;
+        for meta in listed {
+            let epoch: Option<u64> = meta
+                .location
+                .filename()
+                .and_then(|n| n.strip_suffix(".json"))
+                .and_then(|n| n.parse().ok());
+            if epoch.is_some_and(|e| e + 1 < self.epoch)
+                && meta.last_modified < cutoff
+                && self.storage.store().delete(&meta.location).await.is_ok()
+            {
+                report.objects += 1;
+                report.bytes += meta.size;
+            }
+        }
+        Ok(report)
+    }
+}
+
+/// Waits until the owner of `epoch` is known to be gone; returns the last LSN it reported.
+async fn wait_until_gone(
+    storage: &Storage,
+    id: &str,
+    epoch: u64,
+    boot: &str,
+    dir: &str,
+    lease: Duration,
+) -> Result<Option<Lsn>, NodeError> {
+    let Some(first) = read_json::<Heartbeat>(storage, &heartbeat_path(id)).await? else {
+        return Ok(None);
+    };
+    if first.epoch != epoch {
+        // The owner of the latest epoch never wrote a heartbeat: it died while claiming,
+        // or it is claiming now; give it a lease to show itself.
+        if first.epoch > epoch {
+            return Ok(Some(first.last_lsn));
+        }
+    } else if first.released || (!boot.is_empty() && first.boot == boot && first.dir == dir) {
+        // A clean shutdown, or this directory's own previous run on this boot (the lock
+        // we hold proves it is no longer running).
+        return Ok(Some(first.last_lsn));
+    }
+    let started = Instant::now();
+    let poll = (lease / 8).max(Duration::from_millis(10));
+    while started.elapsed() < lease {
+        tokio::time::sleep(poll).await;
+        let now = read_json::<Heartbeat>(storage, &heartbeat_path(id)).await?;
+        if let Some(now) = now
+            && (now.at_ms != first.at_ms || now.epoch != first.epoch)
+        {
+            if now.released && now.epoch == epoch {
+                return Ok(Some(now.last_lsn));
+            }
+            return Err(NodeError::InUse {
+                id: id.to_owned(),
+                ago_ms: now_ms().saturating_sub(now.at_ms),
+            });
+        }
+    }
+    Ok((first.epoch == epoch).then_some(first.last_lsn))
+}
+
+/// Runs the heartbeat until `shutdown` resolves; fences `log` when the node loses its id.
+pub(crate) async fn run_heartbeat(
+    node: Arc<Node>,
+    log: crate::log::CommitLog,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let tick = node.heartbeat_interval();
+    crate::every(tick, shutdown, || {
+        let node = node.clone();
+        let log = log.clone();
+        async move {
+            match node.heartbeat(log.last_lsn(), false).await {
+                Ok(()) => {}
+                Err(NodeError::Fenced(_)) => log.fence(),
+                Err(e) => tracing::warn!(error = %e, "node heartbeat failed; retrying"),
+            }
+        }
+    })
+    .await;
+}

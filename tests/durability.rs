@@ -1,0 +1,619 @@
+//! What the storage engine promises, tried at its thresholds: log release with two consumers
+//! across quick restarts, a simulated power loss, a node identity lost or shared, ambiguous
+//! commits, a catalog that changed on another node, garbage collection under churn and with
+//! two nodes, subscriptions across restarts, and a damaged log.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::json;
+use sluice::db::{Database, DbConfig, OpenError};
+use sluice::ingest::ContentEncoding;
+use sluice::log::Durability;
+use sluice::node::NodeError;
+use sluice::storage::Storage;
+use sluice::storage::journal::SyncJournal;
+use sluice::storage::probe::{Probe, ProbedStore};
+use sluice::stream::{AppendRequest, CreateRequest, Lifetime};
+
+/// Settings small enough that segments roll, flushes and checkpoints happen in a test.
+fn config(dir: &Path) -> DbConfig {
+    let mut c = DbConfig::new(dir);
+    c.log_segment_bytes = 4096;
+    c.node_lease = Duration::from_millis(400);
+    c.gc_grace = Duration::from_secs(1);
+    c
+}
+
+async fn ingest(db: &Database, table: &str, ids: std::ops::Range<i64>) -> Result<usize, String> {
+    let body: String = ids
+        .map(|i| format!("{{\"id\":{i},\"note\":\"{}\"}}\n", "n".repeat(200)))
+        .collect();
+    db.ingest(
+        "scopedb",
+        "public",
+        table,
+        Bytes::from(body),
+        ContentEncoding::Identity,
+    )
+    .await
+    .map_err(|e| e.to_string())
+}
+
+async fn ids(db: &Database, table: &str) -> Vec<i64> {
+    let r = db
+        .execute(&format!("SELECT id FROM {table} ORDER BY id"))
+        .await
+        .unwrap();
+    r.rows
+        .iter()
+        .map(|row| row[0].as_deref().unwrap().parse().unwrap())
+        .collect()
+}
+
+fn create_stream(name: &str) -> CreateRequest {
+    CreateRequest {
+        name: name.into(),
+        content_type: Some("text/plain".into()),
+        lifetime: Lifetime::default(),
+        closed: false,
+        fork: None,
+        body: Bytes::new(),
+        incarnation: None,
+    }
+}
+
+fn append(name: &str, body: String) -> AppendRequest {
+    AppendRequest {
+        name: name.into(),
+        content_type: Some("text/plain".into()),
+        body: Bytes::from(body),
+        close: false,
+        producer: None,
+        stream_seq: None,
+        incarnation: None,
+    }
+}
+
+async fn stream_text(db: &Database, name: &str) -> String {
+    let streams = db.streams();
+    let stream = streams.get(name).await.unwrap();
+    let mut out = Vec::new();
+    let mut at = 0;
+    loop {
+        let r = streams.read(&stream, at, 1 << 20).await.unwrap();
+        for record in &r.records {
+            out.extend_from_slice(record);
+        }
+        at = r.next;
+        if r.up_to_date {
+            break;
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// Stops a database as a crash would: the log is closed where it is; nothing is flushed,
+/// checkpointed or released.
+fn crash(db: Arc<Database>) {
+    db.log().close();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_survive_log_release_by_tables_and_two_quick_restarts() {
+    let dir = common::temp_dir("two-restarts");
+    let mut c = config(&dir);
+    c.streams.checkpoint_interval = Duration::from_secs(3600);
+    c.streams.checkpoint_bytes = u64::MAX;
+    let db = Database::open(c.clone()).await.unwrap();
+    db.execute("CREATE TABLE t (id int, note string)")
+        .await
+        .unwrap();
+    db.streams().create(create_stream("s")).await.unwrap();
+    let mut expected = String::new();
+    for i in 0..20 {
+        let line = format!("message {i}\n");
+        db.streams()
+            .append(append("s", line.clone()))
+            .await
+            .unwrap();
+        expected.push_str(&line);
+    }
+    // Table ingest fills many segments; flushes release the log as far as tables go.
+    for round in 0..10 {
+        ingest(&db, "t", round * 20..round * 20 + 20).await.unwrap();
+        db.tables().flush_due(true).await.unwrap();
+    }
+    assert!(
+        db.log()
+            .stats()
+            .segments_rolled
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 5
+    );
+    crash(db);
+    for restart in 0..2 {
+        // Opening releases the log as far as the tables need it: the streams, which have
+        // checkpointed nothing, must keep theirs.
+        let db = Database::open(c.clone()).await.unwrap();
+        assert_eq!(stream_text(&db, "s").await, expected, "restart {restart}");
+        assert_eq!(ids(&db, "t").await, (0..200).collect::<Vec<_>>());
+        crash(db);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_power_loss_loses_nothing_acknowledged_unless_durability_is_none() {
+    for durability in [Durability::Fsync, Durability::None] {
+        let dir = common::temp_dir("power-loss");
+        let journal = Arc::new(SyncJournal::new());
+        let mut c = config(&dir);
+        c.durability = durability;
+        c.sync_journal = Some(journal.clone());
+        let db = Database::open(c.clone()).await.unwrap();
+        db.execute("CREATE TABLE t (id int, note string)")
+            .await
+            .unwrap();
+        db.streams().create(create_stream("s")).await.unwrap();
+        let mut acked = 0;
+        let mut text = String::new();
+        for round in 0..6 {
+            ingest(&db, "t", round * 10..round * 10 + 10).await.unwrap();
+            acked += 10;
+            let line = format!("append {round}\n");
+            db.streams()
+                .append(append("s", line.clone()))
+                .await
+                .unwrap();
+            text.push_str(&line);
+            if round % 2 == 0 {
+                db.tables().flush_due(true).await.unwrap();
+                db.streams().checkpoint(true).await.unwrap();
+            }
+        }
+        // The machine loses power: what was not synced is gone.
+        journal.power_loss().unwrap();
+        crash(db);
+        let db = Database::open({
+            let mut c = c.clone();
+            c.sync_journal = None;
+            c
+        })
+        .await;
+        match durability {
+            Durability::Fsync => {
+                let db = db.unwrap();
+                assert_eq!(ids(&db, "t").await, (0..acked).collect::<Vec<_>>());
+                assert_eq!(stream_text(&db, "s").await, text);
+            }
+            Durability::None => {
+                // Without syncs the loss is real: the test can tell.
+                let kept = match &db {
+                    Ok(db) => match db.execute("SELECT count(*) FROM t").await {
+                        Ok(r) => r.rows[0][0].as_deref().unwrap().parse::<i64>().unwrap(),
+                        Err(_) => 0,
+                    },
+                    Err(_) => 0,
+                };
+                assert!(kept < acked, "durability none kept all {acked} rows");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_emptied_node_id_refuses_to_start_rather_than_apply_rows_twice() {
+    let dir = common::temp_dir("empty-id");
+    let c = config(&dir);
+    let db = Database::open(c.clone()).await.unwrap();
+    db.execute("CREATE TABLE t (id int, note string)")
+        .await
+        .unwrap();
+    ingest(&db, "t", 0..10).await.unwrap();
+    db.tables().flush_due(true).await.unwrap();
+    crash(db);
+    // What a power loss can leave of a file written without fsync.
+    std::fs::write(dir.join("node.json"), b"").unwrap();
+    match Database::open(c.clone()).await {
+        Err(OpenError::Node(NodeError::MissingIdentity { .. })) => {}
+        other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
+    }
+    std::fs::remove_file(dir.join("node.json")).unwrap();
+    assert!(matches!(
+        Database::open(c.clone()).await,
+        Err(OpenError::Node(NodeError::MissingIdentity { .. }))
+    ));
+}
+
+/// Copies a directory tree (the data directory, minus nothing).
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copied_data_directory_is_fenced_never_merged() {
+    let root = common::temp_dir("clone");
+    let store = root.join("objects");
+    let original = root.join("a");
+    let copy = root.join("b");
+    let with_store = |dir: &Path| {
+        let mut c = config(dir);
+        c.object_store = Some(store.display().to_string());
+        c
+    };
+    let db = Database::open(with_store(&original)).await.unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let maintenance = tokio::spawn(db.clone().run_maintenance(async {
+        let _ = stopped.await;
+    }));
+    db.execute("CREATE TABLE t (id int, note string)")
+        .await
+        .unwrap();
+    ingest(&db, "t", 0..10).await.unwrap();
+    db.tables().flush_due(true).await.unwrap();
+    ingest(&db, "t", 10..16).await.unwrap();
+    // The directory is copied while its server runs.
+    copy_dir(&original, &copy);
+    let _ = std::fs::remove_file(copy.join("log").join("LOCK"));
+    // The copy cannot start while the original's heartbeat moves.
+    match Database::open(with_store(&copy)).await {
+        Err(OpenError::Node(NodeError::InUse { .. })) => {}
+        other => panic!("expected InUse, got {:?}", other.map(|_| ())),
+    }
+    // The original goes on; then it dies without a goodbye.
+    ingest(&db, "t", 16..20).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _ = stop.send(());
+    maintenance.abort();
+    crash(db);
+    // Its copy holds less of the log than the node had made durable: refused, not merged.
+    match Database::open(with_store(&copy)).await {
+        Err(OpenError::Node(NodeError::StaleCopy { .. })) => {}
+        other => panic!("expected StaleCopy, got {:?}", other.map(|_| ())),
+    }
+    // The original restarts with every acknowledged row, once.
+    let db = Database::open(with_store(&original)).await.unwrap();
+    assert_eq!(ids(&db, "t").await, (0..20).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_whose_commit_landed_unseen_does_not_write_its_rows_again() {
+    let dir = common::temp_dir("ambiguous-flush");
+    let probe = Arc::new(Probe::default());
+    let store = Arc::new(ProbedStore::new(
+        Arc::new(object_store::memory::InMemory::new()),
+        probe.clone(),
+    ));
+    let storage = Storage::from_store(store, "memory-probed://");
+    let c = config(&dir);
+    let db = Database::open_with_storage(c.clone(), storage.clone())
+        .await
+        .unwrap();
+    db.execute("CREATE TABLE t (id int, note string)")
+        .await
+        .unwrap();
+    ingest(&db, "t", 0..10).await.unwrap();
+    // The manifest version lands; its answer and the read-back are both lost.
+    probe.lose_create_answers_unverified(1);
+    assert!(db.tables().flush_due(true).await.is_err());
+    assert_eq!(ids(&db, "t").await, (0..10).collect::<Vec<_>>());
+    // The next flush finds its rows already in a file.
+    db.tables().flush_due(true).await.unwrap();
+    assert_eq!(ids(&db, "t").await, (0..10).collect::<Vec<_>>());
+    let stats = db.table_stats("scopedb", "public", "t").await.unwrap();
+    assert_eq!(
+        (stats.files, stats.file_rows, stats.unflushed_rows),
+        (1, 10, 0)
+    );
+    ingest(&db, "t", 10..15).await.unwrap();
+    db.tables().flush_due(true).await.unwrap();
+    crash(db);
+    let db = Database::open_with_storage(c, storage).await.unwrap();
+    assert_eq!(ids(&db, "t").await, (0..15).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_whose_commit_may_have_landed_keeps_its_file() {
+    let dir = common::temp_dir("ambiguous-compaction");
+    let probe = Arc::new(Probe::default());
+    let store = Arc::new(ProbedStore::new(
+        Arc::new(object_store::memory::InMemory::new()),
+        probe.clone(),
+    ));
+    let storage = Storage::from_store(store, "memory-probed://");
+    let mut c = config(&dir);
+    c.tables.compact_min_files = 2;
+    let db = Database::open_with_storage(c.clone(), storage.clone())
+        .await
+        .unwrap();
+    db.execute("CREATE TABLE t (id int, note string)")
+        .await
+        .unwrap();
+    for round in 0..3 {
+        ingest(&db, "t", round * 10..round * 10 + 10).await.unwrap();
+        db.tables().flush_due(true).await.unwrap();
+    }
+    let id = db
+        .catalog()
+        .table("scopedb", "public", "t")
+        .await
+        .unwrap()
+        .id;
+    probe.lose_create_answers_unverified(1);
+    assert!(db.tables().compact(&id).await.is_err());
+    db.refresh().await;
+    // The commit landed: the table is one merged file, and that file is there to read.
+    let stats = db.table_stats("scopedb", "public", "t").await.unwrap();
+    assert_eq!((stats.files, stats.file_rows), (1, 30));
+    assert_eq!(ids(&db, "t").await, (0..30).collect::<Vec<_>>());
+    crash(db);
+    let db = Database::open_with_storage(c, storage).await.unwrap();
+    assert_eq!(ids(&db, "t").await, (0..30).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_are_never_acknowledged_into_a_table_another_node_dropped_or_replaced() {
+    let root = common::temp_dir("stale-catalog");
+    let store = root.join("objects");
+    let node = |name: &str| {
+        let mut c = config(&root.join(name));
+        c.object_store = Some(store.display().to_string());
+        c
+    };
+    let a = Database::open(node("a")).await.unwrap();
+    let b = Database::open(node("b")).await.unwrap();
+    a.execute("CREATE TABLE t (id int, note string)")
+        .await
+        .unwrap();
+    ingest(&b, "t", 0..5).await.unwrap();
+    a.execute("DROP TABLE t").await.unwrap();
+    // No maintenance tick has run on b: it still thinks t is there.
+    let refused = ingest(&b, "t", 5..10).await.unwrap_err();
+    assert!(refused.contains("does not exist"), "{refused}");
+    a.execute("CREATE TABLE t (id int, note string)")
+        .await
+        .unwrap();
+    b.execute("SELECT 1").await.unwrap();
+    // b resolves t to its old storage id until it looks again; the answer says so.
+    ingest(&b, "t", 10..15).await.unwrap();
+    a.execute("DROP TABLE t").await.unwrap();
+    a.execute("CREATE TABLE t (id int, note string)")
+        .await
+        .unwrap();
+    let refused = ingest(&b, "t", 15..20).await.unwrap_err();
+    assert!(refused.contains("replaced"), "{refused}");
+    ingest(&b, "t", 20..25).await.unwrap();
+    b.tables().flush_due(true).await.unwrap();
+    a.refresh().await;
+    assert_eq!(ids(&a, "t").await, (20..25).collect::<Vec<_>>());
+}
+
+/// Bytes of the files under `dir`.
+fn bytes_under(dir: &Path) -> u64 {
+    let mut total = 0;
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                total += bytes_under(&path);
+            } else {
+                total += entry.metadata().map(|m| m.len()).unwrap_or(0);
+            }
+        }
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_churn_storage_stays_near_the_live_bytes_and_nothing_live_is_collected() {
+    let dir = common::temp_dir("churn");
+    let mut c = config(&dir);
+    c.tables.compact_min_files = 3;
+    c.tables.checkpoint_interval = 3;
+    let db = Database::open(c.clone()).await.unwrap();
+    db.execute("CREATE TABLE t (id int, note string)")
+        .await
+        .unwrap();
+    let mut next = 0;
+    let mut kept_stream = String::new();
+    db.streams().create(create_stream("kept")).await.unwrap();
+    for round in 0..12 {
+        ingest(&db, "t", next..next + 50).await.unwrap();
+        next += 50;
+        db.tables().flush_due(true).await.unwrap();
+        let id = db
+            .catalog()
+            .table("scopedb", "public", "t")
+            .await
+            .unwrap()
+            .id;
+        db.tables().compact(&id).await.unwrap();
+        // A table dropped and made again, and short-lived streams.
+        db.execute("DROP TABLE IF EXISTS scratch").await.unwrap();
+        db.execute("CREATE TABLE scratch (id int, note string)")
+            .await
+            .unwrap();
+        ingest(&db, "scratch", 0..50).await.unwrap();
+        db.tables().flush_due(true).await.unwrap();
+        let name = format!("gone-{round}");
+        db.streams().create(create_stream(&name)).await.unwrap();
+        db.streams()
+            .append(append(&name, "x".repeat(4000)))
+            .await
+            .unwrap();
+        let line = format!("{}\n", "k".repeat(100));
+        db.streams()
+            .append(append("kept", line.clone()))
+            .await
+            .unwrap();
+        kept_stream.push_str(&line);
+        db.streams().checkpoint(true).await.unwrap();
+        db.streams().delete(&name, None).await.unwrap();
+        db.collect_garbage().await;
+    }
+    // Past the grace period, everything unreferenced goes (stream objects mostly holding
+    // deleted streams are copied out of by a checkpoint first).
+    for _ in 0..4 {
+        db.collect_garbage().await;
+        db.streams().checkpoint(true).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    }
+    db.collect_garbage().await;
+    let objects = dir.join("objects");
+    let mut live_tables = 0;
+    for t in ["t", "scratch"] {
+        live_tables += db
+            .table_stats("scopedb", "public", t)
+            .await
+            .unwrap()
+            .file_bytes;
+    }
+    let table_bytes = bytes_under(&objects.join("tables"));
+    assert!(
+        table_bytes as f64 <= live_tables as f64 * 1.5,
+        "tables hold {table_bytes} bytes for {live_tables} live"
+    );
+    let stream_bytes = bytes_under(&objects.join("streams"));
+    let live_stream = kept_stream.len() as u64;
+    assert!(
+        (stream_bytes as f64) <= live_stream as f64 * 1.5 + 4096.0,
+        "streams hold {stream_bytes} bytes for {live_stream} live"
+    );
+    assert!(
+        db.gc_stats()
+            .objects
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 20
+    );
+    crash(db);
+    let db = Database::open(c).await.unwrap();
+    assert_eq!(ids(&db, "t").await, (0..next).collect::<Vec<_>>());
+    assert_eq!(ids(&db, "scratch").await, (0..50).collect::<Vec<_>>());
+    assert_eq!(stream_text(&db, "kept").await, kept_stream);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_collecting_garbage_never_delete_what_the_other_uses() {
+    let root = common::temp_dir("gc-two-nodes");
+    let store = root.join("objects");
+    let node = |name: &str| {
+        let mut c = config(&root.join(name));
+        c.object_store = Some(store.display().to_string());
+        c.tables.compact_min_files = 2;
+        c
+    };
+    let a = Database::open(node("a")).await.unwrap();
+    let b = Database::open(node("b")).await.unwrap();
+    a.execute("CREATE TABLE t (id int, note string)")
+        .await
+        .unwrap();
+    let mut expected = BTreeSet::new();
+    for round in 0..8i64 {
+        let (writer, other) = if round % 2 == 0 { (&a, &b) } else { (&b, &a) };
+        ingest(writer, "t", round * 100..round * 100 + 20)
+            .await
+            .unwrap();
+        expected.extend(round * 100..round * 100 + 20);
+        writer.tables().flush_due(true).await.unwrap();
+        other.refresh().await;
+        let id = writer
+            .catalog()
+            .table("scopedb", "public", "t")
+            .await
+            .unwrap()
+            .id;
+        let _ = writer.tables().compact(&id).await;
+        a.collect_garbage().await;
+        b.collect_garbage().await;
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        for db in [&a, &b] {
+            db.refresh().await;
+            let got: BTreeSet<i64> = ids(db, "t").await.into_iter().collect();
+            assert_eq!(got, expected, "round {round}");
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    a.collect_garbage().await;
+    b.collect_garbage().await;
+    for db in [&a, &b] {
+        db.refresh().await;
+        let got: Vec<i64> = ids(db, "t").await;
+        assert_eq!(got.len(), expected.len(), "a row twice or lost");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriptions_survive_restarts() {
+    let dir = common::temp_dir("subscriptions");
+    let c = config(&dir);
+    let db = Database::open(c.clone()).await.unwrap();
+    let (addr, task) = common::serve(db.clone(), vec![]).await;
+    let client = reqwest::Client::new();
+    let sub = format!("http://{addr}/v1/stream/__ds/subscriptions/durable");
+    let definition = json!({"type": "pull-wake", "pattern": "events/*", "wake_stream": "wake", "lease_ttl_ms": 1000});
+    client
+        .put(format!("http://{addr}/v1/stream/wake"))
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap();
+    let r = client.put(&sub).json(&definition).send().await.unwrap();
+    assert_eq!(r.status(), 201);
+    client
+        .put(format!("http://{addr}/v1/stream/events/a"))
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let claim: serde_json::Value = client
+        .post(format!("{sub}/claim"))
+        .json(&json!({"worker": "w"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let tail = claim["streams"][0]["tail_offset"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let r = client
+        .post(format!("{sub}/ack"))
+        .bearer_auth(claim["token"].as_str().unwrap())
+        .json(
+            &json!({"wake_id": claim["wake_id"], "generation": claim["generation"],
+                      "acks": [{"stream": "events/a", "offset": tail}], "done": true}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    task.abort();
+    crash(db);
+    let db = Database::open(c).await.unwrap();
+    let (addr, _task) = common::serve(db, vec![]).await;
+    let sub = format!("http://{addr}/v1/stream/__ds/subscriptions/durable");
+    let got: serde_json::Value = client.get(&sub).send().await.unwrap().json().await.unwrap();
+    assert_eq!(got["id"], "durable", "{got}");
+    assert_eq!(got["streams"][0]["acked_offset"], tail, "{got}");
+    // The same definition again is the same subscription.
+    let r = client.put(&sub).json(&definition).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+}
