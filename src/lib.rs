@@ -10,6 +10,7 @@ pub mod catalog;
 pub mod cli;
 pub mod config;
 pub mod db;
+pub mod error;
 pub mod http;
 pub mod ingest;
 pub mod log;

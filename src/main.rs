@@ -426,7 +426,7 @@ async fn run(config: ServeConfig) -> Result<(), String> {
     tracing::info!("shutting down: flushing tables and closing the log");
     let _ = stop_tx.send(true);
     let _ = maintenance.await;
-    let closed = db.close().await;
+    let closed = db.shutdown().await;
     closed.map_err(|e| format!("flush at shutdown failed (data is safe in the log): {e}"))
 }
 

@@ -35,12 +35,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
+use object_store::{ObjectStoreExt as _, PutPayload};
 use serde::{Deserialize, Serialize};
 
 use crate::log::Lsn;
 use crate::storage::Storage;
 use crate::storage::journal::SyncJournal;
+use crate::storage::versioned::{Tagged, VersionError, VersionLog};
 
 /// Bits of an LSN below the epoch.
 const EPOCH_SHIFT: u32 = 48;
@@ -139,6 +140,12 @@ struct Claim {
     epoch: u64,
     token: String,
     claimed_at_ms: u64,
+}
+
+impl Tagged for Claim {
+    fn tag(&self) -> &str {
+        &self.token
+    }
 }
 
 /// The heartbeat object.
@@ -242,7 +249,7 @@ fn epochs_dir(id: &str) -> String {
 }
 
 fn claim_path(id: &str, epoch: u64) -> ObjectPath {
-    ObjectPath::from(format!("{}/{epoch:020}.json", epochs_dir(id)))
+    VersionLog::new(epochs_dir(id)).path(epoch)
 }
 
 fn heartbeat_path(id: &str) -> ObjectPath {
@@ -264,16 +271,14 @@ async fn read_json<T: for<'de> Deserialize<'de>>(
 
 /// The latest epoch claimed for `id`.
 async fn latest_epoch(storage: &Storage, id: &str) -> Result<Option<u64>, object_store::Error> {
-    use futures::TryStreamExt as _;
-    let listed: Vec<object_store::ObjectMeta> = storage
-        .store()
-        .list(Some(&ObjectPath::from(epochs_dir(id))))
-        .try_collect()
-        .await?;
-    Ok(listed
-        .iter()
-        .filter_map(|m| m.location.filename()?.strip_suffix(".json")?.parse().ok())
-        .max())
+    match VersionLog::new(epochs_dir(id))
+        .list(storage.store().as_ref())
+        .await
+    {
+        Ok(listing) => Ok(listing.latest()),
+        Err(VersionError::Storage(e)) => Err(e),
+        Err(VersionError::Corrupt { .. }) => Ok(None),
+    }
 }
 
 /// Reads the directory's identity: `Ok(None)` when there is none, an error string when it is
@@ -389,27 +394,22 @@ impl Node {
             token: uuid::Uuid::new_v4().simple().to_string(),
             claimed_at_ms: now_ms(),
         };
-        let body = serde_json::to_vec(&claim).unwrap_or_default();
-        let path = claim_path(&id, epoch);
-        let put = storage
-            .store()
-            .put_opts(
-                &path,
-                PutPayload::from(body),
-                PutOptions::from(PutMode::Create),
-            )
-            .await;
-        match put {
-            Ok(_) => {}
-            Err(e) => {
-                // Lost the race, or won it but lost the answer: the tag says which.
-                let written: Option<Claim> = read_json(&storage, &path).await?;
-                match written {
-                    Some(w) if w.token == claim.token => {}
-                    Some(_) => return Err(NodeError::InUse { id, ago_ms: 0 }),
-                    None => return Err(NodeError::Storage(e)),
+        // The versioned-object protocol: a conditional create, settled by the tag on an
+        // ambiguous answer.
+        let claimed = VersionLog::new(epochs_dir(&id))
+            .try_create(storage.store().as_ref(), epoch, &claim)
+            .await
+            .map_err(|e| match e {
+                VersionError::Storage(e) => NodeError::Storage(e),
+                VersionError::Corrupt { path, reason } => {
+                    NodeError::Storage(object_store::Error::Generic {
+                        store: "claims",
+                        source: format!("{path}: {reason}").into(),
+                    })
                 }
-            }
+            })?;
+        if !claimed {
+            return Err(NodeError::InUse { id, ago_ms: 0 });
         }
         let node = Node {
             id,

@@ -236,7 +236,7 @@ fn over_budget_appends_are_refused_and_apply_nothing() {
             Ok(_) => acked += 1,
             Err(e) => {
                 assert!(matches!(e, LogError::Full { .. }), "{e}");
-                assert!(e.is_retryable());
+                assert!(sluice::error::Classify::class(&e).is_retryable());
                 break;
             }
         }

@@ -386,6 +386,29 @@ async fn submit(base: &str, key: &str, text: &str) -> (u16, serde_json::Value) {
     (status, r.json().await.unwrap_or(serde_json::Value::Null))
 }
 
+/// The statement's payload once it is no longer running (a debug build on a busy machine
+/// can take longer than a submit waits).
+async fn finished(base: &str, key: &str, mut body: serde_json::Value) -> serde_json::Value {
+    let client = reqwest::Client::new();
+    for _ in 0..600 {
+        if body["status"] != "running" {
+            return body;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let id = body["statement_id"].as_str().unwrap().to_owned();
+        body = client
+            .get(format!("{base}/v1/statements/{id}"))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+    }
+    panic!("statement still running: {body}");
+}
+
 /// A refusal: a 4xx in the `{code, message, details}` form saying nothing was applied.
 fn assert_refused(status: u16, body: &serde_json::Value, what: &str) {
     assert!((400..500).contains(&status), "{what}: {status} {body}");

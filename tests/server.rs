@@ -700,6 +700,66 @@ async fn backpressure_answers_503_with_retry_after_and_applies_nothing() {
 }
 
 #[tokio::test]
+async fn the_same_error_class_gets_the_same_answer_on_ingest_streams_and_statements() {
+    // A full log: every write is refused with nothing applied, retry in a second.
+    let mut config = DbConfig::new(temp_dir());
+    config.max_log_bytes = 64 * 1024;
+    let s = Server::start_with(config, Vec::new()).await;
+    s.create_events().await;
+    let r = s
+        .request(reqwest::Method::PUT, "/v1/stream/full")
+        .header("content-type", "text/plain")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let mut i = 0;
+    let ingest = loop {
+        let r = s
+            .request(
+                reqwest::Method::POST,
+                "/v1/catalog/databases/scopedb/schemas/public/tables/events/ingest",
+            )
+            .header("content-type", "application/x-ndjson")
+            .body(rows(200, i * 200))
+            .send()
+            .await
+            .unwrap();
+        if r.status() != 200 {
+            break r;
+        }
+        i += 1;
+        assert!(i < 1000, "the log never filled");
+    };
+    assert_eq!(ingest.status(), 503);
+    assert_eq!(ingest.headers()["retry-after"], "1");
+    assert_eq!(ingest.headers()["x-sluice-not-applied"], "LogDiskPressure");
+    let ingest: Value = ingest.json().await.unwrap();
+    let append = s
+        .request(reqwest::Method::POST, "/v1/stream/full")
+        .header("content-type", "text/plain")
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(append.status(), 503);
+    assert_eq!(append.headers()["retry-after"], "1");
+    assert_eq!(append.headers()["x-sluice-not-applied"], "LogDiskPressure");
+    let append: Value = append.json().await.unwrap();
+    let statement = s.submit("INSERT INTO events (service) VALUES ('x')").await;
+    assert_eq!(statement["status"], "failed", "{statement}");
+    let statement = &statement["error"];
+    for answer in [&ingest, &append, statement] {
+        assert_eq!(answer["code"], "service_unavailable", "{answer}");
+        assert_eq!(
+            answer["details"],
+            json!({"status": "rejected", "retry_after_seconds": 1}),
+            "{answer}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn ingest_waits_for_flushes_instead_of_refusing() {
     // A budget every batch exceeds: each ingest must wait for the flush of the one before.
     let mut config = DbConfig::new(temp_dir());

@@ -16,7 +16,6 @@ use sluice::storage::Storage;
 use sluice::storage::probe::{Probe, ProbedStore};
 use sluice::stream::{
     AppendOutcome, AppendRequest, CreateRequest, ForkRequest, Lifetime, ProducerTuple, StreamError,
-    format_offset,
 };
 
 fn node_project() -> PathBuf {
@@ -241,7 +240,7 @@ async fn producer_state_and_stream_settings_survive_restarts() {
             s.append(produced("s", b"x", 1, 3)).await,
             Err(StreamError::Closed { .. })
         ));
-        db.close().await.unwrap();
+        db.shutdown().await.unwrap();
     }
     // Producer fencing survives a restart too (on an open stream).
     let _ = std::fs::remove_dir_all(&dir);
@@ -279,7 +278,7 @@ async fn producer_state_and_stream_settings_survive_restarts() {
         s.append(stale).await,
         Err(StreamError::StreamSeqConflict { .. })
     ));
-    db.close().await.unwrap();
+    db.shutdown().await.unwrap();
 }
 
 #[tokio::test]
@@ -320,7 +319,7 @@ async fn cold_reads_after_the_log_is_truncated() {
             sub_offset: Some(3),
         });
         s.create(fork).await.unwrap();
-        db.close().await.unwrap();
+        db.shutdown().await.unwrap();
     }
     let db = open(&dir).await;
     assert_eq!(read_all(&db, "c").await, expected);
@@ -330,7 +329,7 @@ async fn cold_reads_after_the_log_is_truncated() {
     let stream = s.get("c").await.unwrap();
     let r = s.read(&stream, 7, 1 << 20).await.unwrap();
     assert_eq!(&r.records[0][..], &expected[7..15]);
-    db.close().await.unwrap();
+    db.shutdown().await.unwrap();
 }
 
 #[tokio::test]
@@ -381,7 +380,7 @@ async fn checkpoints_wait_out_an_object_store_outage() {
         .await
         .unwrap();
     assert_eq!(read_all(&db, "o").await, expected);
-    db.close().await.unwrap();
+    db.shutdown().await.unwrap();
 }
 
 #[tokio::test]
@@ -422,7 +421,7 @@ async fn a_full_log_refuses_appends_until_a_checkpoint_frees_it() {
         read_all(&db, "full").await.len() as u64,
         (accepted + 1) * 1000
     );
-    db.close().await.unwrap();
+    db.shutdown().await.unwrap();
 }
 
 async fn http_server() -> (String, reqwest::Client) {
@@ -588,5 +587,5 @@ async fn json_nesting_is_limited_to_127_levels() {
         .unwrap()
         .to_owned();
     let len = 2 * (nested(127).len() + 1) as u64;
-    assert_eq!(tail, format_offset(len));
+    assert_eq!(tail, sluice::http::format_offset(len));
 }

@@ -423,7 +423,7 @@ async fn backpressure_applies_nothing(backend: &str) {
     tables.create_table("bp", &columns()).await.unwrap();
     tables.append("bp", batch(0, 10)).await.unwrap();
     let err = tables.append("bp", batch(10, 20)).await.unwrap_err();
-    assert!(err.is_retryable(), "{err}");
+    assert!(sluice::error::Classify::class(&err).is_retryable(), "{err}");
     assert!(matches!(err, TableError::Backpressure { .. }));
     assert_exactly(&w.storage, &tables, "bp", 10).await;
     tables.flush("bp").await.unwrap();

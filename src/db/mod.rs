@@ -272,6 +272,23 @@ impl Database {
         // the tables and the streams have both made its records durable elsewhere.
         log_config.consumers = vec!["tables".into(), "streams".into()];
         let (log, replay) = CommitLog::open(log_config)?;
+        // A failed open closes the log again: it holds the directory's lock.
+        let opened = Self::open_over_log(config, storage, probe, log.clone(), replay).await;
+        if opened.is_err() {
+            log.close();
+        }
+        opened
+    }
+
+    /// The rest of opening, once the log is open: the node's identity, the catalog, the
+    /// tables and streams (replaying the log), the query engine.
+    async fn open_over_log(
+        config: DbConfig,
+        storage: Storage,
+        probe: Arc<Probe>,
+        log: CommitLog,
+        replay: Vec<crate::log::Record>,
+    ) -> Result<Arc<Database>, OpenError> {
         let node = Arc::new(
             Node::claim(
                 &config.data_dir,
@@ -372,8 +389,9 @@ impl Database {
         &self.log
     }
 
-    /// Runs flushes, compactions and stream checkpoints until `shutdown` resolves, then
-    /// flushes everything.
+    /// Runs flushes, compactions, stream checkpoints, catalog refreshes, the node's
+    /// heartbeat and garbage collection until `shutdown` resolves. Then call
+    /// [`Database::shutdown`] (once), which seals and flushes what is left.
     pub async fn run_maintenance(
         self: Arc<Self>,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -432,9 +450,10 @@ impl Database {
         }
     }
 
-    /// Seals stream data, flushes every table, closes the commit log and releases the node's
-    /// id (a restart anywhere may claim it at once).
-    pub async fn close(&self) -> Result<(), TableError> {
+    /// The one shutdown: seals stream data, flushes every table, closes the commit log and
+    /// releases the node's id (a restart anywhere may claim it at once). Stop maintenance
+    /// first.
+    pub async fn shutdown(&self) -> Result<(), TableError> {
         if let Err(e) = self.streams.checkpoint(true).await {
             tracing::warn!(error = %e, "stream checkpoint at close failed (data is safe in the log)");
         }

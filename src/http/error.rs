@@ -1,4 +1,6 @@
-//! Every error answer: an HTTP status and the flat `{code, message, details}` body.
+//! Every error answer: an HTTP status and the flat `{code, message, details}` body. Errors
+//! arrive classified ([`crate::error`]); [`status_and_code`] is the one table from a class
+//! to its status and code, so the same class gets the same answer on every route.
 
 use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -6,19 +8,10 @@ use serde_json::{Map, Value, json};
 
 use crate::catalog::CatalogError;
 use crate::db::IngestFailure;
+pub(crate) use crate::error::Applied as Outcome;
+use crate::error::{Applied, Classify, ErrorClass, Kind};
 use crate::ingest::IngestError;
-use crate::log::LogError;
 use crate::query::QueryError;
-use crate::table::TableError;
-
-/// Whether a refused write may have been applied.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Outcome {
-    /// Nothing was applied.
-    Rejected,
-    /// It may have been applied.
-    Unknown,
-}
 
 /// An error answer.
 #[derive(Debug)]
@@ -147,104 +140,104 @@ fn internal(message: String) -> ApiError {
     )
 }
 
-impl From<CatalogError> for ApiError {
-    fn from(e: CatalogError) -> Self {
-        let message = e.to_string();
-        match e {
-            CatalogError::NotFound { .. } => ApiError::not_found(message),
-            CatalogError::Invalid(_) => ApiError::bad_request(message),
-            CatalogError::Stale { .. } => ApiError::new(
-                StatusCode::PRECONDITION_FAILED,
-                "precondition_failed",
-                message,
-            ),
-            CatalogError::Destructive(_)
-            | CatalogError::Unsupported(_)
-            | CatalogError::Conflict
-            | CatalogError::Replaced(_) => ApiError::new(StatusCode::CONFLICT, "conflict", message),
-            CatalogError::Storage(_) | CatalogError::Corrupt { .. } => service_unavailable(message),
-        }
+/// The one table from an error's kind to its status and code (see [`crate::error`]).
+pub(crate) fn status_and_code(kind: Kind) -> (StatusCode, &'static str) {
+    match kind {
+        Kind::Invalid => (StatusCode::BAD_REQUEST, "bad_request"),
+        Kind::Syntax => (StatusCode::BAD_REQUEST, "syntax_error"),
+        Kind::Unsupported => (StatusCode::BAD_REQUEST, "unsupported_statement"),
+        Kind::TooComplex => (StatusCode::BAD_REQUEST, "statement_too_complex"),
+        Kind::QueryFailed => (StatusCode::BAD_REQUEST, "query_error"),
+        Kind::InvalidRows => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_schema"),
+        Kind::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+        Kind::ResultTooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "result_too_large"),
+        Kind::UnsupportedMedia => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type"),
+        Kind::NotFound => (StatusCode::NOT_FOUND, "not_found"),
+        Kind::Gone => (StatusCode::GONE, "gone"),
+        Kind::Conflict => (StatusCode::CONFLICT, "conflict"),
+        Kind::PreconditionFailed => (StatusCode::PRECONDITION_FAILED, "precondition_failed"),
+        Kind::StaleEpoch => (StatusCode::FORBIDDEN, "stale_epoch"),
+        Kind::OutOfRange => (StatusCode::RANGE_NOT_SATISFIABLE, "offset_beyond_tail"),
+        Kind::TooMany => (StatusCode::TOO_MANY_REQUESTS, "too_many_requests"),
+        Kind::Timeout => (StatusCode::REQUEST_TIMEOUT, "statement_timeout"),
+        Kind::Cancelled => (
+            StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+            "cancelled",
+        ),
+        Kind::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable"),
+        Kind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal_server_error"),
     }
 }
 
-fn from_table(e: TableError) -> ApiError {
-    let message = e.to_string();
-    match e {
-        TableError::Backpressure { .. } | TableError::Log(LogError::Full { .. }) => {
-            service_unavailable(message).outcome(Outcome::Rejected)
+/// The details every classified answer carries: `status` (`rejected` or `unknown`) and,
+/// when the same request may succeed later, `retry_after_seconds`.
+pub(crate) fn class_details(class: &ErrorClass) -> Map<String, Value> {
+    let mut details = Map::new();
+    details.insert(
+        "status".into(),
+        json!(match class.applied {
+            Applied::Rejected => "rejected",
+            Applied::Unknown => "unknown",
+        }),
+    );
+    if let Some(seconds) = class.retry_after {
+        details.insert("retry_after_seconds".into(), json!(seconds));
+    }
+    details
+}
+
+impl ApiError {
+    /// The answer to an error of this class: its status and code from the one table, its
+    /// details, `Retry-After`, and `x-sluice-not-applied` naming the cause of a refusal
+    /// that applied nothing.
+    pub(crate) fn classified(class: ErrorClass, message: String) -> ApiError {
+        let (status, code) = status_and_code(class.kind);
+        let mut error = ApiError::new(status, code, message);
+        error.details = class_details(&class);
+        error.retry_after_seconds = class.retry_after;
+        if let (Applied::Rejected, Some(cause)) = (class.applied, class.cause) {
+            error = error.header("x-sluice-not-applied", cause);
         }
-        TableError::Log(LogError::Poisoned) | TableError::Log(LogError::RecordTooLarge(_)) => {
-            service_unavailable(message).outcome(Outcome::Rejected)
-        }
-        TableError::NotFound(_) => ApiError::not_found(message).outcome(Outcome::Rejected),
-        TableError::SchemaMismatch { .. } => internal(message).outcome(Outcome::Rejected),
-        // The log write may have happened: the client must reconcile.
-        _ => internal(message).outcome(Outcome::Unknown),
+        error
+    }
+
+    /// The answer to a classified error.
+    pub(crate) fn of<E: Classify + std::fmt::Display>(e: &E) -> ApiError {
+        ApiError::classified(e.class(), e.to_string())
+    }
+}
+
+impl From<CatalogError> for ApiError {
+    fn from(e: CatalogError) -> Self {
+        ApiError::of(&e)
     }
 }
 
 impl From<IngestFailure> for ApiError {
     fn from(e: IngestFailure) -> Self {
-        match e {
-            IngestFailure::Input(input) => {
-                let message = input.to_string();
-                match input {
-                    IngestError::InvalidRows(rows) => {
-                        let mut err = ApiError::new(
-                            StatusCode::UNPROCESSABLE_ENTITY,
-                            "invalid_schema",
-                            "input does not match the table schema",
-                        )
-                        .outcome(Outcome::Rejected);
-                        let row_errors: Vec<Value> = rows
-                            .errors
-                            .iter()
-                            .map(|r| json!({"row_index": r.row_index, "column": r.column, "message": r.message}))
-                            .collect();
-                        err.details
-                            .insert("row_errors".into(), Value::Array(row_errors));
-                        err.details
-                            .insert("row_errors_truncated".into(), json!(rows.truncated));
-                        err
-                    }
-                    IngestError::TooManyRows { .. } | IngestError::BodyTooLarge { .. } => {
-                        ApiError::payload_too_large(message).outcome(Outcome::Rejected)
-                    }
-                    IngestError::UnsupportedEncoding(_) => ApiError::new(
-                        StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                        "unsupported_media_type",
-                        message,
-                    )
-                    .outcome(Outcome::Rejected),
-                    IngestError::Decompression { .. } => {
-                        ApiError::bad_request(message).outcome(Outcome::Rejected)
-                    }
-                }
-            }
-            IngestFailure::Catalog(c) => ApiError::from(c).outcome(Outcome::Rejected),
-            IngestFailure::Computed { .. } => ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_schema",
-                e.to_string(),
-            )
-            .outcome(Outcome::Rejected),
-            IngestFailure::Table(t) => from_table(t),
+        let mut error = ApiError::of(&e);
+        if let IngestFailure::Input(IngestError::InvalidRows(rows)) = &e {
+            error.message = "input does not match the table schema".into();
+            let row_errors: Vec<Value> = rows
+                .errors
+                .iter()
+                .map(
+                    |r| json!({"row_index": r.row_index, "column": r.column, "message": r.message}),
+                )
+                .collect();
+            error
+                .details
+                .insert("row_errors".into(), Value::Array(row_errors));
+            error
+                .details
+                .insert("row_errors_truncated".into(), json!(rows.truncated));
         }
+        error
     }
 }
 
 impl From<QueryError> for ApiError {
     fn from(e: QueryError) -> Self {
-        match e {
-            QueryError::Catalog(c) => c.into(),
-            QueryError::Table(t) => from_table(t),
-            QueryError::TooComplex(m) => {
-                ApiError::new(StatusCode::BAD_REQUEST, "statement_too_complex", m)
-            }
-            QueryError::Unsupported(m) => {
-                ApiError::new(StatusCode::BAD_REQUEST, "unsupported_statement", m)
-            }
-            other => ApiError::bad_request(other.to_string()),
-        }
+        ApiError::of(&e)
     }
 }

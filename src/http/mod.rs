@@ -30,6 +30,7 @@ use crate::query::statements::{Owner, StatementLimits, Statements};
 pub(crate) use error::ApiError;
 pub use listener::{LimitedListener, LimitedStream};
 pub use serve::serve;
+pub use streams::{format_offset, parse_offset};
 pub use subscriptions::SubscriptionLimits;
 
 /// Which requests a browser may make, and which names the server answers to.
@@ -576,6 +577,16 @@ async fn not_found() -> ApiError {
     ApiError::not_found("no such endpoint")
 }
 
+/// One handler set for a stream, in either URL layout ([`streams::Target`] names it).
+fn stream_routes() -> axum::routing::MethodRouter<AppState> {
+    put(streams::put)
+        .post(streams::post)
+        .get(streams::get)
+        .head(streams::head_stream)
+        .delete(streams::delete_stream)
+        .options(async || ())
+}
+
 /// The router of the whole API.
 pub fn router(state: AppState) -> Router {
     let api = Router::new()
@@ -613,25 +624,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/streams", get(streams::list))
         .route_layer(middleware::from_fn_with_state(state.clone(), authenticate));
     let streams = Router::new()
-        .route(
-            "/v1/stream/{*name}",
-            put(streams::put_protocol)
-                .post(streams::post_protocol)
-                .get(streams::get_protocol)
-                .head(streams::head_protocol)
-                .delete(streams::delete_protocol)
-                .options(async || ()),
-        )
+        .route("/v1/stream/{*name}", stream_routes())
         .route("/{bucket}", put(streams::put_bucket).options(async || ()))
-        .route(
-            "/{bucket}/{stream}",
-            put(streams::put_bucket_stream)
-                .post(streams::post_bucket_stream)
-                .get(streams::get_bucket_stream)
-                .head(streams::head_bucket_stream)
-                .delete(streams::delete_bucket_stream)
-                .options(async || ()),
-        )
+        .route("/{bucket}/{stream}", stream_routes())
         .route_layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),

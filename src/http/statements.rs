@@ -97,10 +97,16 @@ fn payload(statement: &Statement) -> Response {
             body["status"] = json!("finished");
             result = Some(output);
         }
-        StatementState::Failed { code, message } => {
+        StatementState::Failed { class, message } => {
+            // The same code and details any other route gives this class of error.
+            let (_, code) = super::error::status_and_code(class.kind);
             body["status"] = json!("failed");
             body["message"] = json!(message);
-            body["error"] = json!({"code": code, "message": message});
+            body["error"] = json!({
+                "code": code,
+                "message": message,
+                "details": super::error::class_details(&class),
+            });
         }
         StatementState::Cancelled => {
             body["status"] = json!("cancelled");

@@ -13,13 +13,11 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use serde_json::json;
 
-use super::error::Outcome;
 use super::{ApiError, AppState};
-use crate::log::LogError;
 use crate::stream::{
     AppendOutcome, AppendRequest, CreateRequest, ForkRequest, Lifetime, MAX_APPEND_BYTES,
     MAX_PRODUCER_NUMBER, MAX_TOKEN_BYTES, ProducerTuple, ReadResult, Stream, StreamError,
-    StreamInfo, Streams, format_offset, normalize_content_type, parse_offset, valid_incarnation,
+    StreamInfo, Streams,
 };
 
 const NEXT_OFFSET: &str = "stream-next-offset";
@@ -32,12 +30,48 @@ const EXPIRES_AT: &str = "stream-expires-at";
 const PRODUCER_ID: &str = "producer-id";
 const PRODUCER_EPOCH: &str = "producer-epoch";
 const PRODUCER_SEQ: &str = "producer-seq";
-const NOT_APPLIED: &str = "x-sluice-not-applied";
 
 /// Most data one catch-up answer carries unless `max_bytes` says less.
 const DEFAULT_READ_BYTES: usize = 8 << 20;
 /// Most data one SSE data event carries.
 const SSE_EVENT_BYTES: usize = 1 << 20;
+
+// ---- wire forms ------------------------------------------------------------------------
+
+/// Formats an offset as the protocol sees it: opaque, fixed width, sorting as strings.
+pub fn format_offset(offset: u64) -> String {
+    format!("{:016}_{:016}", 0, offset)
+}
+
+/// Parses an offset this server issued.
+pub fn parse_offset(text: &str) -> Option<u64> {
+    let (epoch, bytes) = text.split_once('_')?;
+    if epoch.is_empty()
+        || bytes.is_empty()
+        || !epoch.bytes().all(|b| b.is_ascii_digit())
+        || !bytes.bytes().all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    if epoch.parse::<u64>().ok()? != 0 {
+        return None;
+    }
+    bytes.parse().ok()
+}
+
+/// Normalizes a content type: split on `;`, trim, drop empty parts, lowercase, join `"; "`.
+fn normalize_content_type(raw: &str) -> String {
+    raw.split(';')
+        .map(|p| p.trim().to_ascii_lowercase())
+        .filter(|p| !p.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Whether a string is an incarnation token this server could have issued.
+fn valid_incarnation(token: &str) -> bool {
+    token.len() == 32 && token.bytes().all(|b| b.is_ascii_hexdigit())
+}
 
 /// Headers every stream answer carries: browser safety and CORS.
 ///
@@ -361,83 +395,20 @@ fn offset_error(e: ApiError, tail: u64) -> ApiError {
 
 impl From<StreamError> for ApiError {
     fn from(e: StreamError) -> Self {
-        let message = e.to_string();
-        let conflict = |m: String| ApiError::new(StatusCode::CONFLICT, "conflict", m);
-        let rejected = |e: ApiError| e.outcome(Outcome::Rejected);
+        // The class decides status, code and outcome; the protocol adds its headers.
+        let error = ApiError::of(&e);
         match e {
-            StreamError::NotFound => rejected(ApiError::not_found(message)),
-            StreamError::Gone => rejected(ApiError::new(StatusCode::GONE, "gone", message)),
-            StreamError::BadRequest(_) | StreamError::Json(_) | StreamError::NewEpochNotAtZero => {
-                rejected(ApiError::bad_request(message))
-            }
-            StreamError::Closed { tail } => {
-                offset_error(rejected(conflict(message)), tail).header(CLOSED, "true")
-            }
+            StreamError::Closed { tail } => offset_error(error, tail).header(CLOSED, "true"),
             StreamError::ContentTypeMismatch { tail, .. }
-            | StreamError::StreamSeqConflict { tail, .. } => {
-                offset_error(rejected(conflict(message)), tail)
-            }
-            StreamError::ConfigConflict | StreamError::NameHeld | StreamError::ForkConflict(_) => {
-                rejected(conflict(message))
-            }
+            | StreamError::StreamSeqConflict { tail, .. } => offset_error(error, tail),
             StreamError::StaleEpoch { current } => {
-                rejected(ApiError::new(StatusCode::FORBIDDEN, "stale_epoch", message))
-                    .header(PRODUCER_EPOCH, current.to_string())
+                error.header(PRODUCER_EPOCH, current.to_string())
             }
-            StreamError::SequenceGap { expected, received } => rejected(conflict(message))
+            StreamError::SequenceGap { expected, received } => error
                 .header("producer-expected-seq", expected.to_string())
                 .header("producer-received-seq", received.to_string()),
-            StreamError::IncarnationMismatch { current } => rejected(ApiError::new(
-                StatusCode::PRECONDITION_FAILED,
-                "precondition_failed",
-                message,
-            ))
-            .header(INCARNATION, current),
-            StreamError::OffsetBeyondTail => rejected(ApiError::new(
-                StatusCode::RANGE_NOT_SATISFIABLE,
-                "offset_beyond_tail",
-                message,
-            )),
-            StreamError::TooManyStreams(_) | StreamError::TooManyProducers(_) => rejected(
-                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many", message),
-            ),
-            StreamError::Log(log) => {
-                let reason = match &log {
-                    LogError::Full { .. } => Some("LogDiskPressure"),
-                    LogError::Poisoned | LogError::RecordTooLarge(_) => Some("LogUnavailable"),
-                    LogError::Closed => Some("ShuttingDown"),
-                    _ => None,
-                };
-                match reason {
-                    Some(reason) => rejected(
-                        ApiError::new(
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            "service_unavailable",
-                            message,
-                        )
-                        .retry_after(1),
-                    )
-                    .header(NOT_APPLIED, reason),
-                    // The write may have reached the log: the client must reconcile.
-                    None => ApiError::new(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "internal_server_error",
-                        message,
-                    )
-                    .outcome(Outcome::Unknown),
-                }
-            }
-            StreamError::Storage(_) => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "service_unavailable",
-                message,
-            )
-            .retry_after(1),
-            StreamError::Corrupt(_) => ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal_server_error",
-                message,
-            ),
+            StreamError::IncarnationMismatch { current } => error.header(INCARNATION, current),
+            _ => error,
         }
     }
 }
@@ -458,7 +429,7 @@ fn info_headers(headers: &mut HeaderMap, info: &StreamInfo) {
     }
 }
 
-// ---- routes: protocol layout -----------------------------------------------------------
+// ---- routes: one handler set for both layouts ------------------------------------------
 
 /// Serves the reserved `__ds/` namespace (subscriptions).
 async fn reserved(
@@ -478,62 +449,100 @@ fn is_reserved(name: &str) -> bool {
     super::subscriptions::reserved(name)
 }
 
-pub(super) async fn put_protocol(
+/// What a stream route addresses: a stream, named from either URL layout
+/// (`/v1/stream/{name...}` or `/{bucket}/{stream}`, the stream `{bucket}/{stream}`), or the
+/// protocol layout's reserved `__ds/` namespace (subscriptions).
+pub(super) enum Target {
+    Stream(String),
+    Reserved(String),
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Target {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let Path(params) =
+            Path::<std::collections::HashMap<String, String>>::from_request_parts(parts, state)
+                .await
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        if let Some(name) = params.get("name") {
+            return if is_reserved(name) {
+                Ok(Target::Reserved(name.clone()))
+            } else {
+                Ok(Target::Stream(protocol_name(name)?))
+            };
+        }
+        match (params.get("bucket"), params.get("stream")) {
+            (Some(bucket), Some(stream)) => Ok(Target::Stream(bucket_name(bucket, stream)?)),
+            _ => Err(ApiError::bad_request("no stream named")),
+        }
+    }
+}
+
+pub(super) async fn put(
     State(state): State<AppState>,
-    Path(name): Path<String>,
+    target: Target,
     headers: HeaderMap,
     uri: axum::http::Uri,
     body: Body,
 ) -> Result<Response, ApiError> {
-    if is_reserved(&name) {
-        return Ok(reserved(&state, Method::PUT, &name, &headers, body).await);
+    match target {
+        Target::Reserved(name) => Ok(reserved(&state, Method::PUT, &name, &headers, body).await),
+        Target::Stream(name) => create(&state, name, &headers, &uri, body).await,
     }
-    create(&state, protocol_name(&name)?, &headers, &uri, body).await
 }
 
-pub(super) async fn post_protocol(
+pub(super) async fn post(
     State(state): State<AppState>,
-    Path(name): Path<String>,
+    target: Target,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
-    if is_reserved(&name) {
-        return Ok(reserved(&state, Method::POST, &name, &headers, body).await);
+    match target {
+        Target::Reserved(name) => Ok(reserved(&state, Method::POST, &name, &headers, body).await),
+        Target::Stream(name) => append(&state, name, &headers, body).await,
     }
-    append(&state, protocol_name(&name)?, &headers, body).await
 }
 
-pub(super) async fn get_protocol(
+pub(super) async fn get(
     State(state): State<AppState>,
-    Path(name): Path<String>,
+    target: Target,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    if is_reserved(&name) {
-        return Ok(reserved(&state, Method::GET, &name, &headers, Body::empty()).await);
+    match target {
+        Target::Reserved(name) => {
+            Ok(reserved(&state, Method::GET, &name, &headers, Body::empty()).await)
+        }
+        Target::Stream(name) => read(&state, name, &headers, query.as_deref()).await,
     }
-    read(&state, protocol_name(&name)?, &headers, query.as_deref()).await
 }
 
-pub(super) async fn head_protocol(
+pub(super) async fn head_stream(
     State(state): State<AppState>,
-    Path(name): Path<String>,
+    target: Target,
 ) -> Result<Response, ApiError> {
-    head(&state, protocol_name(&name)?).await
+    match target {
+        Target::Reserved(_) => Err(ApiError::not_found("no stream here")),
+        Target::Stream(name) => head(&state, name).await,
+    }
 }
 
-pub(super) async fn delete_protocol(
+pub(super) async fn delete_stream(
     State(state): State<AppState>,
-    Path(name): Path<String>,
+    target: Target,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    if is_reserved(&name) {
-        return Ok(reserved(&state, Method::DELETE, &name, &headers, Body::empty()).await);
+    match target {
+        Target::Reserved(name) => {
+            Ok(reserved(&state, Method::DELETE, &name, &headers, Body::empty()).await)
+        }
+        Target::Stream(name) => delete(&state, name, &headers).await,
     }
-    delete(&state, protocol_name(&name)?, &headers).await
 }
-
-// ---- routes: bucket layout -------------------------------------------------------------
 
 /// `PUT /{bucket}`: buckets are namespaces; creating one stores nothing.
 pub(super) async fn put_bucket(Path(bucket): Path<String>) -> Result<Response, ApiError> {
@@ -544,55 +553,6 @@ pub(super) async fn put_bucket(Path(bucket): Path<String>) -> Result<Response, A
             "invalid bucket id {bucket:?}: use 4 to 64 of a-z, 0-9, '_' and '-'"
         )))
     }
-}
-
-pub(super) async fn put_bucket_stream(
-    State(state): State<AppState>,
-    Path((bucket, stream)): Path<(String, String)>,
-    headers: HeaderMap,
-    uri: axum::http::Uri,
-    body: Body,
-) -> Result<Response, ApiError> {
-    create(&state, bucket_name(&bucket, &stream)?, &headers, &uri, body).await
-}
-
-pub(super) async fn post_bucket_stream(
-    State(state): State<AppState>,
-    Path((bucket, stream)): Path<(String, String)>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, ApiError> {
-    append(&state, bucket_name(&bucket, &stream)?, &headers, body).await
-}
-
-pub(super) async fn get_bucket_stream(
-    State(state): State<AppState>,
-    Path((bucket, stream)): Path<(String, String)>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-) -> Result<Response, ApiError> {
-    read(
-        &state,
-        bucket_name(&bucket, &stream)?,
-        &headers,
-        query.as_deref(),
-    )
-    .await
-}
-
-pub(super) async fn head_bucket_stream(
-    State(state): State<AppState>,
-    Path((bucket, stream)): Path<(String, String)>,
-) -> Result<Response, ApiError> {
-    head(&state, bucket_name(&bucket, &stream)?).await
-}
-
-pub(super) async fn delete_bucket_stream(
-    State(state): State<AppState>,
-    Path((bucket, stream)): Path<(String, String)>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    delete(&state, bucket_name(&bucket, &stream)?, &headers).await
 }
 
 // ---- operations ------------------------------------------------------------------------
@@ -1198,6 +1158,25 @@ mod tests {
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "event: data\ndata:a\ndata:\ndata:event: control\ndata:data: x\ndata:b\n\n"
+        );
+    }
+
+    #[test]
+    fn offsets_sort_as_strings() {
+        let a = format_offset(9);
+        let b = format_offset(10);
+        assert!(a < b);
+        assert_eq!(parse_offset(&b), Some(10));
+        for bad in ["", "1", "_1", "1_", "0_1a", "1_5", "0,1", "-1"] {
+            assert_eq!(parse_offset(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn content_types_normalize() {
+        assert_eq!(
+            normalize_content_type(" Application/JSON ;; Charset=UTF-8 "),
+            "application/json; charset=utf-8"
         );
     }
 

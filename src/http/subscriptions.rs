@@ -31,7 +31,8 @@ use bytes::Bytes;
 use ring::signature::{Ed25519KeyPair, KeyPair as _};
 use serde_json::{Value, json};
 
-use crate::stream::{AppendRequest, Streams, format_offset};
+use super::streams::{format_offset, parse_offset};
+use crate::stream::{AppendRequest, Streams};
 
 const PREFIX: &str = "__ds/";
 
@@ -878,7 +879,7 @@ fn acks(body: &Value) -> Vec<(String, u64)> {
         .filter_map(|a| {
             Some((
                 a["stream"].as_str()?.to_owned(),
-                crate::stream::parse_offset(a["offset"].as_str()?)?,
+                parse_offset(a["offset"].as_str()?)?,
             ))
         })
         .collect()

@@ -204,9 +204,13 @@ pub enum LogError {
     /// so the log refuses appends until it is reopened.
     #[error("commit log is unavailable after an earlier I/O failure; restart to recover")]
     Poisoned,
-    /// The log was closed.
+    /// The log was closed (nothing was written).
     #[error("commit log is closed")]
     Closed,
+    /// The writer stopped without answering an append it had taken: the record may be in
+    /// the log after a restart.
+    #[error("commit log writer stopped before answering")]
+    WriterGone,
     /// This node no longer owns its log: another process claimed its node id.
     #[error("this node was fenced: another process took over its node id; nothing more is written")]
     Fenced,
@@ -224,11 +228,6 @@ impl LogError {
             path: path.to_owned(),
             source,
         }
-    }
-
-    /// Whether the caller may retry the same append later (the log applied nothing).
-    pub fn is_retryable(&self) -> bool {
-        matches!(self, LogError::Full { .. })
     }
 }
 
@@ -402,7 +401,7 @@ impl CommitLog {
     /// the log after a restart, but none is half-written.
     pub async fn append(&self, kind: RecordKind, payload: Vec<u8>) -> Result<Lsn, LogError> {
         let done = self.submit(kind, payload, None)?;
-        done.await.map_err(|_| LogError::Closed)?
+        done.await.map_err(|_| LogError::WriterGone)?
     }
 
     /// Appends one record and, once it is durable, runs `apply` with its LSN on the writer
@@ -418,13 +417,13 @@ impl CommitLog {
         apply: impl FnOnce(Lsn) + Send + 'static,
     ) -> Result<Lsn, LogError> {
         let done = self.submit(kind, payload, Some(Box::new(apply)))?;
-        done.await.map_err(|_| LogError::Closed)?
+        done.await.map_err(|_| LogError::WriterGone)?
     }
 
     /// Blocking [`CommitLog::append`], for callers outside an async runtime.
     pub fn append_blocking(&self, kind: RecordKind, payload: Vec<u8>) -> Result<Lsn, LogError> {
         let done = self.submit(kind, payload, None)?;
-        done.blocking_recv().map_err(|_| LogError::Closed)?
+        done.blocking_recv().map_err(|_| LogError::WriterGone)?
     }
 
     fn submit(
@@ -490,7 +489,7 @@ impl CommitLog {
         self.tx
             .send(Msg::Advance(lsn, done))
             .map_err(|_| LogError::Closed)?;
-        rx.await.map_err(|_| LogError::Closed)?
+        rx.await.map_err(|_| LogError::WriterGone)?
     }
 
     /// Stops all appends for good: this node lost ownership of its log.

@@ -48,10 +48,10 @@ pub enum StatementState {
     Running,
     /// Done, with its result.
     Finished(Arc<StatementOutput>),
-    /// Failed: an error code and message.
+    /// Failed: the error's class and message.
     Failed {
-        /// Machine-readable code.
-        code: &'static str,
+        /// What kind of failure, and whether anything was applied.
+        class: crate::error::ErrorClass,
         /// What went wrong.
         message: String,
     },
@@ -126,23 +126,6 @@ impl Statement {
             f.get_or_insert_with(Instant::now);
         }
         ended
-    }
-}
-
-/// The code a failed statement reports.
-pub fn error_code(e: &QueryError) -> &'static str {
-    match e {
-        QueryError::Syntax { .. } => "syntax_error",
-        QueryError::TooComplex(_) => "statement_too_complex",
-        QueryError::Unsupported(_) => "unsupported_statement",
-        QueryError::Query(_) => "query_error",
-        QueryError::Rows(_) | QueryError::Invalid(_) => "invalid_input",
-        QueryError::Catalog(crate::catalog::CatalogError::NotFound { .. }) => "not_found",
-        QueryError::Catalog(_) => "catalog_error",
-        QueryError::Table(_) => "storage_error",
-        QueryError::ResultTooLarge { .. } => "result_too_large",
-        QueryError::Timeout(_) => "statement_timeout",
-        QueryError::Cancelled => "cancelled",
     }
 }
 
@@ -269,7 +252,7 @@ impl Statements {
                 match outcome {
                     Ok(result) => StatementState::Finished(Arc::new(result)),
                     Err(e) => StatementState::Failed {
-                        code: error_code(&e),
+                        class: crate::error::Classify::class(&e),
                         message: e.to_string(),
                     },
                 },

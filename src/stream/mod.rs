@@ -13,7 +13,15 @@
 //! object storage ("cold") and writes a snapshot of every stream's state; the log is then
 //! released up to the snapshot. Reads stitch cold and hot data transparently. On open, the
 //! newest snapshot is loaded and the log records after it are replayed.
+//!
+//! The module's seams: `api` (requests, answers, errors), `admit` (what an append does to a
+//! stream, a pure function of its state), `state` (one stream's state and how each committed
+//! change applies to it, live or in replay), `codec` (the log records), `cold` (checkpoints,
+//! sealed objects, garbage collection), `json` (JSON message text); this file holds the engine
+//! that ties them to the log. Wire forms (offsets as text, headers) are `http/`'s.
 
+mod admit;
+mod api;
 pub mod codec;
 mod cold;
 pub mod json;
@@ -27,23 +35,19 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use tokio::sync::watch;
 
+pub use api::{
+    AppendOutcome, AppendRequest, CreateRequest, ForkRequest, MAX_APPEND_BYTES,
+    MAX_PRODUCER_NUMBER, MAX_TOKEN_BYTES, ProducerSummary, ReadResult, StreamError, StreamInfo,
+    StreamSummary,
+};
 pub use codec::{ForkSpec, Lifetime, Op, ProducerTuple};
 use cold::ColdStore;
 pub use json::JsonTextError;
-use state::{Chunk, ProducerCheck, StreamState};
+use state::{Chunk, StreamState};
 
-use crate::log::{CommitLog, LogConsumer, LogError, Lsn, Record, RecordKind};
+use crate::log::{CommitLog, LogConsumer, Lsn, Record, RecordKind};
 use crate::node::Node;
 use crate::storage::Storage;
-
-/// Largest append body (32 MiB).
-pub const MAX_APPEND_BYTES: usize = 32 << 20;
-
-/// Longest `Producer-Id` and `Stream-Seq` value.
-pub const MAX_TOKEN_BYTES: usize = 256;
-
-/// Largest value of `Producer-Epoch` and `Producer-Seq` (2^53 - 1).
-pub const MAX_PRODUCER_NUMBER: u64 = (1 << 53) - 1;
 
 /// Settings of the stream engine.
 #[derive(Debug, Clone)]
@@ -70,236 +74,6 @@ impl Default for StreamsConfig {
             cache_bytes: 64 << 20,
         }
     }
-}
-
-/// Why a stream operation did not happen. Every variant but [`StreamError::Log`] (when
-/// the write may have reached the log) applied nothing.
-#[derive(Debug, thiserror::Error)]
-pub enum StreamError {
-    /// No such stream (or it expired).
-    #[error("stream not found")]
-    NotFound,
-    /// The stream was deleted but forks still read it.
-    #[error("stream was deleted; forks still read it")]
-    Gone,
-    /// A request the protocol refuses.
-    #[error("{0}")]
-    BadRequest(String),
-    /// The body is not acceptable JSON message text.
-    #[error(transparent)]
-    Json(#[from] JsonTextError),
-    /// The stream is closed.
-    #[error("stream is closed")]
-    Closed {
-        /// Its final offset.
-        tail: u64,
-    },
-    /// The content type differs from the stream's.
-    #[error("content type {given:?} does not match the stream's {expected:?}")]
-    ContentTypeMismatch {
-        /// Given.
-        given: String,
-        /// The stream's.
-        expected: String,
-        /// The stream's tail.
-        tail: u64,
-    },
-    /// `Stream-Seq` is not greater than the stored one.
-    #[error("Stream-Seq {given:?} is not greater than the last accepted {last:?}")]
-    StreamSeqConflict {
-        /// Given.
-        given: String,
-        /// Stored.
-        last: String,
-        /// The stream's tail.
-        tail: u64,
-    },
-    /// A create whose settings differ from the existing stream's.
-    #[error("stream exists with a different configuration")]
-    ConfigConflict,
-    /// The name is held by a deleted stream that forks still read.
-    #[error("the name is held by a deleted stream that forks still read")]
-    NameHeld,
-    /// The fork source cannot be forked.
-    #[error("{0}")]
-    ForkConflict(String),
-    /// `Producer-Epoch` is older than the stored one.
-    #[error("producer epoch is stale; current epoch is {current}")]
-    StaleEpoch {
-        /// The stored epoch.
-        current: u64,
-    },
-    /// A new epoch did not start at sequence 0.
-    #[error("a new producer epoch must start at sequence 0")]
-    NewEpochNotAtZero,
-    /// A producer sequence number was skipped.
-    #[error("producer sequence gap: expected {expected}, received {received}")]
-    SequenceGap {
-        /// The next expected sequence.
-        expected: u64,
-        /// The one received.
-        received: u64,
-    },
-    /// `Stream-Incarnation` names another incarnation.
-    #[error("stream incarnation does not match")]
-    IncarnationMismatch {
-        /// The current token.
-        current: String,
-    },
-    /// The read offset is past the tail.
-    #[error("offset is beyond the tail of the stream")]
-    OffsetBeyondTail,
-    /// Too many streams.
-    #[error("too many streams (limit {0})")]
-    TooManyStreams(usize),
-    /// Too many producers on this stream.
-    #[error("too many producers on this stream (limit {0})")]
-    TooManyProducers(usize),
-    /// The commit log refused or failed.
-    #[error(transparent)]
-    Log(#[from] LogError),
-    /// Object storage failed while reading cold data or checkpointing.
-    #[error("object storage: {0}")]
-    Storage(String),
-    /// A snapshot or sealed object is unreadable.
-    #[error("stream data is corrupt: {0}")]
-    Corrupt(String),
-}
-
-/// A stream's metadata as answers report it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StreamInfo {
-    /// Normalized content type.
-    pub content_type: String,
-    /// Offset after the last byte.
-    pub tail: u64,
-    /// Closed for appends.
-    pub closed: bool,
-    /// Incarnation token.
-    pub incarnation: String,
-    /// TTL or expiry.
-    pub lifetime: Lifetime,
-}
-
-/// One stream as a listing shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StreamSummary {
-    /// The stream's name.
-    pub name: String,
-    /// Its metadata.
-    pub info: StreamInfo,
-    /// The stream it was forked from, if a fork.
-    pub forked_from: Option<String>,
-    /// Its idempotent producers, by id.
-    pub producers: Vec<ProducerSummary>,
-}
-
-/// An idempotent producer's position on one stream.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProducerSummary {
-    /// `Producer-Id`.
-    pub id: String,
-    /// The current `Producer-Epoch`.
-    pub epoch: u64,
-    /// The last `Producer-Seq` admitted in that epoch.
-    pub last_seq: u64,
-}
-
-/// A fork request's parameters.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ForkRequest {
-    /// Source stream name.
-    pub source: String,
-    /// `Stream-Fork-Offset`, if given.
-    pub offset: Option<u64>,
-    /// `Stream-Fork-Sub-Offset`, if given.
-    pub sub_offset: Option<u64>,
-}
-
-/// A `PUT`.
-#[derive(Debug, Clone)]
-pub struct CreateRequest {
-    /// Stream name.
-    pub name: String,
-    /// Normalized content type; `None` means the default (or, for a fork, the source's).
-    pub content_type: Option<String>,
-    /// TTL or expiry.
-    pub lifetime: Lifetime,
-    /// `Stream-Closed: true`.
-    pub closed: bool,
-    /// Fork parameters.
-    pub fork: Option<ForkRequest>,
-    /// The first append.
-    pub body: Bytes,
-    /// `Stream-Incarnation` precondition.
-    pub incarnation: Option<String>,
-}
-
-/// A `POST`.
-#[derive(Debug, Clone)]
-pub struct AppendRequest {
-    /// Stream name.
-    pub name: String,
-    /// Normalized content type of the body, if given.
-    pub content_type: Option<String>,
-    /// The bytes.
-    pub body: Bytes,
-    /// `Stream-Closed: true`.
-    pub close: bool,
-    /// Producer headers.
-    pub producer: Option<ProducerTuple>,
-    /// `Stream-Seq`.
-    pub stream_seq: Option<String>,
-    /// `Stream-Incarnation` precondition.
-    pub incarnation: Option<String>,
-}
-
-/// What an accepted `POST` did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AppendOutcome {
-    /// Appended (or closed) now.
-    Appended {
-        /// Offset after the append.
-        next: u64,
-        /// The stream is closed now.
-        closed: bool,
-        /// This request closed it.
-        closed_now: bool,
-        /// The accepted producer tuple.
-        producer: Option<ProducerTuple>,
-        /// Incarnation.
-        incarnation: String,
-    },
-    /// A producer retry of something already appended.
-    Duplicate {
-        /// The original's `Stream-Next-Offset`, while remembered.
-        next: Option<u64>,
-        /// The stream is closed.
-        closed: bool,
-        /// Producer epoch.
-        epoch: u64,
-        /// The highest accepted sequence number.
-        last_seq: u64,
-        /// Incarnation.
-        incarnation: String,
-    },
-}
-
-/// Data read from a stream.
-#[derive(Debug, Clone)]
-pub struct ReadResult {
-    /// Records, in order (for JSON streams, each holds one message per line).
-    pub records: Vec<Bytes>,
-    /// Offset after the data returned.
-    pub next: u64,
-    /// `next` is the tail.
-    pub up_to_date: bool,
-    /// The stream is closed and `next` is its tail.
-    pub closed_at_tail: bool,
-    /// The stream's content type.
-    pub content_type: String,
-    /// Its incarnation.
-    pub incarnation: String,
 }
 
 /// One stream's handle.
@@ -397,11 +171,6 @@ pub(crate) fn now_ms() -> i64 {
 
 fn new_incarnation() -> String {
     uuid::Uuid::new_v4().simple().to_string()
-}
-
-/// Whether a string is an incarnation token this server could have issued.
-pub fn valid_incarnation(token: &str) -> bool {
-    token.len() == 32 && token.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 struct Registry {
@@ -925,122 +694,9 @@ impl Streams {
         stream.touch();
         let op = {
             let s = stream.read_state();
-            if s.gone {
-                return Err(StreamError::NotFound);
-            }
-            if s.soft_deleted {
-                return Err(StreamError::Gone);
-            }
-            if let Some(token) = &req.incarnation
-                && *token != s.incarnation
-            {
-                return Err(StreamError::IncarnationMismatch {
-                    current: s.incarnation.clone(),
-                });
-            }
-            if req.body.is_empty() && !req.close {
-                return Err(StreamError::BadRequest(
-                    "empty body; only a close (Stream-Closed: true) may have no body".into(),
-                ));
-            }
-            if s.closed {
-                // A producer's retry of something it already appended is answered as such,
-                // and a fenced producer learns it is fenced, closed stream or not.
-                if let Some(p) = &req.producer {
-                    match s.check_producer(p) {
-                        ProducerCheck::Duplicate { last_seq, next } => {
-                            return Ok(AppendOutcome::Duplicate {
-                                next: next.or(Some(s.tail)),
-                                closed: true,
-                                epoch: p.epoch,
-                                last_seq,
-                                incarnation: s.incarnation.clone(),
-                            });
-                        }
-                        ProducerCheck::StaleEpoch { current } => {
-                            return Err(StreamError::StaleEpoch { current });
-                        }
-                        _ => {}
-                    }
-                }
-                if req.body.is_empty() && req.producer.is_none() {
-                    // Closing a closed stream again is idempotent.
-                    return Ok(AppendOutcome::Appended {
-                        next: s.tail,
-                        closed: true,
-                        closed_now: false,
-                        producer: None,
-                        incarnation: s.incarnation.clone(),
-                    });
-                }
-                return Err(StreamError::Closed { tail: s.tail });
-            }
-            if !req.body.is_empty() {
-                let Some(ct) = &req.content_type else {
-                    return Err(StreamError::BadRequest(
-                        "Content-Type is required on an append with a body".into(),
-                    ));
-                };
-                if *ct != s.content_type {
-                    return Err(StreamError::ContentTypeMismatch {
-                        given: ct.clone(),
-                        expected: s.content_type.clone(),
-                        tail: s.tail,
-                    });
-                }
-            }
-            if let Some(p) = &req.producer {
-                match s.check_producer(p) {
-                    ProducerCheck::Accept => {
-                        if !s.producers.contains_key(&p.id)
-                            && s.producers.len() >= self.inner.config.max_producers_per_stream
-                        {
-                            return Err(StreamError::TooManyProducers(
-                                self.inner.config.max_producers_per_stream,
-                            ));
-                        }
-                    }
-                    ProducerCheck::Duplicate { last_seq, next } => {
-                        return Ok(AppendOutcome::Duplicate {
-                            next,
-                            closed: s.closed,
-                            epoch: p.epoch,
-                            last_seq,
-                            incarnation: s.incarnation.clone(),
-                        });
-                    }
-                    ProducerCheck::StaleEpoch { current } => {
-                        return Err(StreamError::StaleEpoch { current });
-                    }
-                    ProducerCheck::NewEpochNotAtZero => {
-                        return Err(StreamError::NewEpochNotAtZero);
-                    }
-                    ProducerCheck::Gap { expected, received } => {
-                        return Err(StreamError::SequenceGap { expected, received });
-                    }
-                }
-            }
-            if let (Some(given), Some(last)) = (&req.stream_seq, &s.stream_seq)
-                && given.as_bytes() <= last.as_bytes()
-            {
-                return Err(StreamError::StreamSeqConflict {
-                    given: given.clone(),
-                    last: last.clone(),
-                    tail: s.tail,
-                });
-            }
-            let data = if req.body.is_empty() {
-                None
-            } else {
-                encode_body(&s.content_type, &req.body, false)?
-            };
-            Op::Append {
-                name: req.name.clone(),
-                incarnation: s.incarnation.clone(),
-                data,
-                close: req.close,
-                producer: req.producer.clone(),
-                stream_seq: req.stream_seq.clone(),
+            match admit::append(&s, &req, self.inner.config.max_producers_per_stream)? {
+                admit::Admission::Commit(op) => op,
+                admit::Admission::Answer(outcome) => return Ok(outcome),
             }
         };
         let stored = match &op {
@@ -1207,7 +863,8 @@ impl Streams {
         cold::collect_garbage(self, grace).await
     }
 
-    /// Checkpoints on a timer until `shutdown` resolves, then once more.
+    /// Checkpoints on a timer until `shutdown` resolves. The final checkpoint is
+    /// [`crate::db::Database::shutdown`]'s.
     pub async fn run_maintenance(
         self,
         tick: Duration,
@@ -1219,9 +876,6 @@ impl Streams {
             }
         })
         .await;
-        if let Err(e) = self.checkpoint(true).await {
-            tracing::warn!(error = %e, "final stream checkpoint failed");
-        }
     }
 
     /// Bytes of stream data held only in memory and the log.
@@ -1271,15 +925,6 @@ fn media_type(content_type: &str) -> &str {
 /// Whether a normalized content type is a JSON stream's (`application/json`).
 pub fn is_json_content_type(content_type: &str) -> bool {
     state::is_json(content_type)
-}
-
-/// Normalizes a content type: split on `;`, trim, drop empty parts, lowercase, join `"; "`.
-pub fn normalize_content_type(raw: &str) -> String {
-    raw.split(';')
-        .map(|p| p.trim().to_ascii_lowercase())
-        .filter(|p| !p.is_empty())
-        .collect::<Vec<_>>()
-        .join("; ")
 }
 
 /// Turns a request body into record bytes: JSON streams keep one compact message per line.
@@ -1333,49 +978,9 @@ fn sub_prefix(record: &Bytes, sub: u64, json: bool) -> Result<Bytes, StreamError
     }
 }
 
-/// Formats an offset as the protocol sees it: opaque, fixed width, sorting as strings.
-pub fn format_offset(offset: u64) -> String {
-    format!("{:016}_{:016}", 0, offset)
-}
-
-/// Parses an offset this server issued.
-pub fn parse_offset(text: &str) -> Option<u64> {
-    let (epoch, bytes) = text.split_once('_')?;
-    if epoch.is_empty()
-        || bytes.is_empty()
-        || !epoch.bytes().all(|b| b.is_ascii_digit())
-        || !bytes.bytes().all(|b| b.is_ascii_digit())
-    {
-        return None;
-    }
-    if epoch.parse::<u64>().ok()? != 0 {
-        return None;
-    }
-    bytes.parse().ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn offsets_sort_as_strings() {
-        let a = format_offset(9);
-        let b = format_offset(10);
-        assert!(a < b);
-        assert_eq!(parse_offset(&b), Some(10));
-        for bad in ["", "1", "_1", "1_", "0_1a", "1_5", "0,1", "-1"] {
-            assert_eq!(parse_offset(bad), None, "{bad}");
-        }
-    }
-
-    #[test]
-    fn content_types_normalize() {
-        assert_eq!(
-            normalize_content_type(" Application/JSON ;; Charset=UTF-8 "),
-            "application/json; charset=utf-8"
-        );
-    }
 
     #[test]
     fn sub_prefixes() {

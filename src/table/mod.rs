@@ -96,17 +96,6 @@ pub enum TableError {
     Node(#[from] NodeError),
 }
 
-impl TableError {
-    /// Whether the caller may retry later with nothing applied.
-    pub fn is_retryable(&self) -> bool {
-        match self {
-            TableError::Backpressure { .. } => true,
-            TableError::Log(e) => e.is_retryable(),
-            _ => false,
-        }
-    }
-}
-
 /// Tuning of table storage.
 #[derive(Debug, Clone)]
 pub struct TableConfig {
@@ -913,8 +902,8 @@ impl Tables {
         Ok(())
     }
 
-    /// Runs flushes (and compactions) on a timer until `shutdown` resolves, then flushes
-    /// everything. Errors are retried on the next tick.
+    /// Runs flushes (and compactions) on a timer until `shutdown` resolves. Errors are
+    /// retried on the next tick. The final flush is [`crate::db::Database::shutdown`]'s.
     pub async fn run_maintenance(
         self: Arc<Self>,
         tick: Duration,
@@ -936,7 +925,6 @@ impl Tables {
                 }
             }
         }
-        let _ = self.flush_due(true).await;
     }
 }
 

@@ -1,0 +1,247 @@
+//! The stream engine's API: what requests carry, what they answer, and why they fail.
+//! Wire forms (headers, offsets as text) belong to `http/`.
+
+use bytes::Bytes;
+
+use super::codec::{Lifetime, ProducerTuple};
+use super::json::JsonTextError;
+use crate::log::LogError;
+
+/// Largest append body (32 MiB).
+pub const MAX_APPEND_BYTES: usize = 32 << 20;
+
+/// Longest `Producer-Id` and `Stream-Seq` value.
+pub const MAX_TOKEN_BYTES: usize = 256;
+
+/// Largest value of `Producer-Epoch` and `Producer-Seq` (2^53 - 1).
+pub const MAX_PRODUCER_NUMBER: u64 = (1 << 53) - 1;
+
+/// Why a stream operation did not happen. Every variant but [`StreamError::Log`] (when
+/// the write may have reached the log) applied nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    /// No such stream (or it expired).
+    #[error("stream not found")]
+    NotFound,
+    /// The stream was deleted but forks still read it.
+    #[error("stream was deleted; forks still read it")]
+    Gone,
+    /// A request the protocol refuses.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The body is not acceptable JSON message text.
+    #[error(transparent)]
+    Json(#[from] JsonTextError),
+    /// The stream is closed.
+    #[error("stream is closed")]
+    Closed {
+        /// Its final offset.
+        tail: u64,
+    },
+    /// The content type differs from the stream's.
+    #[error("content type {given:?} does not match the stream's {expected:?}")]
+    ContentTypeMismatch {
+        /// Given.
+        given: String,
+        /// The stream's.
+        expected: String,
+        /// The stream's tail.
+        tail: u64,
+    },
+    /// `Stream-Seq` is not greater than the stored one.
+    #[error("Stream-Seq {given:?} is not greater than the last accepted {last:?}")]
+    StreamSeqConflict {
+        /// Given.
+        given: String,
+        /// Stored.
+        last: String,
+        /// The stream's tail.
+        tail: u64,
+    },
+    /// A create whose settings differ from the existing stream's.
+    #[error("stream exists with a different configuration")]
+    ConfigConflict,
+    /// The name is held by a deleted stream that forks still read.
+    #[error("the name is held by a deleted stream that forks still read")]
+    NameHeld,
+    /// The fork source cannot be forked.
+    #[error("{0}")]
+    ForkConflict(String),
+    /// `Producer-Epoch` is older than the stored one.
+    #[error("producer epoch is stale; current epoch is {current}")]
+    StaleEpoch {
+        /// The stored epoch.
+        current: u64,
+    },
+    /// A new epoch did not start at sequence 0.
+    #[error("a new producer epoch must start at sequence 0")]
+    NewEpochNotAtZero,
+    /// A producer sequence number was skipped.
+    #[error("producer sequence gap: expected {expected}, received {received}")]
+    SequenceGap {
+        /// The next expected sequence.
+        expected: u64,
+        /// The one received.
+        received: u64,
+    },
+    /// `Stream-Incarnation` names another incarnation.
+    #[error("stream incarnation does not match")]
+    IncarnationMismatch {
+        /// The current token.
+        current: String,
+    },
+    /// The read offset is past the tail.
+    #[error("offset is beyond the tail of the stream")]
+    OffsetBeyondTail,
+    /// Too many streams.
+    #[error("too many streams (limit {0})")]
+    TooManyStreams(usize),
+    /// Too many producers on this stream.
+    #[error("too many producers on this stream (limit {0})")]
+    TooManyProducers(usize),
+    /// The commit log refused or failed.
+    #[error(transparent)]
+    Log(#[from] LogError),
+    /// Object storage failed while reading cold data or checkpointing.
+    #[error("object storage: {0}")]
+    Storage(String),
+    /// A snapshot or sealed object is unreadable.
+    #[error("stream data is corrupt: {0}")]
+    Corrupt(String),
+}
+
+/// A stream's metadata as answers report it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamInfo {
+    /// Normalized content type.
+    pub content_type: String,
+    /// Offset after the last byte.
+    pub tail: u64,
+    /// Closed for appends.
+    pub closed: bool,
+    /// Incarnation token.
+    pub incarnation: String,
+    /// TTL or expiry.
+    pub lifetime: Lifetime,
+}
+
+/// One stream as a listing shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamSummary {
+    /// The stream's name.
+    pub name: String,
+    /// Its metadata.
+    pub info: StreamInfo,
+    /// The stream it was forked from, if a fork.
+    pub forked_from: Option<String>,
+    /// Its idempotent producers, by id.
+    pub producers: Vec<ProducerSummary>,
+}
+
+/// An idempotent producer's position on one stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProducerSummary {
+    /// `Producer-Id`.
+    pub id: String,
+    /// The current `Producer-Epoch`.
+    pub epoch: u64,
+    /// The last `Producer-Seq` admitted in that epoch.
+    pub last_seq: u64,
+}
+
+/// A fork request's parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForkRequest {
+    /// Source stream name.
+    pub source: String,
+    /// `Stream-Fork-Offset`, if given.
+    pub offset: Option<u64>,
+    /// `Stream-Fork-Sub-Offset`, if given.
+    pub sub_offset: Option<u64>,
+}
+
+/// A `PUT`.
+#[derive(Debug, Clone)]
+pub struct CreateRequest {
+    /// Stream name.
+    pub name: String,
+    /// Normalized content type; `None` means the default (or, for a fork, the source's).
+    pub content_type: Option<String>,
+    /// TTL or expiry.
+    pub lifetime: Lifetime,
+    /// `Stream-Closed: true`.
+    pub closed: bool,
+    /// Fork parameters.
+    pub fork: Option<ForkRequest>,
+    /// The first append.
+    pub body: Bytes,
+    /// `Stream-Incarnation` precondition.
+    pub incarnation: Option<String>,
+}
+
+/// A `POST`.
+#[derive(Debug, Clone)]
+pub struct AppendRequest {
+    /// Stream name.
+    pub name: String,
+    /// Normalized content type of the body, if given.
+    pub content_type: Option<String>,
+    /// The bytes.
+    pub body: Bytes,
+    /// `Stream-Closed: true`.
+    pub close: bool,
+    /// Producer headers.
+    pub producer: Option<ProducerTuple>,
+    /// `Stream-Seq`.
+    pub stream_seq: Option<String>,
+    /// `Stream-Incarnation` precondition.
+    pub incarnation: Option<String>,
+}
+
+/// What an accepted `POST` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AppendOutcome {
+    /// Appended (or closed) now.
+    Appended {
+        /// Offset after the append.
+        next: u64,
+        /// The stream is closed now.
+        closed: bool,
+        /// This request closed it.
+        closed_now: bool,
+        /// The accepted producer tuple.
+        producer: Option<ProducerTuple>,
+        /// Incarnation.
+        incarnation: String,
+    },
+    /// A producer retry of something already appended.
+    Duplicate {
+        /// The original's `Stream-Next-Offset`, while remembered.
+        next: Option<u64>,
+        /// The stream is closed.
+        closed: bool,
+        /// Producer epoch.
+        epoch: u64,
+        /// The highest accepted sequence number.
+        last_seq: u64,
+        /// Incarnation.
+        incarnation: String,
+    },
+}
+
+/// Data read from a stream.
+#[derive(Debug, Clone)]
+pub struct ReadResult {
+    /// Records, in order (for JSON streams, each holds one message per line).
+    pub records: Vec<Bytes>,
+    /// Offset after the data returned.
+    pub next: u64,
+    /// `next` is the tail.
+    pub up_to_date: bool,
+    /// The stream is closed and `next` is its tail.
+    pub closed_at_tail: bool,
+    /// The stream's content type.
+    pub content_type: String,
+    /// Its incarnation.
+    pub incarnation: String,
+}
