@@ -508,6 +508,7 @@ async fn deeply_nested_statements_are_refused_and_the_server_stays_up() {
     )
     .await;
     assert_eq!(status, 200);
+    let body = finished(&base, "r-key", body).await;
     assert_eq!(body["result_set"]["rows"][0][0], "900", "{body}");
     // A computed column's expression is held to a stricter depth.
     let deep_column = json!({"name": "c", "columns": [
