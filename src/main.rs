@@ -214,6 +214,13 @@ fn repair(args: &RepairArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Ok(moved) => {
+            // The log is shorter than what the node had made durable, on purpose: the next
+            // start must not take it for a stale copy.
+            let marker = args.data_dir.join(sluice::node::REPAIRED_MARKER);
+            if let Err(e) = std::fs::write(&marker, b"") {
+                eprintln!("sluice: cannot write {}: {e}", marker.display());
+                return ExitCode::FAILURE;
+            }
             for m in moved {
                 println!(
                     "cut {} at byte {}; {} bytes (the records from there on, not replayed) kept in {}",

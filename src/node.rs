@@ -29,7 +29,7 @@
 //!   copies of one directory in different epochs never share an LSN, and a flushed position
 //!   of one epoch never covers another epoch's records.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -42,6 +42,10 @@ use crate::log::Lsn;
 use crate::storage::Storage;
 use crate::storage::journal::SyncJournal;
 use crate::storage::versioned::{Tagged, VersionError, VersionLog};
+
+/// A file `sluice repair` leaves in the data directory: the log was cut on purpose, so the
+/// next start does not take it for a stale copy.
+pub const REPAIRED_MARKER: &str = "REPAIRED";
 
 /// Bits of an LSN below the epoch.
 const EPOCH_SHIFT: u32 = 48;
@@ -104,7 +108,8 @@ pub enum NodeError {
     /// The log ends before a position the node made durable.
     #[error(
         "data directory {dir}: its log ends at LSN {log_last} but node {id} had made LSN \
-         {known} durable: this is a stale copy of the directory. Move it aside"
+         {known} durable: this is a stale copy of the directory, or records were cut from its \
+         log. Move it aside (or, after `sluice repair`, start again)"
     )]
     StaleCopy {
         /// The data directory.
@@ -115,6 +120,17 @@ pub enum NodeError {
         log_last: Lsn,
         /// The last durable LSN the node reported.
         known: Lsn,
+    },
+    /// The directory claimed its id in an object store that is not this one.
+    #[error(
+        "node {id} (epoch {epoch}) has no claim in this object store: is --object-store the \
+         store this data directory ran with? Its log is not applied here"
+    )]
+    UnknownToStore {
+        /// The node id.
+        id: String,
+        /// This directory's epoch.
+        epoch: u64,
     },
     /// Too many restarts for the LSN space.
     #[error("node {0} has used every epoch; start it with a new data directory")]
@@ -206,6 +222,22 @@ fn boot_id() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .map(|s| s.trim().to_owned())
         .unwrap_or_default()
+}
+
+/// What tells this data directory from a copy of it: its path together with the device and
+/// inode of the directory itself. A copy (another directory on this machine, or one mounted
+/// at the same path in another container) has other ones; the same directory after a
+/// restart has the same. Empty when unknown: then no earlier owner is taken for this
+/// directory's own previous run.
+fn directory_identity(data_dir: &Path) -> String {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(path) = std::fs::canonicalize(data_dir) else {
+        return String::new();
+    };
+    match std::fs::metadata(&path) {
+        Ok(meta) => format!("{}@{}:{}", path.display(), meta.dev(), meta.ino()),
+        Err(_) => String::new(),
+    }
 }
 
 fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> NodeError + '_ {
@@ -329,10 +361,7 @@ impl Node {
         lease: Duration,
         journal: Option<&SyncJournal>,
     ) -> Result<Node, NodeError> {
-        let dir = std::fs::canonicalize(data_dir)
-            .unwrap_or_else(|_| PathBuf::from(data_dir))
-            .display()
-            .to_string();
+        let dir = directory_identity(data_dir);
         let (id, local_epoch) = match read_local(data_dir) {
             Ok(Some(identity)) => (identity.id, Some(identity.epoch)),
             Ok(None) if !log.has_records => (uuid::Uuid::new_v4().simple().to_string(), None),
@@ -350,6 +379,17 @@ impl Node {
         };
         let boot = boot_id();
         let latest = latest_epoch(&storage, &id).await?;
+        if latest.is_none() && local_epoch.is_some_and(|e| e > 0) && log.has_records {
+            // This directory claimed its id in a store; this store has never seen it.
+            return Err(NodeError::UnknownToStore {
+                id,
+                epoch: local_epoch.unwrap_or(0),
+            });
+        }
+        // `sluice repair` cut records out of the log: it is shorter than what the node had
+        // made durable, on purpose.
+        let repaired_marker = data_dir.join(REPAIRED_MARKER);
+        let repaired = repaired_marker.exists();
         if let Some(latest) = latest {
             let superseded = match local_epoch {
                 Some(local) => latest > local,
@@ -366,6 +406,7 @@ impl Node {
             if let Some(known) = last
                 && log.synced
                 && !superseded
+                && !repaired
                 && known > log.last_lsn
             {
                 return Err(NodeError::StaleCopy {
@@ -376,7 +417,12 @@ impl Node {
                 });
             }
         }
-        let epoch = latest.max(local_epoch).unwrap_or(0) + 1;
+        // The next epoch; when this directory recorded an epoch whose claim never landed,
+        // that one (no epoch is skipped: a skipped epoch would fence no one).
+        let epoch = match (latest, local_epoch) {
+            (Some(l), Some(local)) if local == l + 1 => local,
+            _ => latest.max(local_epoch).unwrap_or(0) + 1,
+        };
         if epoch >= 1 << (64 - EPOCH_SHIFT) {
             return Err(NodeError::EpochsExhausted(id));
         }
@@ -410,6 +456,9 @@ impl Node {
             })?;
         if !claimed {
             return Err(NodeError::InUse { id, ago_ms: 0 });
+        }
+        if repaired {
+            let _ = std::fs::remove_file(&repaired_marker);
         }
         let node = Node {
             id,
@@ -457,19 +506,26 @@ impl Node {
             return Err(NodeError::Fenced(self.id.clone()));
         }
         let next = claim_path(&self.id, self.epoch + 1);
-        match self.storage.store().head(&next).await {
-            Ok(_) => {
-                self.fenced.store(true, Ordering::Release);
-                tracing::error!(
-                    node = %self.id,
-                    epoch = self.epoch,
-                    "another process claimed this node id; this node stops writing"
-                );
-                Err(NodeError::Fenced(self.id.clone()))
-            }
-            Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(e.into()),
+        let claimed = match self.storage.store().head(&next).await {
+            Ok(_) => true,
+            Err(object_store::Error::NotFound { .. }) => false,
+            Err(e) => return Err(e.into()),
+        };
+        // The next claim may be gone (garbage collection keeps only the latest ones after a
+        // long pause of this process): a later owner's heartbeat says so too.
+        let later_heartbeat = read_json::<Heartbeat>(&self.storage, &heartbeat_path(&self.id))
+            .await?
+            .is_some_and(|h| h.epoch > self.epoch);
+        if claimed || later_heartbeat {
+            self.fenced.store(true, Ordering::Release);
+            tracing::error!(
+                node = %self.id,
+                epoch = self.epoch,
+                "another process claimed this node id; this node stops writing"
+            );
+            return Err(NodeError::Fenced(self.id.clone()));
         }
+        Ok(())
     }
 
     /// Checks ownership and writes the heartbeat (`released` at a clean shutdown).
@@ -544,7 +600,9 @@ async fn wait_until_gone(
         if first.epoch > epoch {
             return Ok(Some(first.last_lsn));
         }
-    } else if first.released || (!boot.is_empty() && first.boot == boot && first.dir == dir) {
+    } else if first.released
+        || (!boot.is_empty() && !dir.is_empty() && first.boot == boot && first.dir == dir)
+    {
         // A clean shutdown, or this directory's own previous run on this boot (the lock
         // we hold proves it is no longer running).
         return Ok(Some(first.last_lsn));

@@ -58,9 +58,9 @@ npm_install() {
     cp "$1/package-lock.json" "$1/node_modules/.installed-lock"
   fi
 }
-# The Durable Streams conformance suite and client (tests/streams.rs drives them with node).
+# The Durable Streams conformance suite and client (tests/it/streams.rs drives them with node).
 npm_install tests/conformance "the Durable Streams test packages"
-# The console's browser test (tests/console.rs): playwright-core drives Debian's Chromium (a
+# The console's browser test (tests/it/console.rs): playwright-core drives Debian's Chromium (a
 # browser downloaded by a test tool does not run here).
 npm_install tests/console "playwright-core"
 if [ ! -x /usr/bin/chromium ]; then

@@ -294,7 +294,9 @@ impl Database {
                 &config.data_dir,
                 storage.clone(),
                 LogState {
-                    has_records: !replay.is_empty(),
+                    // An empty log that ever held records has moved past LSN 0: its
+                    // identity matters as much (its streams and subscriptions are named by it).
+                    has_records: !replay.is_empty() || log.last_lsn() > 0,
                     last_lsn: log.last_lsn(),
                     synced: config.durability == Durability::Fsync,
                 },
@@ -655,26 +657,27 @@ impl Database {
     }
 
     /// Checks, after rows were committed to `table` and before they are acknowledged, that
-    /// the table is still the one the catalog names: another node may have dropped or
-    /// replaced it since this node last looked. One small read of the catalog's next
-    /// version, shared by concurrent ingests. While the store cannot be reached the rows are
-    /// acknowledged (they are durable; no other node can change the catalog either).
+    /// the table is still the one the catalog names: this node or another may have dropped
+    /// or replaced it since it was resolved. One small read of the catalog's next version
+    /// (shared by concurrent ingests), then a comparison with the catalog in memory.
     async fn confirm_table(
         &self,
         table: &ResolvedTable,
         committed: std::time::Instant,
     ) -> Result<(), CatalogError> {
+        // A newer version in the store than this node holds: read it first. (The catalog
+        // this node holds may already be newer than the one the table was resolved in: the
+        // comparison below is made in any case.)
         match self.catalog.changed_since(committed).await {
-            Ok(false) => return Ok(()),
-            Ok(true) => {}
-            Err(e) => {
-                tracing::debug!(error = %e, "catalog version check failed; acknowledging");
-                return Ok(());
+            Ok(false) => {}
+            Ok(true) => {
+                if let Err(e) = self.catalog.refresh().await {
+                    tracing::debug!(error = %e, "catalog refresh failed before acknowledging");
+                }
             }
-        }
-        if let Err(e) = self.catalog.refresh().await {
-            tracing::debug!(error = %e, "catalog refresh failed; acknowledging");
-            return Ok(());
+            // The rows are durable; a drop another node commits meanwhile is found only if
+            // the store answers (while it does not, no node can commit one).
+            Err(e) => tracing::debug!(error = %e, "catalog version check failed"),
         }
         match self
             .catalog
@@ -735,6 +738,22 @@ fn compile_plan(
             ))
         };
         let expr = ctx.parse_sql_expr(sql, &df_schema).map_err(invalid)?;
+        // A computed column is a function of its own row: no subqueries.
+        let subquery = datafusion::common::tree_node::TreeNode::exists(&expr, |e| {
+            Ok(matches!(
+                e,
+                datafusion::logical_expr::Expr::ScalarSubquery(_)
+                    | datafusion::logical_expr::Expr::InSubquery(_)
+                    | datafusion::logical_expr::Expr::Exists(_)
+            ))
+        })
+        .unwrap_or(true);
+        if subquery {
+            return Err(CatalogError::Invalid(format!(
+                "column {} expression {sql:?}: subqueries are not allowed; a computed column is computed from its own row",
+                c.name
+            )));
+        }
         let expr = ctx
             .create_physical_expr(expr, &df_schema)
             .map_err(invalid)?;

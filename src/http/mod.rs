@@ -21,7 +21,6 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{HeaderValue, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
 use subtle::ConstantTimeEq as _;
 
 use crate::db::Database;
@@ -496,63 +495,132 @@ async fn observe(State(state): State<AppState>, request: Request, next: Next) ->
 /// The OpenAPI document of this API (`schema/openapi.json`), served at `/openapi.json`.
 pub const OPENAPI: &str = include_str!("../../schema/openapi.json");
 
-/// Every route this router serves, as `(method, OpenAPI path template)`. `tests/openapi.rs`
-/// checks it against both the router and the OpenAPI document, so neither can drift.
-pub const ROUTES: &[(&str, &str)] = &[
-    ("GET", "/v1/health"),
-    ("GET", "/metrics"),
-    ("GET", "/openapi.json"),
-    ("GET", "/"),
-    ("GET", "/console.js"),
-    ("GET", "/console.css"),
-    ("GET", "/v1/catalog"),
-    ("PUT", "/v1/catalog"),
-    ("GET", "/v1/catalog/databases/{db}"),
-    ("PUT", "/v1/catalog/databases/{db}"),
-    ("DELETE", "/v1/catalog/databases/{db}"),
-    ("GET", "/v1/catalog/databases/{db}/schemas/{schema}"),
-    ("PUT", "/v1/catalog/databases/{db}/schemas/{schema}"),
-    ("DELETE", "/v1/catalog/databases/{db}/schemas/{schema}"),
-    (
-        "GET",
-        "/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}",
-    ),
-    (
-        "PUT",
-        "/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}",
-    ),
-    (
-        "DELETE",
-        "/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}",
-    ),
-    (
-        "POST",
-        "/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}/ingest",
-    ),
-    (
-        "GET",
-        "/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}/stats",
-    ),
-    ("POST", "/v1/ingest"),
-    ("POST", "/v1/statements"),
-    ("GET", "/v1/statements/{id}"),
-    ("POST", "/v1/statements/{id}/cancel"),
-    ("GET", "/v1/streams"),
-    ("PUT", "/v1/stream/{name}"),
-    ("POST", "/v1/stream/{name}"),
-    ("GET", "/v1/stream/{name}"),
-    ("HEAD", "/v1/stream/{name}"),
-    ("DELETE", "/v1/stream/{name}"),
-    ("OPTIONS", "/v1/stream/{name}"),
-    ("PUT", "/{bucket}"),
-    ("OPTIONS", "/{bucket}"),
-    ("PUT", "/{bucket}/{stream}"),
-    ("POST", "/{bucket}/{stream}"),
-    ("GET", "/{bucket}/{stream}"),
-    ("HEAD", "/{bucket}/{stream}"),
-    ("DELETE", "/{bucket}/{stream}"),
-    ("OPTIONS", "/{bucket}/{stream}"),
-];
+/// A router under construction that records every `(method, path)` it is given: the route
+/// list ([`routes`]) is the router's own, never a copy kept by hand.
+struct Routes {
+    router: Router<AppState>,
+    table: Vec<(&'static str, &'static str)>,
+}
+
+impl Routes {
+    fn new() -> Self {
+        Routes {
+            router: Router::new(),
+            table: Vec::new(),
+        }
+    }
+
+    /// Serves `path` with `handler` for `method` (one of GET, HEAD, PUT, POST, DELETE,
+    /// OPTIONS).
+    fn add<H, T>(mut self, method: &'static str, path: &'static str, handler: H) -> Self
+    where
+        H: axum::handler::Handler<T, AppState>,
+        T: 'static,
+    {
+        let filter = match method {
+            "GET" => axum::routing::MethodFilter::GET,
+            "HEAD" => axum::routing::MethodFilter::HEAD,
+            "PUT" => axum::routing::MethodFilter::PUT,
+            "POST" => axum::routing::MethodFilter::POST,
+            "DELETE" => axum::routing::MethodFilter::DELETE,
+            _ => axum::routing::MethodFilter::OPTIONS,
+        };
+        self.table.push((method, path));
+        self.router = self.router.route(path, axum::routing::on(filter, handler));
+        self
+    }
+
+    /// The stream handlers, at one of the two URL layouts ([`streams::Target`] names the
+    /// stream from either).
+    fn streams(self, path: &'static str) -> Self {
+        self.add("PUT", path, streams::put)
+            .add("POST", path, streams::post)
+            .add("GET", path, streams::get)
+            .add("HEAD", path, streams::head_stream)
+            .add("DELETE", path, streams::delete_stream)
+            .add("OPTIONS", path, async || ())
+    }
+}
+
+/// The authenticated API (catalog, ingest, statements, stream listing).
+fn api_routes() -> Routes {
+    let table = "/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}";
+    Routes::new()
+        .add("GET", "/v1/catalog", catalog::get_root)
+        .add("PUT", "/v1/catalog", catalog::put_root)
+        .add("GET", "/v1/catalog/databases/{db}", catalog::get_database)
+        .add("PUT", "/v1/catalog/databases/{db}", catalog::put_database)
+        .add(
+            "DELETE",
+            "/v1/catalog/databases/{db}",
+            catalog::delete_database,
+        )
+        .add(
+            "GET",
+            "/v1/catalog/databases/{db}/schemas/{schema}",
+            catalog::get_schema,
+        )
+        .add(
+            "PUT",
+            "/v1/catalog/databases/{db}/schemas/{schema}",
+            catalog::put_schema,
+        )
+        .add(
+            "DELETE",
+            "/v1/catalog/databases/{db}/schemas/{schema}",
+            catalog::delete_schema,
+        )
+        .add("GET", table, catalog::get_table)
+        .add("PUT", table, catalog::put_table)
+        .add("DELETE", table, catalog::delete_table)
+        .add(
+            "POST",
+            "/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}/ingest",
+            ingest::ingest_table,
+        )
+        .add(
+            "GET",
+            "/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}/stats",
+            catalog::get_table_stats,
+        )
+        .add("POST", "/v1/ingest", ingest::ingest_statement)
+        .add("POST", "/v1/statements", statements::submit)
+        .add("GET", "/v1/statements/{id}", statements::fetch)
+        .add("POST", "/v1/statements/{id}/cancel", statements::cancel)
+        .add("GET", "/v1/streams", streams::list)
+}
+
+/// The streams, in both URL layouts.
+fn stream_routes() -> Routes {
+    Routes::new()
+        .streams("/v1/stream/{*name}")
+        .add("PUT", "/{bucket}", streams::put_bucket)
+        .add("OPTIONS", "/{bucket}", async || ())
+        .streams("/{bucket}/{stream}")
+}
+
+/// What needs no key: health, metrics, the OpenAPI document and the console.
+fn open_routes() -> Routes {
+    Routes::new()
+        .add("GET", "/v1/health", health)
+        .add("GET", "/metrics", metrics)
+        .add("GET", "/openapi.json", openapi)
+        .add("GET", "/", console::index)
+        .add("GET", "/console.js", console::script)
+        .add("GET", "/console.css", console::style)
+}
+
+/// Every route the router serves, as `(method, OpenAPI path template)`, from the router's
+/// own construction. `tests/it/openapi.rs` checks the OpenAPI document against it.
+pub fn routes() -> Vec<(&'static str, String)> {
+    let mut all = open_routes().table;
+    all.extend(api_routes().table);
+    all.extend(stream_routes().table);
+    // The router writes a catch-all parameter `{*name}`; OpenAPI writes `{name}`.
+    all.into_iter()
+        .map(|(method, path)| (method, path.replace("{*", "{")))
+        .collect()
+}
 
 async fn openapi() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
@@ -577,68 +645,20 @@ async fn not_found() -> ApiError {
     ApiError::not_found("no such endpoint")
 }
 
-/// One handler set for a stream, in either URL layout ([`streams::Target`] names it).
-fn stream_routes() -> axum::routing::MethodRouter<AppState> {
-    put(streams::put)
-        .post(streams::post)
-        .get(streams::get)
-        .head(streams::head_stream)
-        .delete(streams::delete_stream)
-        .options(async || ())
-}
-
 /// The router of the whole API.
 pub fn router(state: AppState) -> Router {
-    let api = Router::new()
-        .route("/v1/catalog", get(catalog::get_root).put(catalog::put_root))
-        .route(
-            "/v1/catalog/databases/{db}",
-            get(catalog::get_database)
-                .put(catalog::put_database)
-                .delete(catalog::delete_database),
-        )
-        .route(
-            "/v1/catalog/databases/{db}/schemas/{schema}",
-            get(catalog::get_schema)
-                .put(catalog::put_schema)
-                .delete(catalog::delete_schema),
-        )
-        .route(
-            "/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}",
-            get(catalog::get_table)
-                .put(catalog::put_table)
-                .delete(catalog::delete_table),
-        )
-        .route(
-            "/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}/ingest",
-            post(ingest::ingest_table),
-        )
-        .route("/v1/ingest", post(ingest::ingest_statement))
-        .route("/v1/statements", post(statements::submit))
-        .route("/v1/statements/{id}", get(statements::fetch))
-        .route("/v1/statements/{id}/cancel", post(statements::cancel))
-        .route(
-            "/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}/stats",
-            get(catalog::get_table_stats),
-        )
-        .route("/v1/streams", get(streams::list))
+    let api = api_routes()
+        .router
         .route_layer(middleware::from_fn_with_state(state.clone(), authenticate));
-    let streams = Router::new()
-        .route("/v1/stream/{*name}", stream_routes())
-        .route("/{bucket}", put(streams::put_bucket).options(async || ()))
-        .route("/{bucket}/{stream}", stream_routes())
+    let streams = stream_routes()
+        .router
         .route_layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             streams::stream_headers,
         ));
-    Router::new()
-        .route("/v1/health", get(health))
-        .route("/metrics", get(metrics))
-        .route("/openapi.json", get(openapi))
-        .route("/", get(console::index))
-        .route("/console.js", get(console::script))
-        .route("/console.css", get(console::style))
+    open_routes()
+        .router
         .merge(api)
         .merge(streams)
         .fallback(not_found)

@@ -6,7 +6,7 @@ use axum::extract::{Path, State};
 use axum::http::header;
 use axum::response::{IntoResponse as _, Response};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::error::Outcome;
 use super::{ApiError, AppState};
@@ -31,29 +31,6 @@ fn created_at(t: SystemTime) -> String {
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64 * 1_000_000);
     format_timestamp(nanos)
-}
-
-/// The rows of a result in the cell form, rendered while the answer is written: the kept
-/// result is never copied into an intermediate JSON tree.
-struct Rows<'a>(&'a [arrow_array::RecordBatch]);
-
-impl serde::Serialize for Rows<'_> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeSeq as _;
-        let rows = self.0.iter().map(|b| b.num_rows()).sum();
-        let mut seq = serializer.serialize_seq(Some(rows))?;
-        for batch in self.0 {
-            for row in 0..batch.num_rows() {
-                let cells: Vec<Option<String>> = batch
-                    .columns()
-                    .iter()
-                    .map(|c| format_cell(c, row))
-                    .collect();
-                seq.serialize_element(&cells)?;
-            }
-        }
-        seq.end()
-    }
 }
 
 /// The status payload of a statement.
@@ -117,39 +94,51 @@ fn payload(statement: &Statement) -> Response {
         Ok(v) => v,
         Err(e) => return ApiError::internal(e.to_string()).into_response(),
     };
-    if let Some(output) = result {
-        // Splice the result set in as the payload's last member.
-        #[derive(serde::Serialize)]
-        struct Metadata {
-            fields: Vec<Value>,
-            num_rows: usize,
+    let Some(output) = result else {
+        return ([(header::CONTENT_TYPE, "application/json")], out).into_response();
+    };
+    // The result set is the payload's last member, written batch by batch as the answer
+    // goes out: a large result is never rendered whole in memory, once or per fetch.
+    let metadata = json!({
+        "fields": output
+            .fields()
+            .into_iter()
+            .map(|f| json!({"name": f.name, "data_type": f.data_type}))
+            .collect::<Vec<_>>(),
+        "num_rows": output.num_rows(),
+    });
+    out.pop(); // the closing brace
+    out.extend_from_slice(b",\"result_set\":{\"format\":\"json\",\"metadata\":");
+    out.extend_from_slice(metadata.to_string().as_bytes());
+    out.extend_from_slice(b",\"rows\":[");
+    let head = futures::stream::once(async move { Ok(bytes::Bytes::from(out)) });
+    let rows = futures::stream::unfold((output, 0usize, false), |(output, i, any)| async move {
+        let batch = output.batches.get(i)?;
+        let mut chunk = Vec::new();
+        let mut any = any;
+        for row in 0..batch.num_rows() {
+            if any {
+                chunk.push(b',');
+            }
+            any = true;
+            let cells: Vec<Option<String>> = batch
+                .columns()
+                .iter()
+                .map(|c| format_cell(c, row))
+                .collect();
+            if serde_json::to_writer(&mut chunk, &cells).is_err() {
+                chunk.extend_from_slice(b"null");
+            }
         }
-        #[derive(serde::Serialize)]
-        struct ResultSet<'a> {
-            metadata: Metadata,
-            format: &'static str,
-            rows: Rows<'a>,
-        }
-        let set = ResultSet {
-            metadata: Metadata {
-                fields: output
-                    .fields()
-                    .into_iter()
-                    .map(|f| json!({"name": f.name, "data_type": f.data_type}))
-                    .collect(),
-                num_rows: output.num_rows(),
-            },
-            format: "json",
-            rows: Rows(&output.batches),
-        };
-        out.pop(); // the closing brace
-        out.extend_from_slice(b",\"result_set\":");
-        if let Err(e) = serde_json::to_writer(&mut out, &set) {
-            return ApiError::internal(e.to_string()).into_response();
-        }
-        out.push(b'}');
-    }
-    ([(header::CONTENT_TYPE, "application/json")], out).into_response()
+        Some((
+            Ok::<_, std::convert::Infallible>(bytes::Bytes::from(chunk)),
+            (output, i + 1, any),
+        ))
+    });
+    let tail = futures::stream::once(async { Ok(bytes::Bytes::from_static(b"]}}")) });
+    use futures::StreamExt as _;
+    let body = axum::body::Body::from_stream(head.chain(rows).chain(tail));
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 /// The owner of the statements a request may see: the key it presented.
@@ -194,6 +183,14 @@ pub(super) async fn submit(
         // Statements that do not parse fail as statements, as clients expect.
         Err(e) => futures::future::Either::Right(async move { Err(e) }),
     };
+    // Work that cancelled statements left running counts too: cancel-and-resubmit cannot
+    // get past the limit.
+    if state.db.engine().in_flight() >= state.statements.limits().max_running {
+        return Err(ApiError::busy(format!(
+            "{} statements are running, the most this server runs at once; retry shortly",
+            state.statements.limits().max_running
+        )));
+    }
     let statement = state
         .statements
         .submit(&owner, request.statement_id, work)

@@ -39,6 +39,26 @@ const PREFIX: &str = "__ds/";
 /// Longest subscription id, in bytes.
 const MAX_ID_BYTES: usize = 256;
 
+/// Largest subscription request body, in bytes.
+const MAX_BODY_BYTES: usize = 64 << 10;
+
+/// Whether a linked name could be a stream's (the protocol layout's rules).
+fn valid_stream_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 1024
+        && !name.bytes().any(|b| b < 0x20 || b == 0x7f)
+        && name
+            .split('/')
+            .all(|seg| !seg.is_empty() && seg != "." && seg != "..")
+}
+
+impl Subscription {
+    /// What it holds in memory and in the stored object, roughly.
+    fn stored_bytes(&self) -> usize {
+        self.definition.to_string().len() + self.links.keys().map(|k| k.len() + 32).sum::<usize>()
+    }
+}
+
 /// Longest wake lease a subscription may ask for.
 const MAX_LEASE: Duration = Duration::from_secs(3600);
 
@@ -152,6 +172,8 @@ pub struct SubscriptionLimits {
     pub max_wildcards: usize,
     /// Webhook deliveries in flight at once.
     pub max_deliveries: usize,
+    /// Bytes of definitions and linked stream names all subscriptions may hold together.
+    pub max_stored_bytes: usize,
     /// Networks webhooks may reach although they are not public (`127.0.0.0/8`, …).
     pub webhook_allowed_networks: Vec<Network>,
 }
@@ -164,6 +186,7 @@ impl Default for SubscriptionLimits {
             max_pattern_bytes: 256,
             max_wildcards: 8,
             max_deliveries: 16,
+            max_stored_bytes: 16 << 20,
             webhook_allowed_networks: Vec::new(),
         }
     }
@@ -255,9 +278,14 @@ fn public_v6(ip: Ipv6Addr) -> bool {
         // ::ffff:a.b.c.d (mapped), ::a.b.c.d (compatible), ::, ::1
         return public_v4(embedded(6)) && !(s[5] == 0 && s[6] == 0);
     }
-    if s[0] == 0x64 && s[1] == 0xff9b {
-        // NAT64: 64:ff9b::/96 and 64:ff9b:1::/48
+    if s[..4] == [0; 4] && s[4] == 0xffff && s[5] == 0 {
+        // ::ffff:0:a.b.c.d (IPv4-translated)
         return public_v4(embedded(6));
+    }
+    if s[0] == 0x64 && s[1] == 0xff9b {
+        // NAT64: 64:ff9b::/96 carries the IPv4 address last; 64:ff9b:1::/48 (local use)
+        // carries it where its operator chose, so it is refused whole.
+        return s[2] != 1 && public_v4(embedded(6));
     }
     if s[0] == 0x2002 {
         // 6to4: the IPv4 address is in the next 32 bits.
@@ -467,7 +495,20 @@ impl Subscriptions {
             revision: std::sync::atomic::AtomicU64::new(0),
             written: tokio::sync::Mutex::new(0),
         });
-        subs.load().await?;
+        // A store that does not answer now may a moment later; starting without the stored
+        // subscriptions would lose them at the next change (it writes the set whole).
+        let mut attempt = 0;
+        loop {
+            match subs.load().await {
+                Ok(()) => break,
+                Err(e) if attempt < 5 => {
+                    attempt += 1;
+                    tracing::warn!(error = %e, "loading subscriptions failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
         // Wake subscribers as streams receive data.
         let watcher = subs.clone();
         let mut changes = streams.changes();
@@ -589,6 +630,7 @@ impl Subscriptions {
             Ok(s) => s.info().tail,
             Err(_) => return,
         };
+        let mut linked = false;
         let mut deliveries = Vec::new();
         {
             let mut subs = self.subs();
@@ -606,6 +648,7 @@ impl Subscriptions {
                     );
                     continue;
                 }
+                linked |= !sub.links.contains_key(name);
                 let link = sub.links.entry(name.to_owned()).or_insert(Link {
                     explicit: false,
                     acked: 0,
@@ -631,6 +674,13 @@ impl Subscriptions {
                     sub.wake = Some(wake);
                 }
             }
+        }
+        // New links and generations are stored: a restart raises the same wakes again and
+        // never reuses a generation.
+        if (linked || !deliveries.is_empty())
+            && let Err(e) = self.persist().await
+        {
+            tracing::warn!(error = %e, "subscription changes not stored");
         }
         for (id, kind, wake) in deliveries {
             match kind {
@@ -913,7 +963,7 @@ pub(super) async fn handle(
             format!("a subscription id is 1 to {MAX_ID_BYTES} bytes"),
         );
     }
-    let body: Value = match axum::body::to_bytes(body, 1 << 20).await {
+    let body: Value = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
         Ok(b) if b.is_empty() => Value::Null,
         // A JSON body must say so: a page could send a text/plain one without asking.
         Ok(_) if !super::is_json_request(headers) => {
@@ -936,6 +986,7 @@ pub(super) async fn handle(
             | (Method::POST, "streams")
             | (Method::POST, "callback")
             | (Method::POST, "ack")
+            | (Method::POST, "claim")
     );
     let response = dispatch(subs, method, id, tail, headers, body).await;
     if mutates
@@ -972,14 +1023,25 @@ async fn dispatch(
         },
         (Method::POST, "streams") => {
             let mut all = subs.subs();
+            let stored: usize = all.values().map(Subscription::stored_bytes).sum();
             let Some(sub) = all.get_mut(id) else {
                 return error(StatusCode::NOT_FOUND, "NOT_FOUND", "no such subscription");
             };
-            let added: BTreeSet<&str> = body["streams"]
+            let names: Vec<&str> = body["streams"]
                 .as_array()
                 .into_iter()
                 .flatten()
                 .filter_map(|s| s.as_str())
+                .collect();
+            if let Some(bad) = names.iter().find(|n| !valid_stream_name(n)) {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "INVALID",
+                    format!("{bad:?} is not a stream name"),
+                );
+            }
+            let added: BTreeSet<&str> = names
+                .into_iter()
                 .filter(|s| !sub.links.contains_key(*s))
                 .collect();
             if sub.links.len() + added.len() > subs.limits.max_links {
@@ -989,6 +1051,17 @@ async fn dispatch(
                     format!(
                         "a subscription links at most {} streams",
                         subs.limits.max_links
+                    ),
+                );
+            }
+            let more: usize = added.iter().map(|n| n.len() + 32).sum();
+            if stored + more > subs.limits.max_stored_bytes {
+                return error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "TOO_MUCH_STORED",
+                    format!(
+                        "subscriptions hold {stored} bytes; the limit is {}",
+                        subs.limits.max_stored_bytes
                     ),
                 );
             }
@@ -1095,7 +1168,9 @@ fn parse_subscription(
     let kind = match body["type"].as_str() {
         Some("webhook") => {
             let url = body["webhook"]["url"].as_str().unwrap_or("");
-            if !webhook_url_allowed(url, &limits.webhook_allowed_networks) {
+            // A stored subscription keeps its URL when the allowed networks change: every
+            // delivery checks the addresses it would reach anyway.
+            if !stored && !webhook_url_allowed(url, &limits.webhook_allowed_networks) {
                 return Err((
                     StatusCode::BAD_REQUEST,
                     "WEBHOOK_URL_REJECTED",
@@ -1132,6 +1207,13 @@ fn parse_subscription(
         .flatten()
         .filter_map(|s| s.as_str().map(str::to_owned))
         .collect();
+    if let Some(bad) = explicit.iter().find(|n| !valid_stream_name(n)) {
+        return Err((
+            StatusCode::BAD_REQUEST,
+            "INVALID",
+            format!("{bad:?} is not a stream name"),
+        ));
+    }
     Ok(Subscription {
         id: id.to_owned(),
         kind,
@@ -1181,6 +1263,17 @@ fn put(subs: &Subscriptions, id: &str, headers: &HeaderMap, body: Value) -> Resp
                 "subscription exists with another definition",
             )
         };
+    }
+    let stored: usize = all.values().map(Subscription::stored_bytes).sum();
+    if stored + sub.stored_bytes() > subs.limits.max_stored_bytes {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "TOO_MUCH_STORED",
+            format!(
+                "subscriptions hold {stored} bytes; the limit is {}",
+                subs.limits.max_stored_bytes
+            ),
+        );
     }
     if all.len() >= subs.limits.max_subscriptions {
         return error(
@@ -1303,6 +1396,8 @@ mod tests {
             "http://[::ffff:127.0.0.1]/",
             "http://[::ffff:10.0.0.1]/",
             "http://[::ffff:169.254.169.254]/",
+            "http://[::ffff:0:127.0.0.1]/",
+            "http://[64:ff9b:1::808:808]/",
             "http://[64:ff9b::a00:1]/",
             "http://[2002:a00:1::]/",
             "http://[fd00::1]/",

@@ -711,6 +711,7 @@ fn advance(
             journal.removed(&path);
         }
     } else if let Ok(mut closed) = shared.closed.lock() {
+        shared.active_first.store(lsn, Ordering::Release);
         closed.push((old.first_lsn(), old.path().to_owned(), old.len()));
     }
     shared.active_first.store(lsn, Ordering::Release);
@@ -780,9 +781,11 @@ fn write_group(
         }
         let old = std::mem::replace(active, next);
         if let Ok(mut closed) = shared.closed.lock() {
+            // Under the lock, before the segment is listed as closed: a release running now
+            // must see where it ends.
+            shared.active_first.store(first_lsn, Ordering::Release);
             closed.push((old.first_lsn(), old.path().to_owned(), old.len()));
         }
-        shared.active_first.store(first_lsn, Ordering::Release);
         shared.stats.segments_rolled.fetch_add(1, Ordering::Relaxed);
     }
     let headers: Vec<[u8; FRAME_HEADER_BYTES]> = group

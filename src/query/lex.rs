@@ -70,35 +70,33 @@ struct Reading {
 /// Words that join or wrap expressions without an operator character (`a AND b`, `NOT x`,
 /// `x IS NULL`, `x AT TIME ZONE z`, …): each can add a level to an expression tree.
 const EXPRESSION_WORDS: &[&str] = &[
-    "AND",
-    "OR",
-    "NOT",
-    "IS",
-    "IN",
-    "LIKE",
-    "ILIKE",
-    "RLIKE",
-    "REGEXP",
-    "SIMILAR",
-    "BETWEEN",
-    "AT",
-    "COLLATE",
-    "ESCAPE",
-    "OVERLAPS",
-    "DIV",
-    "MOD",
-    "XOR",
-    "ISNULL",
-    "NOTNULL",
-    "EXISTS",
-    "ANY",
-    "ALL",
-    "SOME",
-    "INTERVAL",
-    "DISTINCT",
+    "AND", "OR", "NOT", "IS", "IN", "LIKE", "ILIKE", "RLIKE", "REGEXP", "SIMILAR", "BETWEEN", "AT",
+    "COLLATE", "ESCAPE", "OVERLAPS", "DIV", "MOD", "XOR", "ISNULL", "NOTNULL", "EXISTS", "ANY",
+    "ALL", "SOME", "INTERVAL",
+];
+
+/// Words that chain whole queries or clauses (`a UNION b UNION c`, a join per `JOIN`, a
+/// ScopeQL clause per `WHERE`, `SELECT`, …): each can add a level to the query's tree even
+/// across commas (`SELECT 1, 2 UNION ALL SELECT 1, 2 …`), so they are counted for their whole
+/// bracket, never reset by a `,`.
+const CHAIN_WORDS: &[&str] = &[
     "UNION",
     "INTERSECT",
     "EXCEPT",
+    "SELECT",
+    "WHERE",
+    "GROUP",
+    "AGGREGATE",
+    "DISTINCT",
+    "ORDER",
+    "LIMIT",
+    "OFFSET",
+    "JOIN",
+    "INSERT",
+    "FROM",
+    "HAVING",
+    "QUALIFY",
+    "WINDOW",
 ];
 
 /// An upper bound on how deep the expressions (and subqueries) of a statement can nest
@@ -122,11 +120,29 @@ pub(crate) fn expression_depth(src: &str) -> usize {
 
 fn depth_in(src: &str, reading: Reading) -> usize {
     let bytes = src.as_bytes();
-    // Operators counted in each open bracket; their sum plus the brackets is the depth.
-    let mut levels: Vec<usize> = vec![0];
+    // Per open bracket: operators since the last `,` (reset by it) and chaining words (never
+    // reset). Their sum over the open brackets, plus the brackets, is the depth.
+    let mut levels: Vec<(usize, usize)> = vec![(0, 0)];
     let mut sum = 0usize;
     let mut deepest = 0usize;
     let mut i = 0;
+    let add = |levels: &mut Vec<(usize, usize)>, sum: &mut usize, chain: bool| {
+        if let Some(top) = levels.last_mut() {
+            if chain {
+                top.1 += 1;
+            } else {
+                top.0 += 1;
+            }
+            *sum += 1;
+        }
+    };
+    let close = |levels: &mut Vec<(usize, usize)>, sum: &mut usize| {
+        if levels.len() > 1
+            && let Some((ops, chain)) = levels.pop()
+        {
+            *sum -= ops + chain;
+        }
+    };
     while i < bytes.len() {
         let c = bytes[i];
         match c {
@@ -148,48 +164,34 @@ fn depth_in(src: &str, reading: Reading) -> usize {
             b'(' | b'[' => {
                 if c == b'[' {
                     // `v['a']['b']` wraps `v` once per index.
-                    if let Some(top) = levels.last_mut() {
-                        *top += 1;
-                        sum += 1;
-                    }
+                    add(&mut levels, &mut sum, false);
                 }
-                levels.push(0);
+                levels.push((0, 0));
             }
-            b')' | b']' if levels.len() > 1 => {
-                sum -= levels.pop().unwrap_or(0);
-            }
+            b')' | b']' => close(&mut levels, &mut sum),
             b',' | b';' => {
                 if let Some(top) = levels.last_mut() {
-                    sum -= *top;
-                    *top = 0;
+                    sum -= top.0;
+                    top.0 = 0;
                 }
             }
             b'+' | b'-' | b'*' | b'/' | b'%' | b'<' | b'>' | b'=' | b'!' | b'|' | b'&' | b'^'
-            | b'~' | b':' | b'@' | b'#' | b'?' => {
-                if let Some(top) = levels.last_mut() {
-                    *top += 1;
-                    sum += 1;
-                }
-            }
+            | b'~' | b':' | b'@' | b'#' | b'?' => add(&mut levels, &mut sum, false),
             c if c.is_ascii_alphabetic() || c == b'_' => {
                 let start = i;
                 while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
                     i += 1;
                 }
                 let word = &src[start..i];
+                let is = |words: &[&str]| words.iter().any(|w| word.eq_ignore_ascii_case(w));
                 if word.eq_ignore_ascii_case("CASE") {
-                    levels.push(0);
+                    levels.push((0, 0));
                 } else if word.eq_ignore_ascii_case("END") {
-                    if levels.len() > 1 {
-                        sum -= levels.pop().unwrap_or(0);
-                    }
-                } else if EXPRESSION_WORDS
-                    .iter()
-                    .any(|w| word.eq_ignore_ascii_case(w))
-                    && let Some(top) = levels.last_mut()
-                {
-                    *top += 1;
-                    sum += 1;
+                    close(&mut levels, &mut sum);
+                } else if is(CHAIN_WORDS) {
+                    add(&mut levels, &mut sum, true);
+                } else if is(EXPRESSION_WORDS) {
+                    add(&mut levels, &mut sum, false);
                 }
                 deepest = deepest.max(levels.len() - 1 + sum);
                 continue;
@@ -256,12 +258,16 @@ mod depth_tests {
 
     #[test]
     fn depth_counts_brackets_operators_and_joining_words() {
-        assert_eq!(expression_depth("SELECT 1"), 0);
-        assert_eq!(expression_depth("SELECT 1+1+1"), 2);
-        assert_eq!(expression_depth("SELECT f(1+1, 2+2)"), 2);
-        assert_eq!(expression_depth("SELECT ((1))"), 2);
+        assert_eq!(expression_depth("SELECT 1"), 1);
+        assert_eq!(expression_depth("SELECT 1+1+1"), 3);
+        assert_eq!(expression_depth("SELECT f(1+1, 2+2)"), 3);
+        assert_eq!(expression_depth("SELECT ((1))"), 3);
+        // Set operations and clauses chain across commas.
+        let unions = format!("SELECT 1, 2{}", " UNION ALL SELECT 1, 2".repeat(300));
+        assert!(expression_depth(&unions) >= 600);
+        assert!(expression_depth(&"VALUES (true) WHERE column1 ".repeat(300)) >= 300);
         assert!(expression_depth("SELECT a = 1 OR a = 2 OR a = 3") >= 5);
-        assert_eq!(expression_depth("SELECT '(((((' , \"((\" -- (((\n"), 0);
+        assert_eq!(expression_depth("SELECT '(((((' , \"((\" -- (((\n"), 1);
         assert!(expression_depth(&format!("SELECT {}", "NOT ".repeat(100))) >= 100);
         assert!(expression_depth(&"CASE WHEN x THEN ".repeat(50)) >= 50);
         assert!(expression_depth(&"v['a']".repeat(100)) >= 100);
@@ -276,6 +282,6 @@ mod depth_tests {
         let comment = format!("/* /* */ {} */ SELECT 1", vec!["1"; 200].join("+"));
         assert!(expression_depth(&comment) >= 200);
         let line = format!("SELECT 1 -- {}", vec!["1"; 200].join("+"));
-        assert_eq!(expression_depth(&line), 0);
+        assert_eq!(expression_depth(&line), 1);
     }
 }

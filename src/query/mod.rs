@@ -201,11 +201,12 @@ impl StatementOutput {
         self.batches.iter().map(RecordBatch::num_rows).sum()
     }
 
-    /// Arrow memory the result holds.
+    /// What the result weighs: the larger of its Arrow memory and its size once rendered
+    /// (what retention counts).
     pub fn memory_bytes(&self) -> usize {
         self.batches
             .iter()
-            .map(RecordBatch::get_array_memory_size)
+            .map(|b| b.get_array_memory_size().max(rendered_bytes(b)))
             .sum()
     }
 
@@ -233,6 +234,58 @@ impl StatementOutput {
             fields: self.fields(),
             rows,
         }
+    }
+}
+
+/// About how many bytes a batch takes in the statements API's cell form (every cell a JSON
+/// string): what results are capped by. Unlike Arrow's memory size, a dictionary's value
+/// counts once for every row that uses it, and a column of nulls counts its `null`s.
+pub(crate) fn rendered_bytes(batch: &RecordBatch) -> usize {
+    let cells = batch.num_rows() * batch.num_columns().max(1);
+    // Quotes, commas and brackets around every cell.
+    batch
+        .columns()
+        .iter()
+        .map(rendered_column_bytes)
+        .sum::<usize>()
+        + cells * 4
+}
+
+fn rendered_column_bytes(column: &ArrayRef) -> usize {
+    use arrow_array::cast::AsArray as _;
+    match column.data_type() {
+        DataType::Dictionary(..) => {
+            let Some(dictionary) = column.as_any_dictionary_opt() else {
+                return column.get_array_memory_size() * 3;
+            };
+            let values = dictionary.values();
+            let sizes: Vec<usize> = (0..values.len())
+                .map(|i| rendered_column_bytes(&values.slice(i, 1)))
+                .collect();
+            dictionary
+                .normalized_keys()
+                .iter()
+                .map(|k| sizes.get(*k).copied().unwrap_or(0))
+                .sum()
+        }
+        DataType::Utf8 => column.as_string::<i32>().value_data().len(),
+        DataType::LargeUtf8 => column.as_string::<i64>().value_data().len(),
+        DataType::Utf8View => column
+            .as_string_view()
+            .iter()
+            .map(|v| v.map_or(0, str::len))
+            .sum(),
+        // Binary prints as hex: two characters a byte.
+        DataType::Binary => column.as_binary::<i32>().value_data().len() * 2,
+        DataType::LargeBinary => column.as_binary::<i64>().value_data().len() * 2,
+        DataType::BinaryView => column
+            .as_binary_view()
+            .iter()
+            .map(|v| v.map_or(0, |b| b.len() * 2))
+            .sum(),
+        DataType::Null => column.len() * 4,
+        // Numbers, times and nested values print at most a few times their width.
+        _ => column.get_array_memory_size() * 3,
     }
 }
 
@@ -337,12 +390,19 @@ impl QueryEngine {
         &self.limits
     }
 
-    /// Parses and classifies a statement (on the statement runtime: parsing recurses).
+    /// Parses and classifies a statement (on the statement runtime's threads: parsing
+    /// recurses).
     pub(crate) async fn prepare(&self, text: String) -> Result<Prepared, QueryError> {
         self.runtime
-            .run(async move { prepare::prepare(&text) })
+            .run_blocking(move || prepare::prepare(&text))
             .await
             .map_err(QueryError::Query)?
+    }
+
+    /// Statement work that has not ended on the statement runtime (a cancelled statement
+    /// counts until its work stops).
+    pub fn in_flight(&self) -> usize {
+        self.runtime.in_flight()
     }
 
     /// A DataFusion session that sees every table of the catalog as it is now.
@@ -416,7 +476,7 @@ impl QueryEngine {
         while let Some(batch) = stream.next().await {
             let batch = batch?;
             rows += batch.num_rows();
-            bytes += batch.get_array_memory_size();
+            bytes += rendered_bytes(&batch);
             if rows > self.limits.max_result_rows {
                 return Err(QueryError::ResultTooLarge {
                     limit: self.limits.max_result_rows,

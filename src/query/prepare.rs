@@ -17,7 +17,7 @@
 //! can exhaust a thread's stack.
 
 use datafusion::sql::parser::{DFParserBuilder, Statement as DfStatement};
-use datafusion::sql::sqlparser::ast::{Statement as SqlStatement, TableObject};
+use datafusion::sql::sqlparser::ast::{Query, SetExpr, Statement as SqlStatement, TableObject};
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 
 use super::ddl::{self, Ddl};
@@ -33,9 +33,10 @@ pub(crate) const MAX_STATEMENT_BYTES: usize = 1 << 20;
 /// about 30 times that; release builds use less per level).
 pub(crate) const MAX_EXPRESSION_DEPTH: usize = 1000;
 
-/// sqlparser's own limit on nested constructs (subqueries, parenthesized expressions); the
-/// same as DataFusion's default.
-const PARSER_RECURSION_LIMIT: usize = 50;
+/// sqlparser's own limit on nested constructs (subqueries, parenthesized expressions). Above
+/// DataFusion's default of 50, because ScopeQL's translation parenthesizes every operation
+/// (`1+1+…` of 60 terms would not parse); [`check_size`] bounds the depth beforehand.
+const PARSER_RECURSION_LIMIT: usize = 256;
 
 /// What a statement needs to be allowed to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -126,7 +127,11 @@ pub(crate) fn prepare(text: &str) -> Result<Prepared, QueryError> {
     if scopeql::is_scopeql(text) {
         let pipeline = scopeql::parse(text)
             .map_err(|e| QueryError::syntax(text, e.message.clone(), e.offset))?;
-        let source = Box::new(parse_one_sql(&pipeline.to_sql())?);
+        // The translation joins clauses (a WHERE per clause, say) into one tree: it is held
+        // to the same depth as SQL.
+        let sql = pipeline.to_sql();
+        check_size(&sql)?;
+        let source = Box::new(parse_one_sql(&sql)?);
         return Ok(match pipeline.insert_into {
             Some(table) => Prepared::Insert(Insert {
                 table,
@@ -178,6 +183,9 @@ fn unsupported(what: impl std::fmt::Display) -> QueryError {
 fn classify(statement: DfStatement) -> Result<Prepared, QueryError> {
     match statement {
         DfStatement::Statement(s) => match *s {
+            SqlStatement::Query(ref q) if !plain_query(q) => Err(unsupported(
+                "a query that writes (SELECT INTO, or INSERT, UPDATE or DELETE inside a query)",
+            )),
             SqlStatement::Query(_) | SqlStatement::ShowColumns { .. } => {
                 Ok(Prepared::Query(Box::new(DfStatement::Statement(s))))
             }
@@ -290,7 +298,7 @@ impl AsStatement for DfStatement {
 impl AsStatement for SqlStatement {
     fn is_query(&self) -> bool {
         match self {
-            SqlStatement::Query(_) => true,
+            SqlStatement::Query(q) => plain_query(q),
             SqlStatement::Explain { statement, .. } => statement.as_ref().is_query(),
             _ => false,
         }
@@ -300,6 +308,26 @@ impl AsStatement for SqlStatement {
 impl<T: AsStatement> AsStatement for Box<T> {
     fn is_query(&self) -> bool {
         self.as_ref().is_query()
+    }
+}
+
+/// Whether a query only reads: no `SELECT … INTO`, and no `INSERT`, `UPDATE`, `DELETE` or
+/// `MERGE` in its body, set operations or common table expressions.
+fn plain_query(query: &Query) -> bool {
+    let ctes = query
+        .with
+        .as_ref()
+        .is_none_or(|w| w.cte_tables.iter().all(|c| plain_query(&c.query)));
+    ctes && plain_set(&query.body)
+}
+
+fn plain_set(body: &SetExpr) -> bool {
+    match body {
+        SetExpr::Select(select) => select.into.is_none(),
+        SetExpr::Query(q) => plain_query(q),
+        SetExpr::SetOperation { left, right, .. } => plain_set(left) && plain_set(right),
+        SetExpr::Values(_) | SetExpr::Table(_) => true,
+        _ => false,
     }
 }
 
@@ -368,6 +396,11 @@ mod tests {
             "INSERT INTO t VALUES (1) RETURNING a",
             "SELECT 1; SELECT 2",
             "BEGIN",
+            "WITH a AS (SELECT 1) INSERT INTO t SELECT * FROM a",
+            "SELECT 1 UNION ALL (INSERT INTO t VALUES (1))",
+            "SELECT * INTO t2 FROM t",
+            "EXPLAIN ANALYZE WITH a AS (SELECT 1) INSERT INTO t SELECT * FROM a",
+            "WITH a AS (INSERT INTO t VALUES (1)) SELECT 1",
         ] {
             assert!(prepare(text).is_err(), "{text} was accepted");
         }
@@ -381,6 +414,16 @@ mod tests {
         assert!(matches!(prepare(&parens), Err(QueryError::TooComplex(_))));
         let ok = format!("SELECT {}", vec!["1"; 200].join("+"));
         assert!(prepare(&ok).is_ok());
+        let unions = format!(
+            "INSERT INTO t SELECT 1 AS a, 2 AS b{}",
+            " UNION ALL SELECT 1, 2".repeat(6000)
+        );
+        assert!(matches!(prepare(&unions), Err(QueryError::TooComplex(_))));
+        let wheres = format!("VALUES (true){}", " WHERE column1".repeat(8000));
+        assert!(matches!(prepare(&wheres), Err(QueryError::TooComplex(_))));
+        // ScopeQL chains that parse as SQL parse here too.
+        let chain = format!("VALUES (1) SELECT {} AS x", vec!["1"; 60].join("+"));
+        assert!(prepare(&chain).is_ok(), "{:?}", prepare(&chain).err());
     }
 
     #[test]

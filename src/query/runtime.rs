@@ -52,6 +52,27 @@ impl Default for QueryLimits {
 /// (it may be dropped inside another runtime).
 pub(crate) struct StatementRuntime {
     runtime: Option<tokio::runtime::Runtime>,
+    /// Tasks on the runtime that have not ended (a cancelled statement counts until its work
+    /// really stops: synchronous planning cannot be interrupted).
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Counts a task as in flight until it is dropped (completed, or aborted and unwound).
+struct InFlight(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// Aborts a spawned task when whoever waits for it goes away (a cancelled statement).
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl std::fmt::Debug for StatementRuntime {
@@ -71,11 +92,24 @@ impl StatementRuntime {
             .build()?;
         Ok(StatementRuntime {
             runtime: Some(runtime),
+            in_flight: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         })
     }
 
-    /// Runs `work` on the statement runtime and waits for it. A panic in it is an error, not
-    /// a crash of the caller.
+    /// Tasks on the runtime that have not ended.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn guard(&self) -> InFlight {
+        self.in_flight
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        InFlight(self.in_flight.clone())
+    }
+
+    /// Runs `work` on the statement runtime and waits for it; dropping the wait (a cancel)
+    /// aborts the work at its next await. A panic in it is an error, not a crash of the
+    /// caller.
     pub(crate) async fn run<T: Send + 'static>(
         &self,
         work: impl std::future::Future<Output = T> + Send + 'static,
@@ -83,7 +117,31 @@ impl StatementRuntime {
         let Some(runtime) = &self.runtime else {
             return Err("the statement runtime is shut down".into());
         };
-        runtime.spawn(work).await.map_err(|e| e.to_string())
+        let guard = self.guard();
+        let mut task = AbortOnDrop(runtime.spawn(async move {
+            let _guard = guard;
+            work.await
+        }));
+        (&mut task.0).await.map_err(|e| e.to_string())
+    }
+
+    /// Runs synchronous `work` on the runtime's blocking threads (they have the same large
+    /// stacks), so that it never waits behind statements busy planning on the workers.
+    pub(crate) async fn run_blocking<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, String> {
+        let Some(runtime) = &self.runtime else {
+            return Err("the statement runtime is shut down".into());
+        };
+        let guard = self.guard();
+        runtime
+            .spawn_blocking(move || {
+                let _guard = guard;
+                work()
+            })
+            .await
+            .map_err(|e| e.to_string())
     }
 }
 

@@ -70,6 +70,8 @@ pub struct Statement {
     finished: Mutex<Option<Instant>>,
     state: watch::Sender<StatementState>,
     abort: Mutex<Option<tokio::task::AbortHandle>>,
+    /// What its result weighs ([`StatementOutput::memory_bytes`]), measured once it ends.
+    bytes: std::sync::atomic::AtomicUsize,
 }
 
 impl Statement {
@@ -105,15 +107,16 @@ impl Statement {
 
     /// Bytes its result holds (0 unless finished).
     fn result_bytes(&self) -> usize {
-        match &*self.state.borrow() {
-            StatementState::Finished(output) => output.memory_bytes(),
-            _ => 0,
-        }
+        self.bytes.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Ends the statement; only the first end counts (a cancel racing a finish keeps
     /// whichever came first). Returns whether this call ended it.
     fn finish(&self, state: StatementState) -> bool {
+        let bytes = match &state {
+            StatementState::Finished(output) => output.memory_bytes(),
+            _ => 0,
+        };
         let ended = self.state.send_if_modified(|s| {
             if matches!(s, StatementState::Running) {
                 *s = state;
@@ -122,8 +125,12 @@ impl Statement {
                 false
             }
         });
-        if ended && let Ok(mut f) = self.finished.lock() {
-            f.get_or_insert_with(Instant::now);
+        if ended {
+            self.bytes
+                .store(bytes, std::sync::atomic::Ordering::Relaxed);
+            if let Ok(mut f) = self.finished.lock() {
+                f.get_or_insert_with(Instant::now);
+            }
         }
         ended
     }
@@ -178,25 +185,57 @@ impl Retained {
                 bytes += s.result_bytes();
             }
         }
+        // Expired ones go first.
         let by_key = &mut self.by_key;
         self.order.retain(|key| {
             let Some(s) = by_key.get(key) else {
                 return false;
             };
-            let Some(at) = s.finished_at() else {
-                return true;
-            };
-            let expired = at.elapsed() >= limits.retention;
-            let over = finished > limits.max_retained || bytes > limits.max_retained_bytes;
-            if expired || over {
+            let expired = s
+                .finished_at()
+                .is_some_and(|at| at.elapsed() >= limits.retention);
+            if expired {
                 finished -= 1;
                 bytes = bytes.saturating_sub(s.result_bytes());
                 by_key.remove(key);
-                false
-            } else {
-                true
             }
+            !expired
         });
+        // Over the limits, the owner keeping the most gives up its oldest: one key cannot
+        // push another's results out.
+        while finished > limits.max_retained || bytes > limits.max_retained_bytes {
+            let mut kept: HashMap<&Owner, (usize, usize)> = HashMap::new();
+            for ((owner, _), s) in self.by_key.iter() {
+                if s.finished_at().is_some() {
+                    let entry = kept.entry(owner).or_default();
+                    entry.0 += 1;
+                    entry.1 += s.result_bytes();
+                }
+            }
+            let by_bytes = bytes > limits.max_retained_bytes;
+            let Some(heaviest) = kept
+                .into_iter()
+                .max_by_key(|(_, (count, size))| if by_bytes { *size } else { *count })
+                .map(|(owner, _)| owner.clone())
+            else {
+                break;
+            };
+            let oldest = self.order.iter().position(|key| {
+                key.0 == heaviest
+                    && self
+                        .by_key
+                        .get(key)
+                        .is_some_and(|s| s.finished_at().is_some())
+            });
+            let Some(index) = oldest else { break };
+            let Some(key) = self.order.remove(index) else {
+                break;
+            };
+            if let Some(s) = self.by_key.remove(&key) {
+                finished -= 1;
+                bytes = bytes.saturating_sub(s.result_bytes());
+            }
+        }
     }
 }
 
@@ -207,6 +246,11 @@ impl Statements {
             limits,
             retained: Mutex::new(Retained::default()),
         }
+    }
+
+    /// The limits.
+    pub fn limits(&self) -> &StatementLimits {
+        &self.limits
     }
 
     fn retained(&self) -> std::sync::MutexGuard<'_, Retained> {
@@ -242,6 +286,7 @@ impl Statements {
             finished: Mutex::new(None),
             state,
             abort: Mutex::new(None),
+            bytes: std::sync::atomic::AtomicUsize::new(0),
         });
         let running = statement.clone();
         let registry = self.clone();
@@ -354,6 +399,8 @@ mod tests {
             s.wait(Duration::from_secs(5)).await;
         }
         assert!(statements.kept().0 <= 3, "{:?}", statements.kept());
+        // The reader's flood pushed out its own statements, not the admin's.
+        assert!(statements.get(&owner("admin"), "s1").is_some());
         // Running statements are capped.
         let forever = || async {
             std::future::pending::<()>().await;

@@ -1,9 +1,11 @@
 //! The local-directory object store, made durable: `object_store`'s `LocalFileSystem` writes a
 //! temporary file and renames it into place but never calls `fsync`, so after a power loss an
 //! object it reported written can be empty or missing, while the commit log was already cut
-//! behind it. This wrapper syncs each written file and the directories on its path (its own
-//! and those above it up to the store's root, the first time it sees them) before a write
-//! counts as done.
+//! behind it. This store writes objects itself: the staged file is written and `fsync`ed
+//! before it is renamed (or, for a conditional create, linked) into place, so its name never
+//! stands for data that is not durable, and then the directories on its path are synced (its
+//! own, and those above it up to the store's root the first time it sees them). A failed sync
+//! fails the write. Reads, listings and deletes go to `LocalFileSystem`.
 //!
 //! With durability `none` it syncs nothing, like the log. Every write reports to the
 //! [`SyncJournal`] when one is set (simulated power loss in tests).
@@ -18,7 +20,7 @@ use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{
     CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult, Result, UploadPart,
+    PutMode, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result, UploadPart,
 };
 
 use super::journal::SyncJournal;
@@ -48,6 +50,65 @@ fn io_error(e: std::io::Error) -> object_store::Error {
 }
 
 impl Syncer {
+    /// Writes `payload` at `path`: staged beside it, synced, then renamed into place (or, for
+    /// a conditional create, linked, so an existing object is never replaced), and the
+    /// directory synced.
+    fn put_durably(&self, path: &FsPath, payload: &PutPayload, create: bool) -> Result<PutResult> {
+        use std::io::Write as _;
+        let dir = path
+            .parent()
+            .ok_or_else(|| io_error(std::io::Error::other("an object path has a directory")))?;
+        std::fs::create_dir_all(dir).map_err(io_error)?;
+        // `#` marks a staged file: LocalFileSystem's listings skip it.
+        let staged = {
+            let mut name = path.as_os_str().to_owned();
+            name.push(format!("#sluice-{}", uuid::Uuid::new_v4().simple()));
+            PathBuf::from(name)
+        };
+        let written = (|| {
+            let mut file = std::fs::File::create(&staged)?;
+            for chunk in payload.iter() {
+                file.write_all(chunk)?;
+            }
+            file.sync_all()?;
+            Ok::<u64, std::io::Error>(file.metadata()?.len())
+        })();
+        let len = match written {
+            Ok(len) => len,
+            Err(e) => {
+                let _ = std::fs::remove_file(&staged);
+                return Err(io_error(e));
+            }
+        };
+        let placed = if create {
+            let linked = std::fs::hard_link(&staged, path);
+            let _ = std::fs::remove_file(&staged);
+            linked
+        } else {
+            std::fs::rename(&staged, path)
+        };
+        if let Err(e) = placed {
+            let _ = std::fs::remove_file(&staged);
+            return Err(if e.kind() == std::io::ErrorKind::AlreadyExists {
+                object_store::Error::AlreadyExists {
+                    path: path.display().to_string(),
+                    source: Box::new(e),
+                }
+            } else {
+                io_error(e)
+            });
+        }
+        if let Some(journal) = &self.journal {
+            journal.created(path);
+            journal.synced(path, len);
+        }
+        self.dir_changed(dir).map_err(io_error)?;
+        Ok(PutResult {
+            e_tag: None,
+            version: None,
+        })
+    }
+
     /// Makes the file at `path` and its directory entry durable.
     fn file_written(&self, path: &FsPath) -> std::io::Result<()> {
         if let Some(journal) = &self.journal {
@@ -197,9 +258,22 @@ impl ObjectStore for DurableLocalStore {
         opts: PutOptions,
     ) -> Result<PutResult> {
         self.check_alive()?;
-        let result = self.inner.put_opts(location, payload, opts).await?;
-        self.written(location).await?;
-        Ok(result)
+        if !self.sync.enabled || matches!(opts.mode, PutMode::Update(_)) {
+            // Not synced (durability none), or a mode only LocalFileSystem answers (it
+            // refuses updates).
+            let result = self.inner.put_opts(location, payload, opts).await?;
+            self.written(location).await?;
+            return Ok(result);
+        }
+        let path = self.inner.path_to_filesystem(location)?;
+        let sync = self.sync.clone();
+        let create = matches!(opts.mode, PutMode::Create);
+        tokio::task::spawn_blocking(move || sync.put_durably(&path, &payload, create))
+            .await
+            .map_err(|e| object_store::Error::Generic {
+                store: "DurableLocalStore",
+                source: Box::new(e),
+            })?
     }
 
     async fn put_multipart_opts(

@@ -8,11 +8,12 @@
 //! version back: our tag means we won ([`VersionLog::try_create`]).
 //!
 //! A log may hold checkpoints (`{version:020}.checkpoint.json`, the whole state at that
-//! version) so that readers start there, and a floor (`floor.json`): garbage collection
-//! deletes versions below the floor, and first raises the floor, so a reader whose next
-//! version is missing can tell "no new version" from "collected away, reload"
-//! ([`VersionLog::floor`]). A writer never creates a version below the floor: that number
-//! may have existed.
+//! version) so that readers start there, and a floor: garbage collection deletes versions
+//! below the floor, and first raises the floor, so a reader whose next version is missing can
+//! tell "no new version" from "collected away, reload" ([`VersionLog::floor`]). The floor is
+//! the highest of the marks `{version:020}.floor`, each created once: it never moves back,
+//! whoever raises it. A writer never creates a version below the floor (that number may have
+//! existed), and a version it created that the floor has passed since counts as lost.
 
 use futures::TryStreamExt as _;
 use object_store::path::Path;
@@ -97,11 +98,6 @@ fn encode<T: Serialize>(path: &Path, value: &T) -> Result<Vec<u8>, VersionError>
     })
 }
 
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Floor {
-    version: u64,
-}
-
 impl VersionLog {
     /// The log in directory `dir` (no trailing slash).
     pub(crate) fn new(dir: impl Into<String>) -> Self {
@@ -123,8 +119,8 @@ impl VersionLog {
         Path::from(format!("{}/{v:020}.checkpoint.json", self.dir))
     }
 
-    fn floor_path(&self) -> Path {
-        Path::from(format!("{}/floor.json", self.dir))
+    fn floor_path(&self, v: u64) -> Path {
+        Path::from(format!("{}/{v:020}.floor", self.dir))
     }
 
     /// Version `v`, if it exists.
@@ -209,23 +205,41 @@ impl VersionLog {
 
     /// The floor: versions below it may have been collected away (0 when none were).
     pub(crate) async fn floor(&self, store: &dyn ObjectStore) -> Result<u64, VersionError> {
-        Ok(read_json::<Floor>(store, &self.floor_path())
-            .await?
-            .map_or(0, |f| f.version))
+        let marks: Vec<ObjectMeta> = store
+            .list(Some(&Path::from(self.dir.as_str())))
+            .try_collect()
+            .await?;
+        Ok(marks
+            .iter()
+            .filter_map(|m| m.location.filename()?.strip_suffix(".floor")?.parse().ok())
+            .max()
+            .unwrap_or(0))
     }
 
-    /// Raises the floor to `version` (before versions below it are deleted).
+    /// Raises the floor to `version` (before versions below it are deleted), and removes the
+    /// marks below it.
     pub(crate) async fn raise_floor(
         &self,
         store: &dyn ObjectStore,
         version: u64,
     ) -> Result<(), VersionError> {
-        if self.floor(store).await? >= version {
+        let current = self.floor(store).await?;
+        if current >= version {
             return Ok(());
         }
-        let path = self.floor_path();
-        let body = encode(&path, &Floor { version })?;
-        store.put(&path, PutPayload::from(body)).await?;
+        let options = PutOptions::from(PutMode::Create);
+        match store
+            .put_opts(&self.floor_path(version), PutPayload::new(), options)
+            .await
+        {
+            Ok(_)
+            | Err(object_store::Error::AlreadyExists { .. })
+            | Err(object_store::Error::Precondition { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        if current > 0 {
+            let _ = store.delete(&self.floor_path(current)).await;
+        }
         Ok(())
     }
 }

@@ -506,6 +506,21 @@ pub(super) async fn collect_garbage(
     streams: &Streams,
     grace: std::time::Duration,
 ) -> Result<GcReport, StreamError> {
+    let result = collect_garbage_once(streams, grace).await;
+    if result.is_err() {
+        // What this pass did not look at may have been referenced meanwhile.
+        let cold = &streams.inner.cold;
+        if let Ok(mut u) = cold.unreferenced.lock() {
+            u.forget_scope(&format!("{}/", cold.prefix));
+        }
+    }
+    result
+}
+
+async fn collect_garbage_once(
+    streams: &Streams,
+    grace: std::time::Duration,
+) -> Result<GcReport, StreamError> {
     let inner = &streams.inner;
     let cold = &inner.cold;
     let _one = cold.checkpoint_lock.lock().await;
@@ -527,7 +542,7 @@ pub(super) async fn collect_garbage(
             })
             .collect()
     };
-    let referenced: std::collections::HashSet<&str> =
+    let mut referenced: std::collections::HashSet<&str> =
         extents.iter().map(|(k, _, _)| k.as_str()).collect();
     let latest = cold
         .snapshot_path(cold.snapshot_lsn.load(Ordering::Acquire))
@@ -540,6 +555,33 @@ pub(super) async fn collect_garbage(
         .map_err(storage_error)?;
     let data_dir = format!("{}/data/", cold.prefix);
     let snapshot_dir = format!("{}/snapshots/", cold.prefix);
+    // The newest snapshot in the store is what a restart loads: what it points into stays,
+    // even if this node's memory moved on (a snapshot that landed although its write
+    // answered with an error).
+    let newest = listed
+        .iter()
+        .filter(|m| m.location.as_ref().starts_with(&snapshot_dir))
+        .max_by_key(|m| m.location.to_string())
+        .map(|m| m.location.clone());
+    let newest_name = newest.as_ref().map(|p| p.to_string()).unwrap_or_default();
+    let stored_keys: Vec<String> = match newest {
+        Some(path) => match store.get(&path).await {
+            Ok(r) => {
+                let bytes = r.bytes().await.map_err(storage_error)?;
+                let snapshot: Snapshot = serde_json::from_slice(&bytes)
+                    .map_err(|e| StreamError::Corrupt(format!("snapshot {path}: {e}")))?;
+                snapshot
+                    .streams
+                    .into_iter()
+                    .flat_map(|s| s.extents.into_iter().map(|e| e.key))
+                    .collect()
+            }
+            Err(object_store::Error::NotFound { .. }) => Vec::new(),
+            Err(e) => return Err(storage_error(e)),
+        },
+        None => Vec::new(),
+    };
+    referenced.extend(stored_keys.iter().map(String::as_str));
     let sizes: HashMap<String, u64> = listed
         .iter()
         .map(|m| (m.location.to_string(), m.size))
@@ -549,7 +591,7 @@ pub(super) async fn collect_garbage(
         .map(String::as_str)
         .filter(|k| {
             (k.starts_with(&data_dir) && !referenced.contains(k))
-                || (k.starts_with(&snapshot_dir) && *k != latest)
+                || (k.starts_with(&snapshot_dir) && *k != latest && *k != newest_name)
         })
         .collect();
     // Objects whose live extents hold less than half their bytes are copied out of by the

@@ -74,9 +74,19 @@ impl Tables {
         live_ids: &HashSet<String>,
     ) -> Result<GcReport, TableError> {
         let mut report = GcReport::default();
+        let mut failed = None;
         for id in stored {
             if live_ids.contains(id) {
-                report.add(self.collect_table(id).await?);
+                // One table failing must not stop the collection of the others.
+                match self.collect_table(id).await {
+                    Ok(r) => report.add(r),
+                    Err(e) => {
+                        tracing::debug!(table = %id, error = %e, "garbage collection of a table failed");
+                        self.unreferenced()
+                            .forget_scope(&format!("{}/", table_dir(id)));
+                        failed.get_or_insert(e);
+                    }
+                }
             }
         }
         // Dropped tables: everything under their directory, once they have stayed dropped
@@ -100,7 +110,11 @@ impl Tables {
             self.forget_table(id);
             self.unreferenced().forget(&key);
         }
-        Ok(report)
+        match failed {
+            // What could be collected was; the failure is reported (and retried next time).
+            Some(e) if report.objects == 0 => Err(e),
+            _ => Ok(report),
+        }
     }
 
     fn unreferenced(&self) -> std::sync::MutexGuard<'_, Unreferenced> {

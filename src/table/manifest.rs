@@ -208,34 +208,44 @@ impl Manifest {
     }
 
     /// Reads the table's current state: the newest checkpoint, then every version after it.
+    /// When what the listing named is gone before it is read (another node's garbage
+    /// collection moved on), it lists again: a vanished object never reads as a missing
+    /// table or an older state.
     pub async fn load(&self, store: &dyn ObjectStore) -> Result<ManifestState, TableError> {
-        let listing = self.log.list(store).await?;
-        let Some(latest) = listing.latest() else {
-            return Err(TableError::NotFound(self.log.dir().to_owned()));
-        };
-        let mut start = None;
-        if let Some(v) = listing.checkpoint_at_or_below(latest)
-            && let Some(state) =
-                read_json::<ManifestState>(store, &self.log.checkpoint_path(v)).await?
-        {
-            start = Some(state);
-        }
-        let (mut state, mut next) = match start {
-            Some(state) => {
-                let next = state.version + 1;
-                (state, next)
+        const ATTEMPTS: usize = 5;
+        for _ in 0..ATTEMPTS {
+            let listing = self.log.list(store).await?;
+            let Some(latest) = listing.latest() else {
+                return Err(TableError::NotFound(self.log.dir().to_owned()));
+            };
+            let (mut state, mut next) = match listing.checkpoint_at_or_below(latest) {
+                Some(v) => {
+                    match read_json::<ManifestState>(store, &self.log.checkpoint_path(v)).await? {
+                        Some(state) => {
+                            let next = state.version + 1;
+                            (state, next)
+                        }
+                        // Collected since the listing.
+                        None => continue,
+                    }
+                }
+                None => (ManifestState::default(), 0),
+            };
+            // Versions may have landed after the listing: read on until one is missing.
+            while let Some(v) = self.log.read::<Version>(store, next).await? {
+                state.apply(&v);
+                next += 1;
             }
-            None => (ManifestState::default(), 0),
-        };
-        // Versions may have landed after the listing: read on until one is missing.
-        while let Some(v) = self.log.read::<Version>(store, next).await? {
-            state.apply(&v);
-            next += 1;
+            if next == 0 || next <= latest {
+                // A listed version is gone: collected since the listing.
+                continue;
+            }
+            return Ok(state);
         }
-        if next == 0 {
-            return Err(TableError::NotFound(self.log.dir().to_owned()));
-        }
-        Ok(state)
+        Err(TableError::CorruptManifest {
+            path: self.log.dir().to_owned(),
+            reason: format!("its versions kept changing under {ATTEMPTS} readings; retry later"),
+        })
     }
 
     /// Reads versions after `state.version` written by other writers and applies them.
@@ -300,6 +310,14 @@ impl Manifest {
                 flushed: change.flushed.clone(),
             };
             if self.log.try_create(store, v.version, &v).await? {
+                // Garbage collection raised the floor past this version meanwhile (this
+                // writer's view was older than the grace period): no reader will see it.
+                if self.log.floor(store).await? > v.version {
+                    return Err(TableError::Conflict(format!(
+                        "version {} was created below the manifest's floor",
+                        v.version
+                    )));
+                }
                 state.apply(&v);
                 if v.version.is_multiple_of(self.checkpoint_interval) {
                     // Best effort: a missing checkpoint only makes opening read more versions.

@@ -2,7 +2,7 @@
 //! binary, and what the suite does not cover (incarnations, byte-exact JSON text, the nesting
 //! limit, producer state across restarts, cold reads after log truncation).
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead as _, BufReader};
 use std::path::PathBuf;

@@ -1,7 +1,7 @@
 //! Pressure: a full log disk while the object store is down, and a slow fsync. The server answers
 //! 503 with `Retry-After` and nothing applied, stays up, and recovers on its own.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

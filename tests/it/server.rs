@@ -9,7 +9,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use sluice::db::{Database, DbConfig};
 
-mod common;
+use crate::common;
 
 use common::{events_def, serve};
 

@@ -1,6 +1,6 @@
 //! `/metrics` after a known workload: every counter moved by exactly what the workload did.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! documented 4xx, changes nothing, and the server stays healthy; a body trickled slower than
 //! the body deadline is cut off with 408.
 
-mod common;
+use crate::common;
 
 use std::io::{Read as _, Write as _};
 use std::time::Duration;
@@ -66,7 +66,7 @@ fn build(spec: &Value) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_bad_request_gets_its_documented_status_and_the_server_stays_up() {
     let corpus: Value =
-        serde_json::from_str(include_str!("../testdata/bad-input/cases.json")).unwrap();
+        serde_json::from_str(include_str!("../../testdata/bad-input/cases.json")).unwrap();
     let dir = common::temp_dir("bad-input");
     let db = Database::open(DbConfig::new(&dir)).await.unwrap();
     let (addr, _task) = common::serve(db.clone(), vec![]).await;

@@ -14,10 +14,10 @@
 //! `Retry-After` and `rejected`); any other answer fails the test.
 //!
 //! Short form (CI): 12 cycles. Long form, with the default 64 MiB segments and lifetimes up to
-//! 30 s: `SLUICE_CRASH_LONG=1 SLUICE_CRASH_CYCLES=100 cargo test --release --test crash --
+//! 30 s: `SLUICE_CRASH_LONG=1 SLUICE_CRASH_CYCLES=100 cargo test --release --test it crash:: --
 //! --nocapture` (prints the figures). `SLUICE_CRASH_SEED` replays a run.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Child;

@@ -2,7 +2,7 @@
 //! by playwright-core (`tests/console/console.test.mjs`). The script ingests, queries, tails a
 //! stream and saves screenshots under `CARGO_TARGET_TMPDIR/console/`.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -23,7 +23,7 @@ fn temp_dir(name: &str) -> PathBuf {
     dir
 }
 
-mod common;
+use crate::common;
 
 use common::free_port;
 

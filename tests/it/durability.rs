@@ -3,7 +3,7 @@
 //! commits, a catalog that changed on another node, garbage collection under churn and with
 //! two nodes, subscriptions across restarts, and a damaged log.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::Path;

@@ -5,7 +5,7 @@ use std::process::{Child, Command, Stdio};
 
 use serde_json::{Value, json};
 
-mod common;
+use crate::common;
 
 fn spawn(dir: &std::path::Path, port: u16) -> Child {
     common::sluice_serve(dir, port)

@@ -1,6 +1,6 @@
 //! Keys and what they may do: read, write and admin roles, and keys never reaching the logs.
 
-mod common;
+use crate::common;
 
 use std::io::Read as _;
 use std::process::{Command, Stdio};

@@ -1,6 +1,6 @@
 //! The `sluice` command as a client: `ingest`, `query`, `tables` against a real server.
 
-mod common;
+use crate::common;
 
 use std::io::Write as _;
 use std::process::Command;

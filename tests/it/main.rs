@@ -1,0 +1,24 @@
+//! Every integration test, in one test binary: DataFusion is linked once, not once per file.
+//! Each module is one area; `common` holds the helpers they share.
+
+mod common;
+
+mod bad_input;
+mod cli;
+mod clients;
+mod console;
+mod crash;
+mod decoder;
+mod durability;
+mod log;
+mod metrics;
+mod openapi;
+mod pressure;
+mod process;
+mod roundtrip;
+mod s3;
+mod security;
+mod server;
+mod slt;
+mod streams;
+mod table;
