@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 /// Most bytes per ingest batch (the server's limit is 16 MiB).
-pub const BATCH_BYTES: usize = 8 << 20;
+pub(crate) const BATCH_BYTES: usize = 8 << 20;
 /// Most rows per ingest batch.
 pub const BATCH_ROWS: usize = 200_000;
 
@@ -316,7 +316,11 @@ pub struct Batch {
 }
 
 /// Splits a file (plain or gzip) into batches of at most `max_bytes` and `max_rows`.
-pub fn batches(path: &Path, max_bytes: usize, max_rows: usize) -> Result<Vec<Batch>, CliError> {
+pub(crate) fn batches(
+    path: &Path,
+    max_bytes: usize,
+    max_rows: usize,
+) -> Result<Vec<Batch>, CliError> {
     let read_error = |source| CliError::Read {
         path: path.display().to_string(),
         source,
@@ -389,14 +393,7 @@ pub struct IngestReport {
     pub outcomes: Vec<(Batch, BatchOutcome)>,
 }
 
-impl IngestReport {
-    /// Whether every batch committed.
-    pub fn all_committed(&self) -> bool {
-        self.outcomes
-            .iter()
-            .all(|(_, o)| matches!(o, BatchOutcome::Committed(_)))
-    }
-}
+impl IngestReport {}
 
 async fn send_batch(
     client: &reqwest::Client,
@@ -474,7 +471,7 @@ async fn send_batch(
 }
 
 /// Streams files into `db.schema.table` over `connections` concurrent requests, in batches of
-/// at most [`BATCH_BYTES`] and `batch_rows`. Progress goes to stderr: a bar on a terminal, one
+/// at most `BATCH_BYTES` and `batch_rows`. Progress goes to stderr: a bar on a terminal, one
 /// line per batch otherwise.
 pub async fn ingest(
     endpoint: &Endpoint,

@@ -189,10 +189,10 @@ pub struct ServeConfig {
 }
 
 /// Default time a client may take to send its request headers.
-pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Default connection limit.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 
 impl ServeConfig {
     /// The effective configuration as TOML-like lines, API keys masked.
@@ -262,13 +262,13 @@ impl ServeConfig {
 }
 
 /// Default time a request body may take to arrive.
-pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(120);
+pub(crate) const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Default long-poll wait.
-pub const DEFAULT_LONG_POLL_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_LONG_POLL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Default listen address of every ScopeDB client.
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:6543";
+pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:6543";
 
 impl ServeConfig {
     /// Resolves the configuration from overrides and an optional file.

@@ -109,7 +109,7 @@ pub struct ErrorClass {
 
 impl ErrorClass {
     /// A refusal that applied nothing and will not succeed as it is.
-    pub const fn rejected(kind: Kind) -> Self {
+    pub(crate) const fn rejected(kind: Kind) -> Self {
         ErrorClass {
             kind,
             applied: Applied::Rejected,
@@ -119,7 +119,7 @@ impl ErrorClass {
     }
 
     /// A refusal that applied nothing and may succeed in a second.
-    pub const fn retry(cause: &'static str) -> Self {
+    pub(crate) const fn retry(cause: &'static str) -> Self {
         ErrorClass {
             kind: Kind::Unavailable,
             applied: Applied::Rejected,
@@ -129,7 +129,7 @@ impl ErrorClass {
     }
 
     /// A failure after which the request may or may not have been applied.
-    pub const fn unknown(kind: Kind) -> Self {
+    pub(crate) const fn unknown(kind: Kind) -> Self {
         ErrorClass {
             kind,
             applied: Applied::Unknown,

@@ -20,7 +20,7 @@ use crate::db::Database;
 
 /// Labels of an HTTP request.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RequestLabels {
+pub(crate) struct RequestLabels {
     /// HTTP method.
     pub method: String,
     /// The route template (`/v1/stream/{*name}`), never the raw path.
@@ -31,7 +31,7 @@ pub struct RequestLabels {
 
 /// Labels of a route.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RouteLabels {
+pub(crate) struct RouteLabels {
     /// HTTP method.
     pub method: String,
     /// The route template.
@@ -46,7 +46,7 @@ struct TableLabels {
 
 /// The metrics one server records.
 #[derive(Debug)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
     /// Requests answered, by method, route and status.
     pub requests: Family<RequestLabels, Counter>,
@@ -62,7 +62,7 @@ fn latency_buckets() -> impl Iterator<Item = f64> {
 
 impl Metrics {
     /// Metrics for `db` (held weakly: the metrics never keep a closed database alive).
-    pub fn new(db: &Arc<Database>) -> Metrics {
+    pub(crate) fn new(db: &Arc<Database>) -> Metrics {
         let mut registry = Registry::with_prefix("sluice");
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
@@ -92,7 +92,7 @@ impl Metrics {
     }
 
     /// The text exposition.
-    pub fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         let mut out = String::new();
         // Writing to a String cannot fail; an encoder error would be a bug in a collector.
         if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
@@ -102,7 +102,7 @@ impl Metrics {
     }
 
     /// Counts a live reader for as long as the guard lives.
-    pub fn live_reader(&self) -> LiveReader {
+    pub(crate) fn live_reader(&self) -> LiveReader {
         self.live_readers.fetch_add(1, Ordering::Relaxed);
         LiveReader(self.live_readers.clone())
     }
@@ -110,7 +110,7 @@ impl Metrics {
 
 /// Held while a live reader is open.
 #[derive(Debug)]
-pub struct LiveReader(Arc<AtomicI64>);
+pub(crate) struct LiveReader(Arc<AtomicI64>);
 
 impl Drop for LiveReader {
     fn drop(&mut self) {

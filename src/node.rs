@@ -39,9 +39,9 @@ use object_store::{ObjectStoreExt as _, PutPayload};
 use serde::{Deserialize, Serialize};
 
 use crate::log::Lsn;
-use crate::storage::Storage;
 use crate::storage::journal::SyncJournal;
 use crate::storage::versioned::{Tagged, VersionError, VersionLog};
+use crate::storage::{Storage, paths};
 
 /// A file `sluice repair` leaves in the data directory: the log was cut on purpose, so the
 /// next start does not take it for a stale copy.
@@ -51,7 +51,7 @@ pub const REPAIRED_MARKER: &str = "REPAIRED";
 const EPOCH_SHIFT: u32 = 48;
 
 /// The first LSN of an epoch.
-pub fn lsn_base(epoch: u64) -> Lsn {
+pub(crate) fn lsn_base(epoch: u64) -> Lsn {
     epoch << EPOCH_SHIFT
 }
 
@@ -276,16 +276,12 @@ pub(crate) fn write_durably(
     Ok(())
 }
 
-fn epochs_dir(id: &str) -> String {
-    format!("nodes/{id}/epochs")
-}
-
 fn claim_path(id: &str, epoch: u64) -> ObjectPath {
-    VersionLog::new(epochs_dir(id)).path(epoch)
+    VersionLog::new(paths::node_epochs(id)).path(epoch)
 }
 
 fn heartbeat_path(id: &str) -> ObjectPath {
-    ObjectPath::from(format!("nodes/{id}/heartbeat.json"))
+    ObjectPath::from(paths::node_heartbeat(id))
 }
 
 /// Reads a JSON object; `None` when it does not exist (or cannot be parsed: an object that
@@ -303,13 +299,13 @@ async fn read_json<T: for<'de> Deserialize<'de>>(
 
 /// The latest epoch claimed for `id`.
 async fn latest_epoch(storage: &Storage, id: &str) -> Result<Option<u64>, object_store::Error> {
-    match VersionLog::new(epochs_dir(id))
+    match VersionLog::new(paths::node_epochs(id))
         .list(storage.store().as_ref())
         .await
     {
         Ok(listing) => Ok(listing.latest()),
         Err(VersionError::Storage(e)) => Err(e),
-        Err(VersionError::Corrupt { .. }) => Ok(None),
+        Err(VersionError::Corrupt { .. } | VersionError::BelowFloor { .. }) => Ok(None),
     }
 }
 
@@ -442,15 +438,15 @@ impl Node {
         };
         // The versioned-object protocol: a conditional create, settled by the tag on an
         // ambiguous answer.
-        let claimed = VersionLog::new(epochs_dir(&id))
+        let claimed = VersionLog::new(paths::node_epochs(&id))
             .try_create(storage.store().as_ref(), epoch, &claim)
             .await
             .map_err(|e| match e {
                 VersionError::Storage(e) => NodeError::Storage(e),
-                VersionError::Corrupt { path, reason } => {
+                e @ (VersionError::Corrupt { .. } | VersionError::BelowFloor { .. }) => {
                     NodeError::Storage(object_store::Error::Generic {
                         store: "claims",
-                        source: format!("{path}: {reason}").into(),
+                        source: e.to_string().into(),
                     })
                 }
             })?;
@@ -474,13 +470,8 @@ impl Node {
     }
 
     /// The node id.
-    pub fn id(&self) -> &str {
+    pub(crate) fn id(&self) -> &str {
         &self.id
-    }
-
-    /// The epoch this process claimed.
-    pub fn epoch(&self) -> u64 {
-        self.epoch
     }
 
     /// The first LSN of this epoch's appends.
@@ -489,19 +480,19 @@ impl Node {
     }
 
     /// How often the heartbeat runs.
-    pub fn heartbeat_interval(&self) -> Duration {
+    pub(crate) fn heartbeat_interval(&self) -> Duration {
         (self.lease / 4).max(Duration::from_millis(10))
     }
 
     /// Whether this node was fenced.
-    pub fn is_fenced(&self) -> bool {
+    pub(crate) fn is_fenced(&self) -> bool {
         self.fenced.load(Ordering::Acquire)
     }
 
     /// Checks that this process still owns the id: no later epoch was claimed. Fails (and
     /// fences the node for good) when one was. Callers check before committing anything
     /// other nodes or a restart will read.
-    pub async fn ensure_current(&self) -> Result<(), NodeError> {
+    pub(crate) async fn ensure_current(&self) -> Result<(), NodeError> {
         if self.is_fenced() {
             return Err(NodeError::Fenced(self.id.clone()));
         }
@@ -529,7 +520,7 @@ impl Node {
     }
 
     /// Checks ownership and writes the heartbeat (`released` at a clean shutdown).
-    pub async fn heartbeat(&self, last_lsn: Lsn, released: bool) -> Result<(), NodeError> {
+    pub(crate) async fn heartbeat(&self, last_lsn: Lsn, released: bool) -> Result<(), NodeError> {
         self.ensure_current().await?;
         let beat = Heartbeat {
             epoch: self.epoch,
@@ -551,7 +542,7 @@ impl Node {
 impl Node {
     /// Deletes this id's claims older than the previous epoch once older than `grace` (the
     /// latest claims are what a starting process compares itself with).
-    pub async fn collect_garbage(
+    pub(crate) async fn collect_garbage(
         &self,
         grace: Duration,
     ) -> Result<crate::storage::GcReport, NodeError> {
@@ -561,7 +552,7 @@ impl Node {
         let listed: Vec<object_store::ObjectMeta> = self
             .storage
             .store()
-            .list(Some(&ObjectPath::from(epochs_dir(&self.id))))
+            .list(Some(&ObjectPath::from(paths::node_epochs(&self.id))))
             .try_collect()
             .await?;
         for meta in listed {

@@ -2,7 +2,7 @@
 //!
 //! The whole catalog is one JSON document. Each change writes the next version
 //! (`catalog/{version:020}.json`) through the versioned-object protocol
-//! ([`crate::storage::versioned`]: conditional create, tagged attempts, read-back), so two
+//! (`crate::storage::versioned`: conditional create, tagged attempts, read-back), so two
 //! nodes cannot both commit the same version; the version number is the catalog's `ETag`.
 //! Every version holds the whole catalog, so garbage collection keeps only the newest few
 //! (and those inside the grace period); a change always starts from a fresh listing. Changes are declarative: a
@@ -20,9 +20,9 @@ use crate::storage::versioned::{Tagged, VersionError, VersionLog};
 use crate::types::{Column, ColumnType};
 
 /// The database and schema that exist from the start, so the seed's examples run as written.
-pub const DEFAULT_DATABASE: &str = "scopedb";
+pub(crate) const DEFAULT_DATABASE: &str = "scopedb";
 /// The default schema in [`DEFAULT_DATABASE`].
-pub const DEFAULT_SCHEMA: &str = "public";
+pub(crate) const DEFAULT_SCHEMA: &str = "public";
 
 /// Why a catalog operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -103,7 +103,7 @@ pub struct TableDef {
 
 /// A schema definition.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SchemaDef {
+pub(crate) struct SchemaDef {
     /// Schema name.
     pub name: String,
     /// Free text.
@@ -116,7 +116,7 @@ pub struct SchemaDef {
 
 /// A database definition.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DatabaseDef {
+pub(crate) struct DatabaseDef {
     /// Database name.
     pub name: String,
     /// Free text.
@@ -129,7 +129,7 @@ pub struct DatabaseDef {
 
 /// The whole catalog.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RootDef {
+pub(crate) struct RootDef {
     /// Databases.
     #[serde(default)]
     pub databases: Vec<DatabaseDef>,
@@ -137,7 +137,7 @@ pub struct RootDef {
 
 /// A stored catalog version: the definitions plus each table's storage id.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CatalogVersion {
+pub(crate) struct CatalogVersion {
     /// Version number (the `ETag`).
     pub version: u64,
     /// Random tag of the writer's attempt.
@@ -161,6 +161,7 @@ impl From<VersionError> for CatalogError {
         match e {
             VersionError::Storage(e) => CatalogError::Storage(e),
             VersionError::Corrupt { path, reason } => CatalogError::Corrupt { path, reason },
+            VersionError::BelowFloor { .. } => CatalogError::Conflict,
         }
     }
 }
@@ -180,18 +181,18 @@ pub struct ResolvedTable {
 
 impl ResolvedTable {
     /// The table's columns as the ingest path and storage see them.
-    pub fn columns(&self) -> Result<Vec<Column>, CatalogError> {
+    pub(crate) fn columns(&self) -> Result<Vec<Column>, CatalogError> {
         table_columns(&self.def)
     }
 
     /// `db.schema.table`.
-    pub fn qualified_name(&self) -> String {
+    pub(crate) fn qualified_name(&self) -> String {
         format!("{}.{}.{}", self.database, self.schema, self.def.name)
     }
 }
 
 /// The columns of a definition, with their types parsed.
-pub fn table_columns(def: &TableDef) -> Result<Vec<Column>, CatalogError> {
+pub(crate) fn table_columns(def: &TableDef) -> Result<Vec<Column>, CatalogError> {
     def.columns
         .iter()
         .map(|c| {
@@ -212,7 +213,7 @@ pub fn table_columns(def: &TableDef) -> Result<Vec<Column>, CatalogError> {
 
 /// The table definitions in a subtree `value` that would be written at `path` (for checks
 /// before a change). A value that does not parse yields none: the change itself reports it.
-pub fn tables_in(
+pub(crate) fn tables_in(
     path: &CatalogPath,
     value: &serde_json::Value,
 ) -> Result<Vec<TableDef>, CatalogError> {
@@ -292,7 +293,7 @@ pub struct Mutation {
 }
 
 /// Checks a database, schema, table or column name.
-pub fn check_name(kind: &str, name: &str) -> Result<(), CatalogError> {
+pub(crate) fn check_name(kind: &str, name: &str) -> Result<(), CatalogError> {
     let mut chars = name.chars();
     let ok = name.len() <= 128
         && chars
@@ -469,10 +470,10 @@ const FLOOR_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs
 impl Catalog {
     /// Opens the catalog in `storage`, creating version 0 (with `scopedb.public`) if there is
     /// none.
-    pub async fn open(storage: Storage) -> Result<Catalog, CatalogError> {
+    pub(crate) async fn open(storage: Storage) -> Result<Catalog, CatalogError> {
         let catalog = Catalog {
             storage,
-            log: VersionLog::new("catalog"),
+            log: VersionLog::new(crate::storage::paths::CATALOG),
             current: tokio::sync::RwLock::new(CatalogVersion::default()),
             write: tokio::sync::Mutex::new(()),
             probe: tokio::sync::Mutex::new(None),
@@ -545,7 +546,7 @@ impl Catalog {
 
     /// Reads versions other nodes committed since this node last looked (and, now and then,
     /// loads the catalog afresh if old versions were collected past this node's).
-    pub async fn refresh(&self) -> Result<(), CatalogError> {
+    pub(crate) async fn refresh(&self) -> Result<(), CatalogError> {
         let mut version = self.current.read().await.version;
         let mut latest = None;
         while let Some(next) = self.read_version(version + 1).await? {
@@ -578,7 +579,10 @@ impl Catalog {
     /// or after `since` (one small read; looks by concurrent callers are shared). Ingest asks
     /// after its rows are durable, before it answers: rows must not be acknowledged into a
     /// table another node dropped or replaced.
-    pub async fn changed_since(&self, since: std::time::Instant) -> Result<bool, CatalogError> {
+    pub(crate) async fn changed_since(
+        &self,
+        since: std::time::Instant,
+    ) -> Result<bool, CatalogError> {
         let mut probe = self.probe.lock().await;
         if let Some((started, found)) = *probe
             && started >= since
@@ -597,7 +601,7 @@ impl Catalog {
     }
 
     /// Loads the newest version afresh (a listing, not the next-version probe).
-    pub async fn reload(&self) -> Result<(), CatalogError> {
+    pub(crate) async fn reload(&self) -> Result<(), CatalogError> {
         if let Some(latest) = self.load_latest().await? {
             self.install(latest).await;
         }
@@ -606,7 +610,7 @@ impl Catalog {
 
     /// Deletes old catalog versions: every version holds the whole catalog, so only the
     /// newest few and those younger than `grace` are kept; the floor is raised first.
-    pub async fn collect_garbage(
+    pub(crate) async fn collect_garbage(
         &self,
         grace: std::time::Duration,
     ) -> Result<crate::storage::GcReport, CatalogError> {
@@ -637,13 +641,11 @@ impl Catalog {
         Ok(report)
     }
 
-    /// The current version number (the `ETag`).
-    pub async fn version(&self) -> u64 {
-        self.current.read().await.version
-    }
-
     /// The subtree at `path` and the catalog version.
-    pub async fn get(&self, path: &CatalogPath) -> Result<(serde_json::Value, u64), CatalogError> {
+    pub(crate) async fn get(
+        &self,
+        path: &CatalogPath,
+    ) -> Result<(serde_json::Value, u64), CatalogError> {
         let current = self.current.read().await;
         let value = current.root.subtree(path).ok_or_else(|| path.not_found())?;
         Ok((value, current.version))
@@ -681,7 +683,7 @@ impl Catalog {
     }
 
     /// Every table, resolved.
-    pub async fn tables(&self) -> Vec<ResolvedTable> {
+    pub(crate) async fn tables(&self) -> Vec<ResolvedTable> {
         let current = self.current.read().await;
         let mut out = Vec::new();
         for d in &current.root.databases {
@@ -705,7 +707,7 @@ impl Catalog {
     }
 
     /// The databases and, for each, its schemas.
-    pub async fn schemas(&self) -> Vec<(String, Vec<String>)> {
+    pub(crate) async fn schemas(&self) -> Vec<(String, Vec<String>)> {
         let current = self.current.read().await;
         current
             .root
@@ -723,7 +725,7 @@ impl Catalog {
     /// Replaces the subtree at `path` with `value` (`None` deletes it).
     ///
     /// See [`MutateOptions`] for conditional changes, dry runs and dropping.
-    pub async fn mutate(
+    pub(crate) async fn mutate(
         &self,
         path: &CatalogPath,
         value: Option<serde_json::Value>,

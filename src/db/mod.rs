@@ -1,17 +1,17 @@
 //! One sluice database: the commit log, the catalog, the tables and the query engine, wired
 //! together. The HTTP layer calls this API; so can tests and embedders.
 //!
-//! `Database` owns the one write path for table rows: [`Database::insert_rows`] decodes and
+//! `Database` owns the one write path for table rows: `Database::insert_rows` decodes and
 //! checks NDJSON against the table's columns, fills computed columns and commits the batch to
 //! the log. HTTP ingest, SQL `INSERT` and ScopeQL `INSERT INTO` all end there
-//! ([`statements`] turns a statement's rows into that NDJSON form). Catalog changes go
+//! (`statements` turns a statement's rows into that NDJSON form). Catalog changes go
 //! through [`Database::mutate_catalog`], which checks computed-column expressions and
 //! creates the storage of new tables. The query engine only reads.
 
 mod gc;
 mod statements;
 
-pub use gc::GcStats;
+pub(crate) use gc::GcStats;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -57,6 +57,7 @@ pub struct DbConfig {
     /// Stream engine settings.
     pub streams: StreamsConfig,
     /// Failure injection for the commit log (tests: failing or slow writes and syncs).
+    #[cfg(feature = "testing")]
     pub log_fail_hook: Option<crate::log::FailHook>,
     /// Request-body bytes that may be read and decoded at once; further ingest requests
     /// wait their turn before their bodies are read (TCP pushes back on their clients).
@@ -71,7 +72,7 @@ pub struct DbConfig {
     pub gc_grace: Duration,
     /// Records what the log and the local store made durable, for simulated power loss
     /// (tests only).
-    #[doc(hidden)]
+    #[cfg(feature = "testing")]
     pub sync_journal: Option<Arc<crate::storage::journal::SyncJournal>>,
 }
 
@@ -85,7 +86,6 @@ impl std::fmt::Debug for DbConfig {
             .field("log_segment_bytes", &self.log_segment_bytes)
             .field("tables", &self.tables)
             .field("streams", &self.streams)
-            .field("log_fail_hook", &self.log_fail_hook.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -103,11 +103,13 @@ impl DbConfig {
             tables: TableConfig::default(),
             maintenance_interval: Duration::from_secs(1),
             streams: StreamsConfig::default(),
+            #[cfg(feature = "testing")]
             log_fail_hook: None,
             ingest_inflight_bytes: 48 << 20,
             query: QueryLimits::default(),
             node_lease: Duration::from_secs(10),
             gc_grace: Duration::from_secs(600),
+            #[cfg(feature = "testing")]
             sync_journal: None,
         }
     }
@@ -172,7 +174,7 @@ pub enum IngestFailure {
 
 /// Work counters of table ingest (for metrics).
 #[derive(Debug, Default)]
-pub struct IngestStats {
+pub(crate) struct IngestStats {
     /// Rows committed.
     pub rows: std::sync::atomic::AtomicU64,
     /// Request-body bytes of committed ingests, as received.
@@ -233,12 +235,22 @@ impl std::fmt::Debug for Database {
     }
 }
 
+impl DbConfig {
+    /// The journal of syncs, when a test simulates power loss.
+    fn journal(&self) -> Option<Arc<crate::storage::journal::SyncJournal>> {
+        #[cfg(feature = "testing")]
+        return self.sync_journal.clone();
+        #[cfg(not(feature = "testing"))]
+        None
+    }
+}
+
 impl Database {
     /// Opens the database: object storage, the commit log (replaying it), the catalog and the
     /// tables.
     pub async fn open(config: DbConfig) -> Result<Arc<Database>, OpenError> {
         let sync = config.durability == Durability::Fsync;
-        let journal = config.sync_journal.clone();
+        let journal = config.journal();
         let storage = match &config.object_store {
             Some(url) => Storage::open_with(url, sync, journal)?,
             None => Storage::local_with(&config.data_dir.join("objects"), sync, journal)?,
@@ -266,8 +278,11 @@ impl Database {
         log_config.durability = config.durability;
         log_config.max_log_bytes = config.max_log_bytes;
         log_config.segment_bytes = config.log_segment_bytes;
-        log_config.fail_hook = config.log_fail_hook.clone();
-        log_config.journal = config.sync_journal.clone();
+        #[cfg(feature = "testing")]
+        {
+            log_config.fail_hook = config.log_fail_hook.clone();
+            log_config.journal = config.sync_journal.clone();
+        }
         // Both consumers are declared before anything is released: a segment goes only when
         // the tables and the streams have both made its records durable elsewhere.
         log_config.consumers = vec!["tables".into(), "streams".into()];
@@ -301,7 +316,7 @@ impl Database {
                     synced: config.durability == Durability::Fsync,
                 },
                 config.node_lease,
-                config.sync_journal.as_deref(),
+                config.journal().as_deref(),
             )
             .await?,
         );
@@ -362,12 +377,12 @@ impl Database {
     }
 
     /// Ingest counters.
-    pub fn ingest_stats(&self) -> &IngestStats {
+    pub(crate) fn ingest_stats(&self) -> &IngestStats {
         &self.ingest_stats
     }
 
     /// The object store.
-    pub fn storage(&self) -> &Storage {
+    pub(crate) fn storage(&self) -> &Storage {
         &self.storage
     }
 
@@ -382,7 +397,7 @@ impl Database {
     }
 
     /// The ingest limits.
-    pub fn limits(&self) -> &Limits {
+    pub(crate) fn limits(&self) -> &Limits {
         &self.config.limits
     }
 
@@ -470,11 +485,11 @@ impl Database {
     }
 
     /// This node's identity.
-    pub fn node(&self) -> &Arc<Node> {
+    pub(crate) fn node(&self) -> &Arc<Node> {
         &self.node
     }
 
-    /// Replaces the catalog subtree at `path` (see [`Catalog::mutate`]) after checking the
+    /// Replaces the catalog subtree at `path` (see `Catalog::mutate`) after checking the
     /// computed-column expressions of every table in the new subtree, and creates storage for
     /// the tables it adds.
     pub async fn mutate_catalog(
@@ -509,7 +524,7 @@ impl Database {
     }
 
     /// Ingests a request body into `db.schema.table`: decompress (within the limit), then
-    /// [`Database::insert_rows`]. Returns the row count once the rows are durable and visible.
+    /// `Database::insert_rows`. Returns the row count once the rows are durable and visible.
     pub async fn ingest(
         &self,
         db: &str,
@@ -537,7 +552,10 @@ impl Database {
 
     /// Waits until a request body of up to `bytes` may be read and decoded, within
     /// [`DbConfig::ingest_inflight_bytes`]; the permit releases its share when dropped.
-    pub async fn admit_ingest(&self, bytes: usize) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    pub(crate) async fn admit_ingest(
+        &self,
+        bytes: usize,
+    ) -> Option<tokio::sync::OwnedSemaphorePermit> {
         let units = bytes
             .div_ceil(ADMISSION_UNIT)
             .clamp(1, admission_budget(&self.config));
@@ -551,7 +569,7 @@ impl Database {
 
     /// Finds a table by name, looking at the shared catalog again when this node does not know
     /// it: another node sharing the object store may have created it since our last look.
-    pub async fn resolve_table(
+    pub(crate) async fn resolve_table(
         &self,
         db: &str,
         schema: &str,
@@ -579,7 +597,7 @@ impl Database {
 
     /// The Parquet files of a table now, by name (what a query of it reads besides the
     /// unflushed batches).
-    pub async fn table_files(
+    pub(crate) async fn table_files(
         &self,
         db: &str,
         schema: &str,
@@ -692,7 +710,7 @@ impl Database {
     }
 
     /// The query engine.
-    pub fn engine(&self) -> &QueryEngine {
+    pub(crate) fn engine(&self) -> &QueryEngine {
         &self.engine
     }
 }

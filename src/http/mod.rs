@@ -30,7 +30,7 @@ pub(crate) use error::ApiError;
 pub use listener::{LimitedListener, LimitedStream};
 pub use serve::serve;
 pub use streams::{format_offset, parse_offset};
-pub use subscriptions::SubscriptionLimits;
+pub(crate) use subscriptions::SubscriptionLimits;
 
 /// Which requests a browser may make, and which names the server answers to.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -180,7 +180,7 @@ pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
 
 /// What a key may do; each role includes the ones before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Role {
+pub(crate) enum Role {
     /// Read the catalog, query, read streams.
     Read,
     /// Also ingest rows and create and append to streams.
@@ -671,9 +671,4 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), browser_guard))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)
-}
-
-/// Whether an address is loopback (where an unauthenticated server may listen).
-pub fn is_loopback(addr: &SocketAddr) -> bool {
-    addr.ip().is_loopback()
 }

@@ -491,7 +491,7 @@ impl Subscriptions {
             deliveries: Arc::new(tokio::sync::Semaphore::new(limits.max_deliveries.max(1))),
             limits,
             storage,
-            path: object_store::path::Path::from(format!("subscriptions/{node}.json")),
+            path: object_store::path::Path::from(crate::storage::paths::subscriptions(node)),
             revision: std::sync::atomic::AtomicU64::new(0),
             written: tokio::sync::Mutex::new(0),
         });

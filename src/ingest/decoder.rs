@@ -146,7 +146,7 @@ impl Decoder {
     }
 
     /// The Arrow schema of the batches this decoder produces (input columns only).
-    pub fn schema(&self) -> &SchemaRef {
+    pub(crate) fn schema(&self) -> &SchemaRef {
         &self.schema
     }
 

@@ -18,7 +18,7 @@ pub enum ContentEncoding {
 
 impl ContentEncoding {
     /// Parses a `Content-Encoding` header value (absent or empty means identity).
-    pub fn from_header(value: Option<&str>) -> Result<Self, IngestError> {
+    pub(crate) fn from_header(value: Option<&str>) -> Result<Self, IngestError> {
         let Some(value) = value else {
             return Ok(ContentEncoding::Identity);
         };

@@ -27,7 +27,7 @@ use crate::types::{ColumnType, encode_base64};
 
 /// Where one source column goes: the table column's name and type.
 #[derive(Debug, Clone)]
-pub struct Target {
+pub(crate) struct Target {
     /// The table column.
     pub name: String,
     /// Its type.
@@ -37,7 +37,7 @@ pub struct Target {
 /// Why rows could not be written out.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("column {column}: {message}")]
-pub struct EncodeError {
+pub(crate) struct EncodeError {
     /// The table column.
     pub column: String,
     /// What is wrong.
@@ -46,7 +46,7 @@ pub struct EncodeError {
 
 /// Appends the rows of `batch` to `out` as NDJSON objects, source column `i` written as the
 /// field `targets[i].name`. Nulls are written as `null`.
-pub fn write_ndjson(
+pub(crate) fn write_ndjson(
     batch: &RecordBatch,
     targets: &[Target],
     out: &mut Vec<u8>,

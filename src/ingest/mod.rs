@@ -2,7 +2,7 @@
 //!
 //! [`Decoder`] takes a body (NDJSON, or JSON values glued together with no separator) and a
 //! table's columns, checks every field against its column's type in one pass straight into
-//! Arrow buffers, and returns one [`RecordBatch`] or every row error (up to a cap). It is
+//! Arrow buffers, and returns one `RecordBatch` or every row error (up to a cap). It is
 //! all-or-nothing: one bad row rejects the request. [`decompress`] undoes `gzip`/`zstd`
 //! content encodings under the same byte limit.
 //!
@@ -26,7 +26,7 @@
 mod builder;
 mod decoder;
 mod decompress;
-pub mod encode;
+pub(crate) mod encode;
 
 pub use decoder::Decoder;
 pub use decompress::{ContentEncoding, decompress};
@@ -46,7 +46,7 @@ pub struct Limits {
 
 impl Limits {
     /// The contract's limits: 16 MiB of uncompressed body, 200,000 rows, 100 row errors.
-    pub const DEFAULT: Limits = Limits {
+    pub(crate) const DEFAULT: Limits = Limits {
         max_body_bytes: 16 * 1024 * 1024,
         max_rows: 200_000,
         max_row_errors: 100,

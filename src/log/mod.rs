@@ -51,10 +51,10 @@ use segment::{Segment, SegmentScan};
 pub type Lsn = u64;
 
 /// Bytes of a frame header: length, CRC, kind, LSN.
-pub const FRAME_HEADER_BYTES: usize = 4 + 4 + 1 + 8;
+pub(crate) const FRAME_HEADER_BYTES: usize = 4 + 4 + 1 + 8;
 
 /// The largest payload one record may carry.
-pub const MAX_RECORD_BYTES: usize = 256 << 20;
+pub(crate) const MAX_RECORD_BYTES: usize = 256 << 20;
 
 /// What a record holds; the payload's format belongs to the module that wrote it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -115,6 +115,7 @@ pub enum FailPoint {
 }
 
 /// Decides, at each [`FailPoint`], whether the log fails there with an I/O error.
+#[cfg(feature = "testing")]
 pub type FailHook = Arc<dyn Fn(FailPoint) -> Option<io::Error> + Send + Sync>;
 
 /// Settings of a commit log.
@@ -129,12 +130,14 @@ pub struct LogConfig {
     /// Appends are refused with [`LogError::Full`] while the log's files hold more than this.
     pub max_log_bytes: u64,
     /// Failure injection for tests.
+    #[cfg(feature = "testing")]
     pub fail_hook: Option<FailHook>,
     /// The consumers that release the log (see [`CommitLog::consumer`]); a segment is
     /// deleted only when every one of them has released it. Empty: only
     /// [`CommitLog::truncate_before`] deletes segments.
     pub consumers: Vec<String>,
     /// Records what the log's syncs made durable, for simulated power loss (tests).
+    #[cfg(feature = "testing")]
     pub journal: Option<Arc<crate::storage::journal::SyncJournal>>,
 }
 
@@ -147,10 +150,30 @@ impl LogConfig {
             segment_bytes: 64 << 20,
             durability: Durability::Fsync,
             max_log_bytes: 4 << 30,
+            #[cfg(feature = "testing")]
             fail_hook: None,
             consumers: Vec::new(),
+            #[cfg(feature = "testing")]
             journal: None,
         }
+    }
+
+    /// The error a test injects at `point`, if any.
+    fn fail_at(&self, point: FailPoint) -> Option<io::Error> {
+        #[cfg(feature = "testing")]
+        if let Some(hook) = &self.fail_hook {
+            return hook(point);
+        }
+        let _ = point;
+        None
+    }
+
+    /// The journal of syncs, when a test simulates power loss.
+    fn journal(&self) -> Option<&crate::storage::journal::SyncJournal> {
+        #[cfg(feature = "testing")]
+        return self.journal.as_deref();
+        #[cfg(not(feature = "testing"))]
+        None
     }
 }
 
@@ -161,7 +184,6 @@ impl std::fmt::Debug for LogConfig {
             .field("segment_bytes", &self.segment_bytes)
             .field("durability", &self.durability)
             .field("max_log_bytes", &self.max_log_bytes)
-            .field("fail_hook", &self.fail_hook.is_some())
             .field("consumers", &self.consumers)
             .finish_non_exhaustive()
     }
@@ -197,7 +219,7 @@ pub enum LogError {
         /// The budget.
         budget: u64,
     },
-    /// A payload over [`MAX_RECORD_BYTES`].
+    /// A payload over `MAX_RECORD_BYTES`.
     #[error("record of {0} bytes is larger than the commit log accepts")]
     RecordTooLarge(usize),
     /// An earlier write or sync failed; after a failed sync the page cache cannot be trusted,
@@ -249,7 +271,7 @@ pub struct LogStats {
 }
 
 /// Work to run on the writer thread once a record is durable, before it is acknowledged.
-pub type ApplyFn = Box<dyn FnOnce(Lsn) + Send>;
+pub(crate) type ApplyFn = Box<dyn FnOnce(Lsn) + Send>;
 
 struct Append {
     kind: RecordKind,
@@ -338,9 +360,9 @@ impl CommitLog {
                     });
                 }
                 // A torn tail: the crash came mid-write, and nothing past it was acknowledged.
-                segment::truncate(path, valid_len, config.journal.as_deref())?;
+                segment::truncate(path, valid_len, config.journal())?;
             }
-            if let Some(journal) = &config.journal {
+            if let Some(journal) = config.journal() {
                 journal.existing(path, valid_len);
             }
             if let Some(last) = records.last() {
@@ -356,10 +378,10 @@ impl CommitLog {
         // Continue in the last segment, or start the first one.
         let active = match paths.pop() {
             Some((first_lsn, path)) => Segment::open_append(&path, first_lsn)?,
-            None => Segment::create(&config.dir, next_lsn, config.journal.as_deref())?,
+            None => Segment::create(&config.dir, next_lsn, config.journal())?,
         };
         if config.durability == Durability::Fsync {
-            segment::sync_dir(&config.dir, config.journal.as_deref())?;
+            segment::sync_dir(&config.dir, config.journal())?;
         }
         // Every declared consumer starts needing the whole log.
         let consumers: HashMap<String, Lsn> =
@@ -410,7 +432,7 @@ impl CommitLog {
     /// `apply` calls run in LSN order across all appenders, so state built by them (a table's
     /// unflushed batches, a stream's tail) always holds a gap-free prefix of the log. `apply`
     /// must be quick and must not block: it holds up every append behind it.
-    pub async fn append_applied(
+    pub(crate) async fn append_applied(
         &self,
         kind: RecordKind,
         payload: Vec<u8>,
@@ -497,11 +519,6 @@ impl CommitLog {
         self.shared.fenced.store(true, Ordering::Release);
     }
 
-    /// Whether the log was fenced.
-    pub fn is_fenced(&self) -> bool {
-        self.shared.fenced.load(Ordering::Acquire)
-    }
-
     /// Deletes every closed segment whose records all have LSNs below `lsn`: the caller has
     /// made them durable elsewhere. Returns how many segments were deleted. Prefer
     /// [`LogConsumer::release_before`], which respects every consumer.
@@ -518,7 +535,7 @@ impl CommitLog {
             }
             let (_, path, size) = closed.remove(0);
             fs::remove_file(&path).map_err(|e| LogError::io(&path, e))?;
-            if let Some(journal) = &self.shared.config.journal {
+            if let Some(journal) = self.shared.config.journal() {
                 journal.removed(&path);
             }
             self.shared
@@ -640,11 +657,6 @@ impl LogConsumer {
         };
         self.log.truncate_before(floor)
     }
-
-    /// The log itself.
-    pub fn log(&self) -> &CommitLog {
-        &self.log
-    }
 }
 
 /// The writer thread: take every waiting append, write them, sync once, answer them all.
@@ -696,7 +708,7 @@ fn advance(
         return Ok(*next_lsn);
     }
     let config = &shared.config;
-    let journal = config.journal.as_deref();
+    let journal = config.journal();
     let next = Segment::create(&config.dir, lsn, journal)?;
     if config.durability == Durability::Fsync {
         segment::sync_dir(&config.dir, journal)?;
@@ -766,7 +778,7 @@ fn write_group(
     first_lsn: Lsn,
 ) -> Result<(), LogError> {
     let config = &shared.config;
-    let journal = config.journal.as_deref();
+    let journal = config.journal();
     if let Some(journal) = journal {
         journal
             .check_alive()
@@ -802,16 +814,12 @@ fn write_group(
         .flat_map(|(header, append)| [IoSlice::new(header), IoSlice::new(&append.payload)])
         .collect();
     let bytes: usize = slices.iter().map(|s| s.len()).sum();
-    if let Some(hook) = &config.fail_hook
-        && let Some(e) = hook(FailPoint::BeforeWrite)
-    {
+    if let Some(e) = config.fail_at(FailPoint::BeforeWrite) {
         return Err(LogError::io(active.path(), e));
     }
     active.write_all_vectored(&mut slices)?;
     shared.bytes.fetch_add(bytes as u64, Ordering::AcqRel);
-    if let Some(hook) = &config.fail_hook
-        && let Some(e) = hook(FailPoint::BeforeSync)
-    {
+    if let Some(e) = config.fail_at(FailPoint::BeforeSync) {
         return Err(LogError::io(active.path(), e));
     }
     if config.durability == Durability::Fsync {

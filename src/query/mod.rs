@@ -1,11 +1,11 @@
 //! Queries: SQL through DataFusion over every table's files and unflushed batches, ScopeQL
 //! pipelines translated to SQL, and the parsing of sluice's catalog statements.
 //!
-//! The query engine only reads. A statement is parsed once ([`prepare`]) into a
-//! [`Prepared`] statement that says what it needs ([`Access`]); writes (`INSERT`) and catalog
+//! The query engine only reads. A statement is parsed once (`prepare`) into a
+//! `Prepared` statement that says what it needs (`Access`); writes (`INSERT`) and catalog
 //! changes run through [`crate::db::Database`], which owns the one write path. A query's
 //! plan is checked again to be free of DDL, DML and session statements, and it runs on a
-//! runtime of its own ([`runtime`]) whose DataFusion environment reaches only sluice's store.
+//! runtime of its own (`runtime`) whose DataFusion environment reaches only sluice's store.
 //!
 //! A table is named `db.schema.table` (DataFusion's catalog.schema.table); `scopedb.public` is
 //! the default, so `FROM events` works too.
@@ -18,7 +18,7 @@ mod provider;
 mod pruning;
 mod runtime;
 mod scopeql;
-pub mod statements;
+pub(crate) mod statements;
 mod time_functions;
 mod wrapped_udf;
 
@@ -40,9 +40,9 @@ use crate::storage::Storage;
 use crate::table::{TableError, Tables};
 use crate::types::ColumnType;
 use crate::types::cell::format_cell;
-pub use prepare::Access;
+pub(crate) use prepare::Access;
 pub(crate) use prepare::{Insert, InsertColumns, Prepared};
-pub use runtime::QueryLimits;
+pub(crate) use runtime::QueryLimits;
 use runtime::StatementRuntime;
 
 /// Why a statement failed.
@@ -145,7 +145,7 @@ pub struct QueryResult {
 
 /// A statement's output as Arrow: what the statements API renders, cell by cell, when asked.
 #[derive(Debug, Clone)]
-pub struct StatementOutput {
+pub(crate) struct StatementOutput {
     /// The result's schema.
     pub schema: SchemaRef,
     /// The rows.
@@ -197,13 +197,13 @@ impl StatementOutput {
     }
 
     /// Rows in the result.
-    pub fn num_rows(&self) -> usize {
+    pub(crate) fn num_rows(&self) -> usize {
         self.batches.iter().map(RecordBatch::num_rows).sum()
     }
 
     /// What the result weighs: the larger of its Arrow memory and its size once rendered
     /// (what retention counts).
-    pub fn memory_bytes(&self) -> usize {
+    pub(crate) fn memory_bytes(&self) -> usize {
         self.batches
             .iter()
             .map(|b| b.get_array_memory_size().max(rendered_bytes(b)))
@@ -211,7 +211,7 @@ impl StatementOutput {
     }
 
     /// The result's fields with their sluice type names.
-    pub fn fields(&self) -> Vec<ResultField> {
+    pub(crate) fn fields(&self) -> Vec<ResultField> {
         self.schema
             .fields()
             .iter()
@@ -223,7 +223,7 @@ impl StatementOutput {
     }
 
     /// The result in the cell form (every value a string or null).
-    pub fn to_result(&self) -> QueryResult {
+    pub(crate) fn to_result(&self) -> QueryResult {
         let mut rows = Vec::with_capacity(self.num_rows());
         for batch in &self.batches {
             for r in 0..batch.num_rows() {
@@ -290,7 +290,7 @@ fn rendered_column_bytes(column: &ArrayRef) -> usize {
 }
 
 /// The sluice type name of a result field.
-pub fn sluice_type_name(field: &Field) -> &'static str {
+pub(crate) fn sluice_type_name(field: &Field) -> &'static str {
     if let Some(t) = ColumnType::from_field(field) {
         return t.as_str();
     }
@@ -346,7 +346,7 @@ pub(crate) fn qualify(name: &[String]) -> Result<(String, String, String), Query
 
 /// Runs read-only queries against one sluice database.
 #[derive(Debug, Clone)]
-pub struct QueryEngine {
+pub(crate) struct QueryEngine {
     catalog: Arc<Catalog>,
     tables: Arc<Tables>,
     /// Shared by every statement's session: it holds the object store and the cache of
@@ -367,7 +367,7 @@ fn read_only() -> SQLOptions {
 
 impl QueryEngine {
     /// An engine over this catalog, these tables and their object store.
-    pub fn new(
+    pub(crate) fn new(
         catalog: Arc<Catalog>,
         tables: Arc<Tables>,
         storage: Storage,
@@ -385,11 +385,6 @@ impl QueryEngine {
         })
     }
 
-    /// The limits statements run under.
-    pub fn limits(&self) -> &QueryLimits {
-        &self.limits
-    }
-
     /// Parses and classifies a statement (on the statement runtime's threads: parsing
     /// recurses).
     pub(crate) async fn prepare(&self, text: String) -> Result<Prepared, QueryError> {
@@ -401,7 +396,7 @@ impl QueryEngine {
 
     /// Statement work that has not ended on the statement runtime (a cancelled statement
     /// counts until its work stops).
-    pub fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         self.runtime.in_flight()
     }
 

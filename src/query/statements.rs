@@ -43,7 +43,7 @@ impl Default for StatementLimits {
 
 /// Where a statement is.
 #[derive(Debug, Clone)]
-pub enum StatementState {
+pub(crate) enum StatementState {
     /// Running.
     Running,
     /// Done, with its result.
@@ -61,7 +61,7 @@ pub enum StatementState {
 
 /// One submitted statement.
 #[derive(Debug)]
-pub struct Statement {
+pub(crate) struct Statement {
     /// Its id (unique for its owner).
     pub id: String,
     /// When it was submitted.
@@ -76,12 +76,12 @@ pub struct Statement {
 
 impl Statement {
     /// Its current state.
-    pub fn state(&self) -> StatementState {
+    pub(crate) fn state(&self) -> StatementState {
         self.state.borrow().clone()
     }
 
     /// Nanoseconds from submission to now (or to its end).
-    pub fn elapsed_nanos(&self) -> u64 {
+    pub(crate) fn elapsed_nanos(&self) -> u64 {
         let end = self
             .finished
             .lock()
@@ -92,7 +92,7 @@ impl Statement {
     }
 
     /// Waits until the statement is no longer running, for at most `timeout`.
-    pub async fn wait(&self, timeout: Duration) {
+    pub(crate) async fn wait(&self, timeout: Duration) {
         let mut rx = self.state.subscribe();
         let _ = tokio::time::timeout(
             timeout,
@@ -138,18 +138,18 @@ impl Statement {
 
 /// Why a statement was not started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum SubmitError {
+pub(crate) enum SubmitError {
     /// As many statements as allowed are running.
     #[error("{0} statements are running, the most this server runs at once; retry shortly")]
     Busy(usize),
 }
 
 /// Who a statement belongs to: an opaque name of the key that submitted it.
-pub type Owner = Arc<str>;
+pub(crate) type Owner = Arc<str>;
 
 /// Every statement of this server.
 #[derive(Debug, Default)]
-pub struct Statements {
+pub(crate) struct Statements {
     limits: StatementLimits,
     retained: Mutex<Retained>,
 }
@@ -241,7 +241,7 @@ impl Retained {
 
 impl Statements {
     /// A registry with these limits.
-    pub fn new(limits: StatementLimits) -> Self {
+    pub(crate) fn new(limits: StatementLimits) -> Self {
         Statements {
             limits,
             retained: Mutex::new(Retained::default()),
@@ -249,7 +249,7 @@ impl Statements {
     }
 
     /// The limits.
-    pub fn limits(&self) -> &StatementLimits {
+    pub(crate) fn limits(&self) -> &StatementLimits {
         &self.limits
     }
 
@@ -259,7 +259,7 @@ impl Statements {
 
     /// Starts `work` as the statement `id` of `owner` (a new UUIDv7 when absent). An id the
     /// owner already uses answers that statement; nothing new runs.
-    pub fn submit<F>(
+    pub(crate) fn submit<F>(
         self: &Arc<Self>,
         owner: &Owner,
         id: Option<String>,
@@ -322,7 +322,7 @@ impl Statements {
     }
 
     /// The owner's statement with this id.
-    pub fn get(&self, owner: &Owner, id: &str) -> Option<Arc<Statement>> {
+    pub(crate) fn get(&self, owner: &Owner, id: &str) -> Option<Arc<Statement>> {
         self.retained()
             .by_key
             .get(&(owner.clone(), id.to_owned()))
@@ -330,7 +330,7 @@ impl Statements {
     }
 
     /// Cancels the owner's running statement (a finished one keeps its state).
-    pub fn cancel(&self, owner: &Owner, id: &str) -> Option<Arc<Statement>> {
+    pub(crate) fn cancel(&self, owner: &Owner, id: &str) -> Option<Arc<Statement>> {
         let statement = self.get(owner, id)?;
         if let Ok(abort) = statement.abort.lock()
             && let Some(handle) = abort.as_ref()
@@ -341,13 +341,9 @@ impl Statements {
         Some(statement)
     }
 
-    /// Statements running now.
-    pub fn running(&self) -> usize {
-        self.retained().running
-    }
-
     /// Finished statements kept, and the bytes of their results.
-    pub fn kept(&self) -> (usize, usize) {
+    #[cfg(test)]
+    fn kept(&self) -> (usize, usize) {
         let retained = self.retained();
         let finished: Vec<&Arc<Statement>> = retained
             .by_key

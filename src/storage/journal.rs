@@ -48,7 +48,7 @@ impl SyncJournal {
     }
 
     /// Fails once the power is lost: the machine no longer writes anything.
-    pub fn check_alive(&self) -> io::Result<()> {
+    pub(crate) fn check_alive(&self) -> io::Result<()> {
         if self.state().dead {
             Err(io::Error::other("simulated power loss"))
         } else {
@@ -57,7 +57,7 @@ impl SyncJournal {
     }
 
     /// A file that was there, whole and durable, when the journal started looking.
-    pub fn existing(&self, path: &Path, len: u64) {
+    pub(crate) fn existing(&self, path: &Path, len: u64) {
         self.state()
             .files
             .entry(path.to_owned())
@@ -68,21 +68,21 @@ impl SyncJournal {
     }
 
     /// A file was created (or renamed into place): neither its data nor its entry is durable.
-    pub fn created(&self, path: &Path) {
+    pub(crate) fn created(&self, path: &Path) {
         self.state()
             .files
             .insert(path.to_owned(), FileState::default());
     }
 
     /// A file's data was synced up to `len` bytes.
-    pub fn synced(&self, path: &Path, len: u64) {
+    pub(crate) fn synced(&self, path: &Path, len: u64) {
         let mut state = self.state();
         let file = state.files.entry(path.to_owned()).or_default();
         file.synced_len = len;
     }
 
     /// A directory was synced: the entries of the files in it are durable.
-    pub fn dir_synced(&self, dir: &Path) {
+    pub(crate) fn dir_synced(&self, dir: &Path) {
         for (path, file) in self.state().files.iter_mut() {
             if path.parent() == Some(dir) {
                 file.entry_synced = true;
@@ -91,7 +91,7 @@ impl SyncJournal {
     }
 
     /// A file was removed.
-    pub fn removed(&self, path: &Path) {
+    pub(crate) fn removed(&self, path: &Path) {
         self.state().files.remove(path);
     }
 

@@ -1,15 +1,50 @@
 //! Object storage: the one place that knows which backend holds the data at rest.
 //!
 //! [`Storage::open`] builds an `object_store` from a URL: a local directory (the default, under
-//! the data directory; writes are fsynced before they count, see [`local`]),
+//! the data directory; writes are fsynced before they count, see `local`),
 //! `s3://bucket/prefix` (credentials, endpoint and region from the standard `AWS_*`
 //! variables; path-style requests for MinIO and other S3-compatible servers), or `memory://`
 //! for tests. Everything else in sluice sees only [`Storage::store`] and paths
 //! relative to the database root.
 
 pub(crate) mod gc;
+#[cfg(feature = "testing")]
 pub mod journal;
+#[cfg(not(feature = "testing"))]
+pub mod journal {
+    //! Without the `testing` feature there is no simulated power loss: `SyncJournal` has no
+    //! values, so every `Option<&SyncJournal>` the file-writing code carries is `None` and
+    //! its calls compile away.
+    use std::io;
+    use std::path::Path;
+
+    /// No journal can exist in this build.
+    #[derive(Debug)]
+    pub enum SyncJournal {}
+
+    impl SyncJournal {
+        pub(crate) fn check_alive(&self) -> io::Result<()> {
+            match *self {}
+        }
+        pub(crate) fn existing(&self, _: &Path, _: u64) {
+            match *self {}
+        }
+        pub(crate) fn created(&self, _: &Path) {
+            match *self {}
+        }
+        pub(crate) fn synced(&self, _: &Path, _: u64) {
+            match *self {}
+        }
+        pub(crate) fn dir_synced(&self, _: &Path) {
+            match *self {}
+        }
+        pub(crate) fn removed(&self, _: &Path) {
+            match *self {}
+        }
+    }
+}
 mod local;
+pub(crate) mod paths;
 pub mod probe;
 pub(crate) mod versioned;
 
@@ -21,7 +56,7 @@ use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 use object_store::memory::InMemory;
 use object_store::prefix::PrefixStore;
 
-pub use gc::GcReport;
+pub(crate) use gc::GcReport;
 
 /// Why object storage could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +91,7 @@ pub enum StorageError {
 
 /// Which kind of backend a [`Storage`] uses (for logs and metrics only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
+pub(crate) enum Backend {
     /// A local directory.
     Local,
     /// S3 or an S3-compatible server.
@@ -97,7 +132,7 @@ impl Storage {
 
     /// [`Storage::open`], with a local directory's writes fsynced or not (`sync`) and its
     /// syncs recorded in `journal` (simulated power loss in tests).
-    pub fn open_with(
+    pub(crate) fn open_with(
         url: &str,
         sync: bool,
         journal: Option<Arc<journal::SyncJournal>>,
@@ -158,15 +193,9 @@ impl Storage {
         })
     }
 
-    /// A local directory store (created if missing) whose writes are fsynced, file and
-    /// directories, before they return.
-    pub fn local(dir: &Path) -> Result<Storage, StorageError> {
-        Self::local_with(dir, true, None)
-    }
-
     /// A local directory store; `sync` says whether writes are fsynced (durability `none`
     /// turns it off), `journal` records syncs for simulated power loss (tests).
-    pub fn local_with(
+    pub(crate) fn local_with(
         dir: &Path,
         sync: bool,
         journal: Option<Arc<journal::SyncJournal>>,
@@ -198,7 +227,7 @@ impl Storage {
     }
 
     /// The same storage through another store layered over this one (a probe, say).
-    pub fn layered(&self, store: Arc<dyn ObjectStore>) -> Storage {
+    pub(crate) fn layered(&self, store: Arc<dyn ObjectStore>) -> Storage {
         Storage {
             store,
             url: self.url.clone(),
@@ -212,12 +241,7 @@ impl Storage {
     }
 
     /// The URL it was opened from.
-    pub fn url(&self) -> &str {
+    pub(crate) fn url(&self) -> &str {
         &self.url
-    }
-
-    /// The kind of backend.
-    pub fn backend(&self) -> Backend {
-        self.backend
     }
 }

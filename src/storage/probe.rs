@@ -1,7 +1,7 @@
 //! A probe between sluice and its object store: it counts requests and errors (for metrics),
-//! and fails on command for fault tests, in the spirit of SlateDB's failure points: an outage,
-//! latency, failing requests, and ambiguous conditional creates whose object lands but whose
-//! answer is lost. With no fault switched on it only counts.
+//! and, with the `testing` feature, fails on command for fault tests, in the spirit of
+//! SlateDB's failure points: an outage, and ambiguous conditional creates whose object lands
+//! but whose answer is lost. With no fault switched on it only counts.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -16,7 +16,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
 
 use futures::StreamExt as _;
 use futures::stream::BoxStream;
@@ -31,8 +30,6 @@ use object_store::{
 #[derive(Debug, Default)]
 pub struct Probe {
     down: AtomicBool,
-    latency_ms: AtomicU64,
-    fail_next: AtomicUsize,
     lose_create_answers: AtomicUsize,
     lose_create_answers_unverified: AtomicUsize,
     /// Objects whose next read fails (a lost create answer that cannot be checked).
@@ -44,23 +41,14 @@ pub struct Probe {
 
 impl Probe {
     /// While down, every request fails (as a refused connection would).
+    #[cfg(feature = "testing")]
     pub fn set_down(&self, down: bool) {
         self.down.store(down, Ordering::SeqCst);
     }
 
-    /// Delays every request.
-    pub fn set_latency(&self, latency: Duration) {
-        self.latency_ms
-            .store(latency.as_millis() as u64, Ordering::SeqCst);
-    }
-
-    /// Fails the next `n` requests.
-    pub fn fail_next(&self, n: usize) {
-        self.fail_next.store(n, Ordering::SeqCst);
-    }
-
     /// Performs the next `n` conditional creates but answers each with an error, as a timeout
     /// after the request was sent would: the writer cannot tell whether it landed.
+    #[cfg(feature = "testing")]
     pub fn lose_create_answers(&self, n: usize) {
         self.lose_create_answers.store(n, Ordering::SeqCst);
     }
@@ -68,12 +56,14 @@ impl Probe {
     /// Like [`Probe::lose_create_answers`], and the writer's read-back of each such object
     /// fails once too: the outcome stays unknown to it (a timeout, then a read that times
     /// out as well).
+    #[cfg(feature = "testing")]
     pub fn lose_create_answers_unverified(&self, n: usize) {
         self.lose_create_answers_unverified
             .store(n, Ordering::SeqCst);
     }
 
     /// Requests seen, and requests failed by a fault.
+    #[cfg(feature = "testing")]
     pub fn counts(&self) -> (u64, u64) {
         (
             self.requests.load(Ordering::SeqCst),
@@ -84,7 +74,7 @@ impl Probe {
     /// Requests that failed, whether the store or an injected fault failed them. Answers
     /// that are outcomes, not failures (not found, already exists, precondition failed, not
     /// modified: reads of absent versions and lost create races) are not counted.
-    pub fn errors(&self) -> u64 {
+    pub(crate) fn errors(&self) -> u64 {
         self.errors.load(Ordering::Relaxed)
     }
 
@@ -111,14 +101,10 @@ impl Probe {
             .is_ok()
     }
 
-    /// Waits out the latency, then says whether this request fails.
+    /// Counts a request and says whether it fails.
     async fn before(&self) -> Result<()> {
         self.requests.fetch_add(1, Ordering::SeqCst);
-        let latency = self.latency_ms.load(Ordering::SeqCst);
-        if latency > 0 {
-            tokio::time::sleep(Duration::from_millis(latency)).await;
-        }
-        if self.down.load(Ordering::SeqCst) || Self::take(&self.fail_next) {
+        if self.down.load(Ordering::SeqCst) {
             return Err(self.injected("object store unavailable (injected fault)"));
         }
         Ok(())

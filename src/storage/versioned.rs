@@ -40,6 +40,14 @@ pub(crate) enum VersionError {
         /// Why.
         reason: String,
     },
+    /// This writer created the version, but garbage collection raised the floor past it
+    /// meanwhile (the writer's view was older than the grace period): readers will never
+    /// see it, so it counts as lost, like a lost race.
+    #[error("{path} was created below the floor")]
+    BelowFloor {
+        /// The version.
+        path: String,
+    },
 }
 
 /// What a listing of a log found.
@@ -135,8 +143,24 @@ impl VersionLog {
     /// Writes version `value` as number `v` if no version `v` exists. `Ok(true)`: this
     /// attempt's version is there; `Ok(false)`: someone else's is. An ambiguous failure is
     /// settled by reading the version back and comparing tags; if that read fails too, the
-    /// original error is returned (the outcome is unknown).
+    /// original error is returned (the outcome is unknown). A version this attempt created
+    /// that the floor has passed is [`VersionError::BelowFloor`].
     pub(crate) async fn try_create<T: Serialize + DeserializeOwned + Tagged>(
+        &self,
+        store: &dyn ObjectStore,
+        v: u64,
+        value: &T,
+    ) -> Result<bool, VersionError> {
+        let won = self.create_or_read_back(store, v, value).await?;
+        if won && self.floor(store).await? > v {
+            return Err(VersionError::BelowFloor {
+                path: self.path(v).to_string(),
+            });
+        }
+        Ok(won)
+    }
+
+    async fn create_or_read_back<T: Serialize + DeserializeOwned + Tagged>(
         &self,
         store: &dyn ObjectStore,
         v: u64,
@@ -241,5 +265,105 @@ impl VersionLog {
             let _ = store.delete(&self.floor_path(current)).await;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The protocol against a store that loses answers ([`crate::storage::probe`]); the
+    //! catalog and the manifest run the same cases through the database
+    //! (`tests/it/durability.rs`, `tests/it/table.rs`).
+    use std::sync::Arc;
+
+    use object_store::memory::InMemory;
+
+    use super::*;
+    use crate::storage::probe::{Probe, ProbedStore};
+
+    #[derive(Debug, serde::Serialize, serde::Deserialize)]
+    struct V {
+        tag: String,
+    }
+
+    impl Tagged for V {
+        fn tag(&self) -> &str {
+            &self.tag
+        }
+    }
+
+    fn v(tag: &str) -> V {
+        V { tag: tag.into() }
+    }
+
+    fn store() -> (Arc<Probe>, ProbedStore) {
+        let probe = Arc::new(Probe::default());
+        let store = ProbedStore::new(Arc::new(InMemory::new()), probe.clone());
+        (probe, store)
+    }
+
+    #[tokio::test]
+    async fn of_two_writers_of_one_version_exactly_one_wins() {
+        let (_, store) = store();
+        let log = VersionLog::new("x");
+        assert!(log.try_create(&store, 1, &v("a")).await.unwrap());
+        assert!(!log.try_create(&store, 1, &v("b")).await.unwrap());
+        // The winner retrying (its first answer lost) still learns it won.
+        assert!(log.try_create(&store, 1, &v("a")).await.unwrap());
+        let read: V = log.read(&store, 1).await.unwrap().unwrap();
+        assert_eq!(read.tag, "a");
+    }
+
+    #[tokio::test]
+    async fn a_lost_answer_is_settled_by_reading_back() {
+        let (probe, store) = store();
+        let log = VersionLog::new("x");
+        probe.lose_create_answers(1);
+        assert!(
+            log.try_create(&store, 1, &v("a")).await.unwrap(),
+            "landed: ours"
+        );
+        assert_eq!(probe.counts().1, 1, "the answer was lost");
+        // The next writer of version 1 loses; version 2 is free for it.
+        assert!(!log.try_create(&store, 1, &v("b")).await.unwrap());
+        assert!(log.try_create(&store, 2, &v("b")).await.unwrap());
+        assert_eq!(log.list(&store).await.unwrap().latest(), Some(2));
+    }
+
+    #[tokio::test]
+    async fn an_unsettled_outcome_is_an_error_and_a_retry_settles_it() {
+        let (probe, store) = store();
+        let log = VersionLog::new("x");
+        probe.lose_create_answers_unverified(1);
+        let first = log.try_create(&store, 1, &v("a")).await;
+        assert!(
+            matches!(first, Err(VersionError::Storage(_))),
+            "unknown outcome: {first:?}"
+        );
+        // It did land; the same attempt (same tag) retried finds it is ours, another
+        // writer's attempt finds it is not.
+        assert!(!log.try_create(&store, 1, &v("b")).await.unwrap());
+        assert!(log.try_create(&store, 1, &v("a")).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn the_floor_only_rises_and_a_version_created_below_it_is_lost() {
+        let (_, store) = store();
+        let log = VersionLog::new("x");
+        for n in 1..=6 {
+            assert!(log.try_create(&store, n, &v(&n.to_string())).await.unwrap());
+        }
+        log.raise_floor(&store, 5).await.unwrap();
+        log.raise_floor(&store, 3).await.unwrap();
+        assert_eq!(log.floor(&store).await.unwrap(), 5);
+        // Versions 1..5 collected; a writer with a view older than that creates version 2.
+        for n in 1..5 {
+            store.delete(&log.path(n)).await.unwrap();
+        }
+        let stale = log.try_create(&store, 2, &v("stale")).await;
+        assert!(
+            matches!(stale, Err(VersionError::BelowFloor { .. })),
+            "{stale:?}"
+        );
+        assert!(log.try_create(&store, 7, &v("7")).await.unwrap());
     }
 }

@@ -107,15 +107,8 @@ const APPEND: u8 = 2;
 const DELETE: u8 = 3;
 
 impl Op {
-    /// The stream the change belongs to.
-    pub fn name(&self) -> &str {
-        match self {
-            Op::Create { name, .. } | Op::Append { name, .. } | Op::Delete { name, .. } => name,
-        }
-    }
-
     /// Encodes the change as a log payload.
-    pub fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut w = Writer(Vec::new());
         match self {
             Op::Create {

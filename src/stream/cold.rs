@@ -13,7 +13,7 @@
 //! (they are read back and sealed again like hot records), so one small live stream cannot
 //! keep a large object of deleted ones alive.
 //!
-//! Object layout, under `streams/{node}/`:
+//! Object layout, under `streams/{node}/` (named in [`crate::storage::paths`]):
 //! - `data/{lsn:020}-{tag}.bin` (`data/{lsn:020}.bin` before the tag was added): chunks, one
 //!   per run of sealed records of one stream:
 //!   `| count: u32 | start: u64 | count × end: u64 | record bytes |` (little endian).
@@ -35,6 +35,7 @@ use super::{StreamError, Streams};
 use crate::log::Lsn;
 use crate::storage::Storage;
 use crate::storage::gc::{GcReport, Unreferenced};
+use crate::storage::paths;
 
 /// Records of one sealed chunk: `(start, end, bytes)`.
 type Records = Arc<Vec<(u64, u64, Bytes)>>;
@@ -42,7 +43,8 @@ type Records = Arc<Vec<(u64, u64, Bytes)>>;
 /// Object storage access for stream data, with a small cache of fetched chunks.
 pub(super) struct ColdStore {
     storage: Storage,
-    prefix: String,
+    /// The node whose streams these are (objects under [`paths::streams`]).
+    node: String,
     cache: Mutex<Cache>,
     snapshot_lsn: AtomicU64,
     last_checkpoint: Mutex<Instant>,
@@ -93,7 +95,7 @@ impl ColdStore {
     pub(super) fn new(storage: Storage, node: &str, cache_bytes: u64) -> Self {
         ColdStore {
             storage,
-            prefix: format!("streams/{node}"),
+            node: node.to_owned(),
             cache: Mutex::new(Cache {
                 capacity: cache_bytes,
                 bytes: 0,
@@ -113,14 +115,14 @@ impl ColdStore {
     }
 
     fn snapshot_path(&self, lsn: Lsn) -> Path {
-        Path::from(format!("{}/snapshots/{lsn:020}.json", self.prefix))
+        Path::from(paths::stream_snapshot(&self.node, lsn))
     }
 
     /// Loads the newest snapshot: its LSN and every stream's state.
     pub(super) async fn load_snapshot(
         &self,
     ) -> Result<Option<(Lsn, HashMap<String, StreamState>)>, StreamError> {
-        let dir = Path::from(format!("{}/snapshots", self.prefix));
+        let dir = Path::from(paths::stream_snapshots(&self.node));
         let listed: Vec<object_store::ObjectMeta> = self
             .storage
             .store()
@@ -384,12 +386,7 @@ pub(super) async fn checkpoint(streams: &Streams, force: bool) -> Result<bool, S
             .collect();
         (lsn, captured)
     };
-    // Unique per checkpoint: a checkpoint that only rewrites has the LSN of the last one.
-    let key = format!(
-        "{}/data/{lsn:020}-{}.bin",
-        cold.prefix,
-        &uuid::Uuid::new_v4().simple().to_string()[..8]
-    );
+    let key = paths::new_stream_data_object(&cold.node, lsn);
     let mut sealable = Vec::with_capacity(captured.len());
     for (_, _, state) in &captured {
         sealable.push(with_rewrites(cold, &state.chunks, &rewrite).await?);
@@ -511,7 +508,7 @@ pub(super) async fn collect_garbage(
         // What this pass did not look at may have been referenced meanwhile.
         let cold = &streams.inner.cold;
         if let Ok(mut u) = cold.unreferenced.lock() {
-            u.forget_scope(&format!("{}/", cold.prefix));
+            u.forget_scope(&format!("{}/", paths::streams(&cold.node)));
         }
     }
     result
@@ -549,12 +546,12 @@ async fn collect_garbage_once(
         .to_string();
     let store = cold.storage.store();
     let listed: Vec<object_store::ObjectMeta> = store
-        .list(Some(&Path::from(cold.prefix.as_str())))
+        .list(Some(&Path::from(paths::streams(&cold.node))))
         .try_collect()
         .await
         .map_err(storage_error)?;
-    let data_dir = format!("{}/data/", cold.prefix);
-    let snapshot_dir = format!("{}/snapshots/", cold.prefix);
+    let data_dir = format!("{}/", paths::stream_data(&cold.node));
+    let snapshot_dir = format!("{}/", paths::stream_snapshots(&cold.node));
     // The newest snapshot in the store is what a restart loads: what it points into stays,
     // even if this node's memory moved on (a snapshot that landed although its write
     // answered with an error).
@@ -610,7 +607,7 @@ async fn collect_garbage_once(
             }
         }
     }
-    let scope = format!("{}/", cold.prefix);
+    let scope = format!("{}/", paths::streams(&cold.node));
     let due = cold
         .unreferenced
         .lock()

@@ -4,10 +4,10 @@
 //! member order, duplicate members, number spelling (`1.50e3`, `1e400`) and string escapes
 //! (unpaired surrogates included) survive byte for byte. So this is a syntax checker that
 //! copies, not a parser that re-serializes: RFC 8259 grammar, UTF-8 text, at most
-//! [`MAX_NESTING`] levels per message. A top-level array is split one level into messages.
+//! `MAX_NESTING` levels per message. A top-level array is split one level into messages.
 
 /// The deepest a message may nest (`[]` and `{}` each count one level).
-pub const MAX_NESTING: usize = 127;
+pub(crate) const MAX_NESTING: usize = 127;
 
 /// Why a body is not acceptable JSON message text.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -23,7 +23,7 @@ pub enum JsonTextError {
         /// What is wrong there.
         reason: &'static str,
     },
-    /// A message nests deeper than [`MAX_NESTING`].
+    /// A message nests deeper than `MAX_NESTING`.
     #[error("a JSON message nests deeper than {MAX_NESTING} levels")]
     TooDeep,
     /// `[]` appends no message.

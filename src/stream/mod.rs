@@ -9,7 +9,7 @@
 //! Readers look at the applied state only and never take the admission lock; long-poll and
 //! SSE readers wait on a per-stream version counter that each apply bumps.
 //!
-//! Data lives in memory ("hot") until a checkpoint ([`cold`]) seals it into objects on
+//! Data lives in memory ("hot") until a checkpoint (`cold`) seals it into objects on
 //! object storage ("cold") and writes a snapshot of every stream's state; the log is then
 //! released up to the snapshot. Reads stitch cold and hot data transparently. On open, the
 //! newest snapshot is loaded and the log records after it are replayed.
@@ -22,7 +22,7 @@
 
 mod admit;
 mod api;
-pub mod codec;
+pub(crate) mod codec;
 mod cold;
 pub mod json;
 mod state;
@@ -42,7 +42,7 @@ pub use api::{
 };
 pub use codec::{ForkSpec, Lifetime, Op, ProducerTuple};
 use cold::ColdStore;
-pub use json::JsonTextError;
+pub(crate) use json::JsonTextError;
 use state::{Chunk, StreamState};
 
 use crate::log::{CommitLog, LogConsumer, Lsn, Record, RecordKind};
@@ -113,12 +113,12 @@ impl Stream {
     }
 
     /// The stream's name.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
     /// A receiver that changes whenever the stream does (data, close, delete).
-    pub fn subscribe(&self) -> watch::Receiver<u64> {
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
         self.version.subscribe()
     }
 
@@ -135,13 +135,13 @@ impl Stream {
     }
 
     /// Whether the stream was deleted (or soft-deleted) since this handle was taken.
-    pub fn info_gone(&self) -> bool {
+    pub(crate) fn info_gone(&self) -> bool {
         let s = self.read_state();
         s.gone || s.soft_deleted
     }
 
     /// Renews a sliding TTL.
-    pub fn touch(&self) {
+    pub(crate) fn touch(&self) {
         self.last_access_ms.store(now_ms(), Ordering::Relaxed);
     }
 
@@ -179,7 +179,7 @@ struct Registry {
 
 /// Work counters of the stream engine (for metrics).
 #[derive(Debug, Default)]
-pub struct StreamStats {
+pub(crate) struct StreamStats {
     /// Appends committed that carried data.
     pub appends: AtomicU64,
     /// Their bytes, as stored.
@@ -348,7 +348,7 @@ fn remove_stream(registry: &mut Registry, name: &str) {
 impl Streams {
     /// Opens the stream engine: loads the newest snapshot from `storage`, then replays the
     /// stream records of `replay` that came after it.
-    pub async fn open(
+    pub(crate) async fn open(
         log: CommitLog,
         replay: &[Record],
         storage: Storage,
@@ -398,12 +398,12 @@ impl Streams {
     }
 
     /// Names of streams as they receive data (appends, and creates with a first body).
-    pub fn changes(&self) -> tokio::sync::broadcast::Receiver<String> {
+    pub(crate) fn changes(&self) -> tokio::sync::broadcast::Receiver<String> {
         self.inner.changes.subscribe()
     }
 
     /// Work counters.
-    pub fn stats(&self) -> &StreamStats {
+    pub(crate) fn stats(&self) -> &StreamStats {
         &self.inner.stats
     }
 
@@ -413,31 +413,13 @@ impl Streams {
     }
 
     /// A receiver that turns `true` at shutdown.
-    pub fn closing(&self) -> watch::Receiver<bool> {
+    pub(crate) fn closing(&self) -> watch::Receiver<bool> {
         self.inner.closing.subscribe()
     }
 
     /// How many streams exist (soft-deleted ones included).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.inner.registry().streams.len()
-    }
-
-    /// Whether no stream exists.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Names of the live streams, sorted.
-    pub fn names(&self) -> Vec<String> {
-        let registry = self.inner.registry();
-        let mut names: Vec<String> = registry
-            .streams
-            .iter()
-            .filter(|(_, s)| !s.read_state().soft_deleted)
-            .map(|(n, _)| n.clone())
-            .collect();
-        names.sort();
-        names
     }
 
     /// Up to `limit` live streams whose names start with `prefix`, in name order, with their
@@ -843,7 +825,7 @@ impl Streams {
 
     /// Deletes expired streams no request touched (they are deleted lazily otherwise), then
     /// the objects no stream references any more, after the grace period.
-    pub async fn collect_garbage(
+    pub(crate) async fn collect_garbage(
         &self,
         grace: Duration,
     ) -> Result<crate::storage::GcReport, StreamError> {
@@ -865,7 +847,7 @@ impl Streams {
 
     /// Checkpoints on a timer until `shutdown` resolves. The final checkpoint is
     /// [`crate::db::Database::shutdown`]'s.
-    pub async fn run_maintenance(
+    pub(crate) async fn run_maintenance(
         self,
         tick: Duration,
         shutdown: impl std::future::Future<Output = ()>,
@@ -923,7 +905,7 @@ fn media_type(content_type: &str) -> &str {
 }
 
 /// Whether a normalized content type is a JSON stream's (`application/json`).
-pub fn is_json_content_type(content_type: &str) -> bool {
+pub(crate) fn is_json_content_type(content_type: &str) -> bool {
     state::is_json(content_type)
 }
 

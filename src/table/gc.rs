@@ -18,8 +18,9 @@ use futures::TryStreamExt as _;
 use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStoreExt as _};
 
-use super::{TableError, Tables, table_dir};
+use super::{TableError, Tables};
 use crate::storage::gc::{GcReport, Unreferenced, cutoff};
+use crate::storage::paths;
 
 async fn list(tables: &Tables, prefix: &str) -> Result<Vec<ObjectMeta>, TableError> {
     tables
@@ -50,11 +51,11 @@ impl Tables {
     }
 
     /// The ids of every table with storage in the object store.
-    pub async fn stored_ids(&self) -> Result<Vec<String>, TableError> {
+    pub(crate) async fn stored_ids(&self) -> Result<Vec<String>, TableError> {
         let listed = self
             .storage
             .store()
-            .list_with_delimiter(Some(&Path::from("tables")))
+            .list_with_delimiter(Some(&Path::from(paths::TABLES)))
             .await
             .map_err(TableError::Storage)?;
         Ok(listed
@@ -68,7 +69,7 @@ impl Tables {
     /// `live_ids` are the storage ids the catalog names, loaded after that listing; storage
     /// of any other id is a dropped table's. (A table's storage is created after the catalog
     /// version naming it, so a listed id missing from a later catalog was dropped.)
-    pub async fn collect_garbage(
+    pub(crate) async fn collect_garbage(
         &self,
         stored: &[String],
         live_ids: &HashSet<String>,
@@ -83,7 +84,7 @@ impl Tables {
                     Err(e) => {
                         tracing::debug!(table = %id, error = %e, "garbage collection of a table failed");
                         self.unreferenced()
-                            .forget_scope(&format!("{}/", table_dir(id)));
+                            .forget_scope(&format!("{}/", paths::table(id)));
                         failed.get_or_insert(e);
                     }
                 }
@@ -103,7 +104,7 @@ impl Tables {
         };
         for key in due {
             let id = key.trim_start_matches("dropped:");
-            for meta in list(self, &table_dir(id)).await? {
+            for meta in list(self, &paths::table(id)).await? {
                 self.delete(meta.location.as_ref(), meta.size, &mut report)
                     .await;
             }
@@ -129,7 +130,7 @@ impl Tables {
         let state = table.manifest.load(self.storage.store().as_ref()).await?;
         table.lock().install(state.clone(), self.node.id());
         let live: HashSet<&str> = state.files.iter().map(|f| f.path.as_str()).collect();
-        let data = list(self, &format!("{}/data", table_dir(id))).await?;
+        let data = list(self, &paths::table_data(id)).await?;
         let sizes: HashMap<String, u64> = data
             .iter()
             .map(|m| (m.location.to_string(), m.size))
@@ -139,7 +140,7 @@ impl Tables {
             .map(String::as_str)
             .filter(|p| !live.contains(p))
             .collect();
-        let scope = format!("{}/", table_dir(id));
+        let scope = format!("{}/", paths::table(id));
         let due = self.unreferenced().due(&scope, candidates, self.gc_grace);
         for path in due {
             self.delete(&path, sizes.get(&path).copied().unwrap_or(0), &mut report)

@@ -34,7 +34,7 @@ pub struct DataFile {
 
 /// A column as the manifest stores it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ColumnSpec {
+pub(crate) struct ColumnSpec {
     /// Column name.
     pub name: String,
     /// sluice type name.
@@ -43,7 +43,7 @@ pub struct ColumnSpec {
 
 /// One manifest version: what changed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Version {
+pub(crate) struct Version {
     /// Its number.
     pub version: u64,
     /// Random tag of the attempt that wrote it.
@@ -73,13 +73,14 @@ impl From<VersionError> for TableError {
         match e {
             VersionError::Storage(e) => TableError::Storage(e),
             VersionError::Corrupt { path, reason } => TableError::CorruptManifest { path, reason },
+            e @ VersionError::BelowFloor { .. } => TableError::Conflict(e.to_string()),
         }
     }
 }
 
 /// The folded state of a table at one version.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ManifestState {
+pub(crate) struct ManifestState {
     /// The version this state is at.
     pub version: u64,
     /// The stored columns.
@@ -92,7 +93,7 @@ pub struct ManifestState {
 
 impl ManifestState {
     /// Applies one version on top of this state.
-    pub fn apply(&mut self, v: &Version) {
+    pub(crate) fn apply(&mut self, v: &Version) {
         self.version = v.version;
         if let Some(columns) = &v.columns {
             self.columns = columns.clone();
@@ -108,7 +109,7 @@ impl ManifestState {
     }
 
     /// The stored columns as sluice columns.
-    pub fn table_columns(&self) -> Result<Vec<Column>, TableError> {
+    pub(crate) fn table_columns(&self) -> Result<Vec<Column>, TableError> {
         self.columns
             .iter()
             .map(|c| {
@@ -127,7 +128,7 @@ impl ManifestState {
 
 /// What a commit wants to change.
 #[derive(Debug, Clone, Default)]
-pub struct Change {
+pub(crate) struct Change {
     /// Files to add.
     pub added: Vec<DataFile>,
     /// Files to remove; the commit fails with [`TableError::Conflict`] if another writer
@@ -143,7 +144,7 @@ pub struct Change {
 
 /// Manifest access for one table.
 #[derive(Debug, Clone)]
-pub struct Manifest {
+pub(crate) struct Manifest {
     log: VersionLog,
     checkpoint_interval: u64,
 }
@@ -153,10 +154,10 @@ fn new_tag() -> String {
 }
 
 impl Manifest {
-    /// The manifest of the table stored under `table_dir` (e.g. `tables/{id}`).
-    pub fn new(table_dir: &str, checkpoint_interval: u64) -> Self {
+    /// The manifest of table `id`.
+    pub(crate) fn new(id: &str, checkpoint_interval: u64) -> Self {
         Manifest {
-            log: VersionLog::new(format!("{table_dir}/_log")),
+            log: VersionLog::new(crate::storage::paths::table_manifest(id)),
             checkpoint_interval: checkpoint_interval.max(1),
         }
     }
@@ -170,7 +171,7 @@ impl Manifest {
     /// Fails with
     /// [`TableError::AlreadyExists`] if version 0 is there (with other columns; the same
     /// columns answer the existing state, so a retried create is harmless).
-    pub async fn create(
+    pub(crate) async fn create(
         &self,
         store: &dyn ObjectStore,
         columns: &[Column],
@@ -211,7 +212,7 @@ impl Manifest {
     /// When what the listing named is gone before it is read (another node's garbage
     /// collection moved on), it lists again: a vanished object never reads as a missing
     /// table or an older state.
-    pub async fn load(&self, store: &dyn ObjectStore) -> Result<ManifestState, TableError> {
+    pub(crate) async fn load(&self, store: &dyn ObjectStore) -> Result<ManifestState, TableError> {
         const ATTEMPTS: usize = 5;
         for _ in 0..ATTEMPTS {
             let listing = self.log.list(store).await?;
@@ -251,7 +252,7 @@ impl Manifest {
     /// Reads versions after `state.version` written by other writers and applies them.
     /// With `check_floor`, a state whose next version may have been collected away (it is
     /// below the log's floor) is replaced by a full load.
-    pub async fn refresh(
+    pub(crate) async fn refresh(
         &self,
         store: &dyn ObjectStore,
         state: &mut ManifestState,
@@ -271,7 +272,7 @@ impl Manifest {
 
     /// Commits `change` as the next version after `state`, retrying past versions other
     /// writers win, and returns the new state (which includes their changes too).
-    pub async fn commit(
+    pub(crate) async fn commit(
         &self,
         store: &dyn ObjectStore,
         state: &ManifestState,
@@ -310,14 +311,6 @@ impl Manifest {
                 flushed: change.flushed.clone(),
             };
             if self.log.try_create(store, v.version, &v).await? {
-                // Garbage collection raised the floor past this version meanwhile (this
-                // writer's view was older than the grace period): no reader will see it.
-                if self.log.floor(store).await? > v.version {
-                    return Err(TableError::Conflict(format!(
-                        "version {} was created below the manifest's floor",
-                        v.version
-                    )));
-                }
                 state.apply(&v);
                 if v.version.is_multiple_of(self.checkpoint_interval) {
                     // Best effort: a missing checkpoint only makes opening read more versions.

@@ -21,7 +21,7 @@
 
 mod files;
 mod gc;
-pub mod manifest;
+pub(crate) mod manifest;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,10 +35,10 @@ use object_store::path::Path;
 
 use crate::log::{CommitLog, LogConsumer, LogError, Lsn, Record, RecordKind};
 use crate::node::{Node, NodeError};
-use crate::storage::Storage;
+use crate::storage::{Storage, paths};
 use crate::types::{Column, arrow_schema};
 use manifest::{Change, Manifest};
-pub use manifest::{DataFile, ManifestState};
+pub(crate) use manifest::{DataFile, ManifestState};
 
 /// Why a table operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -244,19 +244,6 @@ impl Table {
     }
 }
 
-fn table_dir(id: &str) -> String {
-    format!("tables/{id}")
-}
-
-/// A new, unique object path for a data file of table `id`.
-fn data_file_path(id: &str) -> String {
-    format!(
-        "{}/data/{}.parquet",
-        table_dir(id),
-        uuid::Uuid::new_v4().simple()
-    )
-}
-
 /// Checks that a table id is safe to use in object paths.
 fn check_id(id: &str) -> Result<(), TableError> {
     let ok = !id.is_empty()
@@ -411,7 +398,7 @@ impl Tables {
     /// values). Creating an existing table with the same columns is a no-op.
     pub async fn create_table(&self, id: &str, columns: &[Column]) -> Result<(), TableError> {
         check_id(id)?;
-        let manifest = Manifest::new(&table_dir(id), self.config.checkpoint_interval);
+        let manifest = Manifest::new(id, self.config.checkpoint_interval);
         let state = manifest
             .create(self.storage.store().as_ref(), columns)
             .await?;
@@ -427,7 +414,7 @@ impl Tables {
         if let Some(t) = self.get(id) {
             return Ok(t);
         }
-        let manifest = Manifest::new(&table_dir(id), self.config.checkpoint_interval);
+        let manifest = Manifest::new(id, self.config.checkpoint_interval);
         let state = manifest.load(self.storage.store().as_ref()).await?;
         self.insert(id, manifest, state)
     }
@@ -516,7 +503,7 @@ impl Tables {
     }
 
     /// Ids of the tables this node has open.
-    pub fn open_tables(&self) -> Vec<String> {
+    pub(crate) fn open_tables(&self) -> Vec<String> {
         let mut ids: Vec<String> = self
             .tables
             .read()
@@ -575,7 +562,7 @@ impl Tables {
     /// Waits until all tables together hold at most the unflushed budget, or `patience`
     /// passes (then the append that follows answers backpressure as before). Returns whether
     /// there is headroom.
-    pub async fn wait_for_headroom(&self, patience: Duration) -> bool {
+    pub(crate) async fn wait_for_headroom(&self, patience: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + patience;
         loop {
             // Registered before the check, so a flush between the two is not missed.
@@ -593,13 +580,13 @@ impl Tables {
     }
 
     /// Unflushed bytes of all open tables together.
-    pub fn unflushed_total(&self) -> usize {
+    pub(crate) fn unflushed_total(&self) -> usize {
         let tables = self.tables.read().unwrap_or_else(|p| p.into_inner());
         tables.values().map(|t| t.lock().unflushed_bytes).sum()
     }
 
     /// Unflushed bytes of every open table, by table id.
-    pub fn unflushed_by_table(&self) -> Vec<(String, u64)> {
+    pub(crate) fn unflushed_by_table(&self) -> Vec<(String, u64)> {
         let tables = self.tables.read().unwrap_or_else(|p| p.into_inner());
         tables
             .iter()
@@ -679,7 +666,7 @@ impl Tables {
         table: &Table,
         make: impl FnOnce() -> Result<Vec<RecordBatch>, TableError> + Send + 'static,
     ) -> Result<DataFile, TableError> {
-        let path = data_file_path(&table.id);
+        let path = paths::new_table_data_file(&table.id);
         let schema = table.schema.clone();
         let row_group_rows = self.config.row_group_rows;
         let (bytes, file) = tokio::task::spawn_blocking(move || {
@@ -832,7 +819,7 @@ impl Tables {
                     }
                 }
                 let file = DataFile {
-                    path: data_file_path(&table.id),
+                    path: paths::new_table_data_file(&table.id),
                     rows,
                     bytes: bytes.len() as u64,
                     time_ranges,

@@ -9,11 +9,11 @@
 use super::number::parse_i64;
 
 /// How deeply a JSON value may nest (objects and arrays), counting the value itself.
-pub const MAX_NESTING: usize = 127;
+pub(crate) const MAX_NESTING: usize = 127;
 
 /// The kind of a JSON value, as named in error messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum JsonKind {
+pub(crate) enum JsonKind {
     /// `{...}`
     Object,
     /// `[...]`
@@ -30,7 +30,7 @@ pub enum JsonKind {
 
 impl JsonKind {
     /// The kind's name with an article, for messages ("found an array").
-    pub fn describe(self) -> &'static str {
+    pub(crate) fn describe(self) -> &'static str {
         match self {
             JsonKind::Object => "an object",
             JsonKind::Array => "an array",
@@ -42,7 +42,7 @@ impl JsonKind {
     }
 
     /// The kind a value starting with byte `b` has, if any.
-    pub fn from_first_byte(b: u8) -> Option<JsonKind> {
+    pub(crate) fn from_first_byte(b: u8) -> Option<JsonKind> {
         Some(match b {
             b'{' => JsonKind::Object,
             b'[' => JsonKind::Array,
@@ -107,7 +107,7 @@ pub struct JsonError {
 
 /// A string token: its raw content between the quotes, and whether it has escapes.
 #[derive(Debug, Clone, Copy)]
-pub struct RawStr<'a> {
+pub(crate) struct RawStr<'a> {
     /// Bytes between the quotes, escapes not decoded.
     pub content: &'a [u8],
     /// Whether `content` has any backslash escape.
@@ -116,7 +116,7 @@ pub struct RawStr<'a> {
 
 /// A number token and whether it is an integer token (no fraction, no exponent).
 #[derive(Debug, Clone, Copy)]
-pub struct NumberToken<'a> {
+pub(crate) struct NumberToken<'a> {
     /// The token as written.
     pub text: &'a [u8],
     /// No `.`, `e` or `E` in it.
@@ -124,7 +124,7 @@ pub struct NumberToken<'a> {
 }
 
 /// Where compacted JSON goes: a byte vector, or nowhere when only validating.
-pub trait Sink {
+pub(crate) trait Sink {
     /// Appends bytes.
     fn put(&mut self, bytes: &[u8]);
     /// Appends one byte.
@@ -143,7 +143,7 @@ impl Sink for Vec<u8> {
 }
 
 /// A sink that drops everything: validation only.
-pub struct Discard;
+pub(crate) struct Discard;
 
 impl Sink for Discard {
     #[inline]
@@ -207,7 +207,7 @@ fn skip_string_bytes(input: &[u8], mut i: usize) -> usize {
 /// Byte equality tuned for short keys: keys are mostly under 16 bytes, where a call to
 /// `memcmp` costs more than the comparison.
 #[inline]
-pub fn short_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn short_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }
@@ -239,7 +239,7 @@ enum KeyRef {
 }
 
 /// The scanner. It holds a position in one input buffer and reusable scratch space.
-pub struct Scanner<'a> {
+pub(crate) struct Scanner<'a> {
     input: &'a [u8],
     pos: usize,
     keys: Vec<KeyRef>,
@@ -252,7 +252,7 @@ pub struct Scanner<'a> {
 
 impl<'a> Scanner<'a> {
     /// A scanner over `input`.
-    pub fn new(input: &'a [u8]) -> Self {
+    pub(crate) fn new(input: &'a [u8]) -> Self {
         Scanner {
             input,
             pos: 0,
@@ -263,25 +263,19 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// Sets the nesting limit (default [`MAX_NESTING`]).
-    pub fn with_max_nesting(mut self, max_nesting: usize) -> Self {
-        self.max_nesting = max_nesting;
-        self
-    }
-
     /// The current byte offset.
     #[inline]
-    pub fn pos(&self) -> usize {
+    pub(crate) fn pos(&self) -> usize {
         self.pos
     }
 
     /// The whole input.
-    pub fn input(&self) -> &'a [u8] {
+    pub(crate) fn input(&self) -> &'a [u8] {
         self.input
     }
 
     /// Moves to `pos` (used to resynchronise after an error).
-    pub fn set_pos(&mut self, pos: usize) {
+    pub(crate) fn set_pos(&mut self, pos: usize) {
         self.pos = pos.min(self.input.len());
     }
 
@@ -296,7 +290,7 @@ impl<'a> Scanner<'a> {
     /// The error for whatever is at the current position (a byte that cannot be here, or the
     /// end of the input).
     #[inline]
-    pub fn unexpected(&self) -> JsonError {
+    pub(crate) fn unexpected(&self) -> JsonError {
         match self.input.get(self.pos) {
             Some(&b) => self.error(JsonErrorKind::UnexpectedByte(b)),
             None => self.error(JsonErrorKind::UnexpectedEnd),
@@ -305,7 +299,7 @@ impl<'a> Scanner<'a> {
 
     /// Skips JSON whitespace (space, tab, LF, CR).
     #[inline]
-    pub fn skip_ws(&mut self) {
+    pub(crate) fn skip_ws(&mut self) {
         while let Some(&b) = self.input.get(self.pos) {
             if b == b' ' || b == b'\n' || b == b'\r' || b == b'\t' {
                 self.pos += 1;
@@ -320,7 +314,7 @@ impl<'a> Scanner<'a> {
     /// like [`Scanner::value`] with `out` as the sink. Values sent compact already (most are)
     /// are validated without a sink and copied in one piece; only a value with whitespace
     /// in it is scanned again to compact it.
-    pub fn compact_value(
+    pub(crate) fn compact_value(
         &mut self,
         out: &mut Vec<u8>,
         depth: usize,
@@ -339,13 +333,13 @@ impl<'a> Scanner<'a> {
 
     /// The byte at the current position.
     #[inline]
-    pub fn peek(&self) -> Option<u8> {
+    pub(crate) fn peek(&self) -> Option<u8> {
         self.input.get(self.pos).copied()
     }
 
     /// Consumes `byte` (after whitespace) or fails.
     #[inline]
-    pub fn expect(&mut self, byte: u8) -> Result<(), JsonError> {
+    pub(crate) fn expect(&mut self, byte: u8) -> Result<(), JsonError> {
         self.skip_ws();
         if self.peek() == Some(byte) {
             self.pos += 1;
@@ -357,7 +351,7 @@ impl<'a> Scanner<'a> {
 
     /// Scans a string token at the current position (which must be `"`).
     #[inline]
-    pub fn string(&mut self) -> Result<RawStr<'a>, JsonError> {
+    pub(crate) fn string(&mut self) -> Result<RawStr<'a>, JsonError> {
         debug_assert_eq!(self.peek(), Some(b'"'));
         self.pos += 1;
         let start = self.pos;
@@ -430,7 +424,7 @@ impl<'a> Scanner<'a> {
 
     /// Scans a number token at the current position.
     #[inline]
-    pub fn number(&mut self) -> Result<NumberToken<'a>, JsonError> {
+    pub(crate) fn number(&mut self) -> Result<NumberToken<'a>, JsonError> {
         let input = self.input;
         let start = self.pos;
         let mut i = start;
@@ -491,7 +485,7 @@ impl<'a> Scanner<'a> {
 
     /// Consumes the literal `true`, `false` or `null` at the current position.
     #[inline]
-    pub fn literal(&mut self) -> Result<&'static [u8], JsonError> {
+    pub(crate) fn literal(&mut self) -> Result<&'static [u8], JsonError> {
         let rest = &self.input[self.pos.min(self.input.len())..];
         for word in [&b"true"[..], b"false", b"null"] {
             if rest.starts_with(word) {
@@ -504,7 +498,11 @@ impl<'a> Scanner<'a> {
 
     /// Scans one value (after whitespace), writing its compact form to `sink`, and returns its
     /// kind. `depth` is the nesting of the value's container (0 at the top).
-    pub fn value<S: Sink>(&mut self, sink: &mut S, depth: usize) -> Result<JsonKind, JsonError> {
+    pub(crate) fn value<S: Sink>(
+        &mut self,
+        sink: &mut S,
+        depth: usize,
+    ) -> Result<JsonKind, JsonError> {
         self.skip_ws();
         let Some(b) = self.peek() else {
             return Err(self.error(JsonErrorKind::UnexpectedEnd));
@@ -693,7 +691,7 @@ impl<'a> Scanner<'a> {
 /// A lone surrogate escape is written as its 3-byte generalized-UTF-8 form when
 /// `allow_lone_surrogates` is set (for key comparison only), and is an error carrying the code
 /// unit otherwise. The content must have passed [`Scanner::string`].
-pub fn unescape_into(
+pub(crate) fn unescape_into(
     content: &[u8],
     out: &mut Vec<u8>,
     allow_lone_surrogates: bool,

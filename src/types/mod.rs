@@ -19,13 +19,13 @@ pub mod number;
 pub mod temporal;
 
 /// Arrow field metadata key holding a column's sluice type name.
-pub const SLUICE_TYPE_KEY: &str = "sluice.type";
+pub(crate) const SLUICE_TYPE_KEY: &str = "sluice.type";
 /// Arrow field metadata key of the canonical extension type name.
-pub const EXTENSION_NAME_KEY: &str = "ARROW:extension:name";
+pub(crate) const EXTENSION_NAME_KEY: &str = "ARROW:extension:name";
 /// Arrow field metadata key of the canonical extension type's metadata.
-pub const EXTENSION_METADATA_KEY: &str = "ARROW:extension:metadata";
+pub(crate) const EXTENSION_METADATA_KEY: &str = "ARROW:extension:metadata";
 /// The canonical Arrow extension type for UTF-8 columns that hold JSON text.
-pub const JSON_EXTENSION_NAME: &str = "arrow.json";
+pub(crate) const JSON_EXTENSION_NAME: &str = "arrow.json";
 
 /// The type of a table column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -190,7 +190,7 @@ impl Column {
 }
 
 /// The Arrow schema of these columns, in order.
-pub fn arrow_schema<'a>(columns: impl IntoIterator<Item = &'a Column>) -> SchemaRef {
+pub(crate) fn arrow_schema<'a>(columns: impl IntoIterator<Item = &'a Column>) -> SchemaRef {
     let fields: Vec<Field> = columns
         .into_iter()
         .map(|c| c.data_type.arrow_field(&c.name))
@@ -203,7 +203,7 @@ pub fn arrow_schema<'a>(columns: impl IntoIterator<Item = &'a Column>) -> Schema
 /// The `Display` text says what was wrong and what was expected; it becomes the `message` of a
 /// row error.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ValueError {
+pub(crate) enum ValueError {
     /// The JSON kind of the value is not one the column accepts.
     #[error("expected {expected}, found {found}")]
     WrongKind {
@@ -279,27 +279,11 @@ pub enum ValueError {
     Json(#[from] json::JsonError),
 }
 
-/// Decodes a binary column's value: canonical, padded, standard-alphabet base64.
+/// Decodes a binary column's value, canonical, padded, standard-alphabet base64, into
+/// `out`, appending.
 ///
 /// Non-canonical trailing bits, missing padding and the URL-safe alphabet are rejected.
-///
-/// ```
-/// assert_eq!(sluice::types::decode_base64("aGVsbG8=").unwrap(), b"hello");
-/// assert!(sluice::types::decode_base64("aGVsbG8").is_err());
-/// assert!(sluice::types::decode_base64("aGVsbG9=").is_err());
-/// ```
-pub fn decode_base64(text: &str) -> Result<Vec<u8>, ValueError> {
-    use base64::Engine as _;
-    // The STANDARD engine requires canonical padding and rejects non-zero trailing bits.
-    base64::engine::general_purpose::STANDARD
-        .decode(text)
-        .map_err(|e| ValueError::InvalidBase64 {
-            problem: e.to_string(),
-        })
-}
-
-/// Decodes canonical base64 into `out`, appending; see [`decode_base64`].
-pub fn decode_base64_into(text: &[u8], out: &mut Vec<u8>) -> Result<(), ValueError> {
+pub(crate) fn decode_base64_into(text: &[u8], out: &mut Vec<u8>) -> Result<(), ValueError> {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD
         .decode_vec(text, out)
@@ -312,4 +296,22 @@ pub fn decode_base64_into(text: &[u8], out: &mut Vec<u8>) -> Result<(), ValueErr
 pub fn encode_base64(bytes: &[u8]) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_must_be_canonical_padded_and_standard() {
+        let decode = |text: &str| {
+            let mut out = Vec::new();
+            decode_base64_into(text.as_bytes(), &mut out).map(|()| out)
+        };
+        assert_eq!(decode("aGVsbG8=").unwrap(), b"hello");
+        assert!(decode("aGVsbG8").is_err(), "padding missing");
+        assert!(decode("aGVsbG9=").is_err(), "non-zero trailing bits");
+        assert!(decode("_-8=").is_err(), "URL-safe alphabet");
+        assert_eq!(encode_base64(b"hello"), "aGVsbG8=");
+    }
 }

@@ -6,15 +6,12 @@
 
 use super::ValueError;
 
-/// Largest value a `uint` column accepts on input (the signed 64-bit maximum).
-pub const UINT_INPUT_MAX: u64 = i64::MAX as u64;
-
 fn token_string(token: &[u8]) -> String {
     String::from_utf8_lossy(token).into_owned()
 }
 
 /// Parses an integer token (`-?(0|[1-9][0-9]*)`) as `i64`, or `None` when it is out of range.
-pub fn parse_i64(token: &[u8]) -> Option<i64> {
+pub(crate) fn parse_i64(token: &[u8]) -> Option<i64> {
     let (negative, digits) = match token.split_first() {
         Some((b'-', rest)) => (true, rest),
         _ => (false, token),
@@ -39,7 +36,7 @@ pub fn parse_i64(token: &[u8]) -> Option<i64> {
 }
 
 /// Checks an `int` column's number token.
-pub fn int_value(token: &[u8], is_integer: bool) -> Result<i64, ValueError> {
+pub(crate) fn int_value(token: &[u8], is_integer: bool) -> Result<i64, ValueError> {
     if !is_integer {
         return Err(ValueError::NotAnIntegerToken {
             token: token_string(token),
@@ -53,7 +50,7 @@ pub fn int_value(token: &[u8], is_integer: bool) -> Result<i64, ValueError> {
 }
 
 /// Checks a `uint` column's number token: an integer from 0 through 9223372036854775807.
-pub fn uint_value(token: &[u8], is_integer: bool) -> Result<u64, ValueError> {
+pub(crate) fn uint_value(token: &[u8], is_integer: bool) -> Result<u64, ValueError> {
     if !is_integer {
         return Err(ValueError::NotAnIntegerToken {
             token: token_string(token),
@@ -73,15 +70,7 @@ pub fn uint_value(token: &[u8], is_integer: bool) -> Result<u64, ValueError> {
 ///
 /// The value must be finite; a non-zero token must not round to zero; an integer token must be
 /// exactly representable (so `9007199254740993` is refused while `9007199254740992` is not).
-///
-/// ```
-/// use sluice::types::number::float_value;
-/// assert_eq!(float_value(b"1.5", false).unwrap(), 1.5);
-/// assert!(float_value(b"1e400", false).is_err());
-/// assert!(float_value(b"1e-400", false).is_err());
-/// assert!(float_value(b"9007199254740993", true).is_err());
-/// ```
-pub fn float_value(token: &[u8], is_integer: bool) -> Result<f64, ValueError> {
+pub(crate) fn float_value(token: &[u8], is_integer: bool) -> Result<f64, ValueError> {
     let problem = |problem| ValueError::FloatNotRepresentable {
         token: token_string(token),
         problem,
@@ -149,6 +138,14 @@ pub fn format_float(value: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn float_values_are_finite_and_exact() {
+        assert_eq!(float_value(b"1.5", false).unwrap(), 1.5);
+        assert!(float_value(b"1e400", false).is_err());
+        assert!(float_value(b"1e-400", false).is_err());
+        assert!(float_value(b"9007199254740993", true).is_err());
+    }
 
     #[test]
     fn i64_edges() {

@@ -113,14 +113,7 @@ fn fraction(s: &[u8], pos: usize) -> Result<(i128, usize), &'static str> {
 /// explicit offset are required, at most nine fractional digits are allowed, the date must exist
 /// in the calendar, leap seconds (`:60`) are refused because they have no nanosecond value, and
 /// the instant must fit signed 64-bit nanoseconds (1677-09-21 to 2262-04-11).
-///
-/// ```
-/// use sluice::types::temporal::parse_timestamp;
-/// assert_eq!(parse_timestamp(b"1970-01-01T00:00:01.5Z").unwrap(), 1_500_000_000);
-/// assert_eq!(parse_timestamp(b"1970-01-01T01:00:00+01:00").unwrap(), 0);
-/// assert!(parse_timestamp(b"2026-10-23").is_err());
-/// ```
-pub fn parse_timestamp(s: &[u8]) -> Result<i64, ValueError> {
+pub(crate) fn parse_timestamp(s: &[u8]) -> Result<i64, ValueError> {
     let err = |problem| ts_err(s, problem);
     if s.len() < 19 {
         if s.len() == 10 && digits::<4>(s, 0).is_some() && s.get(4) == Some(&b'-') {
@@ -214,7 +207,7 @@ pub fn format_timestamp(nanos: i64) -> String {
 }
 
 /// Appends [`format_timestamp`]'s text to `out`.
-pub fn write_timestamp(out: &mut String, nanos: i64) {
+pub(crate) fn write_timestamp(out: &mut String, nanos: i64) {
     let seconds = nanos.div_euclid(1_000_000_000);
     let sub = nanos.rem_euclid(1_000_000_000) as u32;
     let days = seconds.div_euclid(SECONDS_PER_DAY);
@@ -249,14 +242,7 @@ fn write_fraction(out: &mut String, nanos: u32) {
 /// The form is `[+|-]PT[nH][nM][n[.fraction]S]` with at least one component, in that order.
 /// Years, months, weeks and days are calendar units and are refused; only seconds may carry a
 /// fraction (at most nine digits); the total must fit signed 64-bit nanoseconds.
-///
-/// ```
-/// use sluice::types::temporal::parse_interval;
-/// assert_eq!(parse_interval(b"PT1H2M3.000000004S").unwrap(), 3_723_000_000_004);
-/// assert_eq!(parse_interval(b"-PT0.5S").unwrap(), -500_000_000);
-/// assert!(parse_interval(b"P1D").is_err());
-/// ```
-pub fn parse_interval(s: &[u8]) -> Result<i64, ValueError> {
+pub(crate) fn parse_interval(s: &[u8]) -> Result<i64, ValueError> {
     let err = |problem| iv_err(s, problem);
     let mut pos = 0;
     let negative = match s.first() {
@@ -365,7 +351,7 @@ pub fn format_interval(nanos: i64) -> String {
 }
 
 /// Appends [`format_interval`]'s text to `out`.
-pub fn write_interval(out: &mut String, nanos: i64) {
+pub(crate) fn write_interval(out: &mut String, nanos: i64) {
     if nanos < 0 {
         out.push('-');
     }
@@ -394,6 +380,26 @@ pub fn write_interval(out: &mut String, nanos: i64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn intervals_are_hours_minutes_seconds() {
+        assert_eq!(
+            parse_interval(b"PT1H2M3.000000004S").unwrap(),
+            3_723_000_000_004
+        );
+        assert_eq!(parse_interval(b"-PT0.5S").unwrap(), -500_000_000);
+        assert!(parse_interval(b"P1D").is_err());
+    }
+
+    #[test]
+    fn timestamps_are_rfc3339_with_an_offset() {
+        assert_eq!(
+            parse_timestamp(b"1970-01-01T00:00:01.5Z").unwrap(),
+            1_500_000_000
+        );
+        assert_eq!(parse_timestamp(b"1970-01-01T01:00:00+01:00").unwrap(), 0);
+        assert!(parse_timestamp(b"2026-10-23").is_err());
+    }
 
     #[test]
     fn civil_round_trip() {

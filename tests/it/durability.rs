@@ -326,6 +326,73 @@ async fn a_flush_whose_commit_landed_unseen_does_not_write_its_rows_again() {
     assert_eq!(ids(&db, "t").await, (0..15).collect::<Vec<_>>());
 }
 
+/// Catalog versions in the store (`catalog/{v:020}.json`).
+async fn catalog_versions(storage: &Storage) -> usize {
+    use futures::TryStreamExt as _;
+    let listed: Vec<object_store::ObjectMeta> = storage
+        .store()
+        .list(Some(&object_store::path::Path::from("catalog")))
+        .try_collect()
+        .await
+        .unwrap();
+    listed
+        .iter()
+        .filter(|m| {
+            let name = m.location.filename().unwrap_or("");
+            name.ends_with(".json") && !name.ends_with(".checkpoint.json")
+        })
+        .count()
+}
+
+/// The catalog commits through the same versioned-object protocol as the manifest (the
+/// flush and compaction cases around this one): a change whose answer is lost is applied
+/// once; one whose outcome stays unknown is answered as such, and the retry finds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catalog_change_whose_answer_was_lost_is_applied_exactly_once() {
+    use sluice::error::{Applied, Classify as _};
+    let dir = common::temp_dir("ambiguous-ddl");
+    let probe = Arc::new(Probe::default());
+    let store = Arc::new(ProbedStore::new(
+        Arc::new(object_store::memory::InMemory::new()),
+        probe.clone(),
+    ));
+    let storage = Storage::from_store(store, "memory-probed://");
+    let c = config(&dir);
+    let db = Database::open_with_storage(c.clone(), storage.clone())
+        .await
+        .unwrap();
+    assert_eq!(catalog_versions(&storage).await, 1);
+    // The version lands, its answer is lost, the read-back settles it.
+    probe.lose_create_answers(1);
+    db.execute("CREATE TABLE t (id int, note string)")
+        .await
+        .unwrap();
+    assert_eq!(catalog_versions(&storage).await, 2, "applied once");
+    ingest(&db, "t", 0..3).await.unwrap();
+    // The version lands; the answer and the read-back are both lost.
+    probe.lose_create_answers_unverified(1);
+    let err = db
+        .execute("CREATE TABLE u (id int, note string)")
+        .await
+        .unwrap_err();
+    assert_eq!(err.class().applied, Applied::Unknown, "{err}");
+    // The retry sees the change landed: it is not applied again.
+    match db.execute("CREATE TABLE u (id int, note string)").await {
+        Ok(_) => {}
+        Err(e) => assert!(e.to_string().contains("already exists"), "{e}"),
+    }
+    assert_eq!(catalog_versions(&storage).await, 3, "applied once");
+    ingest(&db, "u", 0..2).await.unwrap();
+    assert_eq!(ids(&db, "u").await, vec![0, 1]);
+    crash(db);
+    let db = Database::open_with_storage(c, storage.clone())
+        .await
+        .unwrap();
+    assert_eq!(ids(&db, "t").await, vec![0, 1, 2]);
+    assert_eq!(ids(&db, "u").await, vec![0, 1]);
+    assert_eq!(catalog_versions(&storage).await, 3);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compaction_whose_commit_may_have_landed_keeps_its_file() {
     let dir = common::temp_dir("ambiguous-compaction");

@@ -1,0 +1,113 @@
+//! Where everything lives in the object store: the one place that names object paths.
+//!
+//! Every path is relative to the database root (the local `objects/` directory, or the S3
+//! prefix):
+//!
+//! | path | what | written by |
+//! |------|------|------------|
+//! | `catalog/{v:020}.json`, `.checkpoint.json`, `.floor` | catalog versions | [`crate::catalog`] through [`super::versioned`] |
+//! | `nodes/{id}/epochs/{e:020}.json` | a node id's epoch claims | [`crate::node`] through [`super::versioned`] |
+//! | `nodes/{id}/heartbeat.json` | the running epoch's heartbeat | [`crate::node`] |
+//! | `tables/{id}/_log/{v:020}.json`, … | a table's manifest versions | `table::manifest` through [`super::versioned`] |
+//! | `tables/{id}/data/{uuid}.parquet` | a table's data files | [`crate::table`] (flush, compaction) |
+//! | `streams/{node}/data/{lsn:020}-{tag}.bin` | sealed stream records | `stream::cold` (checkpoint) |
+//! | `streams/{node}/snapshots/{lsn:020}.json` | every stream's state at `lsn` | `stream::cold` (checkpoint) |
+//! | `subscriptions/{node}.json` | a node's webhook subscriptions | `http::subscriptions` |
+//!
+//! Ids and node names are checked before they reach a path (table ids by the table module,
+//! node ids by [`crate::node`]): none holds a `/`.
+
+/// The catalog's versions.
+pub(crate) const CATALOG: &str = "catalog";
+
+/// Every table's directory.
+pub(crate) const TABLES: &str = "tables";
+
+/// The epoch claims of node `id`.
+pub(crate) fn node_epochs(id: &str) -> String {
+    format!("nodes/{id}/epochs")
+}
+
+/// The heartbeat of node `id`.
+pub(crate) fn node_heartbeat(id: &str) -> String {
+    format!("nodes/{id}/heartbeat.json")
+}
+
+/// Everything of table `id`.
+pub(crate) fn table(id: &str) -> String {
+    format!("{TABLES}/{id}")
+}
+
+/// Table `id`'s manifest versions.
+pub(crate) fn table_manifest(id: &str) -> String {
+    format!("{TABLES}/{id}/_log")
+}
+
+/// Table `id`'s data files.
+pub(crate) fn table_data(id: &str) -> String {
+    format!("{TABLES}/{id}/data")
+}
+
+/// A new, unique data file of table `id`.
+pub(crate) fn new_table_data_file(id: &str) -> String {
+    format!(
+        "{}/{}.parquet",
+        table_data(id),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// Everything of node `node`'s streams.
+pub(crate) fn streams(node: &str) -> String {
+    format!("streams/{node}")
+}
+
+/// The sealed-record objects of node `node`'s streams.
+pub(crate) fn stream_data(node: &str) -> String {
+    format!("{}/data", streams(node))
+}
+
+/// A new, unique sealed-record object whose records end at `lsn` (a checkpoint that only
+/// rewrites has the LSN of the last one: the tag keeps them apart).
+pub(crate) fn new_stream_data_object(node: &str, lsn: u64) -> String {
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    format!("{}/{lsn:020}-{}.bin", stream_data(node), &tag[..8])
+}
+
+/// The stream snapshots of node `node`.
+pub(crate) fn stream_snapshots(node: &str) -> String {
+    format!("{}/snapshots", streams(node))
+}
+
+/// The snapshot of node `node`'s streams at `lsn`.
+pub(crate) fn stream_snapshot(node: &str, lsn: u64) -> String {
+    format!("{}/{lsn:020}.json", stream_snapshots(node))
+}
+
+/// Node `node`'s webhook subscriptions.
+pub(crate) fn subscriptions(node: &str) -> String {
+    format!("subscriptions/{node}.json")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_follow_the_documented_layout() {
+        assert_eq!(table_manifest("t1"), "tables/t1/_log");
+        assert!(new_table_data_file("t1").starts_with("tables/t1/data/"));
+        assert!(new_table_data_file("t1").ends_with(".parquet"));
+        assert_ne!(new_table_data_file("t1"), new_table_data_file("t1"));
+        assert_eq!(node_epochs("n"), "nodes/n/epochs");
+        assert_eq!(node_heartbeat("n"), "nodes/n/heartbeat.json");
+        let object = new_stream_data_object("n", 7);
+        assert!(object.starts_with("streams/n/data/00000000000000000007-"));
+        assert!(object.ends_with(".bin"));
+        assert_eq!(
+            stream_snapshot("n", 7),
+            "streams/n/snapshots/00000000000000000007.json"
+        );
+        assert_eq!(subscriptions("n"), "subscriptions/n.json");
+    }
+}
