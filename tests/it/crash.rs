@@ -42,6 +42,13 @@ struct Profile {
     long: bool,
     /// Note bytes per row (rows are the bulk of the log).
     note: usize,
+    /// Rows per ingest request: ids `b * batch .. (b + 1) * batch` for batch number `b`.
+    batch: i64,
+    /// Pause of each ingest client between requests (the long form paces its load so that
+    /// its data stays within the disk and its checks within memory over a long run).
+    ingest_pause: Duration,
+    /// Pause of the stream producer between appends.
+    append_pause: Duration,
 }
 
 fn config_file(dir: &std::path::Path, profile: &Profile) -> std::path::PathBuf {
@@ -95,10 +102,10 @@ impl Rng {
 /// What the clients know.
 #[derive(Default, Clone)]
 struct Ledger {
-    /// Row ids acknowledged (200).
-    acked_rows: BTreeSet<i64>,
-    /// Row ids whose request got no answer (the kill came mid-request).
-    unknown_rows: BTreeSet<i64>,
+    /// Batches of rows acknowledged (200), by number (see [`Profile::batch`]).
+    acked_batches: BTreeSet<i64>,
+    /// Batches whose request got no answer (the kill came mid-request).
+    unknown_batches: BTreeSet<i64>,
     /// Producer sequence -> acknowledged Stream-Next-Offset (None for a duplicate answer).
     acked_messages: BTreeMap<u64, Option<u64>>,
 }
@@ -130,39 +137,46 @@ fn rows_body(ids: &[i64], note: usize) -> String {
         .collect()
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The body of batch number `b`.
+fn batch_body(b: i64, profile: &Profile) -> String {
+    let ids: Vec<i64> = (b * profile.batch..(b + 1) * profile.batch).collect();
+    rows_body(&ids, profile.note)
+}
+
 async fn ingest_client(
     base: String,
     client: reqwest::Client,
-    next_id: Arc<AtomicI64>,
+    next_batch: Arc<AtomicI64>,
     ledger: Arc<Mutex<Ledger>>,
     refusals: Arc<Refusals>,
     stop: Arc<AtomicBool>,
-    note: usize,
+    profile: Arc<Profile>,
 ) {
     while !stop.load(Ordering::Relaxed) {
-        let first = next_id.fetch_add(20, Ordering::Relaxed);
-        let ids: Vec<i64> = (first..first + 20).collect();
+        let b = next_batch.fetch_add(1, Ordering::Relaxed);
         let r = client
             .post(format!(
                 "{base}/v1/catalog/databases/scopedb/schemas/public/tables/c/ingest"
             ))
             .header("content-type", "application/x-ndjson")
-            .body(rows_body(&ids, note))
+            .body(batch_body(b, &profile))
             .send()
             .await;
         match r {
-            Ok(r) if r.status() == 200 => ledger.lock().unwrap().acked_rows.extend(ids),
+            Ok(r) if r.status() == 200 => {
+                ledger.lock().unwrap().acked_batches.insert(b);
+            }
             Ok(r) => {
                 refusal("ingest", r).await;
                 refusals.ingest_503.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             Err(_) => {
-                ledger.lock().unwrap().unknown_rows.extend(ids);
+                ledger.lock().unwrap().unknown_batches.insert(b);
                 return;
             }
         }
+        tokio::time::sleep(profile.ingest_pause).await;
     }
 }
 
@@ -219,10 +233,11 @@ async fn producer(
     ledger: Arc<Mutex<Ledger>>,
     refusals: Arc<Refusals>,
     stop: Arc<AtomicBool>,
+    pause: Duration,
 ) {
     while !stop.load(Ordering::Relaxed) {
         match produce_one(&base, &client, &next_seq, &ledger, &refusals).await {
-            Ok(true) => {}
+            Ok(true) => tokio::time::sleep(pause).await,
             Ok(false) => tokio::time::sleep(Duration::from_millis(20)).await,
             Err(()) => return,
         }
@@ -273,24 +288,30 @@ async fn counters(client: &reqwest::Client, base: &str) -> Option<BTreeMap<&'sta
 }
 
 /// Checks every invariant against what the server serves now.
-async fn verify(client: &reqwest::Client, base: &str, ledger: &Ledger) {
-    let r = common::statement(client, base, "SELECT id FROM c").await;
+async fn verify(client: &reqwest::Client, base: &str, ledger: &Ledger, profile: &Profile) {
+    // One row per batch number present (a request is all-or-nothing, so a batch is whole or
+    // absent): its row count and distinct ids say whether a row is missing or doubled.
+    let per_batch = format!(
+        "SELECT id / {batch} AS b, count(*) AS n, count(DISTINCT id) AS d FROM c \
+         GROUP BY id / {batch}",
+        batch = profile.batch
+    );
+    let r = common::statement(client, base, &per_batch).await;
     assert_eq!(r["status"], "finished", "{r}");
-    let ids: Vec<i64> = r["result_set"]["rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|row| row[0].as_str().unwrap().parse().unwrap())
-        .collect();
-    let distinct: BTreeSet<i64> = ids.iter().copied().collect();
-    assert_eq!(distinct.len(), ids.len(), "a row is visible twice");
-    let missing: Vec<&i64> = ledger.acked_rows.difference(&distinct).collect();
-    assert!(missing.is_empty(), "acknowledged rows lost: {missing:?}");
-    let strays: Vec<&i64> = distinct
-        .iter()
-        .filter(|i| !ledger.acked_rows.contains(i) && !ledger.unknown_rows.contains(i))
-        .collect();
-    assert!(strays.is_empty(), "rows nobody sent: {strays:?}");
+    let number = |v: &Value| -> i64 { v.as_str().unwrap().parse().unwrap() };
+    let mut present = BTreeSet::new();
+    for row in r["result_set"]["rows"].as_array().unwrap() {
+        let (b, n, d) = (number(&row[0]), number(&row[1]), number(&row[2]));
+        assert_eq!(n, d, "a row of batch {b} is visible twice");
+        assert_eq!(n, profile.batch, "batch {b} is partly visible ({n} rows)");
+        assert!(
+            ledger.acked_batches.contains(&b) || ledger.unknown_batches.contains(&b),
+            "rows nobody sent: batch {b}"
+        );
+        present.insert(b);
+    }
+    let missing: Vec<&i64> = ledger.acked_batches.difference(&present).collect();
+    assert!(missing.is_empty(), "acknowledged batches lost: {missing:?}");
     // The stream, as stored: one message per line; its end offset is where the line ends.
     let r = client
         .get(format!("{base}/v1/stream/crash"))
@@ -329,27 +350,26 @@ async fn verify(client: &reqwest::Client, base: &str, ledger: &Ledger) {
 async fn takes_writes(
     client: &reqwest::Client,
     base: &str,
-    next_id: &AtomicI64,
+    next_batch: &AtomicI64,
     next_seq: &AtomicI64,
     ledger: &Mutex<Ledger>,
     refusals: &Refusals,
-    note: usize,
+    profile: &Profile,
 ) {
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     loop {
-        let first = next_id.fetch_add(20, Ordering::Relaxed);
-        let ids: Vec<i64> = (first..first + 20).collect();
+        let b = next_batch.fetch_add(1, Ordering::Relaxed);
         let r = client
             .post(format!(
                 "{base}/v1/catalog/databases/scopedb/schemas/public/tables/c/ingest"
             ))
             .header("content-type", "application/x-ndjson")
-            .body(rows_body(&ids, note))
+            .body(batch_body(b, profile))
             .send()
             .await
             .unwrap();
         if r.status() == 200 {
-            ledger.lock().unwrap().acked_rows.extend(ids);
+            ledger.lock().unwrap().acked_batches.insert(b);
             break;
         }
         refusal("ingest after restart", r).await;
@@ -390,10 +410,23 @@ async fn killed_at_random_moments_it_loses_nothing_acknowledged() {
                 .as_nanos() as u64
                 | 1
         });
-    let profile = Profile {
-        long,
-        note: if long { 400 } else { 100 },
-    };
+    let profile = Arc::new(if long {
+        Profile {
+            long,
+            note: 400,
+            batch: 200,
+            ingest_pause: Duration::from_millis(25),
+            append_pause: Duration::from_millis(10),
+        }
+    } else {
+        Profile {
+            long,
+            note: 100,
+            batch: 20,
+            ingest_pause: Duration::ZERO,
+            append_pause: Duration::ZERO,
+        }
+    });
     println!("crash loop: {cycles} cycles, seed {seed}, long form {long}");
     let mut rng = Rng(seed);
     let dir = common::temp_dir("crash");
@@ -416,7 +449,7 @@ async fn killed_at_random_moments_it_loses_nothing_acknowledged() {
     assert_eq!(r.status(), 201);
     let ledger = Arc::new(Mutex::new(Ledger::default()));
     let refusals = Arc::new(Refusals::default());
-    let next_id = Arc::new(AtomicI64::new(0));
+    let next_batch = Arc::new(AtomicI64::new(0));
     let next_seq = Arc::new(AtomicI64::new(0));
     let mut totals: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut restarts = Vec::new();
@@ -451,11 +484,11 @@ async fn killed_at_random_moments_it_loses_nothing_acknowledged() {
             tasks.push(tokio::spawn(ingest_client(
                 base.clone(),
                 client.clone(),
-                next_id.clone(),
+                next_batch.clone(),
                 ledger.clone(),
                 refusals.clone(),
                 stop.clone(),
-                profile.note,
+                profile.clone(),
             )));
         }
         tasks.push(tokio::spawn(producer(
@@ -465,6 +498,7 @@ async fn killed_at_random_moments_it_loses_nothing_acknowledged() {
             ledger.clone(),
             refusals.clone(),
             stop.clone(),
+            profile.append_pause,
         )));
         let query_task = tokio::spawn(querier(base.clone(), client.clone(), stop.clone()));
         // Read the counters along the way: the last reading before the kill counts.
@@ -489,21 +523,21 @@ async fn killed_at_random_moments_it_loses_nothing_acknowledged() {
         server = spawn(&dir, port, &config);
         restarts.push(wait_healthy(port).await);
         let snapshot = ledger.lock().unwrap().clone();
-        verify(&client, &base, &snapshot).await;
+        verify(&client, &base, &snapshot, &profile).await;
         takes_writes(
             &client,
             &base,
-            &next_id,
+            &next_batch,
             &next_seq,
             &ledger,
             &refusals,
-            profile.note,
+            &profile,
         )
         .await;
         println!(
             "cycle {cycle}: lived {life} ms; {} rows acknowledged, {} unknown, {} stream appends acknowledged",
-            snapshot.acked_rows.len(),
-            snapshot.unknown_rows.len(),
+            snapshot.acked_batches.len() as i64 * profile.batch,
+            snapshot.unknown_batches.len() as i64 * profile.batch,
             snapshot.acked_messages.len()
         );
     }
@@ -513,14 +547,14 @@ async fn killed_at_random_moments_it_loses_nothing_acknowledged() {
         "crash loop done: {cycles} kills ({double_restarts} quick double restarts), {} rows \
          and {} stream appends acknowledged, {} rows unknown, {queries} queries answered, \
          {} ingest and {} append refusals (503, nothing applied), slowest restart {slowest:?}",
-        l.acked_rows.len(),
+        l.acked_batches.len() as i64 * profile.batch,
         l.acked_messages.len(),
-        l.unknown_rows.len(),
+        l.unknown_batches.len() as i64 * profile.batch,
         refusals.ingest_503.load(Ordering::Relaxed),
         refusals.append_503.load(Ordering::Relaxed),
     );
     println!("between kills: {totals:?}");
-    assert!(l.acked_rows.len() > cycles * 20, "the load did not run");
+    assert!(l.acked_batches.len() > cycles, "the load did not run");
     assert!(l.acked_messages.len() > cycles, "the producer did not run");
     for name in COUNTERS {
         assert!(
