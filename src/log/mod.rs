@@ -13,7 +13,8 @@
 //! so a valid record after a later group end proves that the damaged record was
 //! acknowledged). Anything else stops the open with [`LogError::Corrupt`], naming the segment
 //! and offset: acknowledged data is never dropped silently (`sluice repair` moves the damaged
-//! part aside). The records found are handed back for replay.
+//! part aside). A cut torn tail is kept too, in `{segment}.torn-{offset}` beside the segment
+//! (an operator may delete these files). The records found are handed back for replay.
 //!
 //! Segments are released by the log's consumers (tables, streams), declared when the log is
 //! opened ([`LogConfig::consumers`]): a segment is deleted only once every declared consumer
@@ -360,7 +361,16 @@ impl CommitLog {
                     });
                 }
                 // A torn tail: the crash came mid-write, and nothing past it was acknowledged.
-                segment::truncate(path, valid_len, config.journal())?;
+                // The cut bytes are kept beside the segment all the same.
+                let (aside, bytes) =
+                    segment::cut_keeping_tail(path, valid_len, "torn", config.journal())?;
+                tracing::warn!(
+                    segment = %path.display(),
+                    offset = valid_len,
+                    bytes,
+                    kept_in = %aside.display(),
+                    "cut a torn tail off the commit log (an unacknowledged write the crash interrupted)"
+                );
             }
             if let Some(journal) = config.journal() {
                 journal.existing(path, valid_len);
@@ -606,25 +616,12 @@ pub fn repair(dir: &Path) -> Result<Vec<MovedAside>, LogError> {
                 return Ok(moved);
             }
             Err(LogError::Corrupt { path, offset }) => {
-                let bytes = fs::read(&path).map_err(|e| LogError::io(&path, e))?;
-                let at = usize::try_from(offset)
-                    .unwrap_or(bytes.len())
-                    .min(bytes.len());
-                let name = format!(
-                    "{}.corrupt-{offset}",
-                    path.file_name()
-                        .and_then(|n| n.to_str())
-                        .unwrap_or("segment")
-                );
-                let aside = path.with_file_name(name);
-                fs::write(&aside, &bytes[at..]).map_err(|e| LogError::io(&aside, e))?;
-                segment::truncate(&path, offset, None)?;
-                segment::sync_dir(dir, None)?;
+                let (aside, bytes) = segment::cut_keeping_tail(&path, offset, "corrupt", None)?;
                 moved.push(MovedAside {
                     segment: path,
                     offset,
                     moved_to: aside,
-                    bytes: (bytes.len() - at) as u64,
+                    bytes,
                 });
             }
             Err(e) => return Err(e),

@@ -163,6 +163,37 @@ pub(super) fn truncate(
     Ok(())
 }
 
+/// Copies the bytes of segment `path` from `offset` on into `{file name}.{label}-{offset}`
+/// beside it (synced, file and directory), then cuts the segment there. Returns the copy and
+/// its size: what was cut is never thrown away, whatever the reason for cutting it.
+pub(super) fn cut_keeping_tail(
+    path: &Path,
+    offset: u64,
+    label: &str,
+    journal: Option<&SyncJournal>,
+) -> Result<(PathBuf, u64), LogError> {
+    let bytes = fs::read(path).map_err(|e| LogError::io(path, e))?;
+    let at = usize::try_from(offset)
+        .unwrap_or(bytes.len())
+        .min(bytes.len());
+    let name = format!(
+        "{}.{label}-{offset}",
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("segment")
+    );
+    let aside = path.with_file_name(name);
+    let tail = &bytes[at..];
+    fs::write(&aside, tail)
+        .and_then(|()| File::open(&aside)?.sync_all())
+        .map_err(|e| LogError::io(&aside, e))?;
+    if let Some(dir) = path.parent() {
+        sync_dir(dir, journal)?;
+    }
+    truncate(path, offset, journal)?;
+    Ok((aside, tail.len() as u64))
+}
+
 /// Syncs a directory, so that files created or removed in it survive a crash.
 pub(super) fn sync_dir(dir: &Path, journal: Option<&SyncJournal>) -> Result<(), LogError> {
     File::open(dir)

@@ -154,6 +154,16 @@ fn torn_tails_are_cut_at_every_possible_length() {
             ends[whole],
             "repaired"
         );
+        // The cut bytes are kept beside the segment.
+        if cut > ends[whole] {
+            let name = segment.file_name().unwrap().to_str().unwrap();
+            let kept = segment.with_file_name(format!("{name}.torn-{}", ends[whole]));
+            assert_eq!(
+                fs::read(&kept).unwrap(),
+                &full[ends[whole]..cut],
+                "cut at {cut}"
+            );
+        }
         assert_eq!(
             log.append_blocking(RecordKind::Metadata, vec![1]).unwrap(),
             whole as u64 + 1
