@@ -453,6 +453,15 @@ async fn webhook_target(url: &reqwest::Url, allowed: &[Network]) -> Result<Socke
         .ok_or_else(|| "the webhook host has no address".to_owned())
 }
 
+/// The answer when subscriptions would hold more than `limit` bytes.
+fn too_much_stored(stored: usize, limit: usize) -> Response {
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "TOO_MUCH_STORED",
+        format!("subscriptions hold {stored} bytes; the limit is {limit}"),
+    )
+}
+
 /// Whether a request path is a wake callback (`.../subscriptions/{id}/callback`, `/ack`,
 /// `/release`), which the wake's own token authorizes.
 pub(crate) fn is_wake_callback(path: &str) -> bool {
@@ -1056,14 +1065,7 @@ async fn dispatch(
             }
             let more: usize = added.iter().map(|n| n.len() + 32).sum();
             if stored + more > subs.limits.max_stored_bytes {
-                return error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "TOO_MUCH_STORED",
-                    format!(
-                        "subscriptions hold {stored} bytes; the limit is {}",
-                        subs.limits.max_stored_bytes
-                    ),
-                );
+                return too_much_stored(stored, subs.limits.max_stored_bytes);
             }
             for s in body["streams"].as_array().into_iter().flatten() {
                 if let Some(p) = s.as_str() {
@@ -1266,14 +1268,7 @@ fn put(subs: &Subscriptions, id: &str, headers: &HeaderMap, body: Value) -> Resp
     }
     let stored: usize = all.values().map(Subscription::stored_bytes).sum();
     if stored + sub.stored_bytes() > subs.limits.max_stored_bytes {
-        return error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "TOO_MUCH_STORED",
-            format!(
-                "subscriptions hold {stored} bytes; the limit is {}",
-                subs.limits.max_stored_bytes
-            ),
-        );
+        return too_much_stored(stored, subs.limits.max_stored_bytes);
     }
     if all.len() >= subs.limits.max_subscriptions {
         return error(

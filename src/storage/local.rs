@@ -196,18 +196,22 @@ impl DurableLocalStore {
         }
     }
 
-    /// Makes the object at `location` durable (on a blocking thread: fsync blocks).
+    /// Makes the object at `location` durable.
     async fn written(&self, location: &Path) -> Result<()> {
         let path = self.inner.path_to_filesystem(location)?;
-        let sync = self.sync.clone();
-        tokio::task::spawn_blocking(move || sync.file_written(&path))
-            .await
-            .map_err(|e| object_store::Error::Generic {
-                store: "DurableLocalStore",
-                source: Box::new(e),
-            })?
-            .map_err(io_error)
+        file_written(self.sync.clone(), path).await
     }
+}
+
+/// Makes the file at `path` durable (on a blocking thread: fsync blocks).
+async fn file_written(sync: Arc<Syncer>, path: PathBuf) -> Result<()> {
+    tokio::task::spawn_blocking(move || sync.file_written(&path))
+        .await
+        .map_err(|e| object_store::Error::Generic {
+            store: "DurableLocalStore",
+            source: Box::new(e),
+        })?
+        .map_err(io_error)
 }
 
 impl std::fmt::Display for DurableLocalStore {
@@ -232,15 +236,7 @@ impl MultipartUpload for DurableUpload {
 
     async fn complete(&mut self) -> Result<PutResult> {
         let result = self.inner.complete().await?;
-        let path = self.path.clone();
-        let sync = self.sync.clone();
-        tokio::task::spawn_blocking(move || sync.file_written(&path))
-            .await
-            .map_err(|e| object_store::Error::Generic {
-                store: "DurableLocalStore",
-                source: Box::new(e),
-            })?
-            .map_err(io_error)?;
+        file_written(self.sync.clone(), self.path.clone()).await?;
         Ok(result)
     }
 
