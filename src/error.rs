@@ -36,6 +36,7 @@ use crate::ingest::IngestError;
 use crate::log::LogError;
 use crate::node::NodeError;
 use crate::query::QueryError;
+use crate::query::statements::SubmitError;
 use crate::stream::StreamError;
 use crate::table::TableError;
 
@@ -155,7 +156,11 @@ impl Classify for LogError {
     fn class(&self) -> ErrorClass {
         match self {
             LogError::Full { .. } => ErrorClass::retry("LogDiskPressure"),
-            LogError::Poisoned => ErrorClass::retry("LogUnavailable"),
+            // A write failed: the log takes nothing more until the server restarts.
+            LogError::Poisoned => ErrorClass {
+                retry_after: None,
+                ..ErrorClass::retry("LogUnavailable")
+            },
             LogError::Closed => ErrorClass::retry("ShuttingDown"),
             LogError::Fenced => ErrorClass {
                 retry_after: None,
@@ -216,11 +221,14 @@ impl Classify for TableError {
                 ErrorClass::rejected(Kind::Internal)
             }
             TableError::Conflict(_) => ErrorClass::rejected(Kind::Conflict),
-            // Reached only after the log append succeeded, or on maintenance paths.
-            TableError::Storage(_)
-            | TableError::CorruptManifest { .. }
-            | TableError::Encoding(_)
-            | TableError::Task(_) => ErrorClass::unknown(Kind::Internal),
+            // A request meets these before its rows reach the log (loading the table,
+            // encoding the batch, decoding on a blocking thread) or while reading: nothing
+            // of it was applied. (Flushes and compactions meet them too; no request waits
+            // for those.)
+            TableError::Storage(_) => ErrorClass::retry("StorageUnavailable"),
+            TableError::CorruptManifest { .. } | TableError::Encoding(_) | TableError::Task(_) => {
+                ErrorClass::rejected(Kind::Internal)
+            }
         }
     }
 }
@@ -281,6 +289,14 @@ impl Classify for StreamError {
     }
 }
 
+impl Classify for SubmitError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            SubmitError::Busy(_) => ErrorClass::retry("StatementsBusy"),
+        }
+    }
+}
+
 impl Classify for QueryError {
     fn class(&self) -> ErrorClass {
         match self {
@@ -289,12 +305,15 @@ impl Classify for QueryError {
             QueryError::Unsupported(_) => ErrorClass::rejected(Kind::Unsupported),
             QueryError::Query(_) => ErrorClass::rejected(Kind::QueryFailed),
             QueryError::Rows(e) => e.class(),
+            QueryError::Write(e) => e.class(),
             QueryError::Invalid(_) => ErrorClass::rejected(Kind::Invalid),
             QueryError::Catalog(e) => e.class(),
             QueryError::Table(e) => e.class(),
             QueryError::ResultTooLarge { .. } => ErrorClass::rejected(Kind::ResultTooLarge),
             QueryError::Timeout(_) => ErrorClass::rejected(Kind::Timeout),
-            QueryError::Cancelled => ErrorClass::unknown(Kind::Cancelled),
+            // A statement is cancelled only before it writes anything (see
+            // `query::statements`).
+            QueryError::Cancelled => ErrorClass::rejected(Kind::Cancelled),
         }
     }
 }

@@ -33,7 +33,10 @@
 //!    writer thread groups concurrent appends, writes their frames to the active segment
 //!    (`log/segment.rs`, `data/log/{lsn:020}.log`) and fsyncs. After the sync, on the writer
 //!    thread, the batch joins the table's unflushed set in memory: queries see it
-//!    (`query/provider.rs`) and the request is answered.
+//!    (`query/provider.rs`). Before answering, `Database::confirm_table` checks that the
+//!    catalog still names the same table: one dropped or replaced meanwhile (by this node or
+//!    another) answers 404 or 409, and its rows, committed to the dropped table, are never
+//!    visible. Otherwise the request is answered.
 //! 4. Later a flush (`table/mod.rs`, on the maintenance timer or past a size) writes the
 //!    unflushed batches as one Parquet file, `tables/{id}/data/{uuid}.parquet`, and commits it
 //!    to the table's manifest (`table/manifest.rs`), a versioned object

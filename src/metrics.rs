@@ -166,7 +166,7 @@ impl Collector for StateCollector {
         counter(
             &mut encoder,
             "ingest_bytes",
-            "Request-body bytes of committed table ingests, as received",
+            "Decoded NDJSON bytes of committed table inserts (after decompression)",
             ingest.bytes.load(Ordering::Relaxed),
         )?;
         counter(

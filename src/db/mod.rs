@@ -33,7 +33,7 @@ use crate::storage::probe::{Probe, ProbedStore};
 use crate::storage::{Storage, StorageError};
 use crate::stream::{StreamError, Streams, StreamsConfig};
 use crate::table::{TableConfig, TableError, TableStats, Tables};
-use crate::types::Column;
+use crate::types::{Column, ColumnType};
 
 /// Settings of a database.
 #[derive(Clone)]
@@ -177,7 +177,8 @@ pub enum IngestFailure {
 pub(crate) struct IngestStats {
     /// Rows committed.
     pub rows: std::sync::atomic::AtomicU64,
-    /// Request-body bytes of committed ingests, as received.
+    /// Decoded NDJSON bytes of committed inserts (after gzip/zstd; an INSERT statement counts
+    /// the NDJSON its rows were written as).
     pub bytes: std::sync::atomic::AtomicU64,
     /// Row errors of requests refused for invalid rows.
     pub rejected_rows: std::sync::atomic::AtomicU64,
@@ -187,6 +188,8 @@ pub(crate) struct IngestStats {
 struct ComputedColumn {
     /// Its index in the stored schema.
     index: usize,
+    /// Its type: its values obey the same rules as input values of that type.
+    data_type: ColumnType,
     expr: Arc<dyn PhysicalExpr>,
 }
 
@@ -268,6 +271,16 @@ impl Database {
             path: config.data_dir.display().to_string(),
             source,
         })?;
+        if config.gc_grace <= config.query.timeout {
+            // A query may then find a file it planned to read already collected (it fails;
+            // nothing is lost, as the file's rows live on in the files that replaced it).
+            tracing::warn!(
+                gc_grace_seconds = config.gc_grace.as_secs_f64(),
+                statement_timeout_seconds = config.query.timeout.as_secs_f64(),
+                "the garbage-collection grace period is not longer than the statement timeout: \
+                 long queries may fail when compaction replaces the files they read"
+            );
+        }
         // Every request to the store passes the probe, which counts errors for metrics.
         let probe = Arc::new(Probe::default());
         let storage = storage.layered(Arc::new(ProbedStore::new(
@@ -775,13 +788,83 @@ fn compile_plan(
         let expr = ctx
             .create_physical_expr(expr, &df_schema)
             .map_err(invalid)?;
-        computed.push(ComputedColumn { index, expr });
+        let data_type = columns
+            .get(index)
+            .map(|c| c.data_type)
+            .ok_or_else(|| CatalogError::Invalid(format!("column {} has no type", c.name)))?;
+        computed.push(ComputedColumn {
+            index,
+            data_type,
+            expr,
+        });
     }
     Ok(IngestPlan {
         decoder,
         stored_schema,
         computed,
     })
+}
+
+/// A computed column's values as its type stores them, under the rules input values of that
+/// type obey: a value that does not convert exactly (a negative `uint`, text that is no
+/// timestamp) fails the batch instead of becoming NULL; a `float` must be finite; a JSON
+/// column takes JSON text of its kind, stored compact.
+fn computed_values(
+    value: &ArrayRef,
+    column_type: ColumnType,
+    stored: &arrow_schema::DataType,
+) -> Result<ArrayRef, String> {
+    use arrow_array::Array as _;
+    use arrow_array::cast::AsArray as _;
+    let strict = arrow_cast::CastOptions {
+        safe: false,
+        ..Default::default()
+    };
+    let cast = arrow_cast::cast_with_options(value, stored, &strict).map_err(|e| e.to_string())?;
+    match column_type {
+        ColumnType::Float => {
+            let floats = cast.as_primitive::<arrow_array::types::Float64Type>();
+            if floats.iter().flatten().any(|f| !f.is_finite()) {
+                return Err("a float value must be finite".into());
+            }
+            Ok(cast)
+        }
+        ColumnType::Object | ColumnType::Array | ColumnType::Any => {
+            let texts = cast.as_string::<i32>();
+            let mut out = arrow_array::builder::StringBuilder::with_capacity(
+                texts.len(),
+                texts.value_data().len(),
+            );
+            for text in texts.iter() {
+                let Some(text) = text else {
+                    out.append_null();
+                    continue;
+                };
+                let compact = crate::types::json::compact(text.as_bytes())
+                    .map_err(|e| format!("{text:?} is not JSON text: {e}"))?;
+                let kind = compact
+                    .first()
+                    .and_then(|b| crate::types::json::JsonKind::from_first_byte(*b));
+                let fits = match column_type {
+                    ColumnType::Object => kind == Some(crate::types::json::JsonKind::Object),
+                    ColumnType::Array => kind == Some(crate::types::json::JsonKind::Array),
+                    _ => true,
+                };
+                if !fits {
+                    return Err(format!(
+                        "an {} column takes JSON {}s; got {}",
+                        column_type.as_str(),
+                        column_type.as_str(),
+                        kind.map_or("nothing", |k| k.describe())
+                    ));
+                }
+                // `compact` validated the text, so it is UTF-8.
+                out.append_value(String::from_utf8_lossy(&compact));
+            }
+            Ok(Arc::new(out.finish()))
+        }
+        _ => Ok(cast),
+    }
 }
 
 impl IngestPlan {
@@ -805,9 +888,9 @@ impl IngestPlan {
                         .evaluate(&input)
                         .and_then(|v| v.into_array(rows))
                         .map_err(|e| fail(e.strip_backtrace()))?;
-                    let cast = arrow_cast::cast(&value, field.data_type())
-                        .map_err(|e| fail(e.to_string()))?;
-                    columns.push(cast);
+                    columns.push(
+                        computed_values(&value, c.data_type, field.data_type()).map_err(fail)?,
+                    );
                 }
                 None => match inputs.next() {
                     Some(a) => columns.push(a.clone()),

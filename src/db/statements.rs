@@ -8,6 +8,7 @@ use crate::catalog::{
 use crate::ingest::Limits;
 use crate::ingest::encode::{Target, write_ndjson};
 use crate::query::ddl::{Ddl, DropKind};
+use crate::query::statements::begin_write;
 use crate::query::{Insert, InsertColumns, Prepared, QueryError, StatementOutput, qualify};
 
 use super::{Database, IngestFailure};
@@ -24,9 +25,7 @@ impl From<IngestFailure> for QueryError {
     fn from(e: IngestFailure) -> Self {
         match e {
             IngestFailure::Input(input) => QueryError::Rows(input),
-            IngestFailure::Catalog(c) => QueryError::Catalog(c),
-            IngestFailure::Computed { .. } => QueryError::Invalid(e.to_string()),
-            IngestFailure::Table(t) => QueryError::Table(t),
+            other => QueryError::Write(other),
         }
     }
 }
@@ -128,6 +127,9 @@ impl Database {
                 data_type,
             });
         }
+        // Within the same budget as ingest request bodies: the rows are encoded, then
+        // decoded and checked like a body.
+        let _admitted = self.admit_ingest(source.memory_bytes()).await;
         let rows = source.num_rows();
         if rows > INSERT_LIMITS.max_rows {
             return Err(QueryError::Rows(crate::ingest::IngestError::TooManyRows {
@@ -144,6 +146,9 @@ impl Database {
                 }));
             }
         }
+        // From here the statement is not cancelled: its rows commit or fail whole, and the
+        // answer says which.
+        begin_write()?;
         let inserted = self
             .insert_rows(&table, bytes::Bytes::from(body), INSERT_LIMITS)
             .await?;
@@ -169,6 +174,7 @@ impl Database {
             return Err(CatalogError::Invalid(format!("{label} already exists")).into());
         }
         let value = serde_json::to_value(&def).map_err(|e| QueryError::Query(e.to_string()))?;
+        begin_write()?;
         self.mutate_catalog(&path, Some(value), MutateOptions::default())
             .await?;
         Ok(StatementOutput::text(
@@ -254,6 +260,7 @@ impl Database {
                     allow_destructive: true,
                     ..MutateOptions::default()
                 };
+                begin_write()?;
                 match self.mutate_catalog(&path, None, drop).await {
                     Ok(_) => Ok(StatementOutput::text("status", vec!["dropped".into()])),
                     Err(QueryError::Catalog(CatalogError::NotFound { .. })) if if_exists => Ok(

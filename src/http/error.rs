@@ -55,11 +55,6 @@ impl ApiError {
         self
     }
 
-    pub(crate) fn retry_after(mut self, seconds: u64) -> Self {
-        self.retry_after_seconds = Some(seconds);
-        self
-    }
-
     pub(crate) fn bad_request(message: impl Into<String>) -> Self {
         ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
     }
@@ -89,11 +84,6 @@ impl ApiError {
         .outcome(Outcome::Rejected)
     }
 
-    /// 503 with `Retry-After`: too much is running; nothing was applied.
-    pub(crate) fn busy(message: impl Into<String>) -> Self {
-        service_unavailable(message.into()).outcome(Outcome::Rejected)
-    }
-
     pub(crate) fn internal(message: impl Into<String>) -> Self {
         internal(message.into())
     }
@@ -103,13 +93,24 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = json!({
+impl ApiError {
+    /// The `{code, message, details}` body.
+    pub(crate) fn body(&self) -> Value {
+        json!({
             "code": self.code,
             "message": self.message,
-            "details": Value::Object(self.details),
-        });
+            "details": Value::Object(self.details.clone()),
+        })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(mut self) -> Response {
+        // A refusal of the request as sent (4xx) applied nothing, whichever route gave it.
+        if self.status.is_client_error() && !self.details.contains_key("status") {
+            self.details.insert("status".into(), json!("rejected"));
+        }
+        let body = self.body();
         let mut response = (self.status, axum::Json(body)).into_response();
         for (name, value) in self.headers {
             response.headers_mut().insert(name, value);
@@ -121,15 +122,6 @@ impl IntoResponse for ApiError {
         }
         response
     }
-}
-
-fn service_unavailable(message: String) -> ApiError {
-    ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "service_unavailable",
-        message,
-    )
-    .retry_after(1)
 }
 
 fn internal(message: String) -> ApiError {
@@ -213,11 +205,11 @@ impl From<CatalogError> for ApiError {
     }
 }
 
-impl From<IngestFailure> for ApiError {
-    fn from(e: IngestFailure) -> Self {
-        let mut error = ApiError::of(&e);
-        if let IngestFailure::Input(IngestError::InvalidRows(rows)) = &e {
-            error.message = "input does not match the table schema".into();
+impl ApiError {
+    /// Adds which rows failed and why, when `e` is about invalid rows.
+    fn with_rows(mut self, e: &IngestError) -> Self {
+        if let IngestError::InvalidRows(rows) = e {
+            self.message = "input does not match the table schema".into();
             let row_errors: Vec<Value> = rows
                 .errors
                 .iter()
@@ -225,19 +217,90 @@ impl From<IngestFailure> for ApiError {
                     |r| json!({"row_index": r.row_index, "column": r.column, "message": r.message}),
                 )
                 .collect();
-            error
-                .details
+            self.details
                 .insert("row_errors".into(), Value::Array(row_errors));
-            error
-                .details
+            self.details
                 .insert("row_errors_truncated".into(), json!(rows.truncated));
         }
-        error
+        self
+    }
+}
+
+impl From<&IngestFailure> for ApiError {
+    fn from(e: &IngestFailure) -> Self {
+        match e {
+            IngestFailure::Input(input) => ApiError::of(e).with_rows(input),
+            _ => ApiError::of(e),
+        }
+    }
+}
+
+impl From<IngestFailure> for ApiError {
+    fn from(e: IngestFailure) -> Self {
+        ApiError::from(&e)
+    }
+}
+
+/// A statement's failure, as its own answer or inside a statement's payload: an `INSERT`'s
+/// rows failing answer as ingest's do.
+impl From<&QueryError> for ApiError {
+    fn from(e: &QueryError) -> Self {
+        match e {
+            QueryError::Write(failure) => ApiError::from(failure),
+            QueryError::Rows(input) => ApiError::of(e).with_rows(input),
+            _ => ApiError::of(e),
+        }
     }
 }
 
 impl From<QueryError> for ApiError {
     fn from(e: QueryError) -> Self {
-        ApiError::of(&e)
+        ApiError::from(&e)
     }
+}
+
+/// The framework's own error answers (an extractor's rejection of a path, query or body; a
+/// method a route does not serve) arrive as plain text or empty. This middleware gives them
+/// the `{code, message, details}` body every other error has, keeping their status and
+/// headers (such as `Allow`).
+pub(super) async fn uniform_errors(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let head = request.method() == axum::http::Method::HEAD;
+    let response = next.run(request).await;
+    let status = response.status();
+    let plain = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_none_or(|t| t.as_bytes().starts_with(b"text/plain"));
+    if head || !plain || !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    // The framework's messages are a line; more is not a message.
+    let text = axum::body::to_bytes(body, 4096)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let code = match status {
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        s if s.is_server_error() => "internal_server_error",
+        _ => "bad_request",
+    };
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_lowercase()
+    } else {
+        text
+    };
+    let mut answer = ApiError::new(status, code, message).into_response();
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            answer.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    answer
 }

@@ -29,7 +29,7 @@ use crate::query::statements::{Owner, StatementLimits, Statements};
 pub(crate) use error::ApiError;
 pub use listener::{LimitedListener, LimitedStream};
 pub use serve::serve;
-pub use streams::{format_offset, parse_offset};
+pub use streams::format_offset;
 pub(crate) use subscriptions::SubscriptionLimits;
 
 /// Which requests a browser may make, and which names the server answers to.
@@ -662,6 +662,7 @@ pub fn router(state: AppState) -> Router {
         .merge(api)
         .merge(streams)
         .fallback(not_found)
+        .layer(middleware::from_fn(error::uniform_errors))
         // Bodies are read with the ingest limits in the handlers, which answer 413 themselves.
         .layer(DefaultBodyLimit::disable())
         .layer(middleware::from_fn_with_state(

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::error::Outcome;
 use super::{ApiError, AppState};
-use crate::query::statements::{Owner, Statement, StatementState};
+use crate::query::statements::{Owner, Statement, StatementState, SubmitError};
 use crate::query::{Access, QueryError};
 use crate::types::cell::format_cell;
 use crate::types::temporal::format_timestamp;
@@ -74,20 +74,18 @@ fn payload(statement: &Statement) -> Response {
             body["status"] = json!("finished");
             result = Some(output);
         }
-        StatementState::Failed { class, message } => {
-            // The same code and details any other route gives this class of error.
-            let (_, code) = super::error::status_and_code(class.kind);
+        StatementState::Failed(error) => {
+            // The same code and details any other route gives this error.
+            let error = ApiError::from(&*error);
             body["status"] = json!("failed");
-            body["message"] = json!(message);
-            body["error"] = json!({
-                "code": code,
-                "message": message,
-                "details": super::error::class_details(&class),
-            });
+            body["message"] = json!(error.message);
+            body["error"] = error.body();
         }
         StatementState::Cancelled => {
+            let error = ApiError::from(&QueryError::Cancelled);
             body["status"] = json!("cancelled");
-            body["message"] = json!("statement cancelled");
+            body["message"] = json!(error.message);
+            body["error"] = error.body();
         }
     }
     let mut out = match serde_json::to_vec(&body) {
@@ -186,15 +184,13 @@ pub(super) async fn submit(
     // Work that cancelled statements left running counts too: cancel-and-resubmit cannot
     // get past the limit.
     if state.db.engine().in_flight() >= state.statements.limits().max_running {
-        return Err(ApiError::busy(format!(
-            "{} statements are running, the most this server runs at once; retry shortly",
-            state.statements.limits().max_running
-        )));
+        let busy = SubmitError::Busy(state.statements.limits().max_running);
+        return Err(ApiError::of(&busy));
     }
     let statement = state
         .statements
         .submit(&owner, request.statement_id, work)
-        .map_err(|e| ApiError::busy(e.to_string()))?;
+        .map_err(|e| ApiError::of(&e))?;
     statement.wait(SUBMIT_WAIT).await;
     Ok(payload(&statement))
 }

@@ -44,7 +44,7 @@ pub fn format_offset(offset: u64) -> String {
 }
 
 /// Parses an offset this server issued.
-pub fn parse_offset(text: &str) -> Option<u64> {
+pub(crate) fn parse_offset(text: &str) -> Option<u64> {
     let (epoch, bytes) = text.split_once('_')?;
     if epoch.is_empty()
         || bytes.is_empty()
@@ -164,20 +164,26 @@ fn protocol_name(name: &str) -> Result<String, ApiError> {
     }
 }
 
-fn valid_bucket(bucket: &str) -> bool {
-    (4..=64).contains(&bucket.len())
+/// Checks a bucket id of the Ursula layout. `__ds` is refused: `__ds/{stream}` is the
+/// protocol's reserved namespace, which no stream may be created in.
+fn check_bucket(bucket: &str) -> Result<(), ApiError> {
+    let ok = (4..=64).contains(&bucket.len())
+        && !is_reserved(&format!("{bucket}/"))
         && bucket
             .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(format!(
+            "invalid bucket id {bucket:?}: use 4 to 64 of a-z, 0-9, '_' and '-', not __ds"
+        )))
+    }
 }
 
 /// A stream name from the Ursula layout.
 fn bucket_name(bucket: &str, stream: &str) -> Result<String, ApiError> {
-    if !valid_bucket(bucket) {
-        return Err(ApiError::bad_request(format!(
-            "invalid bucket id {bucket:?}: use 4 to 64 of a-z, 0-9, '_' and '-'"
-        )));
-    }
+    check_bucket(bucket)?;
     let ok = !stream.is_empty()
         && stream.len() <= 122
         && !stream.contains(['/', '\0'])
@@ -546,13 +552,8 @@ pub(super) async fn delete_stream(
 
 /// `PUT /{bucket}`: buckets are namespaces; creating one stores nothing.
 pub(super) async fn put_bucket(Path(bucket): Path<String>) -> Result<Response, ApiError> {
-    if valid_bucket(&bucket) {
-        Ok(StatusCode::CREATED.into_response())
-    } else {
-        Err(ApiError::bad_request(format!(
-            "invalid bucket id {bucket:?}: use 4 to 64 of a-z, 0-9, '_' and '-'"
-        )))
-    }
+    check_bucket(&bucket)?;
+    Ok(StatusCode::CREATED.into_response())
 }
 
 // ---- operations ------------------------------------------------------------------------
@@ -1187,6 +1188,8 @@ mod tests {
         assert_eq!(source_name("http://127.0.0.1:1/v1/stream/x").unwrap(), "x");
         assert!(protocol_name("a/../b").is_err());
         assert!(bucket_name("ab", "s").is_err());
+        assert!(bucket_name("__ds", "subscriptions").is_err());
+        assert_eq!(bucket_name("__ds0", "s").unwrap(), "__ds0/s");
         assert!(bucket_name("demo", "$x").is_err());
     }
 

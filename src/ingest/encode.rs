@@ -4,21 +4,25 @@
 //!
 //! Each value is written in the spelling the decoder accepts for the target column's type:
 //! numbers and booleans as JSON literals, timestamps as RFC 3339 strings, intervals as
-//! ISO 8601 durations, binary as base64, and text as a JSON string, except that text bound
-//! for an `object`, `array` or `any` column is taken as the JSON text it holds, which must be
-//! exactly one JSON value (it is checked before it is written, so it cannot spill into the
-//! row around it).
+//! ISO 8601 durations (SQL intervals too, a day counted as 24 hours; months, which have no
+//! fixed length, are refused), binary as base64, and text as a JSON string, except that text
+//! bound for an `object`, `array` or `any` column is taken as the JSON text it holds, which
+//! must be exactly one JSON value (it is checked before it is written, so it cannot spill
+//! into the row around it), and text bound for a `binary` column is its UTF-8 bytes, as SQL
+//! casts it. Bytes go only into `binary` columns; non-finite floats are written so that the
+//! decoder refuses them.
 
 use std::io::Write as _;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
     DurationNanosecondType, Float16Type, Float32Type, Float64Type, Int8Type, Int16Type, Int32Type,
-    Int64Type, TimestampNanosecondType, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
+    Int64Type, IntervalDayTimeType, IntervalMonthDayNanoType, TimestampNanosecondType, UInt8Type,
+    UInt16Type, UInt32Type, UInt64Type,
 };
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_cast::display::{ArrayFormatter, FormatOptions};
-use arrow_schema::{DataType, TimeUnit};
+use arrow_schema::{DataType, IntervalUnit, TimeUnit};
 
 use crate::types::json::{Discard, Scanner};
 use crate::types::number::format_float;
@@ -124,8 +128,8 @@ fn write_value(
         }};
     }
     macro_rules! float {
-        ($t:ty) => {{
-            let v = f64::from(column.as_primitive::<$t>().value(row));
+        ($v:expr) => {{
+            let v: f64 = $v;
             if v.is_finite() {
                 out.extend_from_slice(format_float(v).as_bytes());
             } else {
@@ -150,12 +154,11 @@ fn write_value(
         DataType::UInt16 => int!(UInt16Type),
         DataType::UInt32 => int!(UInt32Type),
         DataType::UInt64 => int!(UInt64Type),
-        DataType::Float16 => {
-            let v = f64::from(column.as_primitive::<Float16Type>().value(row).to_f32());
-            out.extend_from_slice(format_float(v).as_bytes());
-        }
-        DataType::Float32 => float!(Float32Type),
-        DataType::Float64 => float!(Float64Type),
+        DataType::Float16 => float!(f64::from(
+            column.as_primitive::<Float16Type>().value(row).to_f32()
+        )),
+        DataType::Float32 => float!(f64::from(column.as_primitive::<Float32Type>().value(row))),
+        DataType::Float64 => float!(column.as_primitive::<Float64Type>().value(row)),
         DataType::Decimal32(..)
         | DataType::Decimal64(..)
         | DataType::Decimal128(..)
@@ -173,6 +176,9 @@ fn write_value(
             if target.data_type.is_json() {
                 check_one_json_value(s).map_err(fail)?;
                 out.extend_from_slice(s.as_bytes());
+            } else if target.data_type == ColumnType::Binary {
+                // Text cast to bytes is its UTF-8, as SQL casts it (not base64 it may hold).
+                json_string(out, &encode_base64(s.as_bytes()));
             } else {
                 json_string(out, s);
             }
@@ -191,18 +197,47 @@ fn write_value(
             );
             json_string(out, text);
         }
-        DataType::Binary => json_string(out, &encode_base64(column.as_binary::<i32>().value(row))),
-        DataType::LargeBinary => {
-            json_string(out, &encode_base64(column.as_binary::<i64>().value(row)));
+        DataType::Interval(IntervalUnit::MonthDayNano | IntervalUnit::DayTime) => {
+            let (months, days, nanos) = match column.data_type() {
+                DataType::Interval(IntervalUnit::MonthDayNano) => {
+                    let v = column.as_primitive::<IntervalMonthDayNanoType>().value(row);
+                    (v.months, v.days, v.nanoseconds)
+                }
+                _ => {
+                    let v = column.as_primitive::<IntervalDayTimeType>().value(row);
+                    (0, v.days, i64::from(v.milliseconds) * 1_000_000)
+                }
+            };
+            // A month has no fixed length; a day of UTC has (sluice intervals are durations).
+            if months != 0 {
+                return Err(fail(
+                    "an interval of months has no fixed length; write it in days or less".into(),
+                ));
+            }
+            let nanos = i64::from(days)
+                .checked_mul(86_400_000_000_000)
+                .and_then(|d| d.checked_add(nanos))
+                .ok_or_else(|| fail("the interval is out of range".into()))?;
+            write_interval(text, nanos);
+            json_string(out, text);
         }
-        DataType::BinaryView => {
-            json_string(out, &encode_base64(column.as_binary_view().value(row)));
-        }
-        DataType::FixedSizeBinary(_) => {
-            json_string(
-                out,
-                &encode_base64(column.as_fixed_size_binary().value(row)),
-            );
+        DataType::Binary
+        | DataType::LargeBinary
+        | DataType::BinaryView
+        | DataType::FixedSizeBinary(_) => {
+            if target.data_type != ColumnType::Binary {
+                return Err(fail(format!(
+                    "bytes cannot be inserted into a {} column; convert them first",
+                    target.data_type
+                )));
+            }
+            let bytes = match column.data_type() {
+                DataType::Binary => column.as_binary::<i32>().value(row),
+                DataType::LargeBinary => column.as_binary::<i64>().value(row),
+                DataType::BinaryView => column.as_binary_view().value(row),
+                _ => column.as_fixed_size_binary().value(row),
+            };
+            json_string(out, &encode_base64(bytes));
         }
         DataType::Null => out.extend_from_slice(b"null"),
         other => {
@@ -275,5 +310,58 @@ mod tests {
         .unwrap();
         let err = write_ndjson(&sneaky, &targets[1..], &mut Vec::new()).unwrap_err();
         assert_eq!(err.column, "o");
+    }
+
+    fn one_column(array: ArrayRef, data_type: ColumnType) -> Result<String, EncodeError> {
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "c",
+            array.data_type().clone(),
+            true,
+        )]));
+        let batch = RecordBatch::try_new(schema, vec![array]).unwrap();
+        let target = Target {
+            name: "c".into(),
+            data_type,
+        };
+        let mut out = Vec::new();
+        write_ndjson(&batch, &[target], &mut out)?;
+        Ok(String::from_utf8(out).unwrap())
+    }
+
+    #[test]
+    fn values_are_written_as_sql_casts_them_or_refused() {
+        use arrow_array::types::IntervalMonthDayNano;
+        use arrow_array::{BinaryArray, Float64Array, IntervalMonthDayNanoArray};
+        // Text bound for bytes is its UTF-8, not base64 it may hold.
+        let text = Arc::new(StringArray::from(vec!["hi"]));
+        assert_eq!(
+            one_column(text, ColumnType::Binary).unwrap(),
+            "{\"c\":\"aGk=\"}\n"
+        );
+        // Bytes go only into a binary column.
+        let bytes: ArrayRef = Arc::new(BinaryArray::from(vec![&b"hi"[..]]));
+        assert_eq!(
+            one_column(bytes.clone(), ColumnType::Binary).unwrap(),
+            "{\"c\":\"aGk=\"}\n"
+        );
+        assert!(one_column(bytes, ColumnType::String).is_err());
+        // SQL's intervals of days and less are durations; months are refused.
+        let day = IntervalMonthDayNano::new(0, 1, 1_000_000_000);
+        let interval = Arc::new(IntervalMonthDayNanoArray::from(vec![day]));
+        assert_eq!(
+            one_column(interval, ColumnType::Interval).unwrap(),
+            "{\"c\":\"PT24H1S\"}\n"
+        );
+        let month = Arc::new(IntervalMonthDayNanoArray::from(vec![
+            IntervalMonthDayNano::new(1, 0, 0),
+        ]));
+        assert!(one_column(month, ColumnType::Interval).is_err());
+        // A half-precision NaN is not written as a number.
+        let nan = Arc::new(Float64Array::from(vec![f64::NAN])) as ArrayRef;
+        let nan = arrow_cast::cast(&nan, &DataType::Float16).unwrap();
+        assert_eq!(
+            one_column(nan, ColumnType::Float).unwrap(),
+            "{\"c\":\"NaN\"}\n"
+        );
     }
 }

@@ -73,6 +73,10 @@ pub enum QueryError {
     /// An `INSERT`'s source does not match the table (columns, counts); nothing was written.
     #[error("{0}")]
     Invalid(String),
+    /// An `INSERT`'s rows failed on the write path every table write takes, as ingest's
+    /// would (the same class, the same answer).
+    #[error(transparent)]
+    Write(crate::db::IngestFailure),
     /// A catalog change failed.
     #[error(transparent)]
     Catalog(#[from] CatalogError),
@@ -119,6 +123,12 @@ impl From<DataFusionError> for QueryError {
                 line: 0,
                 column: 0,
             },
+            // Table storage failing under a scan is the server's trouble, not the query's.
+            DataFusionError::External(e) => match e.downcast::<TableError>() {
+                Ok(table) => QueryError::Table(*table),
+                Err(other) => QueryError::Query(DataFusionError::External(other).strip_backtrace()),
+            },
+            DataFusionError::ObjectStore(e) => QueryError::Table(TableError::Storage(*e)),
             // DataFusion wraps our own errors as External; surface the message cleanly.
             other => QueryError::Query(other.strip_backtrace()),
         }

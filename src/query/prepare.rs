@@ -17,7 +17,9 @@
 //! can exhaust a thread's stack.
 
 use datafusion::sql::parser::{DFParserBuilder, Statement as DfStatement};
-use datafusion::sql::sqlparser::ast::{Query, SetExpr, Statement as SqlStatement, TableObject};
+use datafusion::sql::sqlparser::ast::{
+    Ident, Query, SetExpr, Statement as SqlStatement, TableObject,
+};
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 
 use super::ddl::{self, Ddl};
@@ -224,7 +226,7 @@ fn classify(statement: DfStatement) -> Result<Prepared, QueryError> {
                     .iter()
                     .map(|part| {
                         part.as_ident()
-                            .map(|i| i.value.clone())
+                            .map(normalized)
                             .ok_or_else(|| unsupported("this table name"))
                     })
                     .collect::<Result<Vec<_>, _>>()?;
@@ -245,7 +247,7 @@ fn classify(statement: DfStatement) -> Result<Prepared, QueryError> {
                             .map(|c| {
                                 c.0.last()
                                     .and_then(|p| p.as_ident())
-                                    .map(|i| i.value.clone())
+                                    .map(normalized)
                                     .unwrap_or_default()
                             })
                             .collect(),
@@ -350,6 +352,16 @@ fn statement_kind(statement: &SqlStatement) -> String {
         }
         [first, ..] => first.to_ascii_uppercase(),
         [] => "this statement".into(),
+    }
+}
+
+/// An identifier as DataFusion resolves it: unquoted ones are folded to lower case, quoted
+/// ones kept as written (so an `INSERT` names the same table and columns its source would).
+fn normalized(ident: &Ident) -> String {
+    if ident.quote_style.is_some() {
+        ident.value.clone()
+    } else {
+        ident.value.to_lowercase()
     }
 }
 

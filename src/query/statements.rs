@@ -4,6 +4,11 @@
 //! answer `finished` at once; longer ones answer `running` and are polled. Finished statements
 //! are kept for a while for clients to fetch, then forgotten.
 //!
+//! A statement can be cancelled until it starts to write: an `INSERT` or a catalog change
+//! calls [`begin_write`] before its first write, and from then on a cancel leaves it to end
+//! with its real outcome (a write cut off halfway would leave the client not knowing what was
+//! applied). So a statement answered `cancelled` applied nothing.
+//!
 //! A statement belongs to the key that submitted it (its *owner*): ids live in one namespace
 //! per owner, so another key can neither read, cancel nor take over a statement by naming
 //! its id. What is kept is bounded: running statements by count, finished ones by count,
@@ -48,15 +53,43 @@ pub(crate) enum StatementState {
     Running,
     /// Done, with its result.
     Finished(Arc<StatementOutput>),
-    /// Failed: the error's class and message.
-    Failed {
-        /// What kind of failure, and whether anything was applied.
-        class: crate::error::ErrorClass,
-        /// What went wrong.
-        message: String,
-    },
-    /// Cancelled before it finished.
+    /// Failed, with its error (its class says whether anything was applied).
+    Failed(Arc<QueryError>),
+    /// Cancelled before it wrote anything.
     Cancelled,
+}
+
+/// Whether a statement may still be cancelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Not writing yet: a cancel stops it.
+    Open,
+    /// Writing: it runs to its end.
+    Writing,
+    /// Cancelled: it must not start writing.
+    Cancelled,
+}
+
+tokio::task_local! {
+    /// The phase of the statement whose work runs in this task.
+    static PHASE: Arc<Mutex<Phase>>;
+}
+
+/// Called by a statement's work before its first write (a log append, a catalog change):
+/// from then on a cancel no longer stops it. Fails with [`QueryError::Cancelled`] when the
+/// statement was cancelled first. Outside a statement's task (an embedder's
+/// [`crate::db::Database::execute`]) there is nothing to cancel.
+pub(crate) fn begin_write() -> Result<(), QueryError> {
+    PHASE
+        .try_with(|phase| {
+            let mut phase = phase.lock().unwrap_or_else(|p| p.into_inner());
+            if *phase == Phase::Cancelled {
+                return Err(QueryError::Cancelled);
+            }
+            *phase = Phase::Writing;
+            Ok(())
+        })
+        .unwrap_or(Ok(()))
 }
 
 /// One submitted statement.
@@ -70,6 +103,7 @@ pub(crate) struct Statement {
     finished: Mutex<Option<Instant>>,
     state: watch::Sender<StatementState>,
     abort: Mutex<Option<tokio::task::AbortHandle>>,
+    phase: Arc<Mutex<Phase>>,
     /// What its result weighs ([`StatementOutput::memory_bytes`]), measured once it ends.
     bytes: std::sync::atomic::AtomicUsize,
 }
@@ -286,20 +320,19 @@ impl Statements {
             finished: Mutex::new(None),
             state,
             abort: Mutex::new(None),
+            phase: Arc::new(Mutex::new(Phase::Open)),
             bytes: std::sync::atomic::AtomicUsize::new(0),
         });
         let running = statement.clone();
         let registry = self.clone();
+        let phase = statement.phase.clone();
         let task = tokio::spawn(async move {
-            let outcome = work.await;
+            let outcome = PHASE.scope(phase, work).await;
             registry.end(
                 &running,
                 match outcome {
                     Ok(result) => StatementState::Finished(Arc::new(result)),
-                    Err(e) => StatementState::Failed {
-                        class: crate::error::Classify::class(&e),
-                        message: e.to_string(),
-                    },
+                    Err(e) => StatementState::Failed(Arc::new(e)),
                 },
             );
         });
@@ -329,15 +362,28 @@ impl Statements {
             .cloned()
     }
 
-    /// Cancels the owner's running statement (a finished one keeps its state).
+    /// Cancels the owner's statement if it has not started writing (a finished one keeps
+    /// its state; one that is writing ends with its real outcome).
     pub(crate) fn cancel(&self, owner: &Owner, id: &str) -> Option<Arc<Statement>> {
         let statement = self.get(owner, id)?;
-        if let Ok(abort) = statement.abort.lock()
-            && let Some(handle) = abort.as_ref()
-        {
-            handle.abort();
+        let cancelled = {
+            // Under the phase lock: the work cannot start writing once this decides.
+            let mut phase = statement.phase.lock().unwrap_or_else(|p| p.into_inner());
+            if *phase == Phase::Open {
+                *phase = Phase::Cancelled;
+                if let Ok(abort) = statement.abort.lock()
+                    && let Some(handle) = abort.as_ref()
+                {
+                    handle.abort();
+                }
+                true
+            } else {
+                false
+            }
+        };
+        if cancelled {
+            self.end(&statement, StatementState::Cancelled);
         }
-        self.end(&statement, StatementState::Cancelled);
         Some(statement)
     }
 
@@ -408,5 +454,51 @@ mod tests {
             statements.submit(&owner("r"), None, forever()).unwrap_err(),
             SubmitError::Busy(2)
         );
+    }
+
+    #[tokio::test]
+    async fn a_statement_is_cancelled_only_before_it_writes() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let statements = Arc::new(Statements::new(StatementLimits::default()));
+        let gate = Arc::new(tokio::sync::Notify::new());
+        let wrote = Arc::new(AtomicBool::new(false));
+        // Cancelled while reading: it never writes, and answers cancelled.
+        let work = {
+            let (gate, wrote) = (gate.clone(), wrote.clone());
+            async move {
+                gate.notified().await;
+                begin_write()?;
+                wrote.store(true, Ordering::SeqCst);
+                Ok(StatementOutput::inserted(1))
+            }
+        };
+        let s = statements.submit(&owner("w"), None, work).unwrap();
+        statements.cancel(&owner("w"), &s.id);
+        gate.notify_one();
+        s.wait(Duration::from_secs(5)).await;
+        assert!(matches!(s.state(), StatementState::Cancelled));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!wrote.load(Ordering::SeqCst), "a cancelled statement wrote");
+        // Cancelled while writing: the cancel does not cut it off; it ends with its outcome.
+        let started = Arc::new(tokio::sync::Notify::new());
+        let finish = Arc::new(tokio::sync::Notify::new());
+        let work = {
+            let (started, finish, wrote) = (started.clone(), finish.clone(), wrote.clone());
+            async move {
+                begin_write()?;
+                started.notify_one();
+                finish.notified().await;
+                wrote.store(true, Ordering::SeqCst);
+                Ok(StatementOutput::inserted(1))
+            }
+        };
+        let s = statements.submit(&owner("w"), None, work).unwrap();
+        started.notified().await;
+        statements.cancel(&owner("w"), &s.id);
+        assert!(matches!(s.state(), StatementState::Running));
+        finish.notify_one();
+        s.wait(Duration::from_secs(5)).await;
+        assert!(matches!(s.state(), StatementState::Finished(_)));
+        assert!(wrote.load(Ordering::SeqCst));
     }
 }

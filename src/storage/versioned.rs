@@ -42,7 +42,8 @@ pub(crate) enum VersionError {
     },
     /// This writer created the version, but garbage collection raised the floor past it
     /// meanwhile (the writer's view was older than the grace period): readers will never
-    /// see it, so it counts as lost, like a lost race.
+    /// see it, so it counts as lost, like a lost race (nothing it holds took effect), and
+    /// the writer retries from a fresh read. The orphan version is deleted at once.
     #[error("{path} was created below the floor")]
     BelowFloor {
         /// The version.
@@ -153,6 +154,9 @@ impl VersionLog {
     ) -> Result<bool, VersionError> {
         let won = self.create_or_read_back(store, v, value).await?;
         if won && self.floor(store).await? > v {
+            // No reader looks below the floor, so the version is garbage: remove it now
+            // (best effort; collection removes what is left below the floor anyway).
+            let _ = store.delete(&self.path(v)).await;
             return Err(VersionError::BelowFloor {
                 path: self.path(v).to_string(),
             });
@@ -364,6 +368,8 @@ mod tests {
             matches!(stale, Err(VersionError::BelowFloor { .. })),
             "{stale:?}"
         );
+        // The orphan is not left behind.
+        assert!(store.head(&log.path(2)).await.is_err());
         assert!(log.try_create(&store, 7, &v("7")).await.unwrap());
     }
 }

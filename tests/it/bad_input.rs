@@ -102,6 +102,15 @@ async fn every_bad_request_gets_its_documented_status_and_the_server_stays_up() 
                 case["status"]
             ));
         }
+        // Every refusal, whichever layer gives it, has the one error body and says nothing
+        // was applied.
+        let error: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        if !(error["code"].is_string()
+            && error["message"].is_string()
+            && error["details"]["status"] == "rejected")
+        {
+            failures.push(format!("{name}: not the error body: {body}"));
+        }
         let health = client
             .get(format!("{base}/v1/health"))
             .send()

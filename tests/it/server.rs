@@ -575,6 +575,65 @@ async fn computed_columns_are_filled_at_ingest() {
     assert_eq!(r.status(), 400);
 }
 
+/// A computed value obeys its column's type as an input value would, on ingest and on INSERT
+/// alike (the same answer): it never turns into NULL or into something the type refuses.
+#[tokio::test]
+async fn computed_values_obey_their_column_types() {
+    let s = Server::start().await;
+    let cases = [
+        ("uint", "a - 10"),
+        ("object", "'not json'"),
+        ("array", "'{}'"),
+        ("float", "a / 0.0"),
+        ("timestamp", "'garbage'"),
+    ];
+    for (i, (data_type, expression)) in cases.iter().enumerate() {
+        let name = format!("cv{i}");
+        let r = s
+            .request(
+                reqwest::Method::PUT,
+                &format!("/v1/catalog/databases/scopedb/schemas/public/tables/{name}"),
+            )
+            .json(&json!({"name": name, "columns": [
+                {"name": "a", "data_type": "int"},
+                {"name": "c", "data_type": data_type, "expression": expression}
+            ]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{:?}", r.text().await);
+        let (status, body) = s.ingest(&name, "{\"a\":3}\n").await;
+        assert_eq!(status, 422, "{data_type} = {expression}: {body}");
+        assert_eq!(body["code"], "invalid_schema", "{body}");
+        let v = s
+            .submit(&format!("INSERT INTO {name} (a) VALUES (3)"))
+            .await;
+        assert_eq!(v["status"], "failed", "{v}");
+        assert_eq!(v["error"]["code"], body["code"], "{v}");
+        assert_eq!(v["error"]["details"]["status"], "rejected", "{v}");
+        let v = s.sql(&format!("SELECT count(*) FROM {name}")).await;
+        assert_eq!(v["result_set"]["rows"][0][0], "0", "{v}");
+    }
+    // JSON text of the right kind is stored compact.
+    let r = s
+        .request(
+            reqwest::Method::PUT,
+            "/v1/catalog/databases/scopedb/schemas/public/tables/cj",
+        )
+        .json(&json!({"name": "cj", "columns": [
+            {"name": "a", "data_type": "int"},
+            {"name": "o", "data_type": "object",
+             "expression": "'{ \"x\" : ' || CAST(a AS VARCHAR) || ' }'"}
+        ]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    assert_eq!(s.ingest("cj", "{\"a\":3}\n").await.0, 200);
+    let v = s.sql("SELECT o FROM cj").await;
+    assert_eq!(v["result_set"]["rows"], json!([["{\"x\":3}"]]));
+}
+
 #[tokio::test]
 async fn statement_inserts_take_the_ingest_path() {
     let s = Server::start().await;
@@ -605,6 +664,11 @@ async fn statement_inserts_take_the_ingest_path() {
     assert_eq!(v["status"], "finished", "{v}");
     let v = s.sql("INSERT INTO dst SELECT a + 100 FROM src").await;
     assert_eq!(v["result_set"]["rows"], json!([["2"]]), "{v}");
+    // Unquoted names fold to lower case, as in the statement's own query; quoted ones do not.
+    let v = s.sql("INSERT INTO DST (A) VALUES (1000)").await;
+    assert_eq!(v["status"], "finished", "{v}");
+    let v = s.submit("INSERT INTO \"DST\" (a) VALUES (1)").await;
+    assert_eq!(v["status"], "failed", "{v}");
     let v = s.sql("SELECT a, b, t, o FROM dst ORDER BY a").await;
     assert_eq!(
         v["result_set"]["rows"],
@@ -613,7 +677,8 @@ async fn statement_inserts_take_the_ingest_path() {
             ["2", "4", null, null],
             ["10", "20", "2026-10-23T09:00:00Z", "{\"k\":[1]}"],
             ["101", "202", null, null],
-            ["102", "204", null, null]
+            ["102", "204", null, null],
+            ["1000", "2000", null, null]
         ])
     );
     // The same checks as ingest: a value a column refuses fails the whole insert.
@@ -632,7 +697,7 @@ async fn statement_inserts_take_the_ingest_path() {
     }
     assert_eq!(
         s.sql("SELECT count(*) FROM dst").await["result_set"]["rows"][0][0],
-        "5"
+        "6"
     );
     // A plain query creates nothing: reading a table never writes.
     let metrics = s
@@ -644,7 +709,7 @@ async fn statement_inserts_take_the_ingest_path() {
         .await
         .unwrap();
     assert!(
-        metrics.contains("sluice_ingest_rows_total 7"),
+        metrics.contains("sluice_ingest_rows_total 8"),
         "inserts count as ingest"
     );
 }
