@@ -99,7 +99,8 @@ pub fn wait_healthy(port: u16) -> std::time::Duration {
 }
 
 /// Runs `sql` through `POST /v1/statements` on the server at `base`; the answer must be 200.
-/// Returns the statement payload.
+/// A statement still running when the submit answers is fetched until it is not. Returns the
+/// statement payload.
 pub async fn statement(client: &reqwest::Client, base: &str, sql: &str) -> Value {
     let r = client
         .post(format!("{base}/v1/statements"))
@@ -108,7 +109,18 @@ pub async fn statement(client: &reqwest::Client, base: &str, sql: &str) -> Value
         .await
         .unwrap();
     let status = r.status();
-    let body: Value = r.json().await.unwrap();
+    let mut body: Value = r.json().await.unwrap();
     assert_eq!(status, 200, "{sql}: {body}");
+    while body["status"] == "running" {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let id = body["statement_id"].as_str().unwrap().to_owned();
+        let r = client
+            .get(format!("{base}/v1/statements/{id}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{sql}");
+        body = r.json().await.unwrap();
+    }
     body
 }
