@@ -27,16 +27,20 @@ enum Command {
     ///   sluice serve
     ///   sluice serve --listen 0.0.0.0:6543 --api-key "$KEY" --object-store s3://bucket/db
     Serve(ServeArgs),
-    /// Stream NDJSON files (plain or gzip) into a table, in batches of at most 8 MiB and
-    /// 200,000 rows over a few connections.
+    /// Stream NDJSON (files or stdin; plain, gzip or zstd) into a table, in batches of at most
+    /// 8 MiB and 200,000 rows over a few connections, in bounded memory.
     ///
     /// Retries 429/503 with backoff; never re-sends a batch whose outcome is unknown (it names
-    /// those for you to reconcile). Exits 1 if any batch was rejected (after printing its row
-    /// errors with file and line), 2 if any outcome is unknown.
+    /// those for you to reconcile). Prints the offset to resume from after every batch and at
+    /// the end; Ctrl-C stops reading, waits for the batches in flight and prints it too.
+    /// Exits 1 if any batch was rejected (after printing its row errors with input and line),
+    /// 2 if any outcome is unknown, 130 if interrupted.
     ///
     /// Examples:
     ///   sluice ingest events.ndjson --table scopedb.public.events
-    ///   sluice ingest day1.ndjson.gz day2.ndjson.gz --table scopedb.public.events --connections 8
+    ///   sluice ingest day1.ndjson.gz day2.ndjson.zst --table scopedb.public.events --connections 8
+    ///   zcat big.ndjson.gz | sluice ingest - --table scopedb.public.events
+    ///   sluice ingest big.ndjson --table scopedb.public.events --resume-from 1073741824
     Ingest(IngestArgs),
     /// Run a SQL or ScopeQL statement and print its result.
     ///
@@ -90,9 +94,9 @@ impl ClientArgs {
 
 #[derive(Debug, clap::Args)]
 struct IngestArgs {
-    /// NDJSON files, plain or gzip
+    /// NDJSON inputs, plain, gzip or zstd: files, or - for standard input
     #[arg(required = true)]
-    files: Vec<PathBuf>,
+    inputs: Vec<std::ffi::OsString>,
     /// The table, as db.schema.table
     #[arg(long)]
     table: String,
@@ -102,6 +106,10 @@ struct IngestArgs {
     /// Most rows per batch (at most 200,000)
     #[arg(long, default_value_t = sluice::cli::BATCH_ROWS)]
     batch_rows: usize,
+    /// Skip this many bytes of the (decompressed) inputs: the offset an interrupted run
+    /// printed ("resume from N")
+    #[arg(long, default_value_t = 0)]
+    resume_from: u64,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -261,39 +269,34 @@ fn client(command: impl std::future::Future<Output = Result<ExitCode, String>>) 
 }
 
 async fn ingest(args: IngestArgs) -> Result<ExitCode, String> {
-    use sluice::cli::BatchOutcome;
-    let report = sluice::cli::ingest(
-        &args.client.endpoint(),
-        &args.table,
-        &args.files,
-        args.connections,
-        args.batch_rows.clamp(1, sluice::cli::BATCH_ROWS),
-    )
-    .await
-    .map_err(|e| e.to_string())?;
+    use sluice::cli::{BatchOutcome, IngestOptions, Input};
+    let options = IngestOptions {
+        table: args.table,
+        inputs: args.inputs.iter().map(|a| Input::parse(a)).collect(),
+        connections: args.connections,
+        batch_rows: args.batch_rows.clamp(1, sluice::cli::BATCH_ROWS),
+        resume_from: args.resume_from,
+    };
+    let report = sluice::cli::ingest(&args.client.endpoint(), options)
+        .await
+        .map_err(|e| e.to_string())?;
     let mut rejected = 0;
     let mut unknown = Vec::new();
     for (batch, outcome) in &report.outcomes {
+        let lines = format!(
+            "{}:{}-{} (bytes {}-{})",
+            batch.input, batch.first_line, batch.last_line, batch.start, batch.end
+        );
         match outcome {
             BatchOutcome::Committed(_) => {}
             BatchOutcome::Rejected(messages) => {
                 rejected += 1;
-                eprintln!(
-                    "rejected: {}:{}-{} (nothing of it was applied)",
-                    batch.file.display(),
-                    batch.first_line,
-                    batch.last_line
-                );
+                eprintln!("rejected: {lines} (nothing of it was applied)");
                 for m in messages {
                     eprintln!("{m}");
                 }
             }
-            BatchOutcome::Unknown(_) => unknown.push(format!(
-                "{}:{}-{}",
-                batch.file.display(),
-                batch.first_line,
-                batch.last_line
-            )),
+            BatchOutcome::Unknown(_) => unknown.push(lines),
         }
     }
     println!(
@@ -310,9 +313,18 @@ async fn ingest(args: IngestArgs) -> Result<ExitCode, String> {
         for u in &unknown {
             eprintln!("  {u}");
         }
-        return Ok(ExitCode::from(2));
     }
-    Ok(if rejected > 0 {
+    if report.interrupted || !unknown.is_empty() {
+        println!(
+            "resume from {0}: sluice ingest ... --resume-from {0}",
+            report.resume_from
+        );
+    }
+    Ok(if report.interrupted {
+        ExitCode::from(130)
+    } else if !unknown.is_empty() {
+        ExitCode::from(2)
+    } else if rejected > 0 {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS

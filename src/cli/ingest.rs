@@ -1,0 +1,601 @@
+//! `sluice ingest`: NDJSON from files or stdin into a table, streamed.
+//!
+//! Memory stays bounded whatever the input's size: a reader thread cuts the input into
+//! batches (at most [`BATCH_BYTES`] and `batch_rows` each) and hands them over a channel as
+//! deep as the number of connections, so at most about twice that many batches exist at once.
+//! Plain, gzip and zstd inputs are told apart by their first bytes, so stdin (`-`) works too.
+//!
+//! **Offsets and resuming.** The inputs, decompressed and taken in order, are one sequence
+//! of bytes; every batch is a run of whole lines of it. Outcomes are settled in input order,
+//! and the *resume offset* is the end of the longest settled prefix: every batch before it
+//! was committed or refused whole (refused batches are listed with their lines, to be fixed
+//! and sent on their own). It is printed after every batch and at the end; an interrupted
+//! load (Ctrl-C, SIGTERM) stops reading, waits for the batches in flight and prints it, and
+//! `--resume-from OFFSET` skips that many bytes of the same inputs. A batch whose outcome is
+//! unknown (the connection broke after it was sent) stops the prefix: resuming before it
+//! could double its rows, resuming after it could lose them, so the command says which
+//! lines to reconcile. If the command itself is killed (`kill -9`), the batches in flight
+//! after the last printed offset are unknown in the same way.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, IsTerminal as _, Read};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use super::{CliError, Endpoint, json_body, message};
+
+/// Most bytes per ingest batch (the server's limit is 16 MiB).
+pub(crate) const BATCH_BYTES: usize = 8 << 20;
+/// Most rows per ingest batch.
+pub const BATCH_ROWS: usize = 200_000;
+
+/// Where NDJSON comes from: a file, or standard input (`-`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    /// A file, plain, gzip or zstd.
+    File(PathBuf),
+    /// Standard input, plain, gzip or zstd.
+    Stdin,
+}
+
+impl Input {
+    /// `-` is standard input; anything else a file.
+    pub fn parse(arg: &std::ffi::OsStr) -> Input {
+        if arg == "-" {
+            Input::Stdin
+        } else {
+            Input::File(PathBuf::from(arg))
+        }
+    }
+
+    fn name(&self) -> String {
+        match self {
+            Input::File(path) => path.display().to_string(),
+            Input::Stdin => "<stdin>".into(),
+        }
+    }
+}
+
+/// How `sluice ingest` runs.
+#[derive(Debug, Clone)]
+pub struct IngestOptions {
+    /// The table, as `db.schema.table`.
+    pub table: String,
+    /// The inputs, in order.
+    pub inputs: Vec<Input>,
+    /// Requests in flight at once.
+    pub connections: usize,
+    /// Most rows per batch (at most [`BATCH_ROWS`]).
+    pub batch_rows: usize,
+    /// Bytes of the (decompressed) inputs to skip: a resume offset an earlier run printed.
+    pub resume_from: u64,
+}
+
+/// Where a batch is in the inputs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchInfo {
+    /// The input's name (a path, or `<stdin>`).
+    pub input: String,
+    /// 1-based line numbers of its first and last line within the input.
+    pub first_line: u64,
+    /// Last line.
+    pub last_line: u64,
+    /// Rows (non-blank lines).
+    pub rows: u64,
+    /// Offset of its first byte in the inputs' sequence (see the module doc).
+    pub start: u64,
+    /// Offset just past its last line.
+    pub end: u64,
+}
+
+/// What became of one batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchOutcome {
+    /// Committed.
+    Committed(u64),
+    /// Refused, nothing applied; the messages (row errors with input line numbers).
+    Rejected(Vec<String>),
+    /// Possibly applied: reconcile before sending it again.
+    Unknown(String),
+}
+
+/// The result of `sluice ingest`.
+#[derive(Debug, Default)]
+pub struct IngestReport {
+    /// Rows committed.
+    pub rows: u64,
+    /// Every batch sent, in input order, with its outcome.
+    pub outcomes: Vec<(BatchInfo, BatchOutcome)>,
+    /// Where a later run resumes (see the module doc).
+    pub resume_from: u64,
+    /// The run was interrupted before the end of its inputs.
+    pub interrupted: bool,
+}
+
+/// A batch with its body, as the reader cuts it.
+struct Batch {
+    info: BatchInfo,
+    /// The NDJSON body (handed to the request as it is sent, and then empty).
+    body: Vec<u8>,
+    /// Line number of each row, for mapping the server's `row_index` back to the input.
+    row_lines: Vec<u64>,
+    /// Raw (possibly compressed) input bytes read when the batch was cut, for progress.
+    raw_read: u64,
+}
+
+/// Counts the raw bytes read from an input, for progress.
+struct Counted<R> {
+    inner: R,
+    count: Arc<AtomicU64>,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.count.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+/// Opens an input and undoes its compression, told by its first bytes.
+fn open(input: &Input, raw: Arc<AtomicU64>) -> Result<Box<dyn BufRead + Send>, CliError> {
+    let read_error = |source| CliError::Read {
+        path: input.name(),
+        source,
+    };
+    let source: Box<dyn Read + Send> = match input {
+        Input::File(path) => Box::new(std::fs::File::open(path).map_err(read_error)?),
+        Input::Stdin => Box::new(std::io::stdin()),
+    };
+    let mut reader = BufReader::with_capacity(
+        1 << 20,
+        Counted {
+            inner: source,
+            count: raw,
+        },
+    );
+    let head = reader.fill_buf().map_err(read_error)?;
+    Ok(if head.starts_with(&[0x1f, 0x8b]) {
+        Box::new(BufReader::with_capacity(
+            1 << 20,
+            flate2::bufread::MultiGzDecoder::new(reader),
+        ))
+    } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        let decoder = zstd::stream::read::Decoder::with_buffer(reader).map_err(read_error)?;
+        Box::new(BufReader::with_capacity(1 << 20, decoder))
+    } else {
+        Box::new(reader)
+    })
+}
+
+/// Reads the inputs in order, skips `resume_from` bytes, cuts the rest into batches and
+/// sends them on `out` (blocking while it is full). Stops early when the receiver is gone.
+fn read_batches(
+    options: &IngestOptions,
+    raw: Arc<AtomicU64>,
+    out: &tokio::sync::mpsc::Sender<Batch>,
+) -> Result<(), CliError> {
+    let max_rows = options.batch_rows.clamp(1, BATCH_ROWS);
+    // Offset of the next byte in the inputs' sequence.
+    let mut offset = 0u64;
+    let mut skip = options.resume_from;
+    for input in &options.inputs {
+        let name = input.name();
+        let read_error = |source| CliError::Read {
+            path: name.clone(),
+            source,
+        };
+        let mut reader = open(input, raw.clone())?;
+        let mut line_no = 0u64;
+        let mut current: Option<Batch> = None;
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            // Lines are read whole up to the batch limit, never beyond it.
+            let n = (&mut reader)
+                .take(BATCH_BYTES as u64 + 1)
+                .read_until(b'\n', &mut line)
+                .map_err(read_error)?;
+            if n == 0 {
+                break;
+            }
+            if skip > 0 {
+                // Skipping the resumed part: whole lines only, counted for line numbers.
+                if (n as u64) > skip {
+                    return Err(CliError::Usage(format!(
+                        "--resume-from {}: not the end of a line of these inputs",
+                        options.resume_from
+                    )));
+                }
+                skip -= n as u64;
+                offset += n as u64;
+                let complete = line.last() == Some(&b'\n');
+                line_no += u64::from(complete);
+                // Where skipping ends, a line must end (or the input).
+                if skip == 0 && !complete && !reader.fill_buf().map_err(read_error)?.is_empty() {
+                    return Err(CliError::Usage(format!(
+                        "--resume-from {}: not the end of a line of these inputs",
+                        options.resume_from
+                    )));
+                }
+                continue;
+            }
+            let complete = line.last() == Some(&b'\n');
+            if !complete && n > BATCH_BYTES {
+                return Err(CliError::Usage(format!(
+                    "{name}: line {} is longer than a batch may be ({BATCH_BYTES} bytes)",
+                    line_no + 1
+                )));
+            }
+            line_no += 1;
+            let start = offset;
+            offset += n as u64;
+            if line.iter().all(u8::is_ascii_whitespace) {
+                if let Some(batch) = &mut current {
+                    batch.info.end = offset;
+                }
+                continue;
+            }
+            let row_bytes = line.len() + usize::from(!complete);
+            let full = current.as_ref().is_some_and(|b| {
+                b.body.len() + row_bytes > BATCH_BYTES || b.info.rows as usize >= max_rows
+            });
+            if full
+                && let Some(batch) = current.take()
+                && send(out, batch, &raw).is_err()
+            {
+                return Ok(());
+            }
+            let batch = current.get_or_insert_with(|| Batch {
+                info: BatchInfo {
+                    input: name.clone(),
+                    first_line: line_no,
+                    last_line: line_no,
+                    rows: 0,
+                    start,
+                    end: start,
+                },
+                body: Vec::new(),
+                row_lines: Vec::new(),
+                raw_read: 0,
+            });
+            batch.body.extend_from_slice(&line);
+            if !complete {
+                batch.body.push(b'\n');
+            }
+            batch.info.rows += 1;
+            batch.info.last_line = line_no;
+            batch.info.end = offset;
+            batch.row_lines.push(line_no);
+        }
+        if let Some(batch) = current.take()
+            && send(out, batch, &raw).is_err()
+        {
+            return Ok(());
+        }
+    }
+    if skip > 0 {
+        return Err(CliError::Usage(format!(
+            "--resume-from {}: beyond the end of these inputs ({offset} bytes)",
+            options.resume_from
+        )));
+    }
+    Ok(())
+}
+
+fn send(
+    out: &tokio::sync::mpsc::Sender<Batch>,
+    mut batch: Batch,
+    raw: &AtomicU64,
+) -> Result<(), ()> {
+    batch.raw_read = raw.load(Ordering::Relaxed);
+    out.blocking_send(batch).map_err(|_| ())
+}
+
+/// Sends one batch, retrying while the server says nothing was applied and to retry.
+async fn send_batch(
+    client: &reqwest::Client,
+    endpoint: &Endpoint,
+    url: &str,
+    batch: &mut Batch,
+) -> BatchOutcome {
+    // `Bytes` makes a retry's body free; the batch keeps no copy.
+    let body = bytes::Bytes::from(std::mem::take(&mut batch.body));
+    let mut delay = Duration::from_millis(200);
+    for attempt in 0.. {
+        let sent = endpoint
+            .auth(client.post(url))
+            .header("content-type", "application/x-ndjson")
+            .body(body.clone())
+            .send()
+            .await;
+        let response = match sent {
+            Ok(r) => r,
+            // Nothing reached the server: safe to try again.
+            Err(e) if e.is_connect() && attempt < 8 => {
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(10));
+                continue;
+            }
+            Err(e) if e.is_connect() => return BatchOutcome::Rejected(vec![e.to_string()]),
+            Err(e) => return BatchOutcome::Unknown(e.to_string()),
+        };
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let (status, body) = match json_body(response).await {
+            Ok(x) => x,
+            Err(e) => return BatchOutcome::Unknown(e.to_string()),
+        };
+        match status {
+            200 => return BatchOutcome::Committed(body["num_rows_inserted"].as_u64().unwrap_or(0)),
+            429 | 503 if attempt < 8 && body["details"]["status"] != "unknown" => {
+                let wait = retry_after.map_or(delay, Duration::from_secs).max(delay);
+                tokio::time::sleep(wait).await;
+                delay = (delay * 2).min(Duration::from_secs(10));
+            }
+            _ if body["details"]["status"] == "unknown"
+                || status >= 500 && body["details"]["status"] != "rejected" =>
+            {
+                return BatchOutcome::Unknown(format!("{status}: {}", message(&body)));
+            }
+            _ => {
+                let mut messages = vec![format!("{status}: {}", message(&body))];
+                for e in body["details"]["row_errors"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                {
+                    let index = e["row_index"].as_u64().unwrap_or(0) as usize;
+                    let line = batch.row_lines.get(index).copied().unwrap_or(0);
+                    messages.push(format!(
+                        "  {}:{line}: {}{}",
+                        batch.info.input,
+                        e["column"]
+                            .as_str()
+                            .map(|c| format!("column {c}: "))
+                            .unwrap_or_default(),
+                        e["message"].as_str().unwrap_or_default()
+                    ));
+                }
+                if body["details"]["row_errors_truncated"] == true {
+                    messages.push("  (more row errors not listed)".into());
+                }
+                return BatchOutcome::Rejected(messages);
+            }
+        }
+    }
+    BatchOutcome::Unknown("gave up retrying".into())
+}
+
+/// Progress on stderr: a bar (or, for stdin, a counter) with rate and ETA on a terminal, a
+/// line per batch otherwise.
+struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    started: Instant,
+}
+
+impl Progress {
+    fn new(inputs: &[Input]) -> Progress {
+        if !std::io::stderr().is_terminal() {
+            return Progress {
+                bar: None,
+                started: Instant::now(),
+            };
+        }
+        let sizes: Option<u64> = inputs
+            .iter()
+            .map(|i| match i {
+                Input::File(path) => std::fs::metadata(path).ok().map(|m| m.len()),
+                Input::Stdin => None,
+            })
+            .sum();
+        let (bar, template) = match sizes {
+            Some(total) => (
+                indicatif::ProgressBar::new(total),
+                "{bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}",
+            ),
+            None => (
+                indicatif::ProgressBar::new_spinner(),
+                "{spinner} {bytes} {binary_bytes_per_sec} {msg}",
+            ),
+        };
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(template)
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        Progress {
+            bar: Some(bar),
+            started: Instant::now(),
+        }
+    }
+
+    fn settled(&self, batch: &Batch, outcome: &BatchOutcome, report: &IngestReport) {
+        let info = &batch.info;
+        let summary = format!(
+            "{}:{}-{}: {}",
+            info.input,
+            info.first_line,
+            info.last_line,
+            match outcome {
+                BatchOutcome::Committed(r) => format!("committed {r} rows"),
+                BatchOutcome::Rejected(_) => "REJECTED (nothing applied)".into(),
+                BatchOutcome::Unknown(e) =>
+                    format!("UNKNOWN outcome ({e}): reconcile before resending"),
+            }
+        );
+        match &self.bar {
+            Some(bar) => {
+                bar.set_position(batch.raw_read);
+                bar.set_message(format!(
+                    "{} rows, resume from {}",
+                    report.rows, report.resume_from
+                ));
+                if !matches!(outcome, BatchOutcome::Committed(_)) {
+                    bar.println(summary);
+                }
+            }
+            None => {
+                let secs = self.started.elapsed().as_secs_f64().max(1e-3);
+                eprintln!(
+                    "{summary} [{} rows, {:.1} MB/s, resume from {}]",
+                    report.rows,
+                    info.end as f64 / secs / 1e6,
+                    report.resume_from
+                );
+            }
+        }
+    }
+
+    fn finish(self) {
+        if let Some(bar) = self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// Waits for SIGINT or SIGTERM.
+async fn interrupted() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate => {}
+    }
+}
+
+type InFlight = tokio::task::JoinHandle<(Batch, BatchOutcome)>;
+
+/// What the ingest loop does next.
+enum Step {
+    /// A batch from the reader (`None`: the inputs are done).
+    Next(Option<Batch>),
+    /// The oldest request finished.
+    Settled(Result<(Batch, BatchOutcome), tokio::task::JoinError>),
+    /// SIGINT or SIGTERM.
+    Stop,
+}
+
+/// Streams the inputs into the table over `connections` concurrent requests (see the module
+/// doc). Progress goes to stderr.
+pub async fn ingest(endpoint: &Endpoint, options: IngestOptions) -> Result<IngestReport, CliError> {
+    let parts: Vec<&str> = options.table.split('.').collect();
+    let [db, schema, name] = parts.as_slice() else {
+        return Err(CliError::Usage(format!(
+            "--table {:?}: use db.schema.table",
+            options.table
+        )));
+    };
+    if options
+        .inputs
+        .iter()
+        .filter(|i| **i == Input::Stdin)
+        .count()
+        > 1
+    {
+        return Err(CliError::Usage("stdin (-) can be read only once".into()));
+    }
+    let url = endpoint.url(&format!(
+        "/v1/catalog/databases/{db}/schemas/{schema}/tables/{name}/ingest"
+    ));
+    let client = Endpoint::client()?;
+    let connections = options.connections.max(1);
+    let progress = Progress::new(&options.inputs);
+    let raw = Arc::new(AtomicU64::new(0));
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Batch>(connections);
+    let reader = {
+        let options = options.clone();
+        let raw = raw.clone();
+        tokio::task::spawn_blocking(move || read_batches(&options, raw, &tx))
+    };
+    let semaphore = Arc::new(tokio::sync::Semaphore::new(connections));
+    let mut report = IngestReport {
+        resume_from: options.resume_from,
+        ..IngestReport::default()
+    };
+    // Batches sent and not yet settled, in input order; `prefix` is true while every batch
+    // settled so far was committed or refused (none unknown).
+    let mut in_flight: VecDeque<InFlight> = VecDeque::new();
+    let mut prefix = true;
+    let mut settle = |batch: Batch, outcome: BatchOutcome, report: &mut IngestReport| {
+        match &outcome {
+            BatchOutcome::Committed(rows) => report.rows += rows,
+            BatchOutcome::Rejected(_) => {}
+            BatchOutcome::Unknown(_) => prefix = false,
+        }
+        if prefix {
+            report.resume_from = batch.info.end;
+        }
+        progress.settled(&batch, &outcome, report);
+        report.outcomes.push((batch.info, outcome));
+    };
+    let stop = interrupted();
+    tokio::pin!(stop);
+    loop {
+        let step = tokio::select! {
+            batch = rx.recv() => Step::Next(batch),
+            _ = &mut stop => Step::Stop,
+            // The oldest request finished: settle it (outcomes settle in input order).
+            done = async {
+                match in_flight.front_mut() {
+                    Some(task) => task.await,
+                    None => std::future::pending().await,
+                }
+            }, if !in_flight.is_empty() => Step::Settled(done),
+        };
+        let batch = match step {
+            Step::Settled(done) => {
+                in_flight.pop_front();
+                let (batch, outcome) = done.map_err(|e| CliError::Http(e.to_string()))?;
+                settle(batch, outcome, &mut report);
+                continue;
+            }
+            Step::Stop => {
+                report.interrupted = true;
+                break;
+            }
+            Step::Next(None) => break,
+            Step::Next(Some(batch)) => batch,
+        };
+        let permit = tokio::select! {
+            permit = semaphore.clone().acquire_owned() => {
+                permit.map_err(|e| CliError::Http(e.to_string()))?
+            }
+            _ = &mut stop => {
+                report.interrupted = true;
+                break;
+            }
+        };
+        let client = client.clone();
+        let endpoint = endpoint.clone();
+        let url = url.clone();
+        in_flight.push_back(tokio::spawn(async move {
+            let mut batch = batch;
+            let outcome = send_batch(&client, &endpoint, &url, &mut batch).await;
+            drop(permit);
+            (batch, outcome)
+        }));
+    }
+    // Stop the reader (it sees the channel closed) and settle what is in flight.
+    drop(rx);
+    while let Some(task) = in_flight.pop_front() {
+        let (batch, outcome) = task.await.map_err(|e| CliError::Http(e.to_string()))?;
+        settle(batch, outcome, &mut report);
+    }
+    progress.finish();
+    let read = reader.await.map_err(|e| CliError::Http(e.to_string()))?;
+    if !report.interrupted {
+        read?;
+    }
+    Ok(report)
+}
