@@ -33,8 +33,9 @@ enum Command {
     /// Retries 429/503 with backoff; never re-sends a batch whose outcome is unknown (it names
     /// those for you to reconcile). Prints the offset to resume from after every batch and at
     /// the end; Ctrl-C stops reading, waits for the batches in flight and prints it too.
-    /// Exits 1 if any batch was rejected (after printing its row errors with input and line),
-    /// 2 if any outcome is unknown, 130 if interrupted.
+    /// Exits 1 if any batch was rejected (after printing its row errors with input and line)
+    /// or could not be taken (busy or unreachable; resume to send it), 2 if any outcome is
+    /// unknown, 130 if interrupted.
     ///
     /// Examples:
     ///   sluice ingest events.ndjson --table scopedb.public.events
@@ -281,6 +282,7 @@ async fn ingest(args: IngestArgs) -> Result<ExitCode, String> {
         .await
         .map_err(|e| e.to_string())?;
     let mut rejected = 0;
+    let mut not_applied = 0;
     let mut unknown = Vec::new();
     for (batch, outcome) in &report.outcomes {
         let lines = format!(
@@ -296,15 +298,24 @@ async fn ingest(args: IngestArgs) -> Result<ExitCode, String> {
                     eprintln!("{m}");
                 }
             }
+            BatchOutcome::NotApplied(e) => {
+                not_applied += 1;
+                eprintln!("not applied: {lines}: {e}");
+            }
             BatchOutcome::Unknown(_) => unknown.push(lines),
         }
     }
     println!(
-        "{} rows committed in {} batches; {} rejected; {} unknown",
+        "{} rows committed in {} batches; {} rejected; {} unknown{}",
         report.rows,
         report.outcomes.len(),
         rejected,
-        unknown.len()
+        unknown.len(),
+        if not_applied > 0 {
+            format!("; {not_applied} not applied (the server could not take them)")
+        } else {
+            String::new()
+        }
     );
     if !unknown.is_empty() {
         eprintln!(
@@ -314,7 +325,7 @@ async fn ingest(args: IngestArgs) -> Result<ExitCode, String> {
             eprintln!("  {u}");
         }
     }
-    if report.interrupted || !unknown.is_empty() {
+    if report.interrupted || !unknown.is_empty() || not_applied > 0 {
         println!(
             "resume from {0}: sluice ingest ... --resume-from {0}",
             report.resume_from
@@ -324,7 +335,7 @@ async fn ingest(args: IngestArgs) -> Result<ExitCode, String> {
         ExitCode::from(130)
     } else if !unknown.is_empty() {
         ExitCode::from(2)
-    } else if rejected > 0 {
+    } else if rejected > 0 || not_applied > 0 {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS

@@ -1,15 +1,16 @@
 //! `sluice ingest`: NDJSON from files or stdin into a table, streamed.
 //!
 //! Memory stays bounded whatever the input's size: a reader thread cuts the input into
-//! batches (at most [`BATCH_BYTES`] and `batch_rows` each) and hands them over a channel as
-//! deep as the number of connections, so at most about twice that many batches exist at once.
+//! batches (at most [`BATCH_BYTES`] and `batch_rows` each) and hands them over a channel one
+//! deep, so at most `connections + 2` batches exist at once (in flight, waiting, being cut).
 //! Plain, gzip and zstd inputs are told apart by their first bytes, so stdin (`-`) works too.
 //!
 //! **Offsets and resuming.** The inputs, decompressed and taken in order, are one sequence
 //! of bytes; every batch is a run of whole lines of it. Outcomes are settled in input order,
 //! and the *resume offset* is the end of the longest settled prefix: every batch before it
-//! was committed or refused whole (refused batches are listed with their lines, to be fixed
-//! and sent on their own). It is printed after every batch and at the end; an interrupted
+//! was committed or refused whole for what it holds (refused batches are listed with their
+//! lines, to be fixed and sent on their own). A batch the server could not take (unreachable,
+//! or busy past every retry) applied nothing and stops the prefix: resuming sends it again. It is printed after every batch and at the end; an interrupted
 //! load (Ctrl-C, SIGTERM) stops reading, waits for the batches in flight and prints it, and
 //! `--resume-from OFFSET` skips that many bytes of the same inputs. A batch whose outcome is
 //! unknown (the connection broke after it was sent) stops the prefix: resuming before it
@@ -95,8 +96,12 @@ pub struct BatchInfo {
 pub enum BatchOutcome {
     /// Committed.
     Committed(u64),
-    /// Refused, nothing applied; the messages (row errors with input line numbers).
+    /// Refused for what it holds, nothing applied; the messages (row errors with input line
+    /// numbers). Sending it again as it is would be refused again.
     Rejected(Vec<String>),
+    /// Not applied, but only because the server could not take it (unreachable, or busy
+    /// past every retry): it may be sent again, so the resume offset stops before it.
+    NotApplied(String),
     /// Possibly applied: reconcile before sending it again.
     Unknown(String),
 }
@@ -261,6 +266,13 @@ fn read_batches(
                 row_lines: Vec::new(),
                 raw_read: 0,
             });
+            // Grown by doubling, but never past the batch limit: a full batch holds at most
+            // `BATCH_BYTES`, not the next power of two.
+            let needed = batch.body.len() + row_bytes;
+            if needed > batch.body.capacity() {
+                let target = (batch.body.capacity() * 2).clamp(needed, BATCH_BYTES.max(needed));
+                batch.body.reserve_exact(target - batch.body.len());
+            }
             batch.body.extend_from_slice(&line);
             if !complete {
                 batch.body.push(b'\n');
@@ -319,7 +331,7 @@ async fn send_batch(
                 delay = (delay * 2).min(Duration::from_secs(10));
                 continue;
             }
-            Err(e) if e.is_connect() => return BatchOutcome::Rejected(vec![e.to_string()]),
+            Err(e) if e.is_connect() => return BatchOutcome::NotApplied(e.to_string()),
             Err(e) => return BatchOutcome::Unknown(e.to_string()),
         };
         let retry_after = response
@@ -337,6 +349,9 @@ async fn send_batch(
                 let wait = retry_after.map_or(delay, Duration::from_secs).max(delay);
                 tokio::time::sleep(wait).await;
                 delay = (delay * 2).min(Duration::from_secs(10));
+            }
+            429 | 503 if body["details"]["status"] != "unknown" => {
+                return BatchOutcome::NotApplied(format!("{status}: {}", message(&body)));
             }
             _ if body["details"]["status"] == "unknown"
                 || status >= 500 && body["details"]["status"] != "rejected" =>
@@ -424,6 +439,7 @@ impl Progress {
             match outcome {
                 BatchOutcome::Committed(r) => format!("committed {r} rows"),
                 BatchOutcome::Rejected(_) => "REJECTED (nothing applied)".into(),
+                BatchOutcome::NotApplied(e) => format!("NOT APPLIED ({e}): resume to send it"),
                 BatchOutcome::Unknown(e) =>
                     format!("UNKNOWN outcome ({e}): reconcile before resending"),
             }
@@ -512,7 +528,9 @@ pub async fn ingest(endpoint: &Endpoint, options: IngestOptions) -> Result<Inges
     let connections = options.connections.max(1);
     let progress = Progress::new(&options.inputs);
     let raw = Arc::new(AtomicU64::new(0));
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Batch>(connections);
+    // One batch waits while `connections` are in flight and the reader builds the next: at
+    // most `connections + 2` batches (8 MiB each) exist at once.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Batch>(1);
     let reader = {
         let options = options.clone();
         let raw = raw.clone();
@@ -531,7 +549,7 @@ pub async fn ingest(endpoint: &Endpoint, options: IngestOptions) -> Result<Inges
         match &outcome {
             BatchOutcome::Committed(rows) => report.rows += rows,
             BatchOutcome::Rejected(_) => {}
-            BatchOutcome::Unknown(_) => prefix = false,
+            BatchOutcome::NotApplied(_) | BatchOutcome::Unknown(_) => prefix = false,
         }
         if prefix {
             report.resume_from = batch.info.end;

@@ -297,6 +297,8 @@ async fn ingest_of_a_large_input_runs_in_bounded_memory() {
     };
     let dir = common::temp_dir("cli-memory");
     let db = Database::open(DbConfig::new(&dir)).await.unwrap();
+    // Flushes keep the server's memory within its limits, as `sluice serve` runs them.
+    tokio::spawn(db.clone().run_maintenance(std::future::pending()));
     let (addr, _task) = common::serve(db, vec![]).await;
     let endpoint = format!("http://{addr}");
     let client = reqwest::Client::new();
