@@ -311,6 +311,8 @@ impl Classify for QueryError {
             QueryError::Table(e) => e.class(),
             QueryError::ResultTooLarge { .. } => ErrorClass::rejected(Kind::ResultTooLarge),
             QueryError::Timeout(_) => ErrorClass::rejected(Kind::Timeout),
+            QueryError::Panicked { wrote: false } => ErrorClass::rejected(Kind::Internal),
+            QueryError::Panicked { wrote: true } => ErrorClass::unknown(Kind::Internal),
             // A statement is cancelled only before it writes anything (see
             // `query::statements`).
             QueryError::Cancelled => ErrorClass::rejected(Kind::Cancelled),

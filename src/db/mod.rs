@@ -188,9 +188,13 @@ pub(crate) struct IngestStats {
 struct ComputedColumn {
     /// Its index in the stored schema.
     index: usize,
+    /// Its name.
+    name: String,
     /// Its type: its values obey the same rules as input values of that type.
     data_type: ColumnType,
     expr: Arc<dyn PhysicalExpr>,
+    /// A decoder of this one column, which checks its values (see `ComputedColumn::values`).
+    check: Decoder,
 }
 
 /// A table's ingest path: decoder plus computed columns, built once per table definition.
@@ -517,10 +521,20 @@ impl Database {
             }
         }
         let m = self.catalog.mutate(path, value, options).await?;
+        // The change is committed: from here the answer is success. Storage that cannot be
+        // created now is created by the first write (a table without storage reads as empty).
         for (_, id, def) in &m.created_tables {
-            self.tables
-                .create_table(id, &crate::catalog::table_columns(def)?)
-                .await?;
+            let created = match crate::catalog::table_columns(def) {
+                Ok(columns) => self
+                    .tables
+                    .create_table(id, &columns)
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            if let Err(error) = created {
+                tracing::warn!(table = %id, %error, "table storage not created yet; the first write creates it");
+            }
         }
         Ok(m)
     }
@@ -605,7 +619,11 @@ impl Database {
         table: &str,
     ) -> Result<TableStats, IngestFailure> {
         let resolved = self.resolve_table(db, schema, table).await?;
-        Ok(self.tables.stats(&resolved.id).await?)
+        match self.tables.stats(&resolved.id).await {
+            // In the catalog, storage not created yet (see `mutate_catalog`): empty.
+            Err(TableError::NotFound(_)) => Ok(TableStats::default()),
+            other => Ok(other?),
+        }
     }
 
     /// The Parquet files of a table now, by name (what a query of it reads besides the
@@ -617,7 +635,10 @@ impl Database {
         table: &str,
     ) -> Result<Vec<crate::table::DataFile>, IngestFailure> {
         let resolved = self.resolve_table(db, schema, table).await?;
-        Ok(self.tables.snapshot(&resolved.id).await?.files)
+        match self.tables.snapshot(&resolved.id).await {
+            Err(TableError::NotFound(_)) => Ok(Vec::new()),
+            other => Ok(other?.files),
+        }
     }
 
     /// The one write path of table rows: decode and check `ndjson` against the table's columns
@@ -794,8 +815,10 @@ fn compile_plan(
             .ok_or_else(|| CatalogError::Invalid(format!("column {} has no type", c.name)))?;
         computed.push(ComputedColumn {
             index,
+            name: c.name.clone(),
             data_type,
             expr,
+            check: Decoder::new(&[Column::new(c.name.clone(), data_type)]),
         });
     }
     Ok(IngestPlan {
@@ -805,65 +828,49 @@ fn compile_plan(
     })
 }
 
-/// A computed column's values as its type stores them, under the rules input values of that
-/// type obey: a value that does not convert exactly (a negative `uint`, text that is no
-/// timestamp) fails the batch instead of becoming NULL; a `float` must be finite; a JSON
-/// column takes JSON text of its kind, stored compact.
-fn computed_values(
-    value: &ArrayRef,
-    column_type: ColumnType,
-    stored: &arrow_schema::DataType,
-) -> Result<ArrayRef, String> {
-    use arrow_array::Array as _;
-    use arrow_array::cast::AsArray as _;
-    let strict = arrow_cast::CastOptions {
-        safe: false,
-        ..Default::default()
-    };
-    let cast = arrow_cast::cast_with_options(value, stored, &strict).map_err(|e| e.to_string())?;
-    match column_type {
-        ColumnType::Float => {
-            let floats = cast.as_primitive::<arrow_array::types::Float64Type>();
-            if floats.iter().flatten().any(|f| !f.is_finite()) {
-                return Err("a float value must be finite".into());
-            }
-            Ok(cast)
+impl ComputedColumn {
+    /// The column's values as its type stores them, under exactly the rules input values of
+    /// that type obey: the expression's values are written in ingest's NDJSON form
+    /// (`ingest/encode.rs`, as an `INSERT` writes its rows) and decoded by a decoder of this
+    /// one column. A value that is not exactly a value of the type (1.5 for an `int`, an
+    /// integer for a `timestamp`, `'yes'` for a `boolean`) fails the batch with a row error
+    /// naming the column; nothing is truncated, rounded or made NULL.
+    fn values(&self, value: &ArrayRef) -> Result<ArrayRef, IngestFailure> {
+        let field = arrow_schema::Field::new(&self.name, value.data_type().clone(), true);
+        let batch = RecordBatch::try_new(
+            Arc::new(arrow_schema::Schema::new(vec![field])),
+            vec![value.clone()],
+        )
+        .map_err(|e| self.failed(e.to_string()))?;
+        let target = crate::ingest::encode::Target {
+            name: self.name.clone(),
+            data_type: self.data_type,
+        };
+        let mut body = Vec::new();
+        crate::ingest::encode::write_ndjson(&batch, &[target], 0, &mut body).map_err(|e| {
+            IngestFailure::Input(IngestError::InvalidRows(crate::ingest::RowErrors {
+                errors: vec![crate::ingest::RowError {
+                    row_index: e.row,
+                    column: Some(e.column),
+                    message: format!("computed value: {}", e.message),
+                }],
+                truncated: false,
+            }))
+        })?;
+        let limits = Limits {
+            max_body_bytes: usize::MAX,
+            max_rows: usize::MAX,
+            ..Limits::DEFAULT
+        };
+        let decoded = self.check.decode(&body, &limits)?;
+        Ok(decoded.column(0).clone())
+    }
+
+    fn failed(&self, message: String) -> IngestFailure {
+        IngestFailure::Computed {
+            column: self.name.clone(),
+            message,
         }
-        ColumnType::Object | ColumnType::Array | ColumnType::Any => {
-            let texts = cast.as_string::<i32>();
-            let mut out = arrow_array::builder::StringBuilder::with_capacity(
-                texts.len(),
-                texts.value_data().len(),
-            );
-            for text in texts.iter() {
-                let Some(text) = text else {
-                    out.append_null();
-                    continue;
-                };
-                let compact = crate::types::json::compact(text.as_bytes())
-                    .map_err(|e| format!("{text:?} is not JSON text: {e}"))?;
-                let kind = compact
-                    .first()
-                    .and_then(|b| crate::types::json::JsonKind::from_first_byte(*b));
-                let fits = match column_type {
-                    ColumnType::Object => kind == Some(crate::types::json::JsonKind::Object),
-                    ColumnType::Array => kind == Some(crate::types::json::JsonKind::Array),
-                    _ => true,
-                };
-                if !fits {
-                    return Err(format!(
-                        "an {} column takes JSON {}s; got {}",
-                        column_type.as_str(),
-                        column_type.as_str(),
-                        kind.map_or("nothing", |k| k.describe())
-                    ));
-                }
-                // `compact` validated the text, so it is UTF-8.
-                out.append_value(String::from_utf8_lossy(&compact));
-            }
-            Ok(Arc::new(out.finish()))
-        }
-        _ => Ok(cast),
     }
 }
 
@@ -888,9 +895,7 @@ impl IngestPlan {
                         .evaluate(&input)
                         .and_then(|v| v.into_array(rows))
                         .map_err(|e| fail(e.strip_backtrace()))?;
-                    columns.push(
-                        computed_values(&value, c.data_type, field.data_type()).map_err(fail)?,
-                    );
+                    columns.push(c.values(&value)?);
                 }
                 None => match inputs.next() {
                     Some(a) => columns.push(a.clone()),

@@ -3,7 +3,9 @@
 //! checks as rows sent to the ingest endpoint: there is one decoder and one set of rules.
 //!
 //! Each value is written in the spelling the decoder accepts for the target column's type:
-//! numbers and booleans as JSON literals, timestamps as RFC 3339 strings, intervals as
+//! numbers and booleans as JSON literals, timestamps and dates of any unit as RFC 3339 strings
+//! (an instant or duration outside nanoseconds' range is refused, never rounded, wrapped or
+//! made NULL, as arrow's casts would), intervals as
 //! ISO 8601 durations (SQL intervals too, a day counted as 24 hours; months, which have no
 //! fixed length, are refused), binary as base64, and text as a JSON string, except that text
 //! bound for an `object`, `array` or `any` column is taken as the JSON text it holds, which
@@ -16,9 +18,11 @@ use std::io::Write as _;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
-    DurationNanosecondType, Float16Type, Float32Type, Float64Type, Int8Type, Int16Type, Int32Type,
-    Int64Type, IntervalDayTimeType, IntervalMonthDayNanoType, TimestampNanosecondType, UInt8Type,
-    UInt16Type, UInt32Type, UInt64Type,
+    Date32Type, Date64Type, DurationMicrosecondType, DurationMillisecondType,
+    DurationNanosecondType, DurationSecondType, Float16Type, Float32Type, Float64Type, Int8Type,
+    Int16Type, Int32Type, Int64Type, IntervalDayTimeType, IntervalMonthDayNanoType,
+    TimestampMicrosecondType, TimestampMillisecondType, TimestampNanosecondType,
+    TimestampSecondType, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
 };
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_cast::display::{ArrayFormatter, FormatOptions};
@@ -38,10 +42,13 @@ pub(crate) struct Target {
     pub data_type: ColumnType,
 }
 
-/// Why rows could not be written out.
+/// Why a value could not be written out: the row (counted over all batches of one call) and
+/// column, as ingest reports a row error.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("column {column}: {message}")]
+#[error("row {row}, column {column}: {message}")]
 pub(crate) struct EncodeError {
+    /// Zero-based index of the row among the rows written by this call.
+    pub row: usize,
     /// The table column.
     pub column: String,
     /// What is wrong.
@@ -49,18 +56,14 @@ pub(crate) struct EncodeError {
 }
 
 /// Appends the rows of `batch` to `out` as NDJSON objects, source column `i` written as the
-/// field `targets[i].name`. Nulls are written as `null`.
+/// field `targets[i].name`. Nulls are written as `null`. `first_row` is the index of the
+/// batch's first row among all rows being written (for errors).
 pub(crate) fn write_ndjson(
     batch: &RecordBatch,
     targets: &[Target],
+    first_row: usize,
     out: &mut Vec<u8>,
 ) -> Result<(), EncodeError> {
-    let columns: Vec<ArrayRef> = batch
-        .columns()
-        .iter()
-        .zip(targets)
-        .map(|(c, t)| normalize(c, t))
-        .collect::<Result<_, _>>()?;
     let names: Vec<String> = targets
         .iter()
         .map(|t| serde_json::to_string(&t.name).unwrap_or_else(|_| "\"\"".into()))
@@ -68,38 +71,40 @@ pub(crate) fn write_ndjson(
     let mut text = String::new();
     for row in 0..batch.num_rows() {
         out.push(b'{');
-        for (i, (column, target)) in columns.iter().zip(targets).enumerate() {
+        for (i, (column, target)) in batch.columns().iter().zip(targets).enumerate() {
             if i > 0 {
                 out.push(b',');
             }
             out.extend_from_slice(names[i].as_bytes());
             out.push(b':');
             text.clear();
-            write_value(column, row, target, out, &mut text)?;
+            write_value(column, row, target, out, &mut text).map_err(|message| EncodeError {
+                row: first_row + row,
+                column: target.name.clone(),
+                message,
+            })?;
         }
         out.extend_from_slice(b"}\n");
     }
     Ok(())
 }
 
-/// Casts temporal columns of other units to nanoseconds, the unit the writers below know.
-fn normalize(column: &ArrayRef, target: &Target) -> Result<ArrayRef, EncodeError> {
-    let to = match column.data_type() {
-        DataType::Timestamp(unit, tz) if *unit != TimeUnit::Nanosecond => {
-            DataType::Timestamp(TimeUnit::Nanosecond, tz.clone())
-        }
-        DataType::Date32 | DataType::Date64 => {
-            DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into()))
-        }
-        DataType::Duration(unit) if *unit != TimeUnit::Nanosecond => {
-            DataType::Duration(TimeUnit::Nanosecond)
-        }
-        _ => return Ok(column.clone()),
-    };
-    arrow_cast::cast(column, &to).map_err(|e| EncodeError {
-        column: target.name.clone(),
-        message: e.to_string(),
-    })
+/// `value * factor`, or an error saying the instant or duration is out of range (arrow's
+/// casts return NULL or, for `Date64`, overflow unchecked; a value is never changed here).
+fn scaled(value: i64, factor: i64) -> Result<i64, String> {
+    value
+        .checked_mul(factor)
+        .ok_or_else(|| "out of the range of nanoseconds since 1970 (years 1677 to 2262)".into())
+}
+
+/// Nanoseconds per unit.
+fn nanos_per(unit: TimeUnit) -> i64 {
+    match unit {
+        TimeUnit::Second => 1_000_000_000,
+        TimeUnit::Millisecond => 1_000_000,
+        TimeUnit::Microsecond => 1_000,
+        TimeUnit::Nanosecond => 1,
+    }
 }
 
 fn json_string(out: &mut Vec<u8>, s: &str) {
@@ -113,15 +118,11 @@ fn write_value(
     target: &Target,
     out: &mut Vec<u8>,
     text: &mut String,
-) -> Result<(), EncodeError> {
+) -> Result<(), String> {
     if column.is_null(row) {
         out.extend_from_slice(b"null");
         return Ok(());
     }
-    let fail = |message: String| EncodeError {
-        column: target.name.clone(),
-        message,
-    };
     macro_rules! int {
         ($t:ty) => {{
             let _ = write!(out, "{}", column.as_primitive::<$t>().value(row));
@@ -164,7 +165,7 @@ fn write_value(
         | DataType::Decimal128(..)
         | DataType::Decimal256(..) => {
             let formatter = ArrayFormatter::try_new(column.as_ref(), &FormatOptions::default())
-                .map_err(|e| fail(e.to_string()))?;
+                .map_err(|e| e.to_string())?;
             let _ = write!(out, "{}", formatter.value(row));
         }
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
@@ -174,7 +175,7 @@ fn write_value(
                 _ => column.as_string_view().value(row),
             };
             if target.data_type.is_json() {
-                check_one_json_value(s).map_err(fail)?;
+                check_one_json_value(s)?;
                 out.extend_from_slice(s.as_bytes());
             } else if target.data_type == ColumnType::Binary {
                 // Text cast to bytes is its UTF-8, as SQL casts it (not base64 it may hold).
@@ -183,18 +184,42 @@ fn write_value(
                 json_string(out, s);
             }
         }
-        DataType::Timestamp(TimeUnit::Nanosecond, _) => {
-            write_timestamp(
-                text,
-                column.as_primitive::<TimestampNanosecondType>().value(row),
-            );
+        DataType::Timestamp(unit, _) => {
+            let v = match unit {
+                TimeUnit::Second => column.as_primitive::<TimestampSecondType>().value(row),
+                TimeUnit::Millisecond => {
+                    column.as_primitive::<TimestampMillisecondType>().value(row)
+                }
+                TimeUnit::Microsecond => {
+                    column.as_primitive::<TimestampMicrosecondType>().value(row)
+                }
+                TimeUnit::Nanosecond => column.as_primitive::<TimestampNanosecondType>().value(row),
+            };
+            write_timestamp(text, scaled(v, nanos_per(*unit))?);
             json_string(out, text);
         }
-        DataType::Duration(TimeUnit::Nanosecond) => {
-            write_interval(
-                text,
-                column.as_primitive::<DurationNanosecondType>().value(row),
-            );
+        DataType::Date32 => {
+            let days = i64::from(column.as_primitive::<Date32Type>().value(row));
+            write_timestamp(text, scaled(days, 86_400_000_000_000)?);
+            json_string(out, text);
+        }
+        DataType::Date64 => {
+            let millis = column.as_primitive::<Date64Type>().value(row);
+            write_timestamp(text, scaled(millis, 1_000_000)?);
+            json_string(out, text);
+        }
+        DataType::Duration(unit) => {
+            let v = match unit {
+                TimeUnit::Second => column.as_primitive::<DurationSecondType>().value(row),
+                TimeUnit::Millisecond => {
+                    column.as_primitive::<DurationMillisecondType>().value(row)
+                }
+                TimeUnit::Microsecond => {
+                    column.as_primitive::<DurationMicrosecondType>().value(row)
+                }
+                TimeUnit::Nanosecond => column.as_primitive::<DurationNanosecondType>().value(row),
+            };
+            write_interval(text, scaled(v, nanos_per(*unit))?);
             json_string(out, text);
         }
         DataType::Interval(IntervalUnit::MonthDayNano | IntervalUnit::DayTime) => {
@@ -210,14 +235,14 @@ fn write_value(
             };
             // A month has no fixed length; a day of UTC has (sluice intervals are durations).
             if months != 0 {
-                return Err(fail(
+                return Err(
                     "an interval of months has no fixed length; write it in days or less".into(),
-                ));
+                );
             }
             let nanos = i64::from(days)
                 .checked_mul(86_400_000_000_000)
                 .and_then(|d| d.checked_add(nanos))
-                .ok_or_else(|| fail("the interval is out of range".into()))?;
+                .ok_or_else(|| "the interval is out of range".to_owned())?;
             write_interval(text, nanos);
             json_string(out, text);
         }
@@ -226,10 +251,10 @@ fn write_value(
         | DataType::BinaryView
         | DataType::FixedSizeBinary(_) => {
             if target.data_type != ColumnType::Binary {
-                return Err(fail(format!(
+                return Err(format!(
                     "bytes cannot be inserted into a {} column; convert them first",
                     target.data_type
-                )));
+                ));
             }
             let bytes = match column.data_type() {
                 DataType::Binary => column.as_binary::<i32>().value(row),
@@ -241,9 +266,9 @@ fn write_value(
         }
         DataType::Null => out.extend_from_slice(b"null"),
         other => {
-            return Err(fail(format!(
+            return Err(format!(
                 "values of type {other} cannot be inserted; cast them to a sluice type"
-            )));
+            ));
         }
     }
     Ok(())
@@ -297,7 +322,7 @@ mod tests {
             },
         ];
         let mut out = Vec::new();
-        write_ndjson(&batch, &targets, &mut out).unwrap();
+        write_ndjson(&batch, &targets, 0, &mut out).unwrap();
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "{\"a\":1,\"o\":{\"k\": [1]}}\n{\"a\":null,\"o\":null}\n"
@@ -308,7 +333,7 @@ mod tests {
             vec![Arc::new(StringArray::from(vec!["1, \"a\": 2"]))],
         )
         .unwrap();
-        let err = write_ndjson(&sneaky, &targets[1..], &mut Vec::new()).unwrap_err();
+        let err = write_ndjson(&sneaky, &targets[1..], 0, &mut Vec::new()).unwrap_err();
         assert_eq!(err.column, "o");
     }
 
@@ -324,7 +349,7 @@ mod tests {
             data_type,
         };
         let mut out = Vec::new();
-        write_ndjson(&batch, &[target], &mut out)?;
+        write_ndjson(&batch, &[target], 0, &mut out)?;
         Ok(String::from_utf8(out).unwrap())
     }
 
@@ -363,5 +388,43 @@ mod tests {
             one_column(nan, ColumnType::Float).unwrap(),
             "{\"c\":\"NaN\"}\n"
         );
+    }
+
+    #[test]
+    fn instants_and_durations_beyond_nanoseconds_are_refused_not_changed() {
+        use arrow_array::{
+            Date32Array, Date64Array, DurationSecondArray, TimestampMillisecondArray,
+            TimestampSecondArray,
+        };
+        // Year 3000 as days, milliseconds and seconds; 10^10 seconds as a duration.
+        let far: Vec<ArrayRef> = vec![
+            Arc::new(Date32Array::from(vec![376_200])),
+            Arc::new(Date64Array::from(vec![32_503_680_000_000])),
+            Arc::new(TimestampSecondArray::from(vec![32_503_680_000])),
+            Arc::new(TimestampMillisecondArray::from(vec![32_503_680_000_000])),
+        ];
+        for array in far {
+            let err = one_column(array, ColumnType::Timestamp).unwrap_err();
+            assert!(err.message.contains("out of the range"), "{err}");
+        }
+        let long = Arc::new(DurationSecondArray::from(vec![10_000_000_000]));
+        assert!(one_column(long, ColumnType::Interval).is_err());
+        // Within range, every unit is exact.
+        let day = Arc::new(Date64Array::from(vec![86_400_000]));
+        assert_eq!(
+            one_column(day, ColumnType::Timestamp).unwrap(),
+            "{\"c\":\"1970-01-02T00:00:00Z\"}\n"
+        );
+        // Errors name the row among all rows written.
+        let schema = Arc::new(Schema::new(vec![Field::new("c", DataType::Date64, true)]));
+        let batch =
+            RecordBatch::try_new(schema, vec![Arc::new(Date64Array::from(vec![0, i64::MAX]))])
+                .unwrap();
+        let target = Target {
+            name: "c".into(),
+            data_type: ColumnType::Timestamp,
+        };
+        let err = write_ndjson(&batch, &[target], 10, &mut Vec::new()).unwrap_err();
+        assert_eq!((err.row, err.column.as_str()), (11, "c"));
     }
 }

@@ -96,6 +96,13 @@ pub enum QueryError {
     /// The statement ran longer than it may.
     #[error("statement stopped after {0} seconds (the statement timeout)")]
     Timeout(u64),
+    /// The statement's work panicked (a bug in the server, reported rather than left
+    /// running). `wrote`: it had begun writing, so rows may have been applied.
+    #[error("the statement failed inside the server; this is a bug")]
+    Panicked {
+        /// Whether the statement had begun writing.
+        wrote: bool,
+    },
     /// The statement was cancelled.
     #[error("statement cancelled")]
     Cancelled,

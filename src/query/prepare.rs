@@ -240,17 +240,21 @@ fn classify(statement: DfStatement) -> Result<Prepared, QueryError> {
                 let columns = if insert.columns.is_empty() {
                     InsertColumns::Positional
                 } else {
+                    // A column is named by one identifier: `x.k` names no column of the table.
                     InsertColumns::Listed(
                         insert
                             .columns
                             .iter()
-                            .map(|c| {
-                                c.0.last()
-                                    .and_then(|p| p.as_ident())
+                            .map(|c| match c.0.as_slice() {
+                                [part] => part
+                                    .as_ident()
                                     .map(normalized)
-                                    .unwrap_or_default()
+                                    .ok_or_else(|| unsupported("this column name")),
+                                _ => Err(QueryError::Invalid(format!(
+                                    "INSERT names column {c}: name a column of the table, without a qualifier"
+                                ))),
                             })
-                            .collect(),
+                            .collect::<Result<_, _>>()?,
                     )
                 };
                 let source = Box::new(DfStatement::Statement(Box::new(SqlStatement::Query(
@@ -355,13 +359,14 @@ fn statement_kind(statement: &SqlStatement) -> String {
     }
 }
 
-/// An identifier as DataFusion resolves it: unquoted ones are folded to lower case, quoted
-/// ones kept as written (so an `INSERT` names the same table and columns its source would).
+/// An identifier as DataFusion resolves it: unquoted ones are folded to ASCII lower case (as
+/// DataFusion folds them: `K`, the Kelvin sign, stays), quoted ones kept as written, so an
+/// `INSERT` names the same table and columns its source would.
 fn normalized(ident: &Ident) -> String {
     if ident.quote_style.is_some() {
         ident.value.clone()
     } else {
-        ident.value.to_lowercase()
+        ident.value.to_ascii_lowercase()
     }
 }
 
@@ -389,6 +394,15 @@ mod tests {
         assert_eq!(access("insert into t (a) select 1"), Ok(Access::Write));
         assert_eq!(access("CREATE TABLE t (a int)"), Ok(Access::Admin));
         assert_eq!(access("drop table t"), Ok(Access::Admin));
+    }
+
+    #[test]
+    fn insert_names_fold_as_datafusion_folds_them() {
+        assert_eq!(normalized(&Ident::new("AbC")), "abc");
+        // Only ASCII folds: the Kelvin sign is not `k`.
+        assert_eq!(normalized(&Ident::new("\u{212A}")), "\u{212A}");
+        assert_eq!(normalized(&Ident::with_quote('"', "AbC")), "AbC");
+        assert!(prepare("INSERT INTO t (x.k) VALUES (1)").is_err());
     }
 
     #[test]

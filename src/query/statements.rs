@@ -327,14 +327,22 @@ impl Statements {
         let registry = self.clone();
         let phase = statement.phase.clone();
         let task = tokio::spawn(async move {
-            let outcome = PHASE.scope(phase, work).await;
-            registry.end(
-                &running,
-                match outcome {
-                    Ok(result) => StatementState::Finished(Arc::new(result)),
-                    Err(e) => StatementState::Failed(Arc::new(e)),
-                },
-            );
+            use futures::FutureExt as _;
+            // A panic in the work (a bug) ends the statement as failed: it must not stay
+            // "running" for ever and hold a running slot.
+            let outcome = std::panic::AssertUnwindSafe(PHASE.scope(phase.clone(), work))
+                .catch_unwind()
+                .await;
+            let state = match outcome {
+                Ok(Ok(result)) => StatementState::Finished(Arc::new(result)),
+                Ok(Err(e)) => StatementState::Failed(Arc::new(e)),
+                Err(_) => {
+                    let wrote = *phase.lock().unwrap_or_else(|p| p.into_inner()) == Phase::Writing;
+                    tracing::error!(wrote, "a statement panicked");
+                    StatementState::Failed(Arc::new(QueryError::Panicked { wrote }))
+                }
+            };
+            registry.end(&running, state);
         });
         if let Ok(mut abort) = statement.abort.lock() {
             *abort = Some(task.abort_handle());
@@ -500,5 +508,38 @@ mod tests {
         s.wait(Duration::from_secs(5)).await;
         assert!(matches!(s.state(), StatementState::Finished(_)));
         assert!(wrote.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn a_panicking_statement_fails_and_frees_its_running_slot() {
+        let limits = StatementLimits {
+            max_running: 1,
+            ..StatementLimits::default()
+        };
+        let statements = Arc::new(Statements::new(limits));
+        for wrote in [false, true] {
+            let work = async move {
+                if wrote {
+                    begin_write()?;
+                }
+                if true {
+                    panic!("a bug");
+                }
+                Ok(StatementOutput::inserted(1))
+            };
+            let s = statements.submit(&owner("w"), None, work).unwrap();
+            s.wait(Duration::from_secs(5)).await;
+            match s.state() {
+                StatementState::Failed(e) => {
+                    assert!(matches!(*e, QueryError::Panicked { wrote: w } if w == wrote));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // The one running slot is free again.
+        let done = async { Ok(StatementOutput::text("x", vec!["1".into()])) };
+        let s = statements.submit(&owner("w"), None, done).unwrap();
+        s.wait(Duration::from_secs(5)).await;
+        assert!(matches!(s.state(), StatementState::Finished(_)));
     }
 }

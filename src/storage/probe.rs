@@ -34,6 +34,8 @@ pub struct Probe {
     lose_create_answers_unverified: AtomicUsize,
     /// Objects whose next read fails (a lost create answer that cannot be checked).
     blind: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Writes of objects under this prefix fail (an outage of one part of the store).
+    failing_writes: std::sync::Mutex<Option<String>>,
     requests: AtomicU64,
     failures: AtomicU64,
     errors: AtomicU64,
@@ -60,6 +62,15 @@ impl Probe {
     pub fn lose_create_answers_unverified(&self, n: usize) {
         self.lose_create_answers_unverified
             .store(n, Ordering::SeqCst);
+    }
+
+    /// While set, every write of an object whose path starts with `prefix` fails, and
+    /// everything else goes through (`None` ends it).
+    #[cfg(feature = "testing")]
+    pub fn fail_writes_under(&self, prefix: Option<&str>) {
+        if let Ok(mut failing) = self.failing_writes.lock() {
+            *failing = prefix.map(str::to_owned);
+        }
     }
 
     /// Requests seen, and requests failed by a fault.
@@ -110,6 +121,23 @@ impl Probe {
         Ok(())
     }
 
+    /// Counts a write and says whether it fails.
+    async fn before_write(&self, location: &Path) -> Result<()> {
+        self.before().await?;
+        let failing = self
+            .failing_writes
+            .lock()
+            .map(|f| {
+                f.as_ref()
+                    .is_some_and(|p| location.as_ref().starts_with(p.as_str()))
+            })
+            .unwrap_or(false);
+        if failing {
+            return Err(self.injected("write refused (injected fault)"));
+        }
+        Ok(())
+    }
+
     fn injected(&self, message: &'static str) -> object_store::Error {
         self.failures.fetch_add(1, Ordering::SeqCst);
         self.errors.fetch_add(1, Ordering::Relaxed);
@@ -148,7 +176,7 @@ impl ObjectStore for ProbedStore {
         payload: PutPayload,
         opts: PutOptions,
     ) -> Result<PutResult> {
-        self.probe.before().await?;
+        self.probe.before_write(location).await?;
         let create = matches!(opts.mode, PutMode::Create);
         let result = self
             .probe
@@ -174,7 +202,7 @@ impl ObjectStore for ProbedStore {
         location: &Path,
         opts: PutMultipartOptions,
     ) -> Result<Box<dyn MultipartUpload>> {
-        self.probe.before().await?;
+        self.probe.before_write(location).await?;
         self.probe
             .record(self.inner.put_multipart_opts(location, opts).await)
     }

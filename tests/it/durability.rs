@@ -393,6 +393,36 @@ async fn a_catalog_change_whose_answer_was_lost_is_applied_exactly_once() {
     assert_eq!(catalog_versions(&storage).await, 3);
 }
 
+/// A table whose catalog entry commits while its storage cannot be written is created: the
+/// answer is success (never "rejected" for a change that landed), and the first write
+/// creates the storage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_created_table_whose_storage_write_fails_is_still_created() {
+    let dir = common::temp_dir("create-storage-down");
+    let probe = Arc::new(Probe::default());
+    let store = Arc::new(ProbedStore::new(
+        Arc::new(object_store::memory::InMemory::new()),
+        probe.clone(),
+    ));
+    let storage = Storage::from_store(store, "memory-probed://");
+    let db = Database::open_with_storage(config(&dir), storage)
+        .await
+        .unwrap();
+    probe.fail_writes_under(Some("tables/"));
+    db.execute("CREATE TABLE t (id int, note string)")
+        .await
+        .unwrap();
+    let (_, failed) = probe.counts();
+    assert!(failed > 0, "the storage write was not attempted");
+    let stats = db.table_stats("scopedb", "public", "t").await.unwrap();
+    assert_eq!(stats.file_rows + stats.unflushed_rows, 0);
+    probe.fail_writes_under(None);
+    ingest(&db, "t", 0..3).await.unwrap();
+    assert_eq!(ids(&db, "t").await, vec![0, 1, 2]);
+    db.tables().flush_due(true).await.unwrap();
+    assert_eq!(ids(&db, "t").await, vec![0, 1, 2]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compaction_whose_commit_may_have_landed_keeps_its_file() {
     let dir = common::temp_dir("ambiguous-compaction");

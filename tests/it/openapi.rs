@@ -316,6 +316,7 @@ async fn every_role_gets_documented_answers_and_the_router_serves_no_other_metho
                 405,
                 "{method} {template} is served but not listed"
             );
+            assert!(r.headers().contains_key("allow"), "{method} {template}");
         }
     }
 }

@@ -580,12 +580,23 @@ async fn computed_columns_are_filled_at_ingest() {
 #[tokio::test]
 async fn computed_values_obey_their_column_types() {
     let s = Server::start().await;
+    // Each would have been truncated, rounded, wrapped or reinterpreted by a cast.
     let cases = [
         ("uint", "a - 10"),
         ("object", "'not json'"),
         ("array", "'{}'"),
         ("float", "a / 0.0"),
         ("timestamp", "'garbage'"),
+        ("int", "a / 2.0"),
+        ("int", "CAST(a AS DECIMAL(10,2)) / 2"),
+        ("uint", "-0.5"),
+        ("uint", "CAST('18446744073709551615' AS BIGINT UNSIGNED)"),
+        ("float", "9007199254740993"),
+        ("timestamp", "'2024-01-01'"),
+        ("timestamp", "a"),
+        ("boolean", "'yes'"),
+        ("timestamp", "to_timestamp_seconds(10000000000)"),
+        ("interval", "INTERVAL '1 month'"),
     ];
     for (i, (data_type, expression)) in cases.iter().enumerate() {
         let name = format!("cv{i}");
@@ -605,6 +616,7 @@ async fn computed_values_obey_their_column_types() {
         let (status, body) = s.ingest(&name, "{\"a\":3}\n").await;
         assert_eq!(status, 422, "{data_type} = {expression}: {body}");
         assert_eq!(body["code"], "invalid_schema", "{body}");
+        assert_eq!(body["details"]["row_errors"][0]["column"], "c", "{body}");
         let v = s
             .submit(&format!("INSERT INTO {name} (a) VALUES (3)"))
             .await;
@@ -632,6 +644,30 @@ async fn computed_values_obey_their_column_types() {
     assert_eq!(s.ingest("cj", "{\"a\":3}\n").await.0, 200);
     let v = s.sql("SELECT o FROM cj").await;
     assert_eq!(v["result_set"]["rows"], json!([["{\"x\":3}"]]));
+    // Exact values of the type are stored as they are.
+    let r = s
+        .request(
+            reqwest::Method::PUT,
+            "/v1/catalog/databases/scopedb/schemas/public/tables/ce",
+        )
+        .json(&json!({"name": "ce", "columns": [
+            {"name": "a", "data_type": "int"},
+            {"name": "i", "data_type": "int", "expression": "a * 2.0"},
+            {"name": "f", "data_type": "float", "expression": "a / 2"},
+            {"name": "t", "data_type": "timestamp", "expression": "to_timestamp_seconds(a)"},
+            {"name": "d", "data_type": "interval", "expression": "INTERVAL '1 day'"}
+        ]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    assert_eq!(s.ingest("ce", "{\"a\":3}\n").await.0, 200);
+    let v = s.sql("SELECT i, f, t, d FROM ce").await;
+    assert_eq!(
+        v["result_set"]["rows"],
+        json!([["6", "1", "1970-01-01T00:00:03Z", "PT24H"]]),
+        "{v}"
+    );
 }
 
 #[tokio::test]
@@ -695,6 +731,27 @@ async fn statement_inserts_take_the_ingest_path() {
         let v = s.submit(bad).await;
         assert_eq!(v["status"], "failed", "{bad}: {v}");
     }
+    // A value that cannot be a value of its column is a row error, as at ingest: never a
+    // NULL, a wrapped instant or a truncated number.
+    for bad in [
+        "INSERT INTO dst (t) VALUES (DATE '3000-01-01')",
+        "INSERT INTO dst (t) SELECT to_timestamp_seconds(10000000000)",
+        "INSERT INTO dst (t) SELECT arrow_cast(to_timestamp_seconds(10000000000), 'Timestamp(Millisecond, None)')",
+        "INSERT INTO dst (a, o) VALUES (1, '{}'), (2, 'not json')",
+    ] {
+        let v = s.submit(bad).await;
+        assert_eq!(v["status"], "failed", "{bad}: {v}");
+        assert_eq!(v["error"]["code"], "invalid_schema", "{bad}: {v}");
+        let row = &v["error"]["details"]["row_errors"][0];
+        assert!(row["column"] == "t" || row["column"] == "o", "{bad}: {v}");
+    }
+    let v = s
+        .submit("INSERT INTO dst (a, o) VALUES (1, '{}'), (2, 'not json')")
+        .await;
+    assert_eq!(
+        v["error"]["details"]["row_errors"][0]["row_index"], 1,
+        "{v}"
+    );
     assert_eq!(
         s.sql("SELECT count(*) FROM dst").await["result_set"]["rows"][0][0],
         "6"
