@@ -228,7 +228,9 @@ fn read_batches(
                 continue;
             }
             let complete = line.last() == Some(&b'\n');
-            if !complete && n > BATCH_BYTES {
+            // A row is its line and a newline; the reader stops one byte past the limit.
+            let row_bytes = n + usize::from(!complete);
+            if row_bytes > BATCH_BYTES {
                 return Err(CliError::Usage(format!(
                     "{name}: line {} is longer than a batch may be ({BATCH_BYTES} bytes)",
                     line_no + 1
@@ -243,7 +245,6 @@ fn read_batches(
                 }
                 continue;
             }
-            let row_bytes = line.len() + usize::from(!complete);
             let full = current.as_ref().is_some_and(|b| {
                 b.body.len() + row_bytes > BATCH_BYTES || b.info.rows as usize >= max_rows
             });
@@ -262,17 +263,13 @@ fn read_batches(
                     start,
                     end: start,
                 },
-                body: Vec::new(),
+                // Allocated once at the batch limit, never grown: pages the rows do not
+                // reach are never touched (the command maps buffers this large on their own;
+                // see `main.rs`), and no reallocation copies or fragments.
+                body: Vec::with_capacity(BATCH_BYTES),
                 row_lines: Vec::new(),
                 raw_read: 0,
             });
-            // Grown by doubling, but never past the batch limit: a full batch holds at most
-            // `BATCH_BYTES`, not the next power of two.
-            let needed = batch.body.len() + row_bytes;
-            if needed > batch.body.capacity() {
-                let target = (batch.body.capacity() * 2).clamp(needed, BATCH_BYTES.max(needed));
-                batch.body.reserve_exact(target - batch.body.len());
-            }
             batch.body.extend_from_slice(&line);
             if !complete {
                 batch.body.push(b'\n');
