@@ -111,6 +111,10 @@ struct IngestArgs {
     /// printed ("resume from N")
     #[arg(long, default_value_t = 0)]
     resume_from: u64,
+    /// Skip these bytes too, as START-END (repeatable): batches an earlier run settled past
+    /// its resume offset, as it prints them
+    #[arg(long, value_parser = parse_range)]
+    skip: Vec<(u64, u64)>,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -263,13 +267,17 @@ fn client(command: impl std::future::Future<Output = Result<ExitCode, String>>) 
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(command) {
+    let code = match runtime.block_on(command) {
         Ok(code) => code,
         Err(message) => {
             eprintln!("sluice: {message}");
             ExitCode::FAILURE
         }
-    }
+    };
+    // An interrupted `ingest` leaves its reader blocked on a pipe or terminal: do not wait
+    // for it.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    code
 }
 
 async fn ingest(args: IngestArgs) -> Result<ExitCode, String> {
@@ -280,6 +288,7 @@ async fn ingest(args: IngestArgs) -> Result<ExitCode, String> {
         connections: args.connections,
         batch_rows: args.batch_rows.clamp(1, sluice::cli::BATCH_ROWS),
         resume_from: args.resume_from,
+        skip: args.skip,
     };
     let report = sluice::cli::ingest(&args.client.endpoint(), options)
         .await
@@ -328,9 +337,17 @@ async fn ingest(args: IngestArgs) -> Result<ExitCode, String> {
             eprintln!("  {u}");
         }
     }
-    if report.interrupted || !unknown.is_empty() || not_applied > 0 {
+    if let Some(why) = &report.stopped {
+        eprintln!("stopped: {why}");
+    }
+    if report.interrupted || report.stopped.is_some() {
+        let skips: String = report
+            .skip
+            .iter()
+            .map(|(s, e)| format!(" --skip {s}-{e}"))
+            .collect();
         println!(
-            "resume from {0}: sluice ingest ... --resume-from {0}",
+            "resume from {0}: sluice ingest ... --resume-from {0}{skips}",
             report.resume_from
         );
     }
@@ -338,11 +355,24 @@ async fn ingest(args: IngestArgs) -> Result<ExitCode, String> {
         ExitCode::from(130)
     } else if !unknown.is_empty() {
         ExitCode::from(2)
-    } else if rejected > 0 || not_applied > 0 {
+    } else if rejected > 0 || not_applied > 0 || report.stopped.is_some() {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// `START-END`, two byte offsets.
+fn parse_range(text: &str) -> Result<(u64, u64), String> {
+    let (start, end) = text
+        .split_once('-')
+        .ok_or_else(|| format!("{text:?}: use START-END"))?;
+    let number = |s: &str| s.parse::<u64>().map_err(|e| format!("{text:?}: {e}"));
+    let (start, end) = (number(start)?, number(end)?);
+    if start > end {
+        return Err(format!("{text:?}: START is after END"));
+    }
+    Ok((start, end))
 }
 
 async fn query(args: QueryArgs) -> Result<ExitCode, String> {

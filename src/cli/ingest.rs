@@ -8,15 +8,17 @@
 //! **Offsets and resuming.** The inputs, decompressed and taken in order, are one sequence
 //! of bytes; every batch is a run of whole lines of it. Outcomes are settled in input order,
 //! and the *resume offset* is the end of the longest settled prefix: every batch before it
-//! was committed or refused whole for what it holds (refused batches are listed with their
-//! lines, to be fixed and sent on their own). A batch the server could not take (unreachable,
-//! or busy past every retry) applied nothing and stops the prefix: resuming sends it again. It is printed after every batch and at the end; an interrupted
-//! load (Ctrl-C, SIGTERM) stops reading, waits for the batches in flight and prints it, and
-//! `--resume-from OFFSET` skips that many bytes of the same inputs. A batch whose outcome is
-//! unknown (the connection broke after it was sent) stops the prefix: resuming before it
-//! could double its rows, resuming after it could lose them, so the command says which
-//! lines to reconcile. If the command itself is killed (`kill -9`), the batches in flight
-//! after the last printed offset are unknown in the same way.
+//! was committed or refused for what it holds (422, 413; refused batches are listed with
+//! their lines, to be fixed and sent on their own). It is printed after every batch and at
+//! the end. Any other answer (unreachable, busy past every retry, a missing table, a key
+//! without the role) applied nothing but ends the prefix, and so does an unknown outcome
+//! (the connection broke after the batch was sent): the run then **stops** sending, lets the
+//! batches in flight settle, and prints `--resume-from OFFSET` with a `--skip START-END` for
+//! every batch settled past the offset, so that the printed command sends each row once
+//! (an unknown batch is sent again: the command names it to reconcile first). An
+//! interrupted run (Ctrl-C, SIGTERM) stops reading, waits for the batches in flight and
+//! prints the same; a second Ctrl-C exits at once. If the command itself is killed
+//! (`kill -9`), the batches in flight after the last printed offset have unknown outcomes.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, IsTerminal as _, Read};
@@ -72,6 +74,9 @@ pub struct IngestOptions {
     pub batch_rows: usize,
     /// Bytes of the (decompressed) inputs to skip: a resume offset an earlier run printed.
     pub resume_from: u64,
+    /// Further byte ranges `(start, end)` to skip: batches an earlier run settled past its
+    /// resume offset (it prints them as `--skip START-END`).
+    pub skip: Vec<(u64, u64)>,
 }
 
 /// Where a batch is in the inputs.
@@ -115,6 +120,14 @@ pub struct IngestReport {
     pub outcomes: Vec<(BatchInfo, BatchOutcome)>,
     /// Where a later run resumes (see the module doc).
     pub resume_from: u64,
+    /// Byte ranges past `resume_from` that a later run must skip: batches settled (committed
+    /// or refused for their content) after the resumable prefix ended, and the earlier run's
+    /// own skips past it. Sorted, not overlapping.
+    pub skip: Vec<(u64, u64)>,
+    /// Why the run stopped before the end of its inputs without being interrupted (a batch
+    /// the server could not take, or one whose outcome is unknown; or an input that could
+    /// not be read). Nothing further was sent.
+    pub stopped: Option<String>,
     /// The run was interrupted before the end of its inputs.
     pub interrupted: bool,
 }
@@ -175,17 +188,50 @@ fn open(input: &Input, raw: Arc<AtomicU64>) -> Result<Box<dyn BufRead + Send>, C
     })
 }
 
-/// Reads the inputs in order, skips `resume_from` bytes, cuts the rest into batches and
-/// sends them on `out` (blocking while it is full). Stops early when the receiver is gone.
+/// The byte ranges a run skips: `[0, resume_from)` and the `skip` ranges, sorted; empty
+/// ones dropped. Overlapping ranges are a usage error.
+fn skip_ranges(options: &IngestOptions) -> Result<VecDeque<(u64, u64)>, CliError> {
+    let mut ranges: Vec<(u64, u64)> = std::iter::once((0, options.resume_from))
+        .chain(options.skip.iter().copied())
+        .filter(|(s, e)| s < e)
+        .collect();
+    ranges.sort_unstable();
+    for pair in ranges.windows(2) {
+        if pair[1].0 < pair[0].1 {
+            return Err(CliError::Usage(format!(
+                "skipped ranges overlap: {}-{} and {}-{}",
+                pair[0].0, pair[0].1, pair[1].0, pair[1].1
+            )));
+        }
+    }
+    Ok(ranges.into())
+}
+
+/// True for a line of JSON whitespace only (what the server skips between rows).
+fn blank(line: &[u8]) -> bool {
+    line.iter()
+        .all(|b| matches!(b, b' ' | b'\t' | b'\r' | b'\n'))
+}
+
+/// Reads the inputs in order, skips the ranges of [`skip_ranges`] (whole lines only), cuts
+/// the rest into batches and sends them on `out` (blocking while it is full). Stops early
+/// when the receiver is gone.
 fn read_batches(
     options: &IngestOptions,
     raw: Arc<AtomicU64>,
     out: &tokio::sync::mpsc::Sender<Batch>,
 ) -> Result<(), CliError> {
     let max_rows = options.batch_rows.clamp(1, BATCH_ROWS);
+    let mut ranges = skip_ranges(options)?;
+    let not_a_line_end = |at: u64| {
+        CliError::Usage(format!(
+            "--resume-from/--skip: byte {at} is not the end of a line of these inputs"
+        ))
+    };
     // Offset of the next byte in the inputs' sequence.
     let mut offset = 0u64;
-    let mut skip = options.resume_from;
+    // While skipping: where the skipped range ends.
+    let mut skip_end: Option<u64> = None;
     for input in &options.inputs {
         let name = input.name();
         let read_error = |source| CliError::Read {
@@ -206,28 +252,39 @@ fn read_batches(
             if n == 0 {
                 break;
             }
-            if skip > 0 {
-                // Skipping the resumed part: whole lines only, counted for line numbers.
-                if (n as u64) > skip {
-                    return Err(CliError::Usage(format!(
-                        "--resume-from {}: not the end of a line of these inputs",
-                        options.resume_from
-                    )));
+            let complete = line.last() == Some(&b'\n');
+            if skip_end.is_none()
+                && let Some(&(start, end)) = ranges.front()
+            {
+                if start == offset {
+                    ranges.pop_front();
+                    skip_end = Some(end);
+                    // A batch never spans a skipped range.
+                    if let Some(batch) = current.take()
+                        && send(out, batch, &raw).is_err()
+                    {
+                        return Ok(());
+                    }
+                } else if start < offset + n as u64 {
+                    return Err(not_a_line_end(start));
                 }
-                skip -= n as u64;
+            }
+            if let Some(end) = skip_end {
+                // Skipping: whole lines only, counted for line numbers.
+                if offset + n as u64 > end {
+                    return Err(not_a_line_end(end));
+                }
                 offset += n as u64;
-                let complete = line.last() == Some(&b'\n');
                 line_no += u64::from(complete);
-                // Where skipping ends, a line must end (or the input).
-                if skip == 0 && !complete && !reader.fill_buf().map_err(read_error)?.is_empty() {
-                    return Err(CliError::Usage(format!(
-                        "--resume-from {}: not the end of a line of these inputs",
-                        options.resume_from
-                    )));
+                if offset == end {
+                    skip_end = None;
+                    // Where skipping ends, a line must end (or the input).
+                    if !complete && !reader.fill_buf().map_err(read_error)?.is_empty() {
+                        return Err(not_a_line_end(end));
+                    }
                 }
                 continue;
             }
-            let complete = line.last() == Some(&b'\n');
             // A row is its line and a newline; the reader stops one byte past the limit.
             let row_bytes = n + usize::from(!complete);
             if row_bytes > BATCH_BYTES {
@@ -239,7 +296,7 @@ fn read_batches(
             line_no += 1;
             let start = offset;
             offset += n as u64;
-            if line.iter().all(u8::is_ascii_whitespace) {
+            if blank(&line) {
                 if let Some(batch) = &mut current {
                     batch.info.end = offset;
                 }
@@ -285,10 +342,9 @@ fn read_batches(
             return Ok(());
         }
     }
-    if skip > 0 {
+    if skip_end.is_some() || !ranges.is_empty() {
         return Err(CliError::Usage(format!(
-            "--resume-from {}: beyond the end of these inputs ({offset} bytes)",
-            options.resume_from
+            "--resume-from/--skip: beyond the end of these inputs ({offset} bytes)"
         )));
     }
     Ok(())
@@ -347,26 +403,32 @@ async fn send_batch(
                 tokio::time::sleep(wait).await;
                 delay = (delay * 2).min(Duration::from_secs(10));
             }
-            429 | 503 if body["details"]["status"] != "unknown" => {
-                return BatchOutcome::NotApplied(format!("{status}: {}", message(&body)));
-            }
             _ if body["details"]["status"] == "unknown"
                 || status >= 500 && body["details"]["status"] != "rejected" =>
             {
                 return BatchOutcome::Unknown(format!("{status}: {}", message(&body)));
             }
-            _ => {
+            // Refused for what the batch holds: sending it again would be refused again.
+            413 | 422 => {
                 let mut messages = vec![format!("{status}: {}", message(&body))];
                 for e in body["details"]["row_errors"]
                     .as_array()
                     .into_iter()
                     .flatten()
                 {
-                    let index = e["row_index"].as_u64().unwrap_or(0) as usize;
-                    let line = batch.row_lines.get(index).copied().unwrap_or(0);
+                    // The server counts rows, the command lines: they agree unless a line
+                    // holds two objects or a broken one runs into the next, so the batch's
+                    // lines are named too.
+                    let row = e["row_index"].as_u64().unwrap_or(0);
+                    let place = match batch.row_lines.get(row as usize) {
+                        Some(line) => format!("{}:{line}", batch.info.input),
+                        None => format!(
+                            "{}:{}-{} (row {row})",
+                            batch.info.input, batch.info.first_line, batch.info.last_line
+                        ),
+                    };
                     messages.push(format!(
-                        "  {}:{line}: {}{}",
-                        batch.info.input,
+                        "  {place}: {}{}",
                         e["column"]
                             .as_str()
                             .map(|c| format!("column {c}: "))
@@ -379,6 +441,10 @@ async fn send_batch(
                 }
                 return BatchOutcome::Rejected(messages);
             }
+            // Anything else applied nothing but says nothing against the rows (a busy or
+            // failing server, a missing table, a key without the role): the run stops and
+            // a resume sends the batch again.
+            _ => return BatchOutcome::NotApplied(format!("{status}: {}", message(&body))),
         }
     }
     BatchOutcome::Unknown("gave up retrying".into())
@@ -389,14 +455,17 @@ async fn send_batch(
 struct Progress {
     bar: Option<indicatif::ProgressBar>,
     started: Instant,
+    /// The offset this run started from (for the rate).
+    from: u64,
 }
 
 impl Progress {
-    fn new(inputs: &[Input]) -> Progress {
+    fn new(inputs: &[Input], from: u64) -> Progress {
         if !std::io::stderr().is_terminal() {
             return Progress {
                 bar: None,
                 started: Instant::now(),
+                from,
             };
         }
         let sizes: Option<u64> = inputs
@@ -423,6 +492,7 @@ impl Progress {
         Progress {
             bar: Some(bar),
             started: Instant::now(),
+            from,
         }
     }
 
@@ -457,7 +527,7 @@ impl Progress {
                 eprintln!(
                     "{summary} [{} rows, {:.1} MB/s, resume from {}]",
                     report.rows,
-                    info.end as f64 / secs / 1e6,
+                    info.end.saturating_sub(self.from) as f64 / secs / 1e6,
                     report.resume_from
                 );
             }
@@ -488,6 +558,51 @@ async fn interrupted() {
 }
 
 type InFlight = tokio::task::JoinHandle<(Batch, BatchOutcome)>;
+
+/// What the settled outcomes say so far.
+#[derive(Default)]
+struct Settled {
+    /// Set once a batch may be sent again (not applied, or its outcome unknown): why. From
+    /// there the resume offset stays put, and batches settled after it are to be skipped.
+    broken: Option<String>,
+    /// Batches settled past the resume offset (committed or refused for their content).
+    beyond: Vec<(u64, u64)>,
+}
+
+impl Settled {
+    fn settle(
+        &mut self,
+        batch: Batch,
+        outcome: BatchOutcome,
+        report: &mut IngestReport,
+        progress: &Progress,
+    ) {
+        let info = &batch.info;
+        match &outcome {
+            BatchOutcome::Committed(rows) => report.rows += rows,
+            BatchOutcome::Rejected(_) => {}
+            BatchOutcome::NotApplied(why) | BatchOutcome::Unknown(why) => {
+                if self.broken.is_none() {
+                    self.broken = Some(format!(
+                        "{}:{}-{}: {why}",
+                        info.input, info.first_line, info.last_line
+                    ));
+                }
+            }
+        }
+        let done = matches!(
+            outcome,
+            BatchOutcome::Committed(_) | BatchOutcome::Rejected(_)
+        );
+        if self.broken.is_none() {
+            report.resume_from = info.end;
+        } else if done {
+            self.beyond.push((info.start, info.end));
+        }
+        progress.settled(&batch, &outcome, report);
+        report.outcomes.push((batch.info, outcome));
+    }
+}
 
 /// What the ingest loop does next.
 enum Step {
@@ -523,7 +638,7 @@ pub async fn ingest(endpoint: &Endpoint, options: IngestOptions) -> Result<Inges
     ));
     let client = Endpoint::client()?;
     let connections = options.connections.max(1);
-    let progress = Progress::new(&options.inputs);
+    let progress = Progress::new(&options.inputs, options.resume_from);
     let raw = Arc::new(AtomicU64::new(0));
     // One batch waits while `connections` are in flight and the reader builds the next: at
     // most `connections + 2` batches (8 MiB each) exist at once.
@@ -538,25 +653,17 @@ pub async fn ingest(endpoint: &Endpoint, options: IngestOptions) -> Result<Inges
         resume_from: options.resume_from,
         ..IngestReport::default()
     };
-    // Batches sent and not yet settled, in input order; `prefix` is true while every batch
-    // settled so far was committed or refused (none unknown).
+    // Batches sent and not yet settled, in input order.
     let mut in_flight: VecDeque<InFlight> = VecDeque::new();
-    let mut prefix = true;
-    let mut settle = |batch: Batch, outcome: BatchOutcome, report: &mut IngestReport| {
-        match &outcome {
-            BatchOutcome::Committed(rows) => report.rows += rows,
-            BatchOutcome::Rejected(_) => {}
-            BatchOutcome::NotApplied(_) | BatchOutcome::Unknown(_) => prefix = false,
-        }
-        if prefix {
-            report.resume_from = batch.info.end;
-        }
-        progress.settled(&batch, &outcome, report);
-        report.outcomes.push((batch.info, outcome));
-    };
+    let mut settled = Settled::default();
     let stop = interrupted();
     tokio::pin!(stop);
     loop {
+        if settled.broken.is_some() {
+            // Past a batch that may be sent again, nothing more is sent: each batch sent
+            // now could only add to what a resume must skip.
+            break;
+        }
         let step = tokio::select! {
             batch = rx.recv() => Step::Next(batch),
             _ = &mut stop => Step::Stop,
@@ -572,7 +679,7 @@ pub async fn ingest(endpoint: &Endpoint, options: IngestOptions) -> Result<Inges
             Step::Settled(done) => {
                 in_flight.pop_front();
                 let (batch, outcome) = done.map_err(|e| CliError::Http(e.to_string()))?;
-                settle(batch, outcome, &mut report);
+                settled.settle(batch, outcome, &mut report, &progress);
                 continue;
             }
             Step::Stop => {
@@ -598,19 +705,53 @@ pub async fn ingest(endpoint: &Endpoint, options: IngestOptions) -> Result<Inges
             let mut batch = batch;
             let outcome = send_batch(&client, &endpoint, &url, &mut batch).await;
             drop(permit);
+            // Only the error messages needed the line numbers.
+            batch.row_lines = Vec::new();
             (batch, outcome)
         }));
+    }
+    if report.interrupted {
+        // A second Ctrl-C ends the command at once (the batches in flight then have
+        // unknown outcomes, after the last offset printed).
+        tokio::spawn(async {
+            interrupted().await;
+            eprintln!("interrupted again: exiting; batches in flight have unknown outcomes");
+            std::process::exit(130);
+        });
     }
     // Stop the reader (it sees the channel closed) and settle what is in flight.
     drop(rx);
     while let Some(task) = in_flight.pop_front() {
         let (batch, outcome) = task.await.map_err(|e| CliError::Http(e.to_string()))?;
-        settle(batch, outcome, &mut report);
+        settled.settle(batch, outcome, &mut report, &progress);
     }
     progress.finish();
-    let read = reader.await.map_err(|e| CliError::Http(e.to_string()))?;
-    if !report.interrupted {
-        read?;
+    report.stopped = settled.broken.take();
+    // Skips the next run needs: this run's own past the new resume offset, then what
+    // settled past it.
+    let resume = report.resume_from;
+    let mut skip: Vec<(u64, u64)> = options
+        .skip
+        .iter()
+        .copied()
+        .filter(|&(s, e)| s < e && s >= resume)
+        .chain(settled.beyond)
+        .collect();
+    skip.sort_unstable();
+    for (s, e) in skip {
+        match report.skip.last_mut() {
+            Some(last) if last.1 == s => last.1 = e,
+            _ => report.skip.push((s, e)),
+        }
+    }
+    // An interrupted or stopped run does not wait for its reader (it may be blocked on a
+    // terminal or pipe); otherwise the reader's error, if any, is the run's.
+    if !report.interrupted && report.stopped.is_none() {
+        match reader.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => report.stopped = Some(e.to_string()),
+            Err(e) => report.stopped = Some(e.to_string()),
+        }
     }
     Ok(report)
 }

@@ -380,3 +380,103 @@ async fn ingest_of_a_large_input_runs_in_bounded_memory() {
     let r = common::statement(&client, &endpoint, "SELECT count(*) FROM events").await;
     assert_eq!(r["result_set"]["rows"][0][0], (rows + 1).to_string());
 }
+
+/// A batch the server does not take (here a 404 for one batch, as a dropped table gives)
+/// stops the run; batches already in flight past it settle, and the printed command skips
+/// them: following it sends every row exactly once. The server is a stand-in that fails the
+/// one batch on command and records what it takes, because the real one cannot be made to
+/// refuse one chosen batch among concurrent ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_ingest_resumes_with_no_row_lost_or_doubled() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let taken = Arc::new(Mutex::new(Vec::<i64>::new()));
+    let fail = Arc::new(AtomicBool::new(true));
+    let app = {
+        let (taken, fail) = (taken.clone(), fail.clone());
+        axum::Router::new().route(
+            "/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}/ingest",
+            axum::routing::post(move |body: String| {
+                let (taken, fail) = (taken.clone(), fail.clone());
+                async move {
+                    if fail.load(Ordering::SeqCst) && body.contains("\"fail\":true") {
+                        let error = serde_json::json!({"code": "not_found",
+                            "message": "no such table", "details": {"status": "rejected"}});
+                        return (axum::http::StatusCode::NOT_FOUND, axum::Json(error));
+                    }
+                    // Slow enough that several batches are in flight at once.
+                    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+                    let rows: Vec<i64> = body
+                        .lines()
+                        .map(|l| {
+                            serde_json::from_str::<serde_json::Value>(l).unwrap()["a"]
+                                .as_i64()
+                                .unwrap()
+                        })
+                        .collect();
+                    let n = rows.len();
+                    taken.lock().unwrap().extend(rows);
+                    let answer = serde_json::json!({"status": "committed", "num_rows_inserted": n});
+                    (axum::http::StatusCode::OK, axum::Json(answer))
+                }
+            }),
+        )
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let dir = common::temp_dir("cli-stopped");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("rows.ndjson");
+    let mut text = String::new();
+    for i in 0..60 {
+        if i == 10 {
+            text += &format!("{{\"a\":{i},\"fail\":true}}\n");
+        } else {
+            text += &format!("{{\"a\":{i}}}\n");
+        }
+    }
+    std::fs::write(&file, &text).unwrap();
+    let path = file.display().to_string();
+    let run = |extra: Vec<String>| {
+        let mut args: Vec<String> = ["ingest", &path, "--table", "d.s.t", "--batch-rows", "1"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        args.extend([
+            "--connections".into(),
+            "4".into(),
+            "--endpoint".into(),
+            endpoint.clone(),
+        ]);
+        args.extend(extra);
+        tokio::task::spawn_blocking(move || {
+            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+            sluice(&refs)
+        })
+    };
+    let (code, out, err) = run(vec![]).await.unwrap();
+    assert_eq!(code, 1, "{out}\n{err}");
+    assert!(err.contains("stopped: "), "{err}");
+    let taken_first = taken.lock().unwrap().len();
+    assert!(
+        taken_first < 59,
+        "the run went on past the refused batch: {taken_first}"
+    );
+    let command = out
+        .lines()
+        .find_map(|l| l.split("sluice ingest ... ").nth(1))
+        .unwrap_or_else(|| panic!("no resume command: {out}"));
+    println!("first run: {taken_first} rows taken; resume with: {command}");
+    let extra: Vec<String> = command.split_whitespace().map(str::to_owned).collect();
+    fail.store(false, Ordering::SeqCst);
+    let (code, out, err) = run(extra).await.unwrap();
+    assert_eq!(code, 0, "{out}\n{err}");
+    let mut all = taken.lock().unwrap().clone();
+    all.sort_unstable();
+    assert_eq!(
+        all,
+        (0..60).collect::<Vec<i64>>(),
+        "first run took {taken_first}"
+    );
+}
