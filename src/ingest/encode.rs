@@ -68,10 +68,26 @@ pub(crate) fn write_ndjson(
         .iter()
         .map(|t| serde_json::to_string(&t.name).unwrap_or_else(|_| "\"\"".into()))
         .collect();
+    // Dictionary-encoded columns are written as their values.
+    let columns: Vec<ArrayRef> = batch
+        .columns()
+        .iter()
+        .zip(targets)
+        .map(|(column, target)| match column.data_type() {
+            DataType::Dictionary(_, values) => {
+                arrow_cast::cast(column, values).map_err(|e| EncodeError {
+                    row: first_row,
+                    column: target.name.clone(),
+                    message: e.to_string(),
+                })
+            }
+            _ => Ok(column.clone()),
+        })
+        .collect::<Result<_, _>>()?;
     let mut text = String::new();
     for row in 0..batch.num_rows() {
         out.push(b'{');
-        for (i, (column, target)) in batch.columns().iter().zip(targets).enumerate() {
+        for (i, (column, target)) in columns.iter().zip(targets).enumerate() {
             if i > 0 {
                 out.push(b',');
             }
@@ -166,7 +182,15 @@ fn write_value(
         | DataType::Decimal256(..) => {
             let formatter = ArrayFormatter::try_new(column.as_ref(), &FormatOptions::default())
                 .map_err(|e| e.to_string())?;
-            let _ = write!(out, "{}", formatter.value(row));
+            let _ = std::fmt::Write::write_fmt(text, format_args!("{}", formatter.value(row)));
+            // `6.00` is the integer 6, as a float 6.0 is written `6`: trailing zeros of the
+            // scale say nothing about the value.
+            let value = if text.contains('.') {
+                text.trim_end_matches('0').trim_end_matches('.')
+            } else {
+                text.as_str()
+            };
+            out.extend_from_slice(value.as_bytes());
         }
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
             let s = match column.data_type() {
@@ -387,6 +411,23 @@ mod tests {
         assert_eq!(
             one_column(nan, ColumnType::Float).unwrap(),
             "{\"c\":\"NaN\"}\n"
+        );
+    }
+
+    #[test]
+    fn decimals_lose_their_trailing_zeros_and_dictionaries_their_keys() {
+        use arrow_array::{Decimal128Array, DictionaryArray, types::Int32Type};
+        let decimals = Decimal128Array::from(vec![600, 150, -10, 0])
+            .with_precision_and_scale(10, 2)
+            .unwrap();
+        assert_eq!(
+            one_column(Arc::new(decimals), ColumnType::Float).unwrap(),
+            "{\"c\":6}\n{\"c\":1.5}\n{\"c\":-0.1}\n{\"c\":0}\n"
+        );
+        let dictionary: DictionaryArray<Int32Type> = vec!["x", "y", "x"].into_iter().collect();
+        assert_eq!(
+            one_column(Arc::new(dictionary), ColumnType::String).unwrap(),
+            "{\"c\":\"x\"}\n{\"c\":\"y\"}\n{\"c\":\"x\"}\n"
         );
     }
 

@@ -109,11 +109,18 @@ impl TableProvider for SluiceTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let snapshot = self
-            .tables
-            .snapshot(&self.id)
-            .await
-            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        let snapshot = match self.tables.snapshot(&self.id).await {
+            Ok(snapshot) => snapshot,
+            // In the catalog, its storage not created yet (a failed write after the catalog
+            // change, or a crash between the two): it reads as empty.
+            Err(crate::table::TableError::NotFound(_)) => crate::table::TableSnapshot {
+                schema: self.schema.clone(),
+                files: Vec::new(),
+                batches: Vec::new(),
+                version: 0,
+            },
+            Err(e) => return Err(DataFusionError::External(Box::new(e))),
+        };
         let mut inputs: Vec<Arc<dyn ExecutionPlan>> = Vec::new();
         let files: Vec<&DataFile> = snapshot
             .files

@@ -417,6 +417,10 @@ async fn a_created_table_whose_storage_write_fails_is_still_created() {
     let stats = db.table_stats("scopedb", "public", "t").await.unwrap();
     assert_eq!(stats.file_rows + stats.unflushed_rows, 0);
     probe.fail_writes_under(None);
+    // Queries read it as empty, as its storage does not exist yet.
+    assert!(ids(&db, "t").await.is_empty());
+    db.execute("CREATE TABLE u (id int)").await.unwrap();
+    db.execute("INSERT INTO u SELECT id FROM t").await.unwrap();
     ingest(&db, "t", 0..3).await.unwrap();
     assert_eq!(ids(&db, "t").await, vec![0, 1, 2]);
     db.tables().flush_due(true).await.unwrap();
