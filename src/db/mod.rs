@@ -847,16 +847,8 @@ impl ComputedColumn {
             data_type: self.data_type,
         };
         let mut body = Vec::new();
-        crate::ingest::encode::write_ndjson(&batch, &[target], 0, &mut body).map_err(|e| {
-            IngestFailure::Input(IngestError::InvalidRows(crate::ingest::RowErrors {
-                errors: vec![crate::ingest::RowError {
-                    row_index: e.row,
-                    column: Some(e.column),
-                    message: format!("computed value: {}", e.message),
-                }],
-                truncated: false,
-            }))
-        })?;
+        crate::ingest::encode::write_ndjson(&batch, &[target], 0, &mut body)
+            .map_err(|e| IngestFailure::Input(e.into()))?;
         let limits = Limits {
             max_body_bytes: usize::MAX,
             max_rows: usize::MAX,

@@ -141,18 +141,8 @@ impl Database {
         for batch in &source.batches {
             // A value that cannot be written in its column's form is a row error, as ingest
             // reports one.
-            write_ndjson(batch, &targets, first_row, &mut body).map_err(|e| {
-                QueryError::Rows(crate::ingest::IngestError::InvalidRows(
-                    crate::ingest::RowErrors {
-                        errors: vec![crate::ingest::RowError {
-                            row_index: e.row,
-                            column: Some(e.column),
-                            message: e.message,
-                        }],
-                        truncated: false,
-                    },
-                ))
-            })?;
+            write_ndjson(batch, &targets, first_row, &mut body)
+                .map_err(|e| QueryError::Rows(e.into()))?;
             first_row += batch.num_rows();
             if body.len() > INSERT_LIMITS.max_body_bytes {
                 return Err(QueryError::Rows(crate::ingest::IngestError::BodyTooLarge {

@@ -55,6 +55,20 @@ pub(crate) struct EncodeError {
     pub message: String,
 }
 
+/// A value that cannot be written is refused as a row, as ingest refuses one.
+impl From<EncodeError> for super::IngestError {
+    fn from(e: EncodeError) -> Self {
+        super::IngestError::InvalidRows(super::RowErrors {
+            errors: vec![super::RowError {
+                row_index: e.row,
+                column: Some(e.column),
+                message: e.message,
+            }],
+            truncated: false,
+        })
+    }
+}
+
 /// Appends the rows of `batch` to `out` as NDJSON objects, source column `i` written as the
 /// field `targets[i].name`. Nulls are written as `null`. `first_row` is the index of the
 /// batch's first row among all rows being written (for errors).
