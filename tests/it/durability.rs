@@ -100,6 +100,16 @@ async fn stream_text(db: &Database, name: &str) -> String {
 
 /// Stops a database as a crash would: the log is closed where it is; nothing is flushed,
 /// checkpointed or released.
+/// An in-memory object store behind a fault probe.
+fn probed_store() -> (Arc<Probe>, Storage) {
+    let probe = Arc::new(Probe::default());
+    let store = Arc::new(ProbedStore::new(
+        Arc::new(object_store::memory::InMemory::new()),
+        probe.clone(),
+    ));
+    (probe, Storage::from_store(store, "memory-probed://"))
+}
+
 fn crash(db: Arc<Database>) {
     db.log().close();
 }
@@ -293,12 +303,7 @@ async fn a_copied_data_directory_is_fenced_never_merged() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flush_whose_commit_landed_unseen_does_not_write_its_rows_again() {
     let dir = common::temp_dir("ambiguous-flush");
-    let probe = Arc::new(Probe::default());
-    let store = Arc::new(ProbedStore::new(
-        Arc::new(object_store::memory::InMemory::new()),
-        probe.clone(),
-    ));
-    let storage = Storage::from_store(store, "memory-probed://");
+    let (probe, storage) = probed_store();
     let c = config(&dir);
     let db = Database::open_with_storage(c.clone(), storage.clone())
         .await
@@ -351,12 +356,7 @@ async fn catalog_versions(storage: &Storage) -> usize {
 async fn a_catalog_change_whose_answer_was_lost_is_applied_exactly_once() {
     use sluice::error::{Applied, Classify as _};
     let dir = common::temp_dir("ambiguous-ddl");
-    let probe = Arc::new(Probe::default());
-    let store = Arc::new(ProbedStore::new(
-        Arc::new(object_store::memory::InMemory::new()),
-        probe.clone(),
-    ));
-    let storage = Storage::from_store(store, "memory-probed://");
+    let (probe, storage) = probed_store();
     let c = config(&dir);
     let db = Database::open_with_storage(c.clone(), storage.clone())
         .await
@@ -399,12 +399,7 @@ async fn a_catalog_change_whose_answer_was_lost_is_applied_exactly_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_created_table_whose_storage_write_fails_is_still_created() {
     let dir = common::temp_dir("create-storage-down");
-    let probe = Arc::new(Probe::default());
-    let store = Arc::new(ProbedStore::new(
-        Arc::new(object_store::memory::InMemory::new()),
-        probe.clone(),
-    ));
-    let storage = Storage::from_store(store, "memory-probed://");
+    let (probe, storage) = probed_store();
     let db = Database::open_with_storage(config(&dir), storage)
         .await
         .unwrap();
@@ -430,12 +425,7 @@ async fn a_created_table_whose_storage_write_fails_is_still_created() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compaction_whose_commit_may_have_landed_keeps_its_file() {
     let dir = common::temp_dir("ambiguous-compaction");
-    let probe = Arc::new(Probe::default());
-    let store = Arc::new(ProbedStore::new(
-        Arc::new(object_store::memory::InMemory::new()),
-        probe.clone(),
-    ));
-    let storage = Storage::from_store(store, "memory-probed://");
+    let (probe, storage) = probed_store();
     let mut c = config(&dir);
     c.tables.compact_min_files = 2;
     let db = Database::open_with_storage(c.clone(), storage.clone())
