@@ -157,6 +157,7 @@ fn main() {
             appends / syncs.max(1) as f64,
         );
     }
+    preallocation(&runtime);
     let rounds = 5;
     let mut best = f64::MAX;
     let mut parquet_bytes = 0;
@@ -182,4 +183,48 @@ fn main() {
     log.close();
     let _ = std::fs::remove_dir_all(dir);
     let _ = std::fs::remove_dir_all(flush_dir);
+}
+
+/// Preallocated segments (the default) against segments that grow with every group, in the
+/// same run: appends/s and the mean time of one `fdatasync`, rounds alternating.
+fn preallocation(runtime: &tokio::runtime::Runtime) {
+    let open = |preallocate: bool| {
+        let dir = bench_dir(if preallocate { "prealloc" } else { "growing" });
+        let mut config = LogConfig::new(&dir);
+        config.preallocate = preallocate;
+        let (log, _) = CommitLog::open(config).expect("open log");
+        (log, dir)
+    };
+    let (preallocated, dir_a) = open(true);
+    let (growing, dir_b) = open(false);
+    println!("  preallocated segments against growing ones (3 alternating rounds each):");
+    for appenders in [1usize, 16] {
+        let per_task = (2048 / appenders).max(16);
+        let mut figures = [(0.0f64, 0u64, 0u64); 2];
+        for _ in 0..3 {
+            for (i, log) in [&preallocated, &growing].into_iter().enumerate() {
+                let syncs = log.stats().syncs.load(Ordering::Relaxed);
+                let nanos = log.stats().sync_nanos.load(Ordering::Relaxed);
+                let elapsed = runtime.block_on(append_round(log, appenders, per_task));
+                figures[i].0 += elapsed.as_secs_f64();
+                figures[i].1 += log.stats().syncs.load(Ordering::Relaxed) - syncs;
+                figures[i].2 += log.stats().sync_nanos.load(Ordering::Relaxed) - nanos;
+            }
+        }
+        let appends = (3 * appenders * per_task) as f64;
+        let rate = |f: (f64, u64, u64)| appends / f.0;
+        let sync_ms = |f: (f64, u64, u64)| f.2 as f64 / f.1.max(1) as f64 / 1e6;
+        println!(
+            "    {appenders:>2} appenders: preallocated {:>7.0} appends/s, {:.3} ms per fdatasync; growing {:>7.0} appends/s, {:.3} ms; {:.2}x the appends/s",
+            rate(figures[0]),
+            sync_ms(figures[0]),
+            rate(figures[1]),
+            sync_ms(figures[1]),
+            rate(figures[0]) / rate(figures[1]),
+        );
+    }
+    preallocated.close();
+    growing.close();
+    let _ = std::fs::remove_dir_all(dir_a);
+    let _ = std::fs::remove_dir_all(dir_b);
 }

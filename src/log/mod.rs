@@ -126,6 +126,9 @@ pub struct LogConfig {
     pub dir: PathBuf,
     /// A segment is closed and a new one started past this size.
     pub segment_bytes: u64,
+    /// Whether new segments are preallocated to `segment_bytes` when groups are synced (the
+    /// default), so that a sync carries only data. Off only to measure what it saves.
+    pub preallocate: bool,
     /// When appends are synced.
     pub durability: Durability,
     /// Appends are refused with [`LogError::Full`] while the log's files hold more than this.
@@ -149,6 +152,7 @@ impl LogConfig {
         LogConfig {
             dir: dir.into(),
             segment_bytes: 64 << 20,
+            preallocate: true,
             durability: Durability::Fsync,
             max_log_bytes: 4 << 30,
             #[cfg(feature = "testing")]
@@ -156,6 +160,15 @@ impl LogConfig {
             consumers: Vec::new(),
             #[cfg(feature = "testing")]
             journal: None,
+        }
+    }
+
+    /// How much of a new segment to preallocate: the segment size when groups are synced (so
+    /// that a sync carries only data), nothing otherwise.
+    fn preallocate_bytes(&self) -> u64 {
+        match self.durability {
+            Durability::Fsync if self.preallocate => self.segment_bytes,
+            _ => 0,
         }
     }
 
@@ -347,6 +360,7 @@ impl CommitLog {
         let mut next_lsn: Lsn = 1;
         let mut total_bytes = 0u64;
         let last_index = paths.len().checked_sub(1);
+        let mut last_len = 0;
         for (i, (first_lsn, path)) in paths.iter().enumerate() {
             let SegmentScan {
                 valid_len,
@@ -383,12 +397,17 @@ impl CommitLog {
             total_bytes += valid_len;
             if Some(i) != last_index {
                 closed.push((*first_lsn, path.clone(), valid_len));
+            } else {
+                last_len = valid_len;
             }
         }
         // Continue in the last segment, or start the first one.
+        let preallocate = config.preallocate_bytes();
         let active = match paths.pop() {
-            Some((first_lsn, path)) => Segment::open_append(&path, first_lsn)?,
-            None => Segment::create(&config.dir, next_lsn, config.journal())?,
+            Some((first_lsn, path)) => {
+                Segment::open_append(&path, first_lsn, last_len, preallocate, config.journal())?
+            }
+            None => Segment::create(&config.dir, next_lsn, preallocate, config.journal())?,
         };
         if config.durability == Durability::Fsync {
             segment::sync_dir(&config.dir, config.journal())?;
@@ -692,6 +711,9 @@ fn writer_loop(
             let _ = done.send(advance(&shared, &mut active, &mut next_lsn, lsn));
         }
     }
+    // A clean stop leaves the segment as long as its records (the next open preallocates
+    // again).
+    trim_closed(&active);
 }
 
 /// Starts a new segment at `lsn` (if the log is not there yet) and continues from it.
@@ -706,11 +728,12 @@ fn advance(
     }
     let config = &shared.config;
     let journal = config.journal();
-    let next = Segment::create(&config.dir, lsn, journal)?;
+    let next = Segment::create(&config.dir, lsn, config.preallocate_bytes(), journal)?;
     if config.durability == Durability::Fsync {
         segment::sync_dir(&config.dir, journal)?;
     }
     let old = std::mem::replace(active, next);
+    trim_closed(&old);
     if old.len() == 0 {
         // Nothing was ever written to it: it need not stay.
         let path = old.path().to_owned();
@@ -727,6 +750,14 @@ fn advance(
     *next_lsn = lsn;
     shared.last_lsn.store(lsn - 1, Ordering::Release);
     Ok(lsn)
+}
+
+/// Gives a closed segment's unused preallocated space back. A failure costs only disk space
+/// (the space reads as zeros, a clean end), so it is logged, not fatal.
+fn trim_closed(segment: &Segment) {
+    if let Err(e) = segment.trim() {
+        tracing::warn!(error = %e, "could not give back a closed log segment's unused space");
+    }
 }
 
 /// Writes a group, syncs it, applies and answers every append in it.
@@ -784,11 +815,12 @@ fn write_group(
     if active.len() >= config.segment_bytes {
         // Roll: the full segment is synced already (every group is), so close it and start
         // the next one at this group's first LSN.
-        let next = Segment::create(&config.dir, first_lsn, journal)?;
+        let next = Segment::create(&config.dir, first_lsn, config.preallocate_bytes(), journal)?;
         if config.durability == Durability::Fsync {
             segment::sync_dir(&config.dir, journal)?;
         }
         let old = std::mem::replace(active, next);
+        trim_closed(&old);
         if let Ok(mut closed) = shared.closed.lock() {
             // Under the lock, before the segment is listed as closed: a release running now
             // must see where it ends.

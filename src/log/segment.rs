@@ -1,4 +1,12 @@
 //! Segment files: naming, framing, scanning and the file handle the writer appends to.
+//!
+//! A segment the writer creates is preallocated to the segment size (`fallocate`, Linux), and
+//! the allocation synced before the first record goes in: every later group commit then writes
+//! inside the file's size into blocks it already owns, so its `fdatasync` carries the data and
+//! no size or allocation change. The unwritten rest reads as zeros. A scan therefore ends a
+//! segment cleanly at the first record position where every byte to the end is zero; a closed
+//! segment is cut back to its records when the next one starts (unsynced: a crash before the
+//! cut is durable leaves a zero tail, which reads as clean).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, IoSlice, Read, Seek, SeekFrom, Write};
@@ -83,12 +91,23 @@ pub(super) fn scan(
         records.push(record);
         pos = next;
     }
-    let complete_group_after = pos < bytes.len() && group_end_then_more(&bytes, pos, expected);
+    // Preallocated space nothing was written into reads as zeros; a torn or damaged record
+    // has nonzero bytes somewhere. Only the part up to the last nonzero byte needs a look.
+    let end = last_nonzero(&bytes, pos);
+    let complete_group_after = pos < end && group_end_then_more(&bytes[..end], pos, expected);
     Ok(SegmentScan {
         valid_len: pos as u64,
-        file_len: bytes.len() as u64,
+        file_len: end as u64,
         complete_group_after,
     })
+}
+
+/// The end of `bytes` without its trailing zeros, but not before `from`.
+fn last_nonzero(bytes: &[u8], from: usize) -> usize {
+    bytes[from..]
+        .iter()
+        .rposition(|&b| b != 0)
+        .map_or(from, |i| from + i + 1)
 }
 
 /// Whether the bytes from `bad` on (where a record failed) hold a valid group-end record
@@ -183,9 +202,16 @@ pub(super) fn cut_keeping_tail(
             .unwrap_or("segment")
     );
     let aside = path.with_file_name(name);
+    // Every byte is kept, but the trailing zeros (most of them preallocated space nothing was
+    // written into) as a hole: the copy reads the same and takes no disk for them.
     let tail = &bytes[at..];
-    fs::write(&aside, tail)
-        .and_then(|()| File::open(&aside)?.sync_all())
+    let written = last_nonzero(&bytes, at) - at;
+    fs::write(&aside, &tail[..written])
+        .and_then(|()| {
+            let file = OpenOptions::new().write(true).open(&aside)?;
+            file.set_len(tail.len() as u64)?;
+            file.sync_all()
+        })
         .map_err(|e| LogError::io(&aside, e))?;
     if let Some(dir) = path.parent() {
         sync_dir(dir, journal)?;
@@ -213,21 +239,60 @@ pub(super) struct Segment {
     len: u64,
 }
 
+/// Reserves the first `bytes` of `file` on disk (extending its size, reading as zeros), and
+/// syncs the allocation. Not every file system can; where it cannot, appends extend the file
+/// as they go, which is correct, only slower to sync.
+fn preallocate(
+    file: &File,
+    path: &Path,
+    bytes: u64,
+    journal: Option<&SyncJournal>,
+) -> Result<(), LogError> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        use std::os::fd::AsRawFd as _;
+        let len = libc::off_t::try_from(bytes).unwrap_or(libc::off_t::MAX);
+        // SAFETY: `fallocate` on a descriptor this function borrows from a live `File`, for a
+        // byte range of it; no memory is passed, and mode 0 only allocates (never discards).
+        let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
+        if rc != 0 {
+            let e = io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => Ok(()),
+                _ => Err(LogError::io(path, e)),
+            };
+        }
+        file.sync_all().map_err(|e| LogError::io(path, e))?;
+        if let Some(journal) = journal {
+            journal.preallocated(path, bytes);
+        }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let _ = (file, path, bytes, journal);
+    Ok(())
+}
+
 impl Segment {
-    /// Creates a new, empty segment whose first record will have `first_lsn`.
+    /// Creates a new, empty segment whose first record will have `first_lsn`, preallocated to
+    /// `preallocate` bytes (0: none).
     pub(super) fn create(
         dir: &Path,
         first_lsn: Lsn,
+        preallocate_bytes: u64,
         journal: Option<&SyncJournal>,
     ) -> Result<Segment, LogError> {
         let path = segment_path(dir, first_lsn);
         let file = OpenOptions::new()
             .create_new(true)
-            .append(true)
+            .read(true)
+            .write(true)
             .open(&path)
             .map_err(|e| LogError::io(&path, e))?;
         if let Some(journal) = journal {
             journal.created(&path);
+        }
+        if preallocate_bytes > 0 {
+            preallocate(&file, &path, preallocate_bytes, journal)?;
         }
         Ok(Segment {
             file,
@@ -237,14 +302,26 @@ impl Segment {
         })
     }
 
-    /// Opens an existing segment to append after its (already repaired) end.
-    pub(super) fn open_append(path: &Path, first_lsn: Lsn) -> Result<Segment, LogError> {
+    /// Opens an existing segment to append after its last record, at `len` (its records are
+    /// scanned and a torn tail cut already; past `len` it holds only zeros), preallocated to
+    /// `preallocate` bytes (0: none) if it is smaller.
+    pub(super) fn open_append(
+        path: &Path,
+        first_lsn: Lsn,
+        len: u64,
+        preallocate_bytes: u64,
+        journal: Option<&SyncJournal>,
+    ) -> Result<Segment, LogError> {
         let mut file = OpenOptions::new()
-            .append(true)
+            .read(true)
+            .write(true)
             .open(path)
             .map_err(|e| LogError::io(path, e))?;
-        let len = file
-            .seek(SeekFrom::End(0))
+        let size = file.metadata().map_err(|e| LogError::io(path, e))?.len();
+        if preallocate_bytes > size {
+            preallocate(&file, path, preallocate_bytes, journal)?;
+        }
+        file.seek(SeekFrom::Start(len))
             .map_err(|e| LogError::io(path, e))?;
         Ok(Segment {
             file,
@@ -252,6 +329,15 @@ impl Segment {
             first_lsn,
             len,
         })
+    }
+
+    /// Gives back the preallocated space past the last record, once no more records will
+    /// come (the log moved on to a new segment). Not synced: should a crash undo the cut, the
+    /// space reads as zeros, which a scan takes as the segment's clean end.
+    pub(super) fn trim(&self) -> Result<(), LogError> {
+        self.file
+            .set_len(self.len)
+            .map_err(|e| LogError::io(&self.path, e))
     }
 
     /// Writes all of `slices`, in order, with as few system calls as the kernel allows: each

@@ -23,6 +23,9 @@ struct FileState {
     /// Whether the file's directory entry is durable (its directory was synced since it was
     /// created or renamed into place).
     entry_synced: bool,
+    /// Bytes allocated and synced ahead of the data (a preallocated log segment): after a
+    /// power loss, unsynced writes inside them read as zeros instead of being cut off.
+    preallocated: u64,
 }
 
 #[derive(Debug, Default)]
@@ -64,6 +67,7 @@ impl SyncJournal {
             .or_insert(FileState {
                 synced_len: len,
                 entry_synced: true,
+                preallocated: 0,
             });
     }
 
@@ -79,6 +83,13 @@ impl SyncJournal {
         let mut state = self.state();
         let file = state.files.entry(path.to_owned()).or_default();
         file.synced_len = len;
+    }
+
+    /// A file's first `len` bytes were allocated (reading as zeros) and the allocation synced.
+    pub(crate) fn preallocated(&self, path: &Path, len: u64) {
+        let mut state = self.state();
+        let file = state.files.entry(path.to_owned()).or_default();
+        file.preallocated = len;
     }
 
     /// A directory was synced: the entries of the files in it are durable.
@@ -110,13 +121,28 @@ impl SyncJournal {
                 std::fs::remove_file(&path)?;
                 damaged += 1;
             } else if meta.len() > file.synced_len {
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(&path)?
-                    .set_len(file.synced_len)?;
+                // Unsynced bytes inside preallocated space go back to zeros; past it, the file
+                // is cut.
+                let keep = file.synced_len.max(file.preallocated.min(meta.len()));
+                let f = std::fs::OpenOptions::new().write(true).open(&path)?;
+                zero_range(&f, file.synced_len, keep)?;
+                f.set_len(keep)?;
                 damaged += 1;
             }
         }
         Ok(damaged)
     }
+}
+
+/// Writes zeros over `[from, to)` of `file`.
+fn zero_range(file: &std::fs::File, from: u64, to: u64) -> io::Result<()> {
+    use std::os::unix::fs::FileExt as _;
+    let zeros = [0u8; 64 << 10];
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(zeros.len() as u64) as usize;
+        file.write_all_at(&zeros[..n], at)?;
+        at += n as u64;
+    }
+    Ok(())
 }

@@ -35,6 +35,9 @@ pub mod journal {
         pub(crate) fn synced(&self, _: &Path, _: u64) {
             match *self {}
         }
+        pub(crate) fn preallocated(&self, _: &Path, _: u64) {
+            match *self {}
+        }
         pub(crate) fn dir_synced(&self, _: &Path) {
             match *self {}
         }

@@ -127,7 +127,10 @@ fn appends_continue_after_reopen_and_kinds_round_trip() {
 #[test]
 fn torn_tails_are_cut_at_every_possible_length() {
     let dir = temp_dir("torn");
-    let (log, _) = CommitLog::open(LogConfig::new(&dir)).unwrap();
+    let mut config = LogConfig::new(&dir);
+    // Larger than the records; what the open segment is preallocated to.
+    config.segment_bytes = 4096;
+    let (log, _) = CommitLog::open(config.clone()).unwrap();
     for i in 0..5 {
         log.append_blocking(RecordKind::TableBatch, payload(i))
             .unwrap();
@@ -143,16 +146,23 @@ fn torn_tails_are_cut_at_every_possible_length() {
     assert_eq!(*ends.last().unwrap(), full.len());
     for cut in 0..full.len() {
         fs::write(&segment, &full[..cut]).unwrap();
-        let (log, replay) = CommitLog::open(LogConfig::new(&dir)).unwrap();
+        let (log, replay) = CommitLog::open(config.clone()).unwrap();
         let whole = ends.iter().filter(|&&e| e <= cut).count() - 1;
         assert_eq!(replay.len(), whole, "cut at {cut}");
         for (i, r) in replay.iter().enumerate() {
             assert_eq!(r.payload, payload(i as u64));
         }
+        // Cut at the last whole record; the space after it (preallocated again for the
+        // appends to come) holds nothing of the torn one.
+        let repaired = fs::read(&segment).unwrap();
         assert_eq!(
-            fs::metadata(&segment).unwrap().len() as usize,
-            ends[whole],
-            "repaired"
+            &repaired[..ends[whole]],
+            &full[..ends[whole]],
+            "cut at {cut}"
+        );
+        assert!(
+            repaired[ends[whole]..].iter().all(|&b| b == 0),
+            "cut at {cut}: repaired"
         );
         // The cut bytes are kept beside the segment.
         if cut > ends[whole] {
@@ -170,6 +180,74 @@ fn torn_tails_are_cut_at_every_possible_length() {
         );
         log.close();
     }
+}
+
+/// A crash leaves the active segment at its preallocated size: records, then zeros. The zeros
+/// are a clean end (nothing torn, nothing kept aside); a torn record before them is cut, and
+/// what is kept of it leaves the zeros out; appends go on right after the last record.
+#[test]
+fn a_crash_in_a_preallocated_segment_ends_it_at_its_last_record() {
+    let dir = temp_dir("prealloc");
+    let mut config = LogConfig::new(&dir);
+    config.segment_bytes = 1 << 20;
+    let (log, _) = CommitLog::open(config.clone()).unwrap();
+    for i in 0..5 {
+        log.append_blocking(RecordKind::TableBatch, payload(i))
+            .unwrap();
+    }
+    let segment = segments(&dir).pop().unwrap();
+    // What a crash now would leave on disk (the log is still open).
+    let mut crashed = fs::read(&segment).unwrap();
+    let records_end: usize = (0..5).map(|i| 17 + payload(i).len()).sum();
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    assert_eq!(crashed.len(), 1 << 20, "the open segment is preallocated");
+    crashed.resize(crashed.len().max(1 << 20), 0);
+    assert!(crashed[records_end..].iter().all(|&b| b == 0));
+    log.close();
+    assert_eq!(
+        fs::metadata(&segment).unwrap().len() as usize,
+        records_end,
+        "a clean close gives the unused space back"
+    );
+
+    let kept = |dir: &Path| {
+        fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.to_string_lossy().contains(".torn-"))
+            .collect::<Vec<_>>()
+    };
+    // Zeros after the last record: a clean end.
+    fs::write(&segment, &crashed).unwrap();
+    let (log, replay) = CommitLog::open(config.clone()).unwrap();
+    assert_eq!(replay.len(), 5);
+    assert!(kept(&dir).is_empty(), "nothing torn: {:?}", kept(&dir));
+    assert_eq!(
+        log.append_blocking(RecordKind::Metadata, b"next".to_vec())
+            .unwrap(),
+        6
+    );
+    log.close();
+    let (log, replay) = CommitLog::open(config.clone()).unwrap();
+    assert_eq!(replay.len(), 6);
+    assert_eq!(replay[5].payload, b"next");
+    log.close();
+
+    // Part of a record, then zeros: the part is cut and kept (the zeros too, as read).
+    let mut torn = crashed.clone();
+    let partial = [9u8, 0, 0, 0, 0xab, 0xcd, 0xef, 0x01, 3, 6];
+    torn[records_end..records_end + partial.len()].copy_from_slice(&partial);
+    fs::write(&segment, &torn).unwrap();
+    let (log, replay) = CommitLog::open(config.clone()).unwrap();
+    assert_eq!(replay.len(), 5);
+    let aside = kept(&dir);
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(fs::read(&aside[0]).unwrap(), &torn[records_end..]);
+    assert_eq!(
+        log.append_blocking(RecordKind::Metadata, vec![]).unwrap(),
+        6
+    );
+    log.close();
 }
 
 #[test]
