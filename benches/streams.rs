@@ -1,24 +1,43 @@
-//! Stream append load: 256-byte messages to 100 streams over HTTP, against `sluice serve`
-//! (fsync per group commit, the default) and the protocol's Node reference server (its durable
-//! file-backed store, which fdatasyncs every append), in the same run on the same machine.
+//! The request path under load: 256-byte stream appends spread over 100 streams, and small
+//! table-ingest requests (1 and 10 rows), over HTTP/1.1 keep-alive connections.
+//!
+//! Peers, in the same run on the same machine: the Durable Streams protocol's Node reference
+//! server in memory (one thread, nothing durable: the cost of the protocol alone) and with its
+//! durable file-backed store (fdatasync per append, coalesced). sluice runs its embedded
+//! defaults: fsync per group commit, every 204 durable.
+//!
+//! The load comes from this process, on one thread, over raw sockets: each connection writes a
+//! prepared request and reads the whole answer before the next (no pipelining), so the load
+//! generator's own cost per request is a write and a read, and the same for every server. The
+//! figures per server: requests/s, p50/p99/p99.9 latency, errors, and the server's CPU time per
+//! request (user + system, from `/proc`, over the measured window only).
 //!
 //! Run: `cargo bench --bench streams` (installs the reference server with `npm ci` into
 //! `benches/reference-server/node_modules` on first use). Settings by environment:
-//! `BENCH_CONNECTIONS` (default 64), `BENCH_SECONDS` (default 10), `BENCH_STREAMS` (100).
+//! `BENCH_CONNECTIONS` (default `32,256,1024`), `BENCH_SECONDS` (default 10),
+//! `BENCH_STREAMS` (100), `BENCH_INGEST_CONNECTIONS` (default `32,256`).
 
 mod support;
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use support::harness::{Server, env_or, free_port, scratch, selected, start_sluice, wait_ready};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+
+use support::harness::{
+    Server, cpu_seconds, create_events_table, env_or, free_port, scratch, selected, start_sluice,
+    wait_ready,
+};
 
 const MESSAGE_BYTES: usize = 256;
+const WARMUP: Duration = Duration::from_secs(2);
 
-fn start_reference() -> Server {
+fn start_reference(durable: bool) -> Server {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/reference-server");
     if !dir.join("node_modules/@durable-streams/server").exists() {
         let status = Command::new("npm")
@@ -29,11 +48,17 @@ fn start_reference() -> Server {
         assert!(status.success(), "npm ci failed in {}", dir.display());
     }
     let port = free_port();
-    let data = scratch("reference");
-    let child = Command::new("node")
-        .arg("server.mjs")
-        .arg(port.to_string())
-        .arg(&data)
+    let data = scratch(if durable {
+        "reference-file"
+    } else {
+        "reference-memory"
+    });
+    let mut command = Command::new("node");
+    command.arg("server.mjs").arg(port.to_string());
+    if durable {
+        command.arg(&data);
+    }
+    let child = command
         .current_dir(&dir)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -41,33 +66,231 @@ fn start_reference() -> Server {
         .expect("node starts");
     wait_ready(port);
     Server {
-        name: "reference (node, file-backed)",
+        name: if durable {
+            "reference (node, file-backed)"
+        } else {
+            "reference (node, in memory)"
+        },
         child,
         base: format!("http://127.0.0.1:{port}"),
         dir: data,
     }
 }
 
-struct Result {
-    appends: usize,
+/// What one load run measured.
+struct Measured {
+    requests: usize,
     seconds: f64,
-    p50: Duration,
-    p99: Duration,
-    p999: Duration,
+    /// Latencies of the successful requests, sorted.
+    latencies: Vec<Duration>,
     errors: usize,
+    /// Server CPU seconds over the measured window.
+    server_cpu: f64,
+    /// The load generator's (this process's) CPU seconds over the measured window.
+    loader_cpu: f64,
 }
 
-impl Result {
+impl Measured {
     fn rate(&self) -> f64 {
-        self.appends as f64 / self.seconds
+        self.requests as f64 / self.seconds
+    }
+
+    fn quantile(&self, q: f64) -> Duration {
+        let all = &self.latencies;
+        all.get(((all.len() as f64 * q) as usize).min(all.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    fn cpu_micros_per_request(&self) -> f64 {
+        self.server_cpu * 1e6 / self.requests.max(1) as f64
     }
 }
 
-async fn load(base: &str, streams: usize, connections: usize, seconds: u64) -> Result {
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(connections)
-        .build()
-        .expect("client");
+/// Reads one HTTP/1.1 response from `stream` into `buf` (cleared first) and returns its
+/// status. Handles `Content-Length`, chunked bodies and bodiless statuses: what the servers
+/// measured here answer.
+async fn read_response(stream: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<u16> {
+    buf.clear();
+    let header_end = loop {
+        if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+        read_more(stream, buf).await?;
+    };
+    let head = std::str::from_utf8(&buf[..header_end]).map_err(std::io::Error::other)?;
+    let status: u16 = head
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other("no status"))?;
+    let mut length = None;
+    let mut chunked = false;
+    for line in head.split("\r\n").skip(1) {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        if name.eq_ignore_ascii_case("content-length") {
+            length = value.trim().parse::<usize>().ok();
+        } else if name.eq_ignore_ascii_case("transfer-encoding") && value.contains("chunked") {
+            chunked = true;
+        }
+    }
+    if status == 204 || status == 304 || status < 200 {
+        return Ok(status);
+    }
+    if chunked {
+        // Chunks until the last (size 0) and its trailing CRLF.
+        let mut at = header_end;
+        loop {
+            let line_end = loop {
+                if let Some(p) = buf[at..].windows(2).position(|w| w == b"\r\n") {
+                    break at + p;
+                }
+                read_more(stream, buf).await?;
+            };
+            let size_text =
+                std::str::from_utf8(&buf[at..line_end]).map_err(std::io::Error::other)?;
+            let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
+                .map_err(std::io::Error::other)?;
+            let next = line_end + 2 + size + 2;
+            while buf.len() < next {
+                read_more(stream, buf).await?;
+            }
+            at = next;
+            if size == 0 {
+                return Ok(status);
+            }
+        }
+    }
+    let end = header_end + length.unwrap_or(0);
+    while buf.len() < end {
+        read_more(stream, buf).await?;
+    }
+    Ok(status)
+}
+
+async fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<()> {
+    let mut chunk = [0u8; 4096];
+    let n = stream.read(&mut chunk).await?;
+    if n == 0 {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    buf.extend_from_slice(&chunk[..n]);
+    Ok(())
+}
+
+/// Runs `connections` keep-alive connections against `addr`, each sending the prepared
+/// requests in turn (connection `c` starts at request `c`), for a warm-up and then `seconds`
+/// measured.
+async fn blast(
+    addr: SocketAddr,
+    server_pid: u32,
+    requests: Arc<Vec<Vec<u8>>>,
+    connections: usize,
+    seconds: u64,
+) -> Measured {
+    let stop = Arc::new(AtomicBool::new(false));
+    let measuring = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for c in 0..connections {
+        let requests = requests.clone();
+        let stop = stop.clone();
+        let measuring = measuring.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut errors = 0usize;
+            let mut buf = Vec::with_capacity(4096);
+            let mut stream = match TcpStream::connect(addr).await {
+                Ok(s) => s,
+                Err(_) => return (latencies, 1),
+            };
+            let _ = stream.set_nodelay(true);
+            let mut i = c;
+            while !stop.load(Ordering::Relaxed) {
+                let request = &requests[i % requests.len()];
+                i += connections;
+                let started = Instant::now();
+                let outcome = match stream.write_all(request).await {
+                    Ok(()) => read_response(&mut stream, &mut buf).await,
+                    Err(e) => Err(e),
+                };
+                let ok = matches!(outcome, Ok(200..=299));
+                if measuring.load(Ordering::Relaxed) {
+                    if ok {
+                        latencies.push(started.elapsed());
+                    } else {
+                        errors += 1;
+                    }
+                }
+                if outcome.is_err() {
+                    // The connection is in an unknown state: start a new one.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    match TcpStream::connect(addr).await {
+                        Ok(s) => stream = s,
+                        Err(_) => break,
+                    }
+                    let _ = stream.set_nodelay(true);
+                }
+            }
+            (latencies, errors)
+        }));
+    }
+    tokio::time::sleep(WARMUP).await;
+    let cpu_before = cpu_seconds(server_pid);
+    let loader_before = cpu_seconds(std::process::id());
+    measuring.store(true, Ordering::Relaxed);
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    measuring.store(false, Ordering::Relaxed);
+    let elapsed = started.elapsed().as_secs_f64();
+    let server_cpu = cpu_seconds(server_pid) - cpu_before;
+    let loader_cpu = cpu_seconds(std::process::id()) - loader_before;
+    stop.store(true, Ordering::Relaxed);
+    let mut latencies = Vec::new();
+    let mut errors = 0;
+    for t in tasks {
+        let (l, e) = t.await.expect("load task");
+        latencies.extend(l);
+        errors += e;
+    }
+    latencies.sort();
+    Measured {
+        requests: latencies.len(),
+        seconds: elapsed,
+        latencies,
+        errors,
+        server_cpu,
+        loader_cpu,
+    }
+}
+
+fn address(base: &str) -> SocketAddr {
+    base.trim_start_matches("http://")
+        .parse()
+        .expect("a base URL of an IP address and port")
+}
+
+/// Prepared `POST` requests, one per path, each with `body`.
+fn posts(base: &str, paths: &[String], content_type: &str, bodies: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    let host = base.trim_start_matches("http://");
+    paths
+        .iter()
+        .enumerate()
+        .map(|(i, path)| {
+            let body = &bodies[i % bodies.len()];
+            let mut request = format!(
+                "POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\r\n",
+                body.len()
+            )
+            .into_bytes();
+            request.extend_from_slice(body);
+            request
+        })
+        .collect()
+}
+
+async fn create_streams(base: &str, streams: usize) {
+    let client = reqwest::Client::new();
     for s in 0..streams {
         let r = client
             .put(format!("{base}/v1/stream/bench-{s}"))
@@ -77,86 +300,32 @@ async fn load(base: &str, streams: usize, connections: usize, seconds: u64) -> R
             .expect("create");
         assert!(r.status().is_success(), "create: {}", r.status());
     }
-    let body = bytes::Bytes::from(vec![b'x'; MESSAGE_BYTES]);
-    let stop = Arc::new(AtomicBool::new(false));
-    let measuring = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
-    for c in 0..connections {
-        let client = client.clone();
-        let body = body.clone();
-        let stop = stop.clone();
-        let measuring = measuring.clone();
-        let base = base.to_owned();
-        tasks.push(tokio::spawn(async move {
-            let mut latencies = Vec::new();
-            let mut errors = 0;
-            let mut i = c;
-            while !stop.load(Ordering::Relaxed) {
-                let url = format!("{base}/v1/stream/bench-{}", i % streams);
-                i += connections;
-                let started = Instant::now();
-                let ok = match client
-                    .post(&url)
-                    .header("content-type", "application/octet-stream")
-                    .body(body.clone())
-                    .send()
-                    .await
-                {
-                    Ok(r) => r.status().is_success(),
-                    Err(_) => false,
-                };
-                if measuring.load(Ordering::Relaxed) {
-                    if ok {
-                        latencies.push(started.elapsed());
-                    } else {
-                        errors += 1;
-                    }
-                }
-            }
-            (latencies, errors)
-        }));
-    }
-    // Warm up (connections, allocations), then measure.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    measuring.store(true, Ordering::Relaxed);
-    let started = Instant::now();
-    tokio::time::sleep(Duration::from_secs(seconds)).await;
-    measuring.store(false, Ordering::Relaxed);
-    let elapsed = started.elapsed().as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
-    let mut all = Vec::new();
-    let mut errors = 0;
-    for t in tasks {
-        let (l, e) = t.await.expect("task");
-        all.extend(l);
-        errors += e;
-    }
-    all.sort();
-    let pick = |q: f64| {
-        all.get(((all.len() as f64 * q) as usize).min(all.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or_default()
-    };
-    Result {
-        appends: all.len(),
-        seconds: elapsed,
-        p50: pick(0.50),
-        p99: pick(0.99),
-        p999: pick(0.999),
-        errors,
-    }
 }
 
-fn report(name: &str, r: &Result) {
+fn report(name: &str, unit: &str, rows_per_request: usize, m: &Measured) {
+    let rows = if rows_per_request > 1 {
+        format!("  {:>9.0} rows/s", m.rate() * rows_per_request as f64)
+    } else {
+        String::new()
+    };
     println!(
-        "{name:<32} {:>10.0} appends/s  {:>6.1} MB/s  p50 {:>7.2} ms  p99 {:>7.2} ms  p999 {:>7.2} ms  errors {}",
-        r.rate(),
-        r.rate() * MESSAGE_BYTES as f64 / 1e6,
-        r.p50.as_secs_f64() * 1e3,
-        r.p99.as_secs_f64() * 1e3,
-        r.p999.as_secs_f64() * 1e3,
-        r.errors,
+        "  {name:<34} {:>9.0} {unit}/s{rows}  p50 {:>6.2} ms  p99 {:>6.2} ms  p99.9 {:>6.2} ms  CPU/req: server {:>5.1} us, load {:>4.1} us  errors {}",
+        m.rate(),
+        m.quantile(0.50).as_secs_f64() * 1e3,
+        m.quantile(0.99).as_secs_f64() * 1e3,
+        m.quantile(0.999).as_secs_f64() * 1e3,
+        m.cpu_micros_per_request(),
+        m.loader_cpu * 1e6 / m.requests.max(1) as f64,
+        m.errors,
     );
+}
+
+fn connection_counts(name: &str, default: &str) -> Vec<usize> {
+    std::env::var(name)
+        .unwrap_or_else(|_| default.to_owned())
+        .split(',')
+        .filter_map(|c| c.trim().parse().ok())
+        .collect()
 }
 
 fn main() {
@@ -164,24 +333,115 @@ fn main() {
     if !selected("streams") {
         return;
     }
-    let connections = env_or("BENCH_CONNECTIONS", 64);
+    let counts = connection_counts("BENCH_CONNECTIONS", "32,256,1024");
+    let ingest_counts = connection_counts("BENCH_INGEST_CONNECTIONS", "32,256");
     let seconds = env_or("BENCH_SECONDS", 10) as u64;
     let streams = env_or("BENCH_STREAMS", 100);
-    let runtime = support::harness::runtime();
+    // The load generator: one thread.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     println!(
-        "stream appends: {MESSAGE_BYTES}-byte messages to {streams} streams, {connections} connections, {seconds} s each"
+        "stream appends: {MESSAGE_BYTES}-byte messages to {streams} streams, {seconds} s measured after {} s of warm-up, load from one thread",
+        WARMUP.as_secs()
     );
+    let paths: Vec<String> = (0..streams)
+        .map(|s| format!("/v1/stream/bench-{s}"))
+        .collect();
+    let message = vec![vec![b'x'; MESSAGE_BYTES]];
+
+    let mut results: Vec<(&'static str, Vec<Measured>)> = Vec::new();
+    for start in [
+        (|| start_sluice()) as fn() -> Server,
+        || start_reference(false),
+        || start_reference(true),
+    ] {
+        let server = start();
+        runtime.block_on(create_streams(&server.base, streams));
+        let requests = Arc::new(posts(
+            &server.base,
+            &paths,
+            "application/octet-stream",
+            &message,
+        ));
+        let addr = address(&server.base);
+        let name = if server.name == "sluice" {
+            "sluice (fsync per group)"
+        } else {
+            server.name
+        };
+        println!("{name}:");
+        let mut runs = Vec::new();
+        for &connections in &counts {
+            let m = runtime.block_on(blast(
+                addr,
+                server.child.id(),
+                requests.clone(),
+                connections,
+                seconds,
+            ));
+            report(&format!("{connections} connections"), "appends", 1, &m);
+            runs.push(m);
+        }
+        results.push((name, runs));
+    }
+    println!("ratios (sluice's appends/s over the peer's; p99 over sluice's):");
+    let ours = &results[0].1;
+    for (name, theirs) in &results[1..] {
+        for ((connections, o), t) in counts.iter().zip(ours).zip(theirs) {
+            println!(
+                "  {connections:>5} connections: {:>6.2}x {name}'s appends/s, its p99 {:.2}x sluice's",
+                o.rate() / t.rate().max(1e-9),
+                t.quantile(0.99).as_secs_f64() / o.quantile(0.99).as_secs_f64().max(1e-9),
+            );
+        }
+    }
+    if let (Some(first), Some(last)) = (counts.iter().position(|&c| c == 256), ours.last()) {
+        println!(
+            "sluice at {} connections: {:.2}x its rate at 256",
+            counts.last().copied().unwrap_or(0),
+            last.rate() / ours[first].rate().max(1e-9)
+        );
+    }
+
+    // Small table-ingest requests, as apps send them.
     let sluice = start_sluice();
-    let ours = runtime.block_on(load(&sluice.base, streams, connections, seconds));
-    drop(sluice);
-    report("sluice (fsync per group)", &ours);
-    let reference = start_reference();
-    let theirs = runtime.block_on(load(&reference.base, streams, connections, seconds));
-    report(reference.name, &theirs);
-    drop(reference);
-    println!(
-        "ratio: sluice {:.2}x the reference server's appends/s; p99 {:.2}x lower",
-        ours.rate() / theirs.rate().max(1e-9),
-        theirs.p99.as_secs_f64() / ours.p99.as_secs_f64().max(1e-9),
-    );
+    runtime.block_on(create_events_table(&reqwest::Client::new(), &sluice.base));
+    let path = "/v1/catalog/databases/scopedb/schemas/public/tables/events/ingest".to_owned();
+    let addr = address(&sluice.base);
+    println!("small ingest requests into sluice (events table, fsync per group):");
+    for rows in [1usize, 10] {
+        let mut rng = support::Rng::new(7);
+        let bodies: Vec<Vec<u8>> = (0..256)
+            .map(|b| {
+                let mut body = String::new();
+                for r in 0..rows {
+                    support::push_event(&mut rng, (b * rows + r) as u64, &mut body);
+                }
+                body.into_bytes()
+            })
+            .collect();
+        let requests = Arc::new(posts(
+            &sluice.base,
+            &vec![path.clone(); bodies.len()],
+            "application/x-ndjson",
+            &bodies,
+        ));
+        for &connections in &ingest_counts {
+            let m = runtime.block_on(blast(
+                addr,
+                sluice.child.id(),
+                requests.clone(),
+                connections,
+                seconds,
+            ));
+            report(
+                &format!("{rows} row(s), {connections} connections"),
+                "requests",
+                rows,
+                &m,
+            );
+        }
+    }
 }

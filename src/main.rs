@@ -8,6 +8,12 @@ use sluice::config::{FileConfig, Overrides, ServeConfig};
 use sluice::db::Database;
 use sluice::http::{AppState, router};
 
+/// mimalloc: thread-local free lists instead of glibc's locked arenas. On the request path
+/// glibc's `malloc`/`free` (and their lock hand-offs) were about a quarter of the server's
+/// CPU; see benches/README.md, "Streams".
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "sluice",

@@ -22,9 +22,9 @@ use crate::db::Database;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct RequestLabels {
     /// HTTP method.
-    pub method: String,
+    pub method: &'static str,
     /// The route template (`/v1/stream/{*name}`), never the raw path.
-    pub route: String,
+    pub route: &'static str,
     /// Status code.
     pub status: u16,
 }
@@ -33,9 +33,9 @@ pub(crate) struct RequestLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct RouteLabels {
     /// HTTP method.
-    pub method: String,
+    pub method: &'static str,
     /// The route template.
-    pub route: String,
+    pub route: &'static str,
 }
 
 /// Labels naming a table.

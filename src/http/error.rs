@@ -263,12 +263,7 @@ impl From<QueryError> for ApiError {
 /// method a route does not serve) arrive as plain text or empty. This middleware gives them
 /// the `{code, message, details}` body every other error has, keeping their status and
 /// headers (such as `Allow`).
-pub(super) async fn uniform_errors(
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let head = request.method() == axum::http::Method::HEAD;
-    let response = next.run(request).await;
+pub(super) async fn uniform_errors(head: bool, response: Response) -> Response {
     let status = response.status();
     let plain = response
         .headers()

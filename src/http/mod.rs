@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderValue, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -46,9 +46,22 @@ pub struct BrowserPolicy {
     pub listen: Option<SocketAddr>,
 }
 
-/// Shared state of the HTTP handlers.
+/// Shared state of the HTTP handlers: one pointer, so that the per-request copies every layer
+/// and handler takes cost one reference count, not one per field.
 #[derive(Debug, Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// What [`AppState`] points to.
+#[derive(Debug, Clone)]
+pub struct Shared {
     db: Arc<Database>,
     statements: Arc<Statements>,
     api_keys: Arc<Vec<ApiKey>>,
@@ -57,13 +70,15 @@ pub struct AppState {
     metrics: Arc<Metrics>,
     subscriptions: Option<Arc<subscriptions::Subscriptions>>,
     browser: Arc<BrowserPolicy>,
+    /// The owner of every request when no keys are configured.
+    local_owner: Owner,
 }
 
 impl AppState {
     /// State over an open database; with no keys, requests are not authenticated.
     /// Subscriptions are off until [`AppState::with_subscriptions`] loads them.
     pub fn new(db: Arc<Database>, api_keys: Vec<String>) -> Self {
-        AppState {
+        AppState(Arc::new(Shared {
             metrics: Arc::new(Metrics::new(&db)),
             subscriptions: None,
             db,
@@ -78,18 +93,24 @@ impl AppState {
             long_poll_timeout: crate::config::DEFAULT_LONG_POLL_TIMEOUT,
             body_timeout: crate::config::DEFAULT_BODY_TIMEOUT,
             browser: Arc::new(BrowserPolicy::default()),
-        }
+            local_owner: Arc::from("local"),
+        }))
+    }
+
+    /// The state to change while the server is being set up (copied if already shared).
+    fn setup(&mut self) -> &mut Shared {
+        Arc::make_mut(&mut self.0)
     }
 
     /// Sets which hosts and origins browsers may use (see [`BrowserPolicy`]).
     pub fn with_browser_policy(mut self, policy: BrowserPolicy) -> Self {
-        self.browser = Arc::new(policy);
+        self.setup().browser = Arc::new(policy);
         self
     }
 
     /// Sets the bounds on running and kept statements.
     pub fn with_statement_limits(mut self, limits: StatementLimits) -> Self {
-        self.statements = Arc::new(Statements::new(limits));
+        self.setup().statements = Arc::new(Statements::new(limits));
         self
     }
 
@@ -97,7 +118,7 @@ impl AppState {
     /// ones (call once).
     pub async fn with_subscriptions(mut self, limits: SubscriptionLimits) -> Self {
         let db = &self.db;
-        self.subscriptions = match subscriptions::Subscriptions::new(
+        let subscriptions = match subscriptions::Subscriptions::new(
             db.streams().clone(),
             limits,
             db.storage().clone(),
@@ -111,18 +132,19 @@ impl AppState {
                 None
             }
         };
+        self.setup().subscriptions = subscriptions;
         self
     }
 
     /// Sets how long a request body may take to arrive before the request answers 408.
     pub fn with_body_timeout(mut self, timeout: Duration) -> Self {
-        self.body_timeout = timeout;
+        self.setup().body_timeout = timeout;
         self
     }
 
     /// Sets how long a stream long-poll read waits for data before answering 204.
     pub fn with_long_poll_timeout(mut self, timeout: Duration) -> Self {
-        self.long_poll_timeout = timeout;
+        self.setup().long_poll_timeout = timeout;
         self
     }
 }
@@ -282,12 +304,12 @@ fn required_role(method: &axum::http::Method, route: &str) -> Role {
     Role::Write
 }
 
-async fn authenticate(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+async fn authenticate(state: &AppState, mut request: Request, next: Next) -> Response {
     // Without keys there is no authentication (the server then listens on loopback only,
-    // and [`browser_guard`] keeps web pages out).
+    // and [`browser_refusal`] keeps web pages out).
     let mut principal = Principal {
         role: Role::Admin,
-        owner: Arc::from("local"),
+        owner: state.local_owner.clone(),
     };
     // CORS preflights carry no credentials by design; they reveal nothing. Wake callbacks
     // (a webhook consumer's ack, a worker's ack or release) are authorized by the wake's own
@@ -370,7 +392,7 @@ pub(crate) fn origin_allowed(policy: &BrowserPolicy, origin: &str) -> bool {
 /// not serve (DNS rebinding; checked without keys, or whenever names are configured), and
 /// writes sent by a page of another origin that the CORS setting does not allow (a page can
 /// send a form or a `no-cors` request anywhere; browsers name its origin in `Origin`).
-async fn browser_guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
+fn browser_refusal(state: &AppState, request: &Request) -> Option<Response> {
     let policy = &state.browser;
     let headers = request.headers();
     let health = request.uri().path() == "/v1/health";
@@ -379,16 +401,18 @@ async fn browser_guard(State(state): State<AppState>, request: Request, next: Ne
         && let Some(host) = headers.get(header::HOST).and_then(|v| v.to_str().ok())
         && !host_allowed(policy, host)
     {
-        return ApiError::new(
-            axum::http::StatusCode::MISDIRECTED_REQUEST,
-            "host_not_allowed",
-            format!(
-                "this server does not answer to host {:?}; add it to allowed_hosts",
-                host_name(host)
-            ),
-        )
-        .outcome(error::Outcome::Rejected)
-        .into_response();
+        return Some(
+            ApiError::new(
+                axum::http::StatusCode::MISDIRECTED_REQUEST,
+                "host_not_allowed",
+                format!(
+                    "this server does not answer to host {:?}; add it to allowed_hosts",
+                    host_name(host)
+                ),
+            )
+            .outcome(error::Outcome::Rejected)
+            .into_response(),
+        );
     }
     let safe = matches!(
         *request.method(),
@@ -404,7 +428,7 @@ async fn browser_guard(State(state): State<AppState>, request: Request, next: Ne
                     || origin.eq_ignore_ascii_case(&format!("https://{host}"))
             });
         if !same && !origin_allowed(policy, origin) {
-            return ApiError::new(
+            return Some(ApiError::new(
                     axum::http::StatusCode::FORBIDDEN,
                     "origin_not_allowed",
                     format!(
@@ -412,10 +436,10 @@ async fn browser_guard(State(state): State<AppState>, request: Request, next: Ne
                     ),
                 )
                 .outcome(error::Outcome::Rejected)
-                .into_response();
+                .into_response());
         }
     }
-    next.run(request).await
+    None
 }
 
 /// A metric label for a method: the standard ones by name, everything else as `OTHER`, so
@@ -434,36 +458,91 @@ fn method_label(method: &axum::http::Method) -> &'static str {
     }
 }
 
-/// Gives every answer an `x-request-id` (the client's, or a new one), runs the request in a
-/// span (method, route, request id), logs its answer (status, latency) and counts it.
-async fn observe(State(state): State<AppState>, request: Request, next: Next) -> Response {
+/// A new request id: 32 hex digits, a random prefix chosen once per process and a counter.
+/// Unique within the process and, by the prefix, across processes in practice; and made
+/// without a system call (a random UUID per request is a `getrandom` call each).
+fn new_request_id() -> HeaderValue {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static PREFIX: OnceLock<u64> = OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let prefix = *PREFIX.get_or_init(|| uuid::Uuid::new_v4().as_u64_pair().0);
+    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let value = (u128::from(prefix) << 64) | u128::from(count);
+    let mut digits = [0u8; 32];
+    for (i, d) in digits.iter_mut().enumerate() {
+        let nibble = (value >> (124 - 4 * i)) as u8 & 0xf;
+        *d = b"0123456789abcdef"[usize::from(nibble)];
+    }
+    HeaderValue::from_bytes(&digits).unwrap_or(HeaderValue::from_static("0"))
+}
+
+/// The `'static` name of a route template the router serves (`"unmatched"` for anything
+/// else), so that metric labels are neither allocated per request nor made from client input.
+fn route_label(route: Option<&MatchedPath>) -> &'static str {
+    use std::collections::HashSet;
+    use std::sync::OnceLock;
+    static ROUTES: OnceLock<HashSet<&'static str>> = OnceLock::new();
+    let Some(route) = route else {
+        return "unmatched";
+    };
+    let known = ROUTES.get_or_init(|| {
+        [open_routes(), api_routes(), stream_routes()]
+            .into_iter()
+            .flat_map(|r| r.table.into_iter().map(|(_, path)| path))
+            .collect()
+    });
+    known.get(route.as_str()).copied().unwrap_or("unmatched")
+}
+
+/// What every request goes through, once, around the routes: an `x-request-id` (the
+/// client's, or a new one); a span (method, request id; the route once known); the browser
+/// checks ([`browser_refusal`]); the header limit ([`deadline::headers_refusal`]) and the
+/// body deadline ([`deadline::body_deadline`]); the routes; the one error body for the framework's own
+/// rejections ([`error::uniform_errors`]); then its answer logged (status, latency) and
+/// counted.
+///
+/// This runs as the outer router's only handler, not as layers on every route: axum clones a
+/// route's whole layer stack for each request it serves, and boxes each layer's future.
+async fn edge(state: AppState, routes: Router, request: Request) -> Response {
+    use tower_service::Service as _;
     use tracing::Instrument as _;
     let id = request
         .headers()
         .get("x-request-id")
         .filter(|v| v.len() <= 128 && v.to_str().is_ok())
         .cloned()
-        .unwrap_or_else(|| {
-            HeaderValue::from_str(&uuid::Uuid::new_v4().simple().to_string())
-                .unwrap_or(HeaderValue::from_static("0"))
-        });
-    let method = method_label(request.method()).to_owned();
-    // The route template, never the raw path: names in paths would explode the label space.
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or("unmatched", |p| p.as_str())
-        .to_owned();
+        .unwrap_or_else(new_request_id);
+    let method = method_label(request.method());
     let span = tracing::info_span!(
         "request",
-        method = %method,
-        route = %route,
+        method,
+        route = tracing::field::Empty,
         request_id = id.to_str().unwrap_or(""),
     );
     let started = std::time::Instant::now();
-    let mut response = next.run(request).instrument(span.clone()).await;
+    let answer = async {
+        if let Some(refusal) =
+            browser_refusal(&state, &request).or_else(|| deadline::headers_refusal(&request))
+        {
+            return refusal;
+        }
+        let request = deadline::body_deadline(&state, request);
+        let head = request.method() == axum::http::Method::HEAD;
+        let mut routes = routes;
+        let response = match routes.call(request).await {
+            Ok(response) => response,
+            Err(never) => match never {},
+        };
+        error::uniform_errors(head, response).await
+    };
+    let mut response = answer.instrument(span.clone()).await;
     let elapsed = started.elapsed();
     let status = response.status().as_u16();
+    // The route template ([`gate`] names it), never the raw path: names in paths would
+    // explode the label space.
+    let route = route_label(response.extensions().get::<MatchedPath>());
+    span.record("route", route);
     let latency_ms = elapsed.as_secs_f64() * 1e3;
     // Every answer at debug (the default `info` filter keeps busy servers quiet); server
     // errors always.
@@ -478,8 +557,8 @@ async fn observe(State(state): State<AppState>, request: Request, next: Next) ->
         .metrics
         .requests
         .get_or_create(&RequestLabels {
-            method: method.clone(),
-            route: route.clone(),
+            method,
+            route,
             status,
         })
         .inc();
@@ -489,6 +568,42 @@ async fn observe(State(state): State<AppState>, request: Request, next: Next) ->
         .get_or_create(&RouteLabels { method, route })
         .observe(elapsed.as_secs_f64());
     response.headers_mut().insert("x-request-id", id);
+    response
+}
+
+/// Which checks a group of routes needs from [`gate`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gate {
+    /// Health, metrics, the OpenAPI document, the console: no key.
+    Open,
+    /// The catalog, ingest and statements: a key with the route's role.
+    Api,
+    /// The streams: a key with the route's role, and the stream answers' headers
+    /// ([`streams::stream_headers`]).
+    Streams,
+}
+
+/// The one layer on the routes, run after routing: authenticates (by the matched route's
+/// role) and names the matched route on the answer, for [`edge`]'s metrics and logs.
+async fn gate(
+    State((state, gate)): State<(AppState, Gate)>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let matched = request.extensions().get::<MatchedPath>().cloned();
+    let mut response = match gate {
+        Gate::Open => next.run(request).await,
+        Gate::Api => authenticate(&state, request, next).await,
+        Gate::Streams => {
+            streams::stream_headers(&state, request, async |request| {
+                authenticate(&state, request, next).await
+            })
+            .await
+        }
+    };
+    if let Some(matched) = matched {
+        response.extensions_mut().insert(matched);
+    }
     response
 }
 
@@ -645,31 +760,20 @@ async fn not_found() -> ApiError {
     ApiError::not_found("no such endpoint")
 }
 
-/// The router of the whole API.
+/// The router of the whole API: [`edge`] around the routes.
 pub fn router(state: AppState) -> Router {
-    let api = api_routes()
-        .router
-        .route_layer(middleware::from_fn_with_state(state.clone(), authenticate));
-    let streams = stream_routes()
-        .router
-        .route_layer(middleware::from_fn_with_state(state.clone(), authenticate))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            streams::stream_headers,
-        ));
-    open_routes()
-        .router
-        .merge(api)
-        .merge(streams)
-        .fallback(not_found)
-        .layer(middleware::from_fn(error::uniform_errors))
-        // Bodies are read with the ingest limits in the handlers, which answer 413 themselves.
-        .layer(DefaultBodyLimit::disable())
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            deadline::body_deadline,
+    let gated = |routes: Routes, gate_kind: Gate| {
+        routes.router.route_layer(middleware::from_fn_with_state(
+            (state.clone(), gate_kind),
+            gate,
         ))
-        .layer(middleware::from_fn_with_state(state.clone(), browser_guard))
-        .layer(middleware::from_fn_with_state(state.clone(), observe))
-        .with_state(state)
+    };
+    let routes: Router = gated(open_routes(), Gate::Open)
+        .merge(gated(api_routes(), Gate::Api))
+        .merge(gated(stream_routes(), Gate::Streams))
+        .fallback(not_found)
+        .with_state(state.clone());
+    // No handler reads its body through an extractor with axum's default body limit: bodies
+    // are read with the ingest limits in the handlers, which answer 413 themselves.
+    Router::new().fallback(move |request: Request| edge(state.clone(), routes.clone(), request))
 }

@@ -8,7 +8,6 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use serde_json::json;
@@ -79,10 +78,12 @@ fn valid_incarnation(token: &str) -> bool {
 /// `Content-Security-Policy: sandbox` (a `text/html` stream renders, if at all, as an opaque
 /// origin with no scripts). CORS answers go only to the origins `cors_origins` allows;
 /// preflights always list the protocol's methods and headers (they reveal nothing).
+/// Preflights are answered here (`204`, never reaching `answer`); every other request is
+/// answered by `answer`.
 pub(super) async fn stream_headers(
-    State(state): State<AppState>,
+    state: &AppState,
     request: Request,
-    next: Next,
+    answer: impl AsyncFnOnce(Request) -> Response,
 ) -> Response {
     let preflight = request.method() == Method::OPTIONS;
     let origin = request
@@ -94,7 +95,7 @@ pub(super) async fn stream_headers(
     let mut response = if preflight {
         StatusCode::NO_CONTENT.into_response()
     } else {
-        next.run(request).await
+        answer(request).await
     };
     let h = response.headers_mut();
     h.insert(
