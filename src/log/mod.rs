@@ -364,11 +364,16 @@ impl CommitLog {
         for (i, (first_lsn, path)) in paths.iter().enumerate() {
             let SegmentScan {
                 valid_len,
+                written_len,
                 file_len,
                 complete_group_after,
             } = segment::scan(path, &mut records, next_lsn.max(*first_lsn))?;
-            if valid_len < file_len {
-                if Some(i) != last_index || complete_group_after {
+            let last = Some(i) == last_index;
+            // Only the last segment may end in unwritten (zero) space: every other one was cut
+            // to its records, durably, before the log moved on.
+            let end = if last { written_len } else { file_len };
+            if valid_len < end {
+                if !last || complete_group_after {
                     return Err(LogError::Corrupt {
                         path: path.clone(),
                         offset: valid_len,
@@ -628,7 +633,9 @@ pub struct MovedAside {
 pub fn repair(dir: &Path) -> Result<Vec<MovedAside>, LogError> {
     let mut moved = Vec::new();
     loop {
-        let config = LogConfig::new(dir);
+        let mut config = LogConfig::new(dir);
+        // Repair needs no free space.
+        config.preallocate = false;
         match CommitLog::open(config) {
             Ok((log, _)) => {
                 log.close();
@@ -713,7 +720,7 @@ fn writer_loop(
     }
     // A clean stop leaves the segment as long as its records (the next open preallocates
     // again).
-    trim_closed(&active);
+    trim_last(&active);
 }
 
 /// Starts a new segment at `lsn` (if the log is not there yet) and continues from it.
@@ -726,14 +733,17 @@ fn advance(
     if lsn <= *next_lsn {
         return Ok(*next_lsn);
     }
+    if shared.poisoned.load(Ordering::Acquire) {
+        return Err(LogError::Poisoned);
+    }
     let config = &shared.config;
     let journal = config.journal();
+    active.trim(true, journal)?;
     let next = Segment::create(&config.dir, lsn, config.preallocate_bytes(), journal)?;
     if config.durability == Durability::Fsync {
         segment::sync_dir(&config.dir, journal)?;
     }
     let old = std::mem::replace(active, next);
-    trim_closed(&old);
     if old.len() == 0 {
         // Nothing was ever written to it: it need not stay.
         let path = old.path().to_owned();
@@ -752,11 +762,12 @@ fn advance(
     Ok(lsn)
 }
 
-/// Gives a closed segment's unused preallocated space back. A failure costs only disk space
-/// (the space reads as zeros, a clean end), so it is logged, not fatal.
-fn trim_closed(segment: &Segment) {
-    if let Err(e) = segment.trim() {
-        tracing::warn!(error = %e, "could not give back a closed log segment's unused space");
+/// Gives the last segment's unused preallocated space back when the log stops. A failure
+/// costs only disk space (the space reads as zeros, the last segment's clean end), so it is
+/// logged, not fatal.
+fn trim_last(segment: &Segment) {
+    if let Err(e) = segment.trim(false, None) {
+        tracing::warn!(error = %e, "could not give back a log segment's unused space");
     }
 }
 
@@ -813,14 +824,14 @@ fn write_group(
             .map_err(|e| LogError::io(active.path(), e))?;
     }
     if active.len() >= config.segment_bytes {
-        // Roll: the full segment is synced already (every group is), so close it and start
-        // the next one at this group's first LSN.
+        // Roll: the full segment is synced already (every group is); cut it to its records,
+        // durably, then start the next one at this group's first LSN.
+        active.trim(true, journal)?;
         let next = Segment::create(&config.dir, first_lsn, config.preallocate_bytes(), journal)?;
         if config.durability == Durability::Fsync {
             segment::sync_dir(&config.dir, journal)?;
         }
         let old = std::mem::replace(active, next);
-        trim_closed(&old);
         if let Ok(mut closed) = shared.closed.lock() {
             // Under the lock, before the segment is listed as closed: a release running now
             // must see where it ends.

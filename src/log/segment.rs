@@ -4,9 +4,12 @@
 //! the allocation synced before the first record goes in: every later group commit then writes
 //! inside the file's size into blocks it already owns, so its `fdatasync` carries the data and
 //! no size or allocation change. The unwritten rest reads as zeros. A scan therefore ends a
-//! segment cleanly at the first record position where every byte to the end is zero; a closed
-//! segment is cut back to its records when the next one starts (unsynced: a crash before the
-//! cut is durable leaves a zero tail, which reads as clean).
+//! segment cleanly at the first record position where every byte to the end is zero, but only
+//! in the last segment: before the log moves on to a new segment, the old one is cut back to
+//! its records and the cut synced, so zeros at the end of any other segment are damage. (On
+//! ext4 and XFS the first write into each preallocated block still converts its extent from
+//! "unwritten", a journalled change; what preallocation saves is the size change and the
+//! block allocation of every group.)
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, IoSlice, Read, Seek, SeekFrom, Write};
@@ -63,6 +66,9 @@ pub(super) fn frame_header(
 pub(super) struct SegmentScan {
     /// Bytes up to the end of the last valid record.
     pub(super) valid_len: u64,
+    /// Bytes up to the last nonzero byte (at least `valid_len`): past it, only zeros, as
+    /// preallocated space nothing was written into reads.
+    pub(super) written_len: u64,
     /// The file's size.
     pub(super) file_len: u64,
     /// Whether, past the first bad record, a complete group is followed by more valid
@@ -92,12 +98,15 @@ pub(super) fn scan(
         pos = next;
     }
     // Preallocated space nothing was written into reads as zeros; a torn or damaged record
-    // has nonzero bytes somewhere. Only the part up to the last nonzero byte needs a look.
-    let end = last_nonzero(&bytes, pos);
-    let complete_group_after = pos < end && group_end_then_more(&bytes[..end], pos, expected);
+    // has nonzero bytes somewhere. Records after a bad one can start only before the last
+    // nonzero byte (they may end in zeros: an Arrow stream's end marker does).
+    let written_end = last_nonzero(&bytes, pos);
+    let complete_group_after =
+        pos < written_end && group_end_then_more(&bytes, pos, written_end, expected);
     Ok(SegmentScan {
         valid_len: pos as u64,
-        file_len: end as u64,
+        written_len: written_end as u64,
+        file_len: bytes.len() as u64,
         complete_group_after,
     })
 }
@@ -111,14 +120,15 @@ fn last_nonzero(bytes: &[u8], from: usize) -> usize {
 }
 
 /// Whether the bytes from `bad` on (where a record failed) hold a valid group-end record
-/// followed by another valid record, with LSNs from `expected` on. Such records can only
+/// followed by another valid record, with LSNs from `expected` on, each starting before
+/// `starts_before`. Such records can only
 /// have been written after the group holding `bad` was synced, so that group was
 /// acknowledged. Records are looked for at every offset: the damaged record's length cannot
 /// be trusted.
-fn group_end_then_more(bytes: &[u8], bad: usize, expected: Lsn) -> bool {
+fn group_end_then_more(bytes: &[u8], bad: usize, starts_before: usize, expected: Lsn) -> bool {
     let mut seen_group_end = false;
     let mut at = bad + 1;
-    while at + FRAME_HEADER_BYTES <= bytes.len() {
+    while at < starts_before && at + FRAME_HEADER_BYTES <= bytes.len() {
         match decode_at(bytes, at) {
             Some((record, next, group_end)) if record.lsn >= expected => {
                 if seen_group_end {
@@ -201,7 +211,14 @@ pub(super) fn cut_keeping_tail(
             .and_then(|n| n.to_str())
             .unwrap_or("segment")
     );
-    let aside = path.with_file_name(name);
+    // A name not taken yet: an earlier cut at the same offset (crash, restart, the same
+    // records appended again, crash) keeps its copy.
+    let mut aside = path.with_file_name(&name);
+    let mut n = 1;
+    while aside.exists() {
+        aside = path.with_file_name(format!("{name}.{n}"));
+        n += 1;
+    }
     // Every byte is kept, but the trailing zeros (most of them preallocated space nothing was
     // written into) as a hole: the copy reads the same and takes no disk for them.
     let tail = &bytes[at..];
@@ -256,11 +273,14 @@ fn preallocate(
         // byte range of it; no memory is passed, and mode 0 only allocates (never discards).
         let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
         if rc != 0 {
+            // Preallocation only makes syncs cheaper: without it (a file system that cannot, a
+            // disk with less free space than a segment, a size past the file system's limit)
+            // appends extend the file as they go, as they did before.
             let e = io::Error::last_os_error();
-            return match e.raw_os_error() {
-                Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => Ok(()),
-                _ => Err(LogError::io(path, e)),
-            };
+            if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
+                tracing::warn!(segment = %path.display(), error = %e, "could not preallocate a log segment; appending without");
+            }
+            return Ok(());
         }
         file.sync_all().map_err(|e| LogError::io(path, e))?;
         if let Some(journal) = journal {
@@ -320,6 +340,11 @@ impl Segment {
         let size = file.metadata().map_err(|e| LogError::io(path, e))?.len();
         if preallocate_bytes > size {
             preallocate(&file, path, preallocate_bytes, journal)?;
+        } else if preallocate_bytes > 0
+            && let Some(journal) = journal
+        {
+            // Preallocated (and synced) when the segment was made.
+            journal.preallocated(path, size);
         }
         file.seek(SeekFrom::Start(len))
             .map_err(|e| LogError::io(path, e))?;
@@ -332,12 +357,20 @@ impl Segment {
     }
 
     /// Gives back the preallocated space past the last record, once no more records will
-    /// come (the log moved on to a new segment). Not synced: should a crash undo the cut, the
-    /// space reads as zeros, which a scan takes as the segment's clean end.
-    pub(super) fn trim(&self) -> Result<(), LogError> {
+    /// come. Before the log moves on to a new segment the cut is synced (`durable`): only the
+    /// last segment may end in zeros, so that zeros at the end of any other one are damage.
+    pub(super) fn trim(
+        &self,
+        durable: bool,
+        journal: Option<&SyncJournal>,
+    ) -> Result<(), LogError> {
         self.file
             .set_len(self.len)
-            .map_err(|e| LogError::io(&self.path, e))
+            .map_err(|e| LogError::io(&self.path, e))?;
+        if durable {
+            self.sync_data(journal)?;
+        }
+        Ok(())
     }
 
     /// Writes all of `slices`, in order, with as few system calls as the kernel allows: each

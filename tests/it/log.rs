@@ -173,6 +173,9 @@ fn torn_tails_are_cut_at_every_possible_length() {
                 &full[ends[whole]..cut],
                 "cut at {cut}"
             );
+            // As an operator may; a later cut at the same offset would otherwise keep its
+            // bytes under a new name beside this one.
+            fs::remove_file(&kept).unwrap();
         }
         assert_eq!(
             log.append_blocking(RecordKind::Metadata, vec![1]).unwrap(),
@@ -248,6 +251,64 @@ fn a_crash_in_a_preallocated_segment_ends_it_at_its_last_record() {
         6
     );
     log.close();
+}
+
+/// Damage in an acknowledged record is corruption even when the records after it end in zero
+/// bytes (an Arrow stream's end marker does; so does an empty payload's frame), with and
+/// without preallocated space after them; and zeros at the end of a segment other than the
+/// last are damage too.
+#[test]
+fn damage_before_records_ending_in_zeros_or_zeros_after_a_closed_segment_refuse_to_open() {
+    let dir = temp_dir("zero-ended");
+    let mut config = LogConfig::new(&dir);
+    config.segment_bytes = 1 << 20;
+    let (log, _) = CommitLog::open(config.clone()).unwrap();
+    let payloads: [&[u8]; 4] = [
+        b"first record",
+        b"second",
+        b"arrow end \xff\xff\xff\xff\0\0\0\0",
+        b"",
+    ];
+    for p in payloads {
+        log.append_blocking(RecordKind::TableBatch, p.to_vec())
+            .unwrap();
+    }
+    let segment = segments(&dir).pop().unwrap();
+    let crashed = fs::read(&segment).unwrap();
+    log.close();
+    let closed = fs::read(&segment).unwrap();
+    for image in [&closed, &crashed] {
+        let mut damaged = image.clone();
+        damaged[20] ^= 0x01; // inside the first record's payload
+        fs::write(&segment, &damaged).unwrap();
+        match CommitLog::open(config.clone()) {
+            Err(LogError::Corrupt { offset: 0, .. }) => {}
+            Err(e) => panic!("expected corruption at 0, got {e}"),
+            Ok(_) => panic!("damage before acknowledged records was cut as a torn tail"),
+        }
+    }
+
+    // Several segments, then zeros after the first one's records.
+    let dir = temp_dir("zero-closed");
+    let mut config = LogConfig::new(&dir);
+    config.segment_bytes = 300;
+    let (log, _) = CommitLog::open(config.clone()).unwrap();
+    for i in 0..20 {
+        log.append_blocking(RecordKind::TableBatch, payload(i))
+            .unwrap();
+    }
+    log.close();
+    let files = segments(&dir);
+    assert!(files.len() > 2, "several segments");
+    let mut first = fs::read(&files[0]).unwrap();
+    let records_end = first.len();
+    first.resize(records_end + 4096, 0);
+    fs::write(&files[0], &first).unwrap();
+    match CommitLog::open(config.clone()) {
+        Err(LogError::Corrupt { offset, .. }) => assert_eq!(offset as usize, records_end),
+        Err(e) => panic!("expected corruption, got {e}"),
+        Ok(_) => panic!("zeros after a closed segment's records were taken as its end"),
+    }
 }
 
 #[test]
