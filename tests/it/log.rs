@@ -186,8 +186,8 @@ fn torn_tails_are_cut_at_every_possible_length() {
 }
 
 /// A crash leaves the active segment at its preallocated size: records, then zeros. The zeros
-/// are a clean end (nothing torn, nothing kept aside); a torn record before them is cut, and
-/// what is kept of it leaves the zeros out; appends go on right after the last record.
+/// are a clean end (nothing torn, nothing kept aside); a torn record before them is cut and
+/// kept with everything after it; appends go on right after the last record.
 #[test]
 fn a_crash_in_a_preallocated_segment_ends_it_at_its_last_record() {
     let dir = temp_dir("prealloc");
