@@ -76,6 +76,7 @@ pub mod config;
 pub mod db;
 pub mod error;
 pub mod http;
+pub(crate) mod iceberg;
 pub mod ingest;
 pub mod log;
 pub(crate) mod metrics;

@@ -11,6 +11,14 @@ if [ ! -x .tools/venv/bin/scopeql ]; then
 fi
 export SLUICE_SCOPEQL="$PWD/.tools/venv/bin/scopeql"
 
+# The Iceberg readers tests/it/iceberg.rs drives (tests/iceberg/read_table.py): pyiceberg, and
+# Daft through it.
+if ! .tools/venv/bin/python -c 'import pyiceberg, daft' 2>/dev/null \
+  || [ "$(.tools/venv/bin/python -c 'import pyiceberg; print(pyiceberg.__version__)')" != 0.12.0 ]; then
+  echo "installing pyiceberg 0.12.0 and daft 0.7.26 into .tools/venv" >&2
+  .tools/venv/bin/pip install --quiet --disable-pip-version-check "pyiceberg[pyarrow]==0.12.0" daft==0.7.26
+fi
+
 # Every scratch directory of this run (the tests' data directories, SeaweedFS's, the browser's
 # profile) goes under target/test-tmp, emptied when a run starts: the last run's stay there
 # to be looked at, and runs do not pile up in /tmp.

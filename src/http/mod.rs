@@ -5,6 +5,7 @@ mod catalog;
 mod console;
 mod deadline;
 mod error;
+mod iceberg;
 mod ingest;
 mod listener;
 mod serve;
@@ -703,6 +704,33 @@ fn api_routes() -> Routes {
         .add("GET", "/v1/statements/{id}", statements::fetch)
         .add("POST", "/v1/statements/{id}/cancel", statements::cancel)
         .add("GET", "/v1/streams", streams::list)
+        .add("GET", "/iceberg/v1/config", iceberg::config)
+        .add("GET", "/iceberg/v1/namespaces", iceberg::list_namespaces)
+        .add(
+            "GET",
+            "/iceberg/v1/namespaces/{namespace}",
+            iceberg::get_namespace,
+        )
+        .add(
+            "HEAD",
+            "/iceberg/v1/namespaces/{namespace}",
+            iceberg::head_namespace,
+        )
+        .add(
+            "GET",
+            "/iceberg/v1/namespaces/{namespace}/tables",
+            iceberg::list_tables,
+        )
+        .add(
+            "GET",
+            "/iceberg/v1/namespaces/{namespace}/tables/{table}",
+            iceberg::load_table,
+        )
+        .add(
+            "HEAD",
+            "/iceberg/v1/namespaces/{namespace}/tables/{table}",
+            iceberg::head_table,
+        )
 }
 
 /// The streams, in both URL layouts.

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
-use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use arrow_schema::{DataType, Field, FieldRef, Schema, SchemaRef};
 use async_trait::async_trait;
 use datafusion::catalog::Session;
 use datafusion::common::{DFSchema, ScalarValue};
@@ -19,6 +19,9 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::{BinaryExpr, Expr, Operator, TableProviderFilterPushDown};
+use datafusion::physical_expr_adapter::{
+    DefaultPhysicalExprAdapterFactory, PhysicalExprAdapter, PhysicalExprAdapterFactory,
+};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::empty::EmptyExec;
 use datafusion::physical_plan::union::UnionExec;
@@ -26,6 +29,46 @@ use parquet::file::metadata::{ParquetMetaData, RowGroupMetaData};
 use parquet::file::statistics::Statistics;
 
 use crate::table::{DataFile, Tables};
+
+/// How a scan maps the table's columns to a file's: DataFusion's adapter, shown each file
+/// column with the metadata and nullability of the table's column of the same name and type.
+///
+/// Files differ from the table's schema in field metadata (the Iceberg field ids of files
+/// written since the Iceberg view, [`crate::iceberg`]) and, for intervals, in type (`Int64`;
+/// see `table::files::file_schema`). DataFusion casts every column whose field differs in
+/// anything, metadata included, and a cast column is neither pruned by statistics nor by the
+/// page index: a difference in metadata alone must not cost that. A difference in type is
+/// still cast (and an interval column is therefore not pruned in files that store it as
+/// `Int64`).
+#[derive(Debug)]
+struct FileColumns;
+
+impl PhysicalExprAdapterFactory for FileColumns {
+    fn create(
+        &self,
+        logical_file_schema: SchemaRef,
+        physical_file_schema: SchemaRef,
+    ) -> Result<Arc<dyn PhysicalExprAdapter>> {
+        let fields: Vec<FieldRef> = physical_file_schema
+            .fields()
+            .iter()
+            .map(|f| match logical_file_schema.field_with_name(f.name()) {
+                Ok(table) if table.data_type() == f.data_type() => Arc::new(
+                    f.as_ref()
+                        .clone()
+                        .with_metadata(table.metadata().clone())
+                        .with_nullable(table.is_nullable()),
+                ),
+                _ => f.clone(),
+            })
+            .collect();
+        let physical = Arc::new(Schema::new_with_metadata(
+            fields,
+            physical_file_schema.metadata().clone(),
+        ));
+        DefaultPhysicalExprAdapterFactory.create(logical_file_schema, physical)
+    }
+}
 
 /// The object-store URL under which DataFusion reads a sluice database's files.
 pub(crate) const STORE_URL: &str = "sluice://data/";
@@ -151,7 +194,8 @@ impl TableProvider for SluiceTable {
             let mut builder =
                 FileScanConfigBuilder::new(ObjectStoreUrl::parse(STORE_URL)?, Arc::new(source))
                     .with_projection_indices(projection.cloned())?
-                    .with_limit(limit);
+                    .with_limit(limit)
+                    .with_expr_adapter(Some(Arc::new(FileColumns)));
             // About four ranges a partition when whole files are read (see `scan_ranges`).
             let total: u64 = files.iter().map(|f| f.bytes).sum();
             let partitions = state.config().target_partitions().max(1);

@@ -55,7 +55,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use object_store::ObjectStore;
-use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey, S3ConditionalPut};
 use object_store::memory::InMemory;
 use object_store::prefix::PrefixStore;
 
@@ -109,6 +109,12 @@ pub struct Storage {
     store: Arc<dyn ObjectStore>,
     url: String,
     backend: Backend,
+    /// Where the database root is, as other programs name it (`file:///abs/dir`,
+    /// `s3://bucket/prefix`), for the locations the Iceberg view publishes.
+    location: String,
+    /// For S3: the endpoint (when not AWS's) and region a reader needs (never credentials).
+    s3_endpoint: Option<String>,
+    s3_region: Option<String>,
 }
 
 impl Storage {
@@ -153,6 +159,9 @@ impl Storage {
                 store: Arc::new(InMemory::new()),
                 url: url.to_owned(),
                 backend: Backend::Memory,
+                location: "memory://".to_owned(),
+                s3_endpoint: None,
+                s3_region: None,
             });
         }
         if let Some(rest) = url.strip_prefix("s3://") {
@@ -169,15 +178,26 @@ impl Storage {
             {
                 builder = builder.with_region("us-east-1");
             }
+            let s3_endpoint = builder
+                .get_config_value(&AmazonS3ConfigKey::Endpoint)
+                .filter(|e| !e.is_empty());
+            let s3_region = builder.get_config_value(&AmazonS3ConfigKey::Region);
             let s3 = builder.build().map_err(backend_error)?;
             let store: Arc<dyn ObjectStore> = match prefix.trim_matches('/') {
                 "" => Arc::new(s3),
                 p => Arc::new(PrefixStore::new(s3, p)),
             };
+            let location = match prefix.trim_matches('/') {
+                "" => format!("s3://{bucket}"),
+                p => format!("s3://{bucket}/{p}"),
+            };
             return Ok(Storage {
                 store,
                 url: url.to_owned(),
                 backend: Backend::S3,
+                location,
+                s3_endpoint,
+                s3_region,
             });
         }
         let dir = match url.strip_prefix("file://") {
@@ -213,19 +233,33 @@ impl Storage {
                 source,
             }
         })?;
+        // An absolute, canonical directory: what the Iceberg view names is read by other
+        // processes, from other working directories.
+        let absolute = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+        let location = match url::Url::from_directory_path(&absolute) {
+            Ok(u) => u.as_str().trim_end_matches('/').to_owned(),
+            Err(()) => format!("file://{}", absolute.display()),
+        };
         Ok(Storage {
             store: Arc::new(store),
             url: dir.display().to_string(),
             backend: Backend::Local,
+            location,
+            s3_endpoint: None,
+            s3_region: None,
         })
     }
 
     /// Wraps an existing store (for tests that inject faults).
     pub fn from_store(store: Arc<dyn ObjectStore>, url: impl Into<String>) -> Storage {
+        let url = url.into();
         Storage {
             store,
-            url: url.into(),
+            location: url.trim_end_matches('/').to_owned(),
+            url,
             backend: Backend::Memory,
+            s3_endpoint: None,
+            s3_region: None,
         }
     }
 
@@ -233,8 +267,7 @@ impl Storage {
     pub(crate) fn layered(&self, store: Arc<dyn ObjectStore>) -> Storage {
         Storage {
             store,
-            url: self.url.clone(),
-            backend: self.backend,
+            ..self.clone()
         }
     }
 
@@ -246,5 +279,17 @@ impl Storage {
     /// The URL it was opened from.
     pub(crate) fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The URI of object `path` as other programs name it (`file:///…`, `s3://…`).
+    pub(crate) fn location_of(&self, path: &str) -> String {
+        format!("{}/{}", self.location, path.trim_start_matches('/'))
+    }
+
+    /// For S3, what a reader needs besides its own credentials to read the objects:
+    /// `(endpoint, region)` (the endpoint only when not AWS's default).
+    pub(crate) fn s3_settings(&self) -> Option<(Option<&str>, Option<&str>)> {
+        (self.backend == Backend::S3)
+            .then_some((self.s3_endpoint.as_deref(), self.s3_region.as_deref()))
     }
 }

@@ -10,6 +10,7 @@
 //! | `nodes/{id}/heartbeat.json` | the running epoch's heartbeat | [`crate::node`] |
 //! | `tables/{id}/_log/{v:020}.json`, … | a table's manifest versions | `table::manifest` through [`super::versioned`] |
 //! | `tables/{id}/data/{uuid}.parquet` | a table's data files | [`crate::table`] (flush, compaction) |
+//! | `tables/{id}/metadata/…` | the table's Iceberg view (metadata JSON, Avro manifests) | [`crate::iceberg`] |
 //! | `streams/{node}/data/{lsn:020}-{tag}.bin` | sealed stream records | `stream::cold` (checkpoint) |
 //! | `streams/{node}/snapshots/{lsn:020}.json` | every stream's state at `lsn` | `stream::cold` (checkpoint) |
 //! | `subscriptions/{node}.json` | a node's webhook subscriptions | `http::subscriptions` |
@@ -46,6 +47,11 @@ pub(crate) fn table_manifest(id: &str) -> String {
 /// Table `id`'s data files.
 pub(crate) fn table_data(id: &str) -> String {
     format!("{TABLES}/{id}/data")
+}
+
+/// Table `id`'s Iceberg metadata ([`crate::iceberg`]).
+pub(crate) fn table_metadata(id: &str) -> String {
+    format!("{TABLES}/{id}/metadata")
 }
 
 /// A new, unique data file of table `id`.

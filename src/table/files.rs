@@ -1,6 +1,7 @@
 //! Table data encodings: log records (table id + Arrow IPC) and Parquet files.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use arrow_array::cast::AsArray;
@@ -69,7 +70,8 @@ pub(super) fn write_parquet(
     path: String,
 ) -> Result<(Bytes, DataFile), TableError> {
     let props = writer_properties(Some(schema), row_group_rows)?;
-    let (mut file, factory) = ArrowWriter::try_new(Vec::new(), schema.clone(), Some(props))
+    let file_schema = file_schema(schema);
+    let (mut file, factory) = ArrowWriter::try_new(Vec::new(), file_schema.clone(), Some(props))
         .and_then(ArrowWriter::into_serialized_writer)
         .map_err(encoding)?;
     let groups = row_groups(batches, row_group_rows.max(1));
@@ -88,7 +90,7 @@ pub(super) fn write_parquet(
             });
         }
     }
-    let mut chunks = encode_columns(schema, jobs)?.into_iter();
+    let mut chunks = encode_columns(&file_schema, jobs)?.into_iter();
     for group in &groups {
         let mut row_group = file.next_row_group().map_err(encoding)?;
         for chunk in chunks.by_ref().take(schema.fields().len()).flatten() {
@@ -133,6 +135,58 @@ pub(super) fn write_parquet(
     Ok((bytes, file))
 }
 
+/// The schema a Parquet file is written with (and embeds), which every Iceberg reader of
+/// the table's view ([`crate::iceberg`]) accepts: each column carries its Iceberg field id
+/// (`PARQUET:field_id`, which the Parquet writer puts in the file's schema) and its sluice
+/// type (`sluice.type`); an interval is `Int64` nanoseconds (readers refuse Arrow's
+/// `Duration`), and JSON columns are plain `Utf8` (no `arrow.json` extension, which readers
+/// also refuse). Queries read files as the table's schema, casting back
+/// ([`crate::query`]'s scan), and [`file_column`] turns a table column into its file type.
+pub(super) fn file_schema(schema: &SchemaRef) -> SchemaRef {
+    let fields: Vec<arrow_schema::FieldRef> = schema
+        .fields()
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let mut metadata = f.metadata().clone();
+            metadata.remove(crate::types::EXTENSION_NAME_KEY);
+            metadata.remove(crate::types::EXTENSION_METADATA_KEY);
+            metadata.insert(
+                parquet::arrow::PARQUET_FIELD_ID_META_KEY.to_owned(),
+                crate::iceberg::field_id(i).to_string(),
+            );
+            let data_type = match f.data_type() {
+                DataType::Duration(_) => DataType::Int64,
+                other => other.clone(),
+            };
+            Arc::new(
+                arrow_schema::Field::new(f.name(), data_type, f.is_nullable())
+                    .with_metadata(metadata),
+            )
+        })
+        .collect();
+    Arc::new(arrow_schema::Schema::new_with_metadata(
+        fields,
+        schema.metadata().clone(),
+    ))
+}
+
+/// A column as its file type (see [`file_schema`]): a duration's values reinterpreted as
+/// `Int64` (no copy); anything else as it is.
+fn file_column(column: &arrow_array::ArrayRef) -> Result<arrow_array::ArrayRef, TableError> {
+    match column.data_type() {
+        DataType::Duration(_) => Ok(arrow_array::make_array(
+            column
+                .to_data()
+                .into_builder()
+                .data_type(DataType::Int64)
+                .build()
+                .map_err(encoding)?,
+        )),
+        _ => Ok(column.clone()),
+    }
+}
+
 /// One column of one row group to encode: the batches of the group and the writers of the
 /// column's Parquet leaves (one for every flat column).
 struct ColumnJob<'a> {
@@ -154,7 +208,8 @@ fn encode_columns(
         let field = schema.field(job.column);
         let mut writers = job.writers;
         for batch in job.group {
-            let leaves = compute_leaves(field, batch.column(job.column)).map_err(encoding)?;
+            let column = file_column(batch.column(job.column))?;
+            let leaves = compute_leaves(field, &column).map_err(encoding)?;
             if leaves.len() != writers.len() {
                 return Err(TableError::Encoding(format!(
                     "column {} has {} Parquet leaves, the writer expected {}",

@@ -129,19 +129,30 @@ impl Tables {
         // A fresh, full view: nothing is judged unreferenced from a stale state.
         let state = table.manifest.load(self.storage.store().as_ref()).await?;
         table.lock().install(state.clone(), self.node.id());
+        // The Iceberg view first: its expired snapshots leave the metadata before any file
+        // they list can be due (see [`crate::iceberg`]). No deletion without it.
+        let published =
+            crate::iceberg::publish(&self.storage, id, &state, self.gc_grace, false).await?;
         let live: HashSet<&str> = state.files.iter().map(|f| f.path.as_str()).collect();
         let data = list(self, &paths::table_data(id)).await?;
         let sizes: HashMap<String, u64> = data
             .iter()
             .map(|m| (m.location.to_string(), m.size))
             .collect();
-        let candidates: Vec<&str> = sizes
+        let mut sizes = sizes;
+        let mut candidates: Vec<String> = sizes
             .keys()
-            .map(String::as_str)
-            .filter(|p| !live.contains(p))
+            .filter(|p| !live.contains(p.as_str()))
+            .cloned()
             .collect();
+        for (path, size) in crate::iceberg::collectable(&self.storage, id, &published).await? {
+            candidates.push(path.clone());
+            sizes.insert(path, size);
+        }
         let scope = format!("{}/", paths::table(id));
-        let due = self.unreferenced().due(&scope, candidates, self.gc_grace);
+        let due =
+            self.unreferenced()
+                .due(&scope, candidates.iter().map(String::as_str), self.gc_grace);
         for path in due {
             self.delete(&path, sizes.get(&path).copied().unwrap_or(0), &mut report)
                 .await;

@@ -60,6 +60,40 @@ pub(crate) struct Version {
     /// Per writing node, the commit-log position all of whose table records are now in files.
     #[serde(default)]
     pub flushed: BTreeMap<String, u64>,
+    /// When the writer committed it (milliseconds since the epoch, its clock; 0 in versions
+    /// written before this was recorded): the Iceberg snapshot's time.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub committed_ms: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+/// Where a live file stands in the table's history, for the Iceberg view
+/// ([`crate::iceberg`]): the version that added it and the first row id of its rows (Iceberg
+/// row lineage: each version's added files take the next ids in order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Lineage {
+    /// The version that added the file.
+    pub version: u64,
+    /// The row id of its first row.
+    pub first_row_id: u64,
+}
+
+/// What the newest version changed, for its Iceberg snapshot's summary.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct LastChange {
+    /// Files it added.
+    pub added_files: u64,
+    /// Rows in them.
+    pub added_rows: u64,
+    /// Files it removed.
+    pub removed_files: u64,
+    /// Rows in them.
+    pub removed_rows: u64,
+    /// When it was committed (see [`Version::committed_ms`]).
+    pub committed_ms: u64,
 }
 
 impl Tagged for Version {
@@ -89,6 +123,16 @@ pub(crate) struct ManifestState {
     pub files: Vec<DataFile>,
     /// Per node, the log position covered by files.
     pub flushed: BTreeMap<String, u64>,
+    /// Per live file (by path), its place in the history. Files of states read from
+    /// checkpoints written before this was kept have none.
+    #[serde(default)]
+    pub lineage: BTreeMap<String, Lineage>,
+    /// The row id the next added row takes.
+    #[serde(default)]
+    pub next_row_id: u64,
+    /// What the newest version changed.
+    #[serde(default)]
+    pub last_change: LastChange,
 }
 
 impl ManifestState {
@@ -98,9 +142,36 @@ impl ManifestState {
         if let Some(columns) = &v.columns {
             self.columns = columns.clone();
         }
+        let mut change = LastChange {
+            committed_ms: v.committed_ms,
+            ..LastChange::default()
+        };
         if !v.removed.is_empty() {
-            self.files.retain(|f| !v.removed.contains(&f.path));
+            self.files.retain(|f| {
+                let removed = v.removed.contains(&f.path);
+                if removed {
+                    change.removed_files += 1;
+                    change.removed_rows += f.rows;
+                }
+                !removed
+            });
+            for path in &v.removed {
+                self.lineage.remove(path);
+            }
         }
+        for f in &v.added {
+            self.lineage.insert(
+                f.path.clone(),
+                Lineage {
+                    version: v.version,
+                    first_row_id: self.next_row_id,
+                },
+            );
+            self.next_row_id += f.rows;
+            change.added_files += 1;
+            change.added_rows += f.rows;
+        }
+        self.last_change = change;
         self.files.extend(v.added.iter().cloned());
         for (node, lsn) in &v.flushed {
             let entry = self.flushed.entry(node.clone()).or_insert(0);
@@ -149,6 +220,13 @@ pub(crate) struct Manifest {
     checkpoint_interval: u64,
 }
 
+/// Milliseconds since the epoch, by this node's clock.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 fn new_tag() -> String {
     uuid::Uuid::new_v4().simple().to_string()
 }
@@ -190,6 +268,7 @@ impl Manifest {
             added: Vec::new(),
             removed: Vec::new(),
             flushed: BTreeMap::new(),
+            committed_ms: now_ms(),
         };
         match self.log.try_create(store, 0, &v0).await? {
             true => {
@@ -309,6 +388,7 @@ impl Manifest {
                 added: change.added.clone(),
                 removed: change.removed.clone(),
                 flushed: change.flushed.clone(),
+                committed_ms: now_ms(),
             };
             if self.log.try_create(store, v.version, &v).await? {
                 state.apply(&v);

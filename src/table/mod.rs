@@ -653,9 +653,10 @@ impl Tables {
             Err(e) => return Err(e),
         };
         // Swap in one step: the file appears and its batches leave together.
-        table.lock().install(committed, &node);
+        table.lock().install(committed.clone(), &node);
         self.flushed.notify_waiters();
         self.release_log()?;
+        self.publish_iceberg(id, &committed).await;
         Ok(Some(file))
     }
 
@@ -870,8 +871,32 @@ impl Tables {
         };
         // Replaced files stay in object storage: snapshots taken before this commit may
         // still read them. Garbage collection reclaims them after the grace period.
-        table.lock().install(committed, self.node.id());
+        table.lock().install(committed.clone(), self.node.id());
+        self.publish_iceberg(id, &committed).await;
         Ok(Some(file))
+    }
+
+    /// Publishes the Iceberg view of a committed state. Best effort: the commit stands
+    /// either way, and the view is published again by the next commit, by garbage
+    /// collection's pass and by a catalog reader's load.
+    async fn publish_iceberg(&self, id: &str, state: &ManifestState) {
+        if let Err(e) =
+            crate::iceberg::publish(&self.storage, id, state, self.gc_grace, false).await
+        {
+            tracing::debug!(table = %id, error = %e, "publishing the Iceberg view failed");
+        }
+    }
+
+    /// The table's newest manifest state (read from the object store, so commits of other
+    /// nodes are in it) with its Iceberg view published for it.
+    pub(crate) async fn iceberg_view(
+        &self,
+        id: &str,
+        rebuild: bool,
+    ) -> Result<crate::iceberg::Published, TableError> {
+        self.refresh(id).await?;
+        let state = self.table(id).await?.lock().manifest.clone();
+        crate::iceberg::publish(&self.storage, id, &state, self.gc_grace, rebuild).await
     }
 
     /// Tells the log which records tables still need: those of unflushed batches.

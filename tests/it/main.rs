@@ -10,6 +10,7 @@ mod console;
 mod crash;
 mod decoder;
 mod durability;
+mod iceberg;
 mod log;
 mod metrics;
 mod openapi;

@@ -217,24 +217,37 @@ async fn parquet_keeps_types_and_metadata(backend: &str) {
         .unwrap();
     let back: Vec<RecordBatch> = reader.map(|b| b.unwrap()).collect();
     assert_eq!(back.len(), 1);
+    // The file's schema is what Iceberg readers take: each column has its field id (its
+    // position from 1) and its sluice type; an interval is Int64 nanoseconds and JSON is
+    // plain Utf8 (no Arrow Duration, no extension type).
+    let file_schema = back[0].schema();
+    for (i, (field, column)) in file_schema.fields().iter().zip(columns()).enumerate() {
+        let metadata = field.metadata();
+        assert_eq!(
+            metadata.get("PARQUET:field_id"),
+            Some(&(i + 1).to_string()),
+            "{}",
+            field.name()
+        );
+        assert_eq!(
+            metadata.get("sluice.type").map(String::as_str),
+            Some(column.data_type.as_str())
+        );
+        assert!(!metadata.contains_key("ARROW:extension:name"));
+    }
     assert_eq!(
-        back[0], original,
-        "values, types and field metadata survive Parquet"
+        file_schema.field_with_name("took").unwrap().data_type(),
+        &arrow_schema::DataType::Int64
     );
-    let metadata = back[0]
-        .schema()
-        .field_with_name("var")
-        .unwrap()
-        .metadata()
-        .clone();
-    assert_eq!(
-        metadata.get("ARROW:extension:name").map(String::as_str),
-        Some("arrow.json")
-    );
-    assert_eq!(
-        metadata.get("sluice.type").map(String::as_str),
-        Some("object")
-    );
+    // Cast back to the table's types (as the query scan does), the values are the originals.
+    let columns: Vec<ArrayRef> = back[0]
+        .columns()
+        .iter()
+        .zip(original.schema().fields())
+        .map(|(c, f)| arrow_cast::cast(c, f.data_type()).unwrap())
+        .collect();
+    let restored = RecordBatch::try_new(original.schema(), columns).unwrap();
+    assert_eq!(restored, original, "values survive Parquet");
 }
 
 async fn concurrent_appends_and_flushes(backend: &str) {
@@ -357,12 +370,26 @@ async fn compact_with(backend: &str, row_group_rows: usize, expected_groups: usi
     assert_eq!(merged.bytes, bytes.len() as u64);
     let reader = ParquetRecordBatchReaderBuilder::try_new(bytes).unwrap();
     assert_eq!(reader.metadata().num_row_groups(), expected_groups);
-    // The merged file keeps sluice's Arrow schema (field metadata included) and the time
-    // range of its inputs.
-    assert_eq!(
-        reader.schema().as_ref(),
-        tables.schema("small").await.unwrap().as_ref()
-    );
+    // The merged file keeps the file schema (field ids and sluice types; see
+    // `parquet_keeps_types_and_metadata`) and the time range of its inputs.
+    let table_schema = tables.schema("small").await.unwrap();
+    for (i, (file, table)) in reader
+        .schema()
+        .fields()
+        .iter()
+        .zip(table_schema.fields())
+        .enumerate()
+    {
+        assert_eq!(file.name(), table.name());
+        assert_eq!(
+            file.metadata().get("PARQUET:field_id"),
+            Some(&(i + 1).to_string())
+        );
+        assert_eq!(
+            file.metadata().get("sluice.type"),
+            table.metadata().get("sluice.type")
+        );
+    }
     let ranges: Vec<_> = before.files.iter().map(|f| f.time_ranges["time"]).collect();
     let lo = ranges.iter().map(|r| r.0).min().unwrap();
     let hi = ranges.iter().map(|r| r.1).max().unwrap();

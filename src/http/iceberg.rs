@@ -1,0 +1,259 @@
+//! The read-only Iceberg REST catalog at `/iceberg` (the Apache Iceberg REST catalog
+//! specification's `v1` routes that a reader needs): configuration, namespaces, table lists,
+//! table loads and existence checks. Namespaces are `[db]` and `[db, schema]`; tables live in
+//! `[db, schema]` under their sluice names. Keys and roles are the API's (a GET or HEAD
+//! needs the read role). A load publishes the table's Iceberg view for its newest manifest
+//! version if no node has yet ([`crate::iceberg`]), so a reader always gets the committed
+//! files. Errors carry the specification's `error` object beside sluice's own body.
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{ApiError, AppState};
+use crate::catalog::{CatalogPath, RootDef};
+
+/// The separator of namespace levels in a URL (the specification's unit separator).
+const LEVELS: char = '\u{1f}';
+
+/// An answer of the catalog: the specification's error model on failures.
+pub(super) struct Answer(Result<Response, ApiError>);
+
+impl<E: Into<ApiError>> From<E> for Answer {
+    fn from(e: E) -> Self {
+        Answer(Err(e.into()))
+    }
+}
+
+impl IntoResponse for Answer {
+    fn into_response(self) -> Response {
+        match self.0 {
+            Ok(r) => r,
+            Err(e) => e.into_response_extended(|status, body| {
+                let kind = match status {
+                    StatusCode::NOT_FOUND => match body["details"]["kind"].as_str() {
+                        Some("namespace") => "NoSuchNamespaceException",
+                        _ => "NoSuchTableException",
+                    },
+                    StatusCode::BAD_REQUEST => "BadRequestException",
+                    StatusCode::UNAUTHORIZED => "NotAuthorizedException",
+                    StatusCode::FORBIDDEN => "ForbiddenException",
+                    StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableException",
+                    _ => "ServerErrorException",
+                };
+                body["error"] = json!({
+                    "message": body["message"].clone(),
+                    "type": kind,
+                    "code": status.as_u16(),
+                });
+            }),
+        }
+    }
+}
+
+fn ok(body: Value) -> Answer {
+    Answer(Ok(Json(body).into_response()))
+}
+
+fn no_content() -> Answer {
+    Answer(Ok(StatusCode::NO_CONTENT.into_response()))
+}
+
+fn no_such(kind: &'static str, name: String) -> Answer {
+    let mut e = ApiError::not_found(format!("{kind} {name} does not exist"));
+    e.details.insert("kind".into(), json!(kind));
+    Answer(Err(e))
+}
+
+/// The namespace levels of a path segment (`db` or `db\x1fschema`).
+fn levels(namespace: &str) -> Vec<&str> {
+    namespace.split(LEVELS).collect()
+}
+
+/// The catalog's definitions, refreshed.
+async fn root(state: &AppState) -> Result<RootDef, ApiError> {
+    state.db.catalog().refresh().await?;
+    let (value, _) = state.db.catalog().get(&CatalogPath::Root).await?;
+    serde_json::from_value(value).map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// `GET /iceberg/v1/config`.
+pub(super) async fn config() -> Answer {
+    let endpoints = [
+        "GET /v1/{prefix}/namespaces",
+        "GET /v1/{prefix}/namespaces/{namespace}",
+        "HEAD /v1/{prefix}/namespaces/{namespace}",
+        "GET /v1/{prefix}/namespaces/{namespace}/tables",
+        "GET /v1/{prefix}/namespaces/{namespace}/tables/{table}",
+        "HEAD /v1/{prefix}/namespaces/{namespace}/tables/{table}",
+    ];
+    ok(json!({"defaults": {}, "overrides": {}, "endpoints": endpoints}))
+}
+
+/// Query parameters of the namespace list.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct ListNamespaces {
+    #[serde(default)]
+    parent: Option<String>,
+}
+
+/// `GET /iceberg/v1/namespaces[?parent=db]`: the databases, or a database's schemas.
+pub(super) async fn list_namespaces(
+    State(state): State<AppState>,
+    params: Result<Query<ListNamespaces>, axum::extract::rejection::QueryRejection>,
+) -> Answer {
+    let Ok(Query(params)) = params else {
+        return ApiError::bad_request("bad query parameters").into();
+    };
+    let root = match root(&state).await {
+        Ok(r) => r,
+        Err(e) => return e.into(),
+    };
+    let namespaces: Vec<Value> = match params.parent.as_deref().map(levels).as_deref() {
+        None | Some([""]) => root.databases.iter().map(|d| json!([d.name])).collect(),
+        Some([db]) => match root.databases.iter().find(|d| d.name == *db) {
+            Some(d) => d.schemas.iter().map(|s| json!([d.name, s.name])).collect(),
+            None => return no_such("namespace", (*db).to_owned()),
+        },
+        Some([db, schema]) => {
+            let exists = root
+                .databases
+                .iter()
+                .any(|d| d.name == *db && d.schemas.iter().any(|s| s.name == *schema));
+            if !exists {
+                return no_such("namespace", format!("{db}.{schema}"));
+            }
+            Vec::new()
+        }
+        Some(other) => return no_such("namespace", other.join(".")),
+    };
+    ok(json!({"namespaces": namespaces}))
+}
+
+/// Whether the namespace exists, with its levels.
+async fn find_namespace(state: &AppState, namespace: &str) -> Result<Vec<String>, Answer> {
+    let root = root(state).await.map_err(Answer::from)?;
+    let levels = levels(namespace);
+    let found = match levels.as_slice() {
+        [db] => root.databases.iter().any(|d| d.name == *db),
+        [db, schema] => root
+            .databases
+            .iter()
+            .any(|d| d.name == *db && d.schemas.iter().any(|s| s.name == *schema)),
+        _ => false,
+    };
+    if found {
+        Ok(levels.iter().map(|s| (*s).to_owned()).collect())
+    } else {
+        Err(no_such("namespace", levels.join(".")))
+    }
+}
+
+/// `GET /iceberg/v1/namespaces/{namespace}`.
+pub(super) async fn get_namespace(
+    State(state): State<AppState>,
+    Path(namespace): Path<String>,
+) -> Answer {
+    match find_namespace(&state, &namespace).await {
+        Ok(levels) => ok(json!({"namespace": levels, "properties": {}})),
+        Err(answer) => answer,
+    }
+}
+
+/// `HEAD /iceberg/v1/namespaces/{namespace}`.
+pub(super) async fn head_namespace(
+    State(state): State<AppState>,
+    Path(namespace): Path<String>,
+) -> Answer {
+    match find_namespace(&state, &namespace).await {
+        Ok(_) => no_content(),
+        Err(answer) => answer,
+    }
+}
+
+/// `GET /iceberg/v1/namespaces/{namespace}/tables`.
+pub(super) async fn list_tables(
+    State(state): State<AppState>,
+    Path(namespace): Path<String>,
+) -> Answer {
+    let levels = match find_namespace(&state, &namespace).await {
+        Ok(l) => l,
+        Err(answer) => return answer,
+    };
+    let [db, schema] = levels.as_slice() else {
+        // A database holds schemas, not tables.
+        return ok(json!({"identifiers": []}));
+    };
+    let tables: Vec<Value> = state
+        .db
+        .catalog()
+        .tables()
+        .await
+        .into_iter()
+        .filter(|t| t.database == *db && t.schema == *schema)
+        .map(|t| json!({"namespace": [db, schema], "name": t.def.name}))
+        .collect();
+    ok(json!({"identifiers": tables}))
+}
+
+/// The storage id of a table named by namespace and name.
+async fn table_id(state: &AppState, namespace: &str, table: &str) -> Result<String, Answer> {
+    let levels = levels(namespace);
+    let [db, schema] = levels.as_slice() else {
+        return Err(no_such("table", format!("{}.{table}", levels.join("."))));
+    };
+    match state.db.resolve_table(db, schema, table).await {
+        Ok(t) => Ok(t.id),
+        Err(crate::catalog::CatalogError::NotFound { .. }) => {
+            Err(no_such("table", format!("{db}.{schema}.{table}")))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `GET /iceberg/v1/namespaces/{namespace}/tables/{table}`: the table's newest metadata, and
+/// what a reader needs to read the files (for S3: the endpoint and region; never
+/// credentials).
+pub(super) async fn load_table(
+    State(state): State<AppState>,
+    Path((namespace, table)): Path<(String, String)>,
+) -> Answer {
+    let id = match table_id(&state, &namespace, &table).await {
+        Ok(id) => id,
+        Err(answer) => return answer,
+    };
+    let published = match state.db.tables().iceberg_view(&id, false).await {
+        Ok(p) => p,
+        Err(e) => return ApiError::of(&e).into(),
+    };
+    let mut config = serde_json::Map::new();
+    if let Some((endpoint, region)) = state.db.storage().s3_settings() {
+        if let Some(endpoint) = endpoint {
+            config.insert("s3.endpoint".into(), json!(endpoint));
+        }
+        if let Some(region) = region {
+            config.insert("s3.region".into(), json!(region));
+            config.insert("client.region".into(), json!(region));
+        }
+        config.insert("s3.path-style-access".into(), json!("true"));
+    }
+    ok(json!({
+        "metadata-location": published.location,
+        "metadata": published.metadata,
+        "config": config,
+    }))
+}
+
+/// `HEAD /iceberg/v1/namespaces/{namespace}/tables/{table}`.
+pub(super) async fn head_table(
+    State(state): State<AppState>,
+    Path((namespace, table)): Path<(String, String)>,
+) -> Answer {
+    match table_id(&state, &namespace, &table).await {
+        Ok(_) => no_content(),
+        Err(answer) => answer,
+    }
+}

@@ -1,0 +1,734 @@
+//! The Apache Iceberg view of every table: metadata derived from the table's manifest, written
+//! next to its data, so that engines that read Iceberg (format version 3) read sluice tables in
+//! place.
+//!
+//! The manifest ([`crate::table::manifest`]) stays the source of truth; everything here is
+//! derived from it and can be written again from it at any time ([`publish`]). Objects, under
+//! `tables/{id}/metadata/`:
+//!
+//! | object | what |
+//! |--------|------|
+//! | `v{n}.metadata.json` | table metadata number `n` (a counter of publications, not the manifest version) |
+//! | `version-hint.text` | the newest `n` (a hint for readers that open a directory; sluice itself lists) |
+//! | `snap-{v:020}.avro` | the manifest list of the snapshot of manifest version `v` |
+//! | `{v:020}-m0.avro` | its one manifest: every file live at version `v` |
+//!
+//! Invariants:
+//! - **A snapshot per manifest version**, with snapshot id and sequence number `v` (versions
+//!   only grow). Its manifest lists exactly the files live at `v`: those `v` added as `ADDED`,
+//!   the others as `EXISTING` with the version that added them. A snapshot's objects depend on
+//!   the manifest state alone (and the Avro sync marker is derived from the path), so two
+//!   nodes that publish the same version write the same bytes.
+//! - **Publication is a conditional create** of `v{n+1}.metadata.json` after reading `v{n}`:
+//!   one writer wins each number, a loser reads again. Metadata never goes back to an older
+//!   manifest version.
+//! - **History is carried only from the metadata of the previous manifest version** (or a
+//!   rewrite of the same one). After a gap (a committing node died before publishing), the
+//!   history starts again at the current snapshot: a snapshot is listed only if every later
+//!   snapshot up to the current one is, so each listed snapshot's successor time is the time
+//!   its files stopped being current.
+//! - **Expiry agrees with garbage collection**: a snapshot is dropped once its successor was
+//!   committed more than half the grace period ago. A data file is deleted only after the
+//!   collector has seen it unreferenced by the manifest for the whole grace period
+//!   ([`crate::table`]'s collection), so every snapshot that lists it has been expired for at
+//!   least half the grace period by then (with clocks of the nodes within half the grace
+//!   period of each other). Collection publishes before it deletes, so expired snapshots leave
+//!   the metadata even when no new version comes; metadata objects that the newest metadata no
+//!   longer references are collected after the grace period like any other object.
+//! - **Field ids** are column positions from 1 (a table's columns never change). Parquet files
+//!   written since this view exists carry them; the name mapping in the table properties
+//!   (`schema.name-mapping.default`) resolves the columns of files written before.
+//! - **Types**: timestamp is `timestamptz_ns` (INT64 nanoseconds, UTC: the Parquet type we
+//!   write); int and uint are `long` (a uint column only ever holds `0..=i64::MAX`: ingest and
+//!   `INSERT` refuse larger values, so `long` holds every value exactly); interval is `long`
+//!   nanoseconds; float `double`; boolean; string; binary; object, array and any are `string`
+//!   (their JSON text).
+
+mod avro;
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use futures::TryStreamExt as _;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
+use serde_json::{Value, json};
+
+use crate::storage::{Storage, paths};
+use crate::table::{ManifestState, TableError};
+use crate::types::{Column, ColumnType};
+use avro::Encoder;
+
+/// The Iceberg format version of the metadata written here.
+pub(crate) const FORMAT_VERSION: u8 = 3;
+
+/// The table property naming the manifest version a metadata file was derived from.
+const MANIFEST_VERSION_PROPERTY: &str = "sluice.manifest-version";
+
+/// The Iceberg type of a column type (see the module docs for why).
+pub(crate) fn iceberg_type(t: ColumnType) -> &'static str {
+    match t {
+        ColumnType::Int | ColumnType::UInt | ColumnType::Interval => "long",
+        ColumnType::Float => "double",
+        ColumnType::Boolean => "boolean",
+        ColumnType::String | ColumnType::Object | ColumnType::Array | ColumnType::Any => "string",
+        ColumnType::Timestamp => "timestamptz_ns",
+        ColumnType::Binary => "binary",
+    }
+}
+
+/// The Iceberg field id of the column at `index`.
+pub(crate) fn field_id(index: usize) -> i32 {
+    i32::try_from(index + 1).unwrap_or(i32::MAX)
+}
+
+fn field_doc(t: ColumnType) -> Option<&'static str> {
+    match t {
+        ColumnType::Interval => Some("sluice interval: a duration in nanoseconds"),
+        ColumnType::Object => Some("sluice object: JSON text"),
+        ColumnType::Array => Some("sluice array: JSON text"),
+        ColumnType::Any => Some("sluice any: JSON text"),
+        ColumnType::UInt => Some("sluice uint: 0 through 9223372036854775807"),
+        _ => None,
+    }
+}
+
+/// The table schema (schema id 0).
+fn schema_json(columns: &[Column]) -> Value {
+    let fields: Vec<Value> = columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let mut field = json!({
+                "id": field_id(i),
+                "name": c.name,
+                "required": false,
+                "type": iceberg_type(c.data_type),
+            });
+            if let Some(doc) = field_doc(c.data_type) {
+                field["doc"] = json!(doc);
+            }
+            field
+        })
+        .collect();
+    json!({"type": "struct", "schema-id": 0, "fields": fields})
+}
+
+/// The name mapping that gives files without field ids their columns' ids.
+fn name_mapping(columns: &[Column]) -> String {
+    let mapping: Vec<Value> = columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| json!({"field-id": field_id(i), "names": [c.name]}))
+        .collect();
+    Value::Array(mapping).to_string()
+}
+
+/// The metadata directory of table `id`.
+fn metadata_dir(id: &str) -> String {
+    paths::table_metadata(id)
+}
+
+fn metadata_file(id: &str, n: u64) -> String {
+    format!("{}/v{n}.metadata.json", metadata_dir(id))
+}
+
+fn version_hint(id: &str) -> String {
+    format!("{}/version-hint.text", metadata_dir(id))
+}
+
+fn manifest_list(id: &str, version: u64) -> String {
+    format!("{}/snap-{version:020}.avro", metadata_dir(id))
+}
+
+fn manifest(id: &str, version: u64) -> String {
+    format!("{}/{version:020}-m0.avro", metadata_dir(id))
+}
+
+/// The number `n` of a metadata object's name `v{n}.metadata.json`.
+fn metadata_number(name: &str) -> Option<u64> {
+    name.strip_prefix('v')?
+        .strip_suffix(".metadata.json")?
+        .parse()
+        .ok()
+}
+
+/// The newest published metadata of a table.
+#[derive(Debug, Clone)]
+pub(crate) struct Published {
+    /// Its number.
+    pub number: u64,
+    /// Its URI, as readers name it.
+    pub location: String,
+    /// The table metadata.
+    pub metadata: Value,
+}
+
+impl Published {
+    /// The manifest version it was derived from.
+    fn manifest_version(&self) -> Option<u64> {
+        self.metadata["properties"][MANIFEST_VERSION_PROPERTY]
+            .as_str()?
+            .parse()
+            .ok()
+    }
+
+    /// The snapshots it lists, in order.
+    fn snapshots(&self) -> Vec<Value> {
+        self.metadata["snapshots"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The objects (paths relative to the database root) this metadata needs: itself, the
+    /// hint, and every listed snapshot's manifest list and manifest.
+    pub(crate) fn referenced(&self, id: &str) -> HashSet<String> {
+        let mut keep = HashSet::from([metadata_file(id, self.number), version_hint(id)]);
+        for s in self.snapshots() {
+            if let Some(v) = s["snapshot-id"].as_u64() {
+                keep.insert(manifest_list(id, v));
+                keep.insert(manifest(id, v));
+            }
+        }
+        keep
+    }
+}
+
+fn storage_error(e: object_store::Error) -> TableError {
+    TableError::Storage(e)
+}
+
+/// Reads the newest metadata of table `id`, if any was published.
+pub(crate) async fn latest(storage: &Storage, id: &str) -> Result<Option<Published>, TableError> {
+    const ATTEMPTS: usize = 5;
+    let store = storage.store();
+    for _ in 0..ATTEMPTS {
+        let listed: Vec<_> = store
+            .list(Some(&Path::from(metadata_dir(id))))
+            .try_collect()
+            .await
+            .map_err(storage_error)?;
+        let Some(number) = listed
+            .iter()
+            .filter_map(|m| m.location.filename().and_then(metadata_number))
+            .max()
+        else {
+            return Ok(None);
+        };
+        let path = metadata_file(id, number);
+        let bytes = match store.get(&Path::from(path.as_str())).await {
+            Ok(r) => r.bytes().await.map_err(storage_error)?,
+            // Collected since the listing (a newer one exists): list again.
+            Err(object_store::Error::NotFound { .. }) => continue,
+            Err(e) => return Err(storage_error(e)),
+        };
+        let metadata: Value =
+            serde_json::from_slice(&bytes).map_err(|e| TableError::CorruptManifest {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+        return Ok(Some(Published {
+            number,
+            location: storage.location_of(&path),
+            metadata,
+        }));
+    }
+    Err(TableError::Conflict(format!(
+        "the Iceberg metadata of table {id} kept changing under {ATTEMPTS} readings; retry"
+    )))
+}
+
+/// Makes the newest metadata of table `id` describe `state` (whose columns are `columns`),
+/// with expired snapshots dropped (`grace` is the garbage-collection grace period), and
+/// returns it. Writes nothing when the newest metadata is already that (or is newer);
+/// `rebuild` writes new metadata regardless, with only the current snapshot. Metadata that
+/// names another location (the data directory moved) is replaced the same way.
+pub(crate) async fn publish(
+    storage: &Storage,
+    id: &str,
+    state: &ManifestState,
+    grace: Duration,
+    rebuild: bool,
+) -> Result<Published, TableError> {
+    const ATTEMPTS: usize = 8;
+    let columns = state.table_columns()?;
+    let location = storage.location_of(&paths::table(id));
+    let mut wrote_snapshot = false;
+    for _ in 0..ATTEMPTS {
+        let now = crate::table::manifest::now_ms();
+        let current = latest(storage, id).await?;
+        let same_place = current
+            .as_ref()
+            .is_some_and(|c| c.metadata["location"].as_str() == Some(location.as_str()));
+        let carried: Vec<Value> = match &current {
+            Some(c) if same_place => {
+                let from = c.manifest_version();
+                if from > Some(state.version) {
+                    // Another node published a newer version: never go back.
+                    return Ok(c.clone());
+                }
+                let expired = expire(c.snapshots(), now, grace);
+                if !rebuild && from == Some(state.version) && expired.len() == c.snapshots().len() {
+                    return Ok(c.clone());
+                }
+                match from {
+                    _ if rebuild => Vec::new(),
+                    Some(v) if v == state.version || v + 1 == state.version => expired,
+                    _ => Vec::new(),
+                }
+            }
+            _ => Vec::new(),
+        };
+        let carried_current = carried
+            .last()
+            .and_then(|s| s["snapshot-id"].as_u64())
+            .is_some_and(|s| s == state.version);
+        let mut snapshots = carried;
+        if state.version > 0 && !carried_current {
+            if !wrote_snapshot {
+                write_snapshot_objects(storage, id, &columns, state).await?;
+                wrote_snapshot = true;
+            }
+            let parent = snapshots.last().and_then(|s| s["snapshot-id"].as_u64());
+            snapshots.push(snapshot_json(storage, id, state, parent, now));
+        }
+        let number = current.as_ref().map_or(1, |c| c.number + 1);
+        let metadata = metadata_json(&location, id, &columns, state, &snapshots, now);
+        let path = metadata_file(id, number);
+        let body = serde_json::to_vec_pretty(&metadata)
+            .map_err(|e| TableError::Encoding(e.to_string()))?;
+        match put_new(storage.store().as_ref(), &path, body).await? {
+            true => {
+                // A hint for readers that open the directory (best effort; sluice lists).
+                let _ = storage
+                    .store()
+                    .put(
+                        &Path::from(version_hint(id)),
+                        PutPayload::from(number.to_string()),
+                    )
+                    .await;
+                return Ok(Published {
+                    number,
+                    location: storage.location_of(&path),
+                    metadata,
+                });
+            }
+            // Another writer took this number: read what won and decide again.
+            false => continue,
+        }
+    }
+    Err(TableError::Conflict(format!(
+        "the Iceberg metadata of table {id} kept changing under {ATTEMPTS} attempts; retry"
+    )))
+}
+
+/// The snapshots still inside their retention: the current (last) one, and each whose
+/// successor was committed less than half the grace period ago. The result is the suffix
+/// after the last expired snapshot, so it stays a run of consecutive versions.
+fn expire(snapshots: Vec<Value>, now_ms: u64, grace: Duration) -> Vec<Value> {
+    let keep_ms = u64::try_from((grace / 2).as_millis()).unwrap_or(u64::MAX);
+    let mut first_kept = 0;
+    for (i, pair) in snapshots.windows(2).enumerate() {
+        let successor_ms = pair[1]["timestamp-ms"].as_u64().unwrap_or(0);
+        if successor_ms.saturating_add(keep_ms) <= now_ms {
+            first_kept = i + 1;
+        }
+    }
+    snapshots.into_iter().skip(first_kept).collect()
+}
+
+/// Creates `path` unless it exists: `Ok(false)` if it did (or another writer won).
+async fn put_new(store: &dyn ObjectStore, path: &str, body: Vec<u8>) -> Result<bool, TableError> {
+    let options = PutOptions::from(PutMode::Create);
+    match store
+        .put_opts(&Path::from(path), PutPayload::from(body), options)
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(object_store::Error::AlreadyExists { .. })
+        | Err(object_store::Error::Precondition { .. }) => Ok(false),
+        Err(e) => Err(storage_error(e)),
+    }
+}
+
+fn snapshot_json(
+    storage: &Storage,
+    id: &str,
+    state: &ManifestState,
+    parent: Option<u64>,
+    now_ms: u64,
+) -> Value {
+    let change = &state.last_change;
+    let total_rows: u64 = state.files.iter().map(|f| f.rows).sum();
+    let operation = match (change.added_files, change.removed_files) {
+        (_, 0) => "append",
+        (_, _) if change.added_rows == change.removed_rows => "replace",
+        _ => "overwrite",
+    };
+    let timestamp = match change.committed_ms {
+        0 => now_ms,
+        t => t,
+    };
+    let mut snapshot = json!({
+        "snapshot-id": state.version,
+        "sequence-number": state.version,
+        "timestamp-ms": timestamp,
+        "manifest-list": storage.location_of(&manifest_list(id, state.version)),
+        "summary": {
+            "operation": operation,
+            "added-data-files": change.added_files.to_string(),
+            "added-records": change.added_rows.to_string(),
+            "deleted-data-files": change.removed_files.to_string(),
+            "deleted-records": change.removed_rows.to_string(),
+            "total-data-files": state.files.len().to_string(),
+            "total-records": total_rows.to_string(),
+            "total-delete-files": "0",
+            "total-position-deletes": "0",
+            "total-equality-deletes": "0",
+        },
+        "schema-id": 0,
+        "first-row-id": state.next_row_id - change.added_rows.min(state.next_row_id),
+        "added-rows": change.added_rows,
+    });
+    if let Some(parent) = parent {
+        snapshot["parent-snapshot-id"] = json!(parent);
+    }
+    snapshot
+}
+
+fn metadata_json(
+    location: &str,
+    id: &str,
+    columns: &[Column],
+    state: &ManifestState,
+    snapshots: &[Value],
+    now_ms: u64,
+) -> Value {
+    let current = snapshots.last().and_then(|s| s["snapshot-id"].as_u64());
+    let snapshot_log: Vec<Value> = snapshots
+        .iter()
+        .map(|s| json!({"snapshot-id": s["snapshot-id"], "timestamp-ms": s["timestamp-ms"]}))
+        .collect();
+    let mut refs = serde_json::Map::new();
+    if let Some(current) = current {
+        refs.insert(
+            "main".into(),
+            json!({"snapshot-id": current, "type": "branch"}),
+        );
+    }
+    json!({
+        "format-version": FORMAT_VERSION,
+        "table-uuid": table_uuid(id),
+        "location": location,
+        "last-sequence-number": state.version,
+        "last-updated-ms": now_ms,
+        "last-column-id": columns.len(),
+        "current-schema-id": 0,
+        "schemas": [schema_json(columns)],
+        "default-spec-id": 0,
+        "partition-specs": [{"spec-id": 0, "fields": []}],
+        "last-partition-id": 999,
+        "default-sort-order-id": 0,
+        "sort-orders": [{"order-id": 0, "fields": []}],
+        "properties": {
+            "schema.name-mapping.default": name_mapping(columns),
+            "write.format.default": "parquet",
+            "sluice.table-id": id,
+            MANIFEST_VERSION_PROPERTY: state.version.to_string(),
+        },
+        "current-snapshot-id": current,
+        "refs": refs,
+        "snapshots": snapshots,
+        "snapshot-log": snapshot_log,
+        "metadata-log": [],
+        "statistics": [],
+        "partition-statistics": [],
+        "next-row-id": state.next_row_id,
+    })
+}
+
+/// A stable UUID for table `id`: the id itself when it is one, else one derived from it.
+fn table_uuid(id: &str) -> String {
+    if let Ok(u) = uuid::Uuid::try_parse(id) {
+        return u.hyphenated().to_string();
+    }
+    let fnv = |basis: u64| {
+        id.bytes().fold(basis, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+    };
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&fnv(0xcbf2_9ce4_8422_2325).to_le_bytes());
+    bytes[8..].copy_from_slice(&fnv(0x84222325cbf29ce4).to_le_bytes());
+    uuid::Builder::from_random_bytes(bytes)
+        .into_uuid()
+        .hyphenated()
+        .to_string()
+}
+
+/// The Avro writer schema of a v3 manifest entry: the fields sluice fills (readers resolve
+/// by field id; the others are optional and read as null).
+fn manifest_entry_schema() -> Value {
+    let optional_long = |name: &str, id: i32| json!({"name": name, "type": ["null", "long"], "default": null, "field-id": id});
+    let bounds = |name: &str, id: i32, key: i32, value: i32| {
+        json!({"name": name, "field-id": id, "default": null, "type": ["null", {
+            "type": "array",
+            "logicalType": "map",
+            "items": {
+                "type": "record",
+                "name": format!("k{key}_v{value}"),
+                "fields": [
+                    {"name": "key", "type": "int", "field-id": key},
+                    {"name": "value", "type": "bytes", "field-id": value},
+                ],
+            },
+        }]})
+    };
+    json!({
+        "type": "record",
+        "name": "manifest_entry",
+        "fields": [
+            {"name": "status", "type": "int", "field-id": 0},
+            optional_long("snapshot_id", 1),
+            optional_long("sequence_number", 3),
+            optional_long("file_sequence_number", 4),
+            {"name": "data_file", "field-id": 2, "type": {
+                "type": "record",
+                "name": "r2",
+                "fields": [
+                    {"name": "content", "type": "int", "field-id": 134},
+                    {"name": "file_path", "type": "string", "field-id": 100},
+                    {"name": "file_format", "type": "string", "field-id": 101},
+                    {"name": "partition", "field-id": 102,
+                     "type": {"type": "record", "name": "r102", "fields": []}},
+                    {"name": "record_count", "type": "long", "field-id": 103},
+                    {"name": "file_size_in_bytes", "type": "long", "field-id": 104},
+                    bounds("lower_bounds", 125, 126, 127),
+                    bounds("upper_bounds", 128, 129, 130),
+                    optional_long("first_row_id", 142),
+                ],
+            }},
+        ],
+    })
+}
+
+/// The Avro writer schema of a v3 manifest list entry.
+fn manifest_list_schema() -> Value {
+    let field = |name: &str, t: &str, id: i32| json!({"name": name, "type": t, "field-id": id});
+    json!({
+        "type": "record",
+        "name": "manifest_file",
+        "fields": [
+            field("manifest_path", "string", 500),
+            field("manifest_length", "long", 501),
+            field("partition_spec_id", "int", 502),
+            field("content", "int", 517),
+            field("sequence_number", "long", 515),
+            field("min_sequence_number", "long", 516),
+            field("added_snapshot_id", "long", 503),
+            field("added_files_count", "int", 504),
+            field("existing_files_count", "int", 505),
+            field("deleted_files_count", "int", 506),
+            field("added_rows_count", "long", 512),
+            field("existing_rows_count", "long", 513),
+            field("deleted_rows_count", "long", 514),
+            {"name": "first_row_id", "type": ["null", "long"], "default": null, "field-id": 520},
+        ],
+    })
+}
+
+fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// Writes the manifest and the manifest list of the snapshot of `state.version` (unless they
+/// exist: their content depends on the state alone).
+async fn write_snapshot_objects(
+    storage: &Storage,
+    id: &str,
+    columns: &[Column],
+    state: &ManifestState,
+) -> Result<(), TableError> {
+    let v = state.version;
+    let timestamp_ids: BTreeMap<&str, i32> = columns
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.data_type == ColumnType::Timestamp)
+        .map(|(i, c)| (c.name.as_str(), field_id(i)))
+        .collect();
+    let mut records = Vec::with_capacity(state.files.len());
+    let (mut added, mut existing) = ((0i64, 0i64), (0i64, 0i64));
+    let mut min_sequence = v;
+    for f in &state.files {
+        let lineage = state.lineage.get(&f.path);
+        // Files of a state read from an old checkpoint: added at an unknown version.
+        let added_in = lineage.map_or(0, |l| l.version);
+        let is_added = added_in == v;
+        let counter = if is_added { &mut added } else { &mut existing };
+        counter.0 += 1;
+        counter.1 += to_i64(f.rows);
+        min_sequence = min_sequence.min(added_in);
+        let mut lower = Vec::new();
+        let mut upper = Vec::new();
+        for (name, (lo, hi)) in &f.time_ranges {
+            if let Some(&field) = timestamp_ids.get(name.as_str()) {
+                lower.push((field, lo.to_le_bytes()));
+                upper.push((field, hi.to_le_bytes()));
+            }
+        }
+        let bound = |e: &mut Encoder, items: Vec<(i32, [u8; 8])>| {
+            e.optional((!items.is_empty()).then_some(items), |e, items| {
+                e.array(&items, |e, (key, value)| {
+                    e.long(i64::from(*key)).bytes(value);
+                });
+            });
+        };
+        let mut e = Encoder::default();
+        e.long(if is_added { 1 } else { 0 })
+            .optional(
+                Some(to_i64(if added_in == 0 { v } else { added_in })),
+                |e, s| {
+                    e.long(s);
+                },
+            )
+            .optional(Some(to_i64(added_in)), |e, s| {
+                e.long(s);
+            })
+            .optional(Some(to_i64(added_in)), |e, s| {
+                e.long(s);
+            })
+            // data_file: content 0 (data), path, format, the empty partition.
+            .long(0)
+            .string(&storage.location_of(&f.path))
+            .string("PARQUET")
+            .long(to_i64(f.rows))
+            .long(to_i64(f.bytes));
+        bound(&mut e, lower);
+        bound(&mut e, upper);
+        e.optional(lineage.map(|l| to_i64(l.first_row_id)), |e, id| {
+            e.long(id);
+        });
+        records.push(e.into_bytes());
+    }
+    let schema = schema_json(columns).to_string();
+    let manifest_path = manifest(id, v);
+    let manifest_bytes = avro::container(
+        &manifest_entry_schema(),
+        &[
+            ("schema", schema),
+            ("schema-id", "0".into()),
+            ("partition-spec", "[]".into()),
+            ("partition-spec-id", "0".into()),
+            ("format-version", FORMAT_VERSION.to_string()),
+            ("content", "data".into()),
+        ],
+        &records,
+        &manifest_path,
+    );
+    let manifest_length = to_i64(manifest_bytes.len() as u64);
+    put_new(storage.store().as_ref(), &manifest_path, manifest_bytes).await?;
+
+    let mut entry = Encoder::default();
+    entry
+        .string(&storage.location_of(&manifest_path))
+        .long(manifest_length)
+        .long(0)
+        .long(0)
+        .long(to_i64(v))
+        .long(to_i64(min_sequence))
+        .long(to_i64(v))
+        .long(added.0)
+        .long(existing.0)
+        .long(0)
+        .long(added.1)
+        .long(existing.1)
+        .long(0)
+        .optional(None::<i64>, |e, id| {
+            e.long(id);
+        });
+    let list_path = manifest_list(id, v);
+    let first_row_id = state.next_row_id - state.last_change.added_rows.min(state.next_row_id);
+    let list_bytes = avro::container(
+        &manifest_list_schema(),
+        &[
+            ("snapshot-id", v.to_string()),
+            ("sequence-number", v.to_string()),
+            ("first-row-id", first_row_id.to_string()),
+            ("format-version", FORMAT_VERSION.to_string()),
+        ],
+        &[entry.into_bytes()],
+        &list_path,
+    );
+    put_new(storage.store().as_ref(), &list_path, list_bytes).await?;
+    Ok(())
+}
+
+/// The objects under table `id`'s metadata directory, with their sizes and ages, for garbage
+/// collection: everything but what `latest` references is a candidate.
+pub(crate) async fn collectable(
+    storage: &Storage,
+    id: &str,
+    latest: &Published,
+) -> Result<Vec<(String, u64)>, TableError> {
+    let keep = latest.referenced(id);
+    let listed: Vec<_> = storage
+        .store()
+        .list(Some(&Path::from(metadata_dir(id))))
+        .try_collect()
+        .await
+        .map_err(storage_error)?;
+    Ok(listed
+        .into_iter()
+        .filter(|m| !keep.contains(m.location.as_ref()))
+        // Never a newer publication than the one read (written since the reading).
+        .filter(|m| {
+            m.location
+                .filename()
+                .and_then(metadata_number)
+                .is_none_or(|n| n < latest.number)
+        })
+        .map(|m| (m.location.to_string(), m.size))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot(id: u64, ts: u64) -> Value {
+        json!({"snapshot-id": id, "timestamp-ms": ts})
+    }
+
+    #[test]
+    fn a_snapshot_expires_half_a_grace_period_after_its_successor() {
+        let grace = Duration::from_secs(10);
+        let list = vec![snapshot(1, 0), snapshot(2, 1_000), snapshot(3, 9_000)];
+        let ids = |v: Vec<Value>| -> Vec<u64> {
+            v.iter().filter_map(|s| s["snapshot-id"].as_u64()).collect()
+        };
+        // Snapshot 1 was superseded at 1 s: kept until 6 s.
+        assert_eq!(ids(expire(list.clone(), 5_999, grace)), [1, 2, 3]);
+        assert_eq!(ids(expire(list.clone(), 6_000, grace)), [2, 3]);
+        // Snapshot 2 was superseded at 9 s: kept until 14 s; the current one always.
+        assert_eq!(ids(expire(list.clone(), 14_000, grace)), [3]);
+        assert_eq!(ids(expire(list, u64::MAX, grace)), [3]);
+    }
+
+    #[test]
+    fn metadata_numbers_come_only_from_metadata_names() {
+        assert_eq!(metadata_number("v12.metadata.json"), Some(12));
+        assert_eq!(metadata_number("v.metadata.json"), None);
+        assert_eq!(metadata_number("snap-00000000000000000001.avro"), None);
+        assert_eq!(metadata_number("version-hint.text"), None);
+    }
+
+    #[test]
+    fn table_uuids_are_stable() {
+        assert_eq!(table_uuid("abc"), table_uuid("abc"));
+        assert_ne!(table_uuid("abc"), table_uuid("abd"));
+        assert!(uuid::Uuid::try_parse(&table_uuid("abc")).is_ok());
+        let id = "0123456789abcdef0123456789abcdef";
+        assert_eq!(table_uuid(id), "01234567-89ab-cdef-0123-456789abcdef");
+    }
+}

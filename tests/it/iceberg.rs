@@ -1,0 +1,593 @@
+//! The Iceberg view of tables, read by real readers from PyPI: pyiceberg through sluice's
+//! REST catalog at `/iceberg`, and Daft through pyiceberg (`tests/iceberg/read_table.py`,
+//! installed by `tests/run.sh`), on the local directory and on the S3 server the tests run;
+//! snapshot expiry agreeing with garbage collection; files without field ids read through
+//! the name mapping; the catalog's keys and roles.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sluice::db::{Database, DbConfig};
+
+use super::common;
+
+/// The Python that runs the readers: `SLUICE_PYTHON`, or the one `tests/run.sh` installs.
+fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("SLUICE_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let installed = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".tools/venv/bin/python");
+    assert!(
+        installed.exists(),
+        "{} is missing: run the tests with `bash tests/run.sh`, which installs pyiceberg and Daft",
+        installed.display()
+    );
+    installed
+}
+
+/// Runs the readers on `namespace.table` and returns what they saw.
+fn read(base: &str, key: &str, table: &str, daft: bool) -> Value {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/iceberg/read_table.py");
+    let mut command = std::process::Command::new(python());
+    command
+        .arg(script)
+        .arg(format!("{base}/iceberg"))
+        .arg("scopedb.public")
+        .arg(table)
+        .args(["--token", key]);
+    if let (Ok(id), Ok(secret)) = (
+        std::env::var("AWS_ACCESS_KEY_ID"),
+        std::env::var("AWS_SECRET_ACCESS_KEY"),
+    ) {
+        command.args(["--s3-key", &id, &secret]);
+    }
+    if daft {
+        command.arg("--daft");
+    }
+    let out = command.output().expect("python runs");
+    assert!(
+        out.status.success(),
+        "the readers failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("the readers print JSON")
+}
+
+const ALL_TYPES: &str = r#"{"name": "all_types", "columns": [
+    {"name": "i", "data_type": "int"},
+    {"name": "u", "data_type": "uint"},
+    {"name": "f", "data_type": "float"},
+    {"name": "b", "data_type": "boolean"},
+    {"name": "s", "data_type": "string"},
+    {"name": "t", "data_type": "timestamp"},
+    {"name": "d", "data_type": "interval"},
+    {"name": "bin", "data_type": "binary"},
+    {"name": "o", "data_type": "object"},
+    {"name": "a", "data_type": "array"},
+    {"name": "x", "data_type": "any"}
+]}"#;
+
+/// Row `n` of the all-types table as NDJSON, and as the readers print it (timestamps and
+/// intervals as integer nanoseconds, binary as base64, JSON columns as their text).
+fn row(n: i64) -> (String, Value) {
+    if n % 3 == 2 {
+        // Nulls everywhere but the key.
+        let line = json!({"i": n, "u": null, "f": null, "b": null, "s": null, "t": null,
+            "d": null, "bin": null, "o": null, "a": null, "x": null});
+        let mut expected = line.clone();
+        expected["i"] = json!(n);
+        return (line.to_string(), expected);
+    }
+    let u: u64 = if n % 2 == 0 {
+        i64::MAX as u64
+    } else {
+        n as u64
+    };
+    // 2024-01-02T03:04:05.123456789Z plus n seconds and n nanoseconds.
+    let t = 1_704_164_645_123_456_789i64 + n * 1_000_000_001;
+    let line = json!({
+        "i": -n * 1_000_000_000_000,
+        "u": u,
+        "f": n as f64 / 4.0,
+        "b": n % 2 == 0,
+        "s": format!("héllo {n} \u{1F600}"),
+        "t": format!("2024-01-02T03:04:{:02}.{:09}Z", 5 + n, 123_456_789 + n),
+        "d": format!("PT{n}.000000001S"),
+        "bin": "AAEC/w==",
+        "o": {"k": [n, "v"], "nested": {"z": null}},
+        "a": [n, true, "x"],
+        "x": if n % 2 == 0 { json!("text") } else { json!(n) },
+    });
+    let expected = json!({
+        "i": -n * 1_000_000_000_000,
+        "u": u,
+        "f": n as f64 / 4.0,
+        "b": n % 2 == 0,
+        "s": format!("héllo {n} \u{1F600}"),
+        "t": t,
+        "d": n * 1_000_000_000 + 1,
+        "bin": {"base64": "AAEC/w=="},
+        "o": {"k": [n, "v"], "nested": {"z": null}},
+        "a": [n, true, "x"],
+        "x": if n % 2 == 0 { json!("text") } else { json!(n) },
+    });
+    (line.to_string(), expected)
+}
+
+/// The rows the readers printed, JSON columns parsed (their text is the readers' value),
+/// ordered by the key.
+fn seen_rows(seen: &Value) -> Vec<Value> {
+    let mut rows: Vec<Value> = seen["rows"].as_array().expect("rows").clone();
+    for r in &mut rows {
+        for column in ["o", "a", "x"] {
+            if let Some(text) = r[column].as_str() {
+                r[column] = serde_json::from_str(text).expect("JSON text");
+            }
+        }
+    }
+    rows.sort_by_key(|r| r["i"].as_i64());
+    rows
+}
+
+struct Served {
+    db: Arc<Database>,
+    base: String,
+    client: reqwest::Client,
+}
+
+impl Served {
+    async fn start(config: DbConfig) -> Served {
+        let db = Database::open(config).await.unwrap();
+        let keys = vec!["read=r-key".to_owned(), "a-key".into()];
+        let (addr, _task) = common::serve(db.clone(), keys).await;
+        Served {
+            db,
+            base: format!("http://{addr}"),
+            client: reqwest::Client::new(),
+        }
+    }
+
+    async fn create(&self, def: &str) -> String {
+        let def: Value = serde_json::from_str(def).unwrap();
+        let name = def["name"].as_str().unwrap().to_owned();
+        let r = self
+            .client
+            .put(format!(
+                "{}/v1/catalog/databases/scopedb/schemas/public/tables/{name}",
+                self.base
+            ))
+            .bearer_auth("a-key")
+            .json(&def)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+        self.db
+            .catalog()
+            .table("scopedb", "public", &name)
+            .await
+            .unwrap()
+            .id
+    }
+
+    async fn ingest(&self, table: &str, body: String) {
+        let r = self
+            .client
+            .post(format!(
+                "{}/v1/catalog/databases/scopedb/schemas/public/tables/{table}/ingest",
+                self.base
+            ))
+            .bearer_auth("a-key")
+            .header("content-type", "application/x-ndjson")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    }
+
+    /// The table's live files, as the readers name them (URIs end with the object path).
+    async fn live_files(&self, table: &str) -> BTreeSet<String> {
+        let stats = self
+            .db
+            .table_stats("scopedb", "public", table)
+            .await
+            .unwrap();
+        assert_eq!(stats.unflushed_rows, 0);
+        let r: Value = self
+            .client
+            .get(format!(
+                "{}/v1/catalog/databases/scopedb/schemas/public/tables/{table}/stats?files=true",
+                self.base
+            ))
+            .bearer_auth("r-key")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        r["file_list"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["path"].as_str().unwrap().to_owned())
+            .collect()
+    }
+}
+
+/// The readers' file URIs match the table's live files (relative object paths) one to one.
+fn assert_files(seen: &Value, live: &BTreeSet<String>, location: &str) {
+    let seen: BTreeSet<String> = seen["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap().to_owned())
+        .collect();
+    let expected: BTreeSet<String> = live.iter().map(|p| format!("{location}/{p}")).collect();
+    assert_eq!(
+        seen, expected,
+        "the current snapshot lists exactly the live files"
+    );
+}
+
+async fn every_type_reads_back_before_and_after_compaction(
+    mut config: DbConfig,
+    location: impl Fn(&Path) -> String,
+) {
+    config.tables.compact_min_files = 2;
+    let data_dir = config.data_dir.clone();
+    let served = Served::start(config).await;
+    let location = location(&data_dir);
+    let id = served.create(ALL_TYPES).await;
+    let mut expected = Vec::new();
+    for batch in 0..3 {
+        let mut body = String::new();
+        for n in batch * 4..batch * 4 + 4 {
+            let (line, value) = row(n);
+            body.push_str(&line);
+            body.push('\n');
+            expected.push(value);
+        }
+        served.ingest("all_types", body).await;
+        assert!(served.db.tables().flush(&id).await.unwrap().is_some());
+    }
+    let sum: i64 = expected.iter().filter_map(|r| r["i"].as_i64()).sum();
+    expected.sort_by_key(|r| r["i"].as_i64());
+
+    let before = read(&served.base, "r-key", "all_types", true);
+    assert_eq!(before["format_version"], 3);
+    assert_eq!(
+        before["iceberg_types"],
+        json!({"i": "long", "u": "long", "f": "double", "b": "boolean", "s": "string",
+            "t": "timestamptz_ns", "d": "long", "bin": "binary", "o": "string", "a": "string",
+            "x": "string"})
+    );
+    // pyiceberg hands a uint column's values over as Parquet stores them (unsigned 64-bit),
+    // each within the `long` the schema names.
+    assert_eq!(
+        before["arrow_types"],
+        json!({"i": "int64", "u": "uint64", "f": "double", "b": "bool", "s": "string",
+            "t": "timestamp[ns, tz=UTC]", "d": "int64", "bin": "binary", "o": "string",
+            "a": "string", "x": "string"})
+    );
+    assert_eq!(
+        seen_rows(&before),
+        expected,
+        "pyiceberg reads every row as ingested"
+    );
+    assert_eq!(before["daft"], json!({"count": expected.len(), "sum": sum}));
+    assert_eq!(before["snapshots"], json!([1, 2, 3]));
+    assert_files(&before, &served.live_files("all_types").await, &location);
+    assert_eq!(before["namespaces"], json!([["scopedb"]]));
+    assert_eq!(before["child_namespaces"], json!([["scopedb", "public"]]));
+    assert_eq!(
+        before["tables"],
+        json!([["scopedb", "public", "all_types"]])
+    );
+
+    let old = served.live_files("all_types").await;
+    assert!(served.db.tables().compact(&id).await.unwrap().is_some());
+    let after = read(&served.base, "r-key", "all_types", true);
+    let live = served.live_files("all_types").await;
+    assert_eq!(live.len(), 1);
+    assert!(live.is_disjoint(&old));
+    assert_files(&after, &live, &location);
+    assert_eq!(after["snapshots"], json!([1, 2, 3, 4]));
+    assert_eq!(
+        seen_rows(&after),
+        expected,
+        "the same rows after compaction"
+    );
+    assert_eq!(after["daft"], before["daft"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pyiceberg_and_daft_read_every_type_from_the_local_directory() {
+    let dir = common::temp_dir("iceberg-local");
+    every_type_reads_back_before_and_after_compaction(DbConfig::new(&dir), |dir| {
+        let objects = std::fs::canonicalize(dir.join("objects")).unwrap();
+        format!("file://{}", objects.display())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pyiceberg_and_daft_read_every_type_from_s3() {
+    let base = std::env::var("SLUICE_TEST_S3_URL").expect(
+        "SLUICE_TEST_S3_URL is not set: run the tests with `bash tests/run.sh`, which starts \
+         a SeaweedFS S3 server",
+    );
+    let url = format!("{base}/iceberg-{}", std::process::id());
+    let mut config = DbConfig::new(common::temp_dir("iceberg-s3"));
+    config.object_store = Some(url.clone());
+    every_type_reads_back_before_and_after_compaction(config, move |_| url.clone()).await;
+}
+
+/// The newest metadata of a table in a local data directory: its snapshot ids.
+fn listed_snapshots(metadata_dir: &Path) -> Vec<u64> {
+    let newest = std::fs::read_dir(metadata_dir)
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            name.strip_prefix('v')?
+                .strip_suffix(".metadata.json")?
+                .parse::<u64>()
+                .ok()
+        })
+        .max()
+        .unwrap();
+    let metadata: Value = serde_json::from_slice(
+        &std::fs::read(metadata_dir.join(format!("v{newest}.metadata.json"))).unwrap(),
+    )
+    .unwrap();
+    metadata["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["snapshot-id"].as_u64().unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_collection_never_deletes_a_file_a_listed_snapshot_reads() {
+    let dir = common::temp_dir("iceberg-gc");
+    let grace = Duration::from_secs(4);
+    let mut config = DbConfig::new(&dir);
+    config.gc_grace = grace;
+    config.tables.compact_min_files = 2;
+    let served = Served::start(config).await;
+    let id = served
+        .create(r#"{"name": "g", "columns": [{"name": "i", "data_type": "int"}]}"#)
+        .await;
+    let mut files_at = Vec::new();
+    for n in 0..2 {
+        served.ingest("g", format!("{{\"i\":{n}}}\n")).await;
+        served.db.tables().flush(&id).await.unwrap();
+        files_at.push(served.live_files("g").await);
+    }
+    served.db.tables().compact(&id).await.unwrap().unwrap();
+    files_at.push(served.live_files("g").await);
+    let objects = dir.join("objects");
+    let metadata_dir = objects.join(format!("tables/{id}/metadata"));
+    assert_eq!(listed_snapshots(&metadata_dir), [1, 2, 3]);
+    let compacted_away: Vec<PathBuf> = files_at[1].iter().map(|p| objects.join(p)).collect();
+
+    // Collect repeatedly through and past the grace period: whatever the newest metadata
+    // lists, the files of those snapshots exist.
+    let started = Instant::now();
+    let mut expired_at = None;
+    let mut deleted_at = None;
+    while started.elapsed() < grace * 4 && deleted_at.is_none() {
+        served.db.collect_garbage().await;
+        let listed = listed_snapshots(&metadata_dir);
+        for snapshot in &listed {
+            for path in &files_at[usize::try_from(*snapshot).unwrap() - 1] {
+                assert!(
+                    objects.join(path).exists(),
+                    "snapshot {snapshot} is listed but its file {path} is gone"
+                );
+            }
+        }
+        if listed == [3] && expired_at.is_none() {
+            expired_at = Some(started.elapsed());
+        }
+        if compacted_away.iter().all(|p| !p.exists()) {
+            deleted_at = Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let expired_at = expired_at.expect("snapshots 1 and 2 expire");
+    let deleted_at = deleted_at.expect("the compacted files are collected");
+    assert!(
+        expired_at >= grace / 2 - Duration::from_millis(500),
+        "{expired_at:?}"
+    );
+    assert!(deleted_at >= grace, "{deleted_at:?}");
+    assert!(expired_at < deleted_at);
+    // The expired snapshots' manifest lists go too, after their own grace period.
+    let until = Instant::now() + grace * 2;
+    while metadata_dir.join("snap-00000000000000000001.avro").exists() && Instant::now() < until {
+        served.db.collect_garbage().await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(!metadata_dir.join("snap-00000000000000000001.avro").exists());
+    assert!(metadata_dir.join("snap-00000000000000000003.avro").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_without_field_ids_are_read_through_the_name_mapping() {
+    use parquet::arrow::ArrowWriter;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+    let dir = common::temp_dir("iceberg-mapping");
+    let served = Served::start(DbConfig::new(&dir)).await;
+    let id = served
+        .create(
+            r#"{"name": "m", "columns": [{"name": "i", "data_type": "int"},
+                {"name": "s", "data_type": "string"}, {"name": "t", "data_type": "timestamp"}]}"#,
+        )
+        .await;
+    served
+        .ingest(
+            "m",
+            "{\"i\":1,\"s\":\"a\",\"t\":\"2026-01-01T00:00:00.000000001Z\"}\n{\"i\":2,\"s\":null,\"t\":null}\n".into(),
+        )
+        .await;
+    served.db.tables().flush(&id).await.unwrap().unwrap();
+    // Rewrite the file as sluice wrote files before the Iceberg view: no field ids.
+    let path = dir
+        .join("objects")
+        .join(served.live_files("m").await.pop_first().unwrap());
+    let bytes = bytes::Bytes::from(std::fs::read(&path).unwrap());
+    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+        .unwrap()
+        .build()
+        .unwrap();
+    let batches: Vec<_> = reader.map(Result::unwrap).collect();
+    let schema = Arc::new(arrow_schema::Schema::new(
+        batches[0]
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| {
+                let mut metadata = f.metadata().clone();
+                metadata.remove("PARQUET:field_id");
+                f.as_ref().clone().with_metadata(metadata)
+            })
+            .collect::<Vec<_>>(),
+    ));
+    let mut out = Vec::new();
+    let mut writer = ArrowWriter::try_new(&mut out, schema.clone(), None).unwrap();
+    for b in batches {
+        writer
+            .write(
+                &arrow_array::RecordBatch::try_new(schema.clone(), b.columns().to_vec()).unwrap(),
+            )
+            .unwrap();
+    }
+    writer.close().unwrap();
+    assert!(!String::from_utf8_lossy(&out).contains("field_id"));
+    std::fs::write(&path, &out).unwrap();
+
+    let seen = read(&served.base, "r-key", "m", false);
+    assert_eq!(
+        seen["rows"],
+        json!([
+            {"i": 1, "s": "a", "t": 1_767_225_600_000_000_001i64},
+            {"i": 2, "s": null, "t": null},
+        ])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_catalog_is_read_only_and_keyed() {
+    let dir = common::temp_dir("iceberg-keys");
+    let served = Served::start(DbConfig::new(&dir)).await;
+    served
+        .create(r#"{"name": "k", "columns": [{"name": "i", "data_type": "int"}]}"#)
+        .await;
+    let client = &served.client;
+    let url = |p: &str| format!("{}/iceberg/v1{p}", served.base);
+    let table = "/namespaces/scopedb%1Fpublic/tables/k";
+    // No key, a wrong key: 401.
+    for path in ["/config", "/namespaces", table] {
+        assert_eq!(client.get(url(path)).send().await.unwrap().status(), 401);
+        let r = client
+            .get(url(path))
+            .bearer_auth("nope")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401);
+    }
+    // The read role reads; a table in an empty namespace reads with no snapshot.
+    let r = client
+        .get(url(table))
+        .bearer_auth("r-key")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["metadata"]["current-snapshot-id"], Value::Null);
+    assert!(
+        body["metadata-location"]
+            .as_str()
+            .unwrap()
+            .starts_with("file:///")
+    );
+    let head = client
+        .head(url(table))
+        .bearer_auth("r-key")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(head.status(), 204);
+    // Missing things: 404 with the specification's error model beside ours.
+    for (path, kind) in [
+        (
+            "/namespaces/scopedb%1Fpublic/tables/missing",
+            "NoSuchTableException",
+        ),
+        ("/namespaces/nodb%1Fpublic/tables/k", "NoSuchTableException"),
+        ("/namespaces/nodb", "NoSuchNamespaceException"),
+        (
+            "/namespaces/scopedb%1Fpublic%1Fdeeper",
+            "NoSuchNamespaceException",
+        ),
+        (
+            "/namespaces/scopedb%1Fnone/tables",
+            "NoSuchNamespaceException",
+        ),
+    ] {
+        let r = client
+            .get(url(path))
+            .bearer_auth("r-key")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404, "{path}");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["type"], kind, "{path}: {body}");
+        assert_eq!(body["error"]["code"], 404);
+        assert_eq!(body["code"], "not_found");
+    }
+    let missing = client
+        .head(url("/namespaces/scopedb%1Fpublic/tables/missing"))
+        .bearer_auth("r-key")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+    // Nothing writes: the catalog's write routes do not exist (405), for any key; a read key
+    // is refused a write method before that (403).
+    for (key, status) in [("r-key", 403), ("a-key", 405)] {
+        let r = client
+            .post(url("/namespaces"))
+            .bearer_auth(key)
+            .json(&json!({"namespace": ["x"]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), status, "{key}");
+        let r = client
+            .post(url(table))
+            .bearer_auth(key)
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), status, "{key}");
+        let r = client
+            .delete(url(table))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), status, "{key}");
+    }
+}
