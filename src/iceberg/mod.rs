@@ -10,8 +10,11 @@
 //! |--------|------|
 //! | `v{n}.metadata.json` | table metadata number `n` (a counter of publications, not the manifest version) |
 //! | `version-hint.text` | the newest `n` (a hint for readers that open a directory; sluice itself lists) |
-//! | `snap-{v:020}.avro` | the manifest list of the snapshot of manifest version `v` |
-//! | `{v:020}-m0.avro` | its one manifest: every file live at version `v` |
+//! | `snap-{v:020}-{place}.avro` | the manifest list of the snapshot of manifest version `v` |
+//! | `{v:020}-{place}-m0.avro` | its one manifest: every file live at version `v` |
+//!
+//! (`place` tags the database root's location, which the Avro objects name in absolute
+//! URIs: a moved data directory gets new ones.)
 //!
 //! Invariants:
 //! - **A snapshot per manifest version**, with snapshot id and sequence number `v` (versions
@@ -137,12 +140,32 @@ fn version_hint(id: &str) -> String {
     format!("{}/version-hint.text", metadata_dir(id))
 }
 
-fn manifest_list(id: &str, version: u64) -> String {
-    format!("{}/snap-{version:020}.avro", metadata_dir(id))
+/// The Avro objects of a snapshot are named by the version and by `place`
+/// ([`place_tag`]): they hold absolute locations, so a table whose root moved gets new
+/// ones instead of reusing the old.
+fn manifest_list(id: &str, version: u64, place: &str) -> String {
+    format!("{}/snap-{version:020}-{place}.avro", metadata_dir(id))
 }
 
-fn manifest(id: &str, version: u64) -> String {
-    format!("{}/{version:020}-m0.avro", metadata_dir(id))
+fn manifest(id: &str, version: u64, place: &str) -> String {
+    format!("{}/{version:020}-{place}-m0.avro", metadata_dir(id))
+}
+
+/// A short tag of the location the Avro objects name (FNV-1a, stable across builds).
+fn place_tag(location: &str) -> String {
+    let hash = location.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("{:08x}", hash >> 32)
+}
+
+/// The version and place tag of a manifest list's object name.
+fn manifest_list_name(name: &str) -> Option<(u64, &str)> {
+    let (version, place) = name
+        .strip_prefix("snap-")?
+        .strip_suffix(".avro")?
+        .split_once('-')?;
+    Some((version.parse().ok()?, place))
 }
 
 /// The number `n` of a metadata object's name `v{n}.metadata.json`.
@@ -186,9 +209,12 @@ impl Published {
     pub(crate) fn referenced(&self, id: &str) -> HashSet<String> {
         let mut keep = HashSet::from([metadata_file(id, self.number), version_hint(id)]);
         for s in self.snapshots() {
-            if let Some(v) = s["snapshot-id"].as_u64() {
-                keep.insert(manifest_list(id, v));
-                keep.insert(manifest(id, v));
+            let name = s["manifest-list"]
+                .as_str()
+                .and_then(|uri| uri.rsplit('/').next());
+            if let Some((v, place)) = name.and_then(manifest_list_name) {
+                keep.insert(manifest_list(id, v, place));
+                keep.insert(manifest(id, v, place));
             }
         }
         keep
@@ -374,7 +400,11 @@ fn snapshot_json(
         "snapshot-id": state.version,
         "sequence-number": state.version,
         "timestamp-ms": timestamp,
-        "manifest-list": storage.location_of(&manifest_list(id, state.version)),
+        "manifest-list": storage.location_of(&manifest_list(
+            id,
+            state.version,
+            &place_tag(&storage.location_of(""))
+        )),
         "summary": {
             "operation": operation,
             "added-data-files": change.added_files.to_string(),
@@ -612,7 +642,8 @@ async fn write_snapshot_objects(
         records.push(e.into_bytes());
     }
     let schema = schema_json(columns).to_string();
-    let manifest_path = manifest(id, v);
+    let place = place_tag(&storage.location_of(""));
+    let manifest_path = manifest(id, v, &place);
     let manifest_bytes = avro::container(
         &manifest_entry_schema(),
         &[
@@ -647,7 +678,7 @@ async fn write_snapshot_objects(
         .optional(None::<i64>, |e, id| {
             e.long(id);
         });
-    let list_path = manifest_list(id, v);
+    let list_path = manifest_list(id, v, &place);
     let first_row_id = state.next_row_id - state.last_change.added_rows.min(state.next_row_id);
     let list_bytes = avro::container(
         &manifest_list_schema(),
@@ -713,6 +744,17 @@ mod tests {
         // Snapshot 2 was superseded at 9 s: kept until 14 s; the current one always.
         assert_eq!(ids(expire(list.clone(), 14_000, grace)), [3]);
         assert_eq!(ids(expire(list, u64::MAX, grace)), [3]);
+    }
+
+    #[test]
+    fn manifest_list_names_give_back_version_and_place() {
+        let place = place_tag("file:///data/objects");
+        assert_eq!(place.len(), 8);
+        assert_ne!(place, place_tag("file:///moved/objects"));
+        let path = manifest_list("t", 7, &place);
+        let name = path.rsplit('/').next().unwrap();
+        assert_eq!(manifest_list_name(name), Some((7, place.as_str())));
+        assert_eq!(manifest_list_name("v3.metadata.json"), None);
     }
 
     #[test]
