@@ -318,6 +318,8 @@ pub(crate) async fn publish(
             }
             let parent = snapshots.last().and_then(|s| s["snapshot-id"].as_u64());
             snapshots.push(snapshot_json(storage, id, state, parent, now));
+            let over = snapshots.len().saturating_sub(MAX_SNAPSHOTS);
+            snapshots.drain(..over);
         }
         let number = current.as_ref().map_or(1, |c| c.number + 1);
         let metadata = metadata_json(&location, id, &columns, state, &snapshots, now);
@@ -349,16 +351,22 @@ pub(crate) async fn publish(
     )))
 }
 
+/// At most this many snapshots are listed (the newest): a busy table commits a version per
+/// flush, and every metadata file lists its snapshots. Dropping a snapshot early is always
+/// safe (garbage collection only relies on snapshots being dropped late enough).
+const MAX_SNAPSHOTS: usize = 64;
+
 /// The snapshots still inside their retention: the current (last) one, and each whose
-/// successor was committed less than half the grace period ago. The result is the suffix
-/// after the last expired snapshot, so it stays a run of consecutive versions.
+/// successor was committed less than half the grace period ago, at most
+/// [`MAX_SNAPSHOTS`]. The result is the suffix after the last expired snapshot, so it stays
+/// a run of consecutive versions.
 fn expire(snapshots: Vec<Value>, now_ms: u64, grace: Duration) -> Vec<Value> {
     let keep_ms = u64::try_from((grace / 2).as_millis()).unwrap_or(u64::MAX);
-    let mut first_kept = 0;
+    let mut first_kept = snapshots.len().saturating_sub(MAX_SNAPSHOTS);
     for (i, pair) in snapshots.windows(2).enumerate() {
         let successor_ms = pair[1]["timestamp-ms"].as_u64().unwrap_or(0);
         if successor_ms.saturating_add(keep_ms) <= now_ms {
-            first_kept = i + 1;
+            first_kept = first_kept.max(i + 1);
         }
     }
     snapshots.into_iter().skip(first_kept).collect()
@@ -744,6 +752,11 @@ mod tests {
         // Snapshot 2 was superseded at 9 s: kept until 14 s; the current one always.
         assert_eq!(ids(expire(list.clone(), 14_000, grace)), [3]);
         assert_eq!(ids(expire(list, u64::MAX, grace)), [3]);
+        // However recent, no more than the newest MAX_SNAPSHOTS.
+        let many: Vec<Value> = (1..=100).map(|v| snapshot(v, 1_000)).collect();
+        let kept = ids(expire(many, 0, grace));
+        assert_eq!(kept.len(), MAX_SNAPSHOTS);
+        assert_eq!(kept.last(), Some(&100));
     }
 
     #[test]
