@@ -122,17 +122,8 @@ pub(crate) fn container(
     out
 }
 
-/// 16 bytes from `seed`, by two FNV-1a passes (stable across builds, unlike std's hasher).
 fn sync_marker(seed: &str) -> [u8; 16] {
-    let fnv = |basis: u64| {
-        seed.bytes().fold(basis, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-        })
-    };
-    let mut sync = [0u8; 16];
-    sync[..8].copy_from_slice(&fnv(0xcbf2_9ce4_8422_2325).to_le_bytes());
-    sync[8..].copy_from_slice(&fnv(0x6c62_272e_07bb_0142).to_le_bytes());
-    sync
+    super::stable_hash_128(seed)
 }
 
 #[cfg(test)]

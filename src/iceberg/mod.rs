@@ -151,12 +151,27 @@ fn manifest(id: &str, version: u64, place: &str) -> String {
     format!("{}/{version:020}-{place}-m0.avro", metadata_dir(id))
 }
 
-/// A short tag of the location the Avro objects name (FNV-1a, stable across builds).
+/// 16 bytes from `text` by two FNV-1a passes: stable across builds and platforms (unlike
+/// std's hasher), for names and markers that must come out the same on every node.
+fn stable_hash_128(text: &str) -> [u8; 16] {
+    let fnv = |basis: u64| {
+        text.bytes().fold(basis, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+    };
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&fnv(0xcbf2_9ce4_8422_2325).to_le_bytes());
+    out[8..].copy_from_slice(&fnv(0x6c62_272e_07bb_0142).to_le_bytes());
+    out
+}
+
+/// A short tag of the location the Avro objects name.
 fn place_tag(location: &str) -> String {
-    let hash = location.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    format!("{:08x}", hash >> 32)
+    let hash = stable_hash_128(location);
+    format!(
+        "{:02x}{:02x}{:02x}{:02x}",
+        hash[0], hash[1], hash[2], hash[3]
+    )
 }
 
 /// The version and place tag of a manifest list's object name.
@@ -491,15 +506,7 @@ fn table_uuid(id: &str) -> String {
     if let Ok(u) = uuid::Uuid::try_parse(id) {
         return u.hyphenated().to_string();
     }
-    let fnv = |basis: u64| {
-        id.bytes().fold(basis, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-        })
-    };
-    let mut bytes = [0u8; 16];
-    bytes[..8].copy_from_slice(&fnv(0xcbf2_9ce4_8422_2325).to_le_bytes());
-    bytes[8..].copy_from_slice(&fnv(0x84222325cbf29ce4).to_le_bytes());
-    uuid::Builder::from_random_bytes(bytes)
+    uuid::Builder::from_random_bytes(stable_hash_128(id))
         .into_uuid()
         .hyphenated()
         .to_string()
