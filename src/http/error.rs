@@ -105,24 +105,12 @@ impl ApiError {
 }
 
 impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        self.into_response_extended(|_, _| {})
-    }
-}
-
-impl ApiError {
-    /// The answer, with `extend` adding to its body (the Iceberg REST catalog puts its own
-    /// `error` object beside ours).
-    pub(crate) fn into_response_extended(
-        mut self,
-        extend: impl FnOnce(StatusCode, &mut Value),
-    ) -> Response {
+    fn into_response(mut self) -> Response {
         // A refusal of the request as sent (4xx) applied nothing, whichever route gave it.
         if self.status.is_client_error() && !self.details.contains_key("status") {
             self.details.insert("status".into(), json!("rejected"));
         }
-        let mut body = self.body();
-        extend(self.status, &mut body);
+        let body = self.body();
         let mut response = (self.status, axum::Json(body)).into_response();
         for (name, value) in self.headers {
             response.headers_mut().insert(name, value);

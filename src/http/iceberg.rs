@@ -8,7 +8,7 @@
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -32,26 +32,55 @@ impl IntoResponse for Answer {
     fn into_response(self) -> Response {
         match self.0 {
             Ok(r) => r,
-            Err(e) => e.into_response_extended(|status, body| {
-                let kind = match status {
-                    StatusCode::NOT_FOUND => match body["details"]["kind"].as_str() {
-                        Some("namespace") => "NoSuchNamespaceException",
-                        _ => "NoSuchTableException",
-                    },
-                    StatusCode::BAD_REQUEST => "BadRequestException",
-                    StatusCode::UNAUTHORIZED => "NotAuthorizedException",
-                    StatusCode::FORBIDDEN => "ForbiddenException",
-                    StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableException",
-                    _ => "ServerErrorException",
-                };
-                body["error"] = json!({
-                    "message": body["message"].clone(),
-                    "type": kind,
-                    "code": status.as_u16(),
-                });
-            }),
+            // [`error_model`] adds the specification's error object, to these and to the
+            // refusals made before a handler runs alike.
+            Err(e) => e.into_response(),
         }
     }
+}
+
+/// Every error answer under `/iceberg` in the REST specification's error model as well:
+/// `{"error": {message, type, code}}` beside sluice's `{code, message, details}` (clients
+/// such as pyiceberg parse only the former). Runs on the answer of every request under
+/// `/iceberg`, so refusals by the key check and the router get it too.
+pub(super) async fn error_model(head: bool, response: Response) -> Response {
+    let status = response.status();
+    let json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|t| t.as_bytes().starts_with(b"application/json"));
+    if head || !json || !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    // Error bodies are a few hundred bytes; anything else is passed on as it was.
+    let Ok(bytes) = axum::body::to_bytes(body, 64 * 1024).await else {
+        return Response::from_parts(parts, axum::body::Body::empty());
+    };
+    let mut value = match serde_json::from_slice::<Value>(&bytes) {
+        Ok(v @ Value::Object(_)) if v.get("error").is_none() => v,
+        _ => return Response::from_parts(parts, axum::body::Body::from(bytes)),
+    };
+    let kind = match status {
+        StatusCode::NOT_FOUND => match value["details"]["kind"].as_str() {
+            Some("namespace") => "NoSuchNamespaceException",
+            Some("table") => "NoSuchTableException",
+            _ => "NotFoundException",
+        },
+        StatusCode::BAD_REQUEST => "BadRequestException",
+        StatusCode::UNAUTHORIZED => "NotAuthorizedException",
+        StatusCode::FORBIDDEN => "ForbiddenException",
+        StatusCode::METHOD_NOT_ALLOWED => "NotImplementedException",
+        StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableException",
+        _ => "ServerErrorException",
+    };
+    value["error"] = json!({
+        "message": value["message"].clone(),
+        "type": kind,
+        "code": status.as_u16(),
+    });
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, axum::body::Body::from(value.to_string()))
 }
 
 fn ok(body: Value) -> Answer {

@@ -530,12 +530,18 @@ async fn edge(state: AppState, routes: Router, request: Request) -> Response {
         }
         let request = deadline::body_deadline(&state, request);
         let head = request.method() == axum::http::Method::HEAD;
+        let iceberg = request.uri().path().starts_with("/iceberg/");
         let mut routes = routes;
         let response = match routes.call(request).await {
             Ok(response) => response,
             Err(never) => match never {},
         };
-        error::uniform_errors(head, response).await
+        let response = error::uniform_errors(head, response).await;
+        if iceberg {
+            iceberg::error_model(head, response).await
+        } else {
+            response
+        }
     };
     let mut response = answer.instrument(span.clone()).await;
     let elapsed = started.elapsed();

@@ -264,11 +264,13 @@ pub(crate) async fn latest(storage: &Storage, id: &str) -> Result<Option<Publish
             Err(object_store::Error::NotFound { .. }) => continue,
             Err(e) => return Err(storage_error(e)),
         };
-        let metadata: Value =
-            serde_json::from_slice(&bytes).map_err(|e| TableError::CorruptManifest {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?;
+        // Derived data: an unreadable newest metadata (a torn write without fsync, another
+        // writer) is written over by the next publication rather than stopping every load
+        // and collection of the table. Its `Null` carries no history and no version.
+        let metadata: Value = serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+            tracing::warn!(%path, error = %e, "unreadable Iceberg metadata; publishing anew");
+            Value::Null
+        });
         return Ok(Some(Published {
             number,
             location: storage.location_of(&path),
@@ -285,7 +287,23 @@ pub(crate) async fn latest(storage: &Storage, id: &str) -> Result<Option<Publish
 /// returns it. Writes nothing when the newest metadata is already that (or is newer);
 /// `rebuild` writes new metadata regardless, with only the current snapshot. Metadata that
 /// names another location (the data directory moved) is replaced the same way.
+///
+/// It runs on a task of its own: a panic in this derived, best-effort work must not take its
+/// caller down (a flush, a compaction, a collection pass, a catalog load).
 pub(crate) async fn publish(
+    storage: &Storage,
+    id: &str,
+    state: &ManifestState,
+    grace: Duration,
+    rebuild: bool,
+) -> Result<Published, TableError> {
+    let (storage, id, state) = (storage.clone(), id.to_owned(), state.clone());
+    tokio::spawn(async move { publish_here(&storage, &id, &state, grace, rebuild).await })
+        .await
+        .map_err(|e| TableError::Task(format!("publishing the Iceberg view: {e}")))?
+}
+
+async fn publish_here(
     storage: &Storage,
     id: &str,
     state: &ManifestState,
@@ -299,16 +317,18 @@ pub(crate) async fn publish(
     for _ in 0..ATTEMPTS {
         let now = crate::table::manifest::now_ms();
         let current = latest(storage, id).await?;
+        if let Some(c) = &current
+            && c.manifest_version() > Some(state.version)
+        {
+            // Another node published a newer version: never go back.
+            return Ok(c.clone());
+        }
         let same_place = current
             .as_ref()
             .is_some_and(|c| c.metadata["location"].as_str() == Some(location.as_str()));
         let carried: Vec<Value> = match &current {
             Some(c) if same_place => {
                 let from = c.manifest_version();
-                if from > Some(state.version) {
-                    // Another node published a newer version: never go back.
-                    return Ok(c.clone());
-                }
                 let expired = expire(c.snapshots(), now, grace);
                 if !rebuild && from == Some(state.version) && expired.len() == c.snapshots().len() {
                     return Ok(c.clone());
@@ -332,11 +352,28 @@ pub(crate) async fn publish(
                 wrote_snapshot = true;
             }
             let parent = snapshots.last().and_then(|s| s["snapshot-id"].as_u64());
-            snapshots.push(snapshot_json(storage, id, state, parent, now));
+            let mut snapshot = snapshot_json(storage, id, state, parent, now);
+            // Snapshot times never go back (readers refuse a snapshot log out of order), even
+            // when the committing nodes' clocks disagree.
+            if let Some(previous) = snapshots.last().and_then(|s| s["timestamp-ms"].as_u64())
+                && snapshot["timestamp-ms"].as_u64() < Some(previous)
+            {
+                snapshot["timestamp-ms"] = json!(previous);
+            }
+            snapshots.push(snapshot);
             let over = snapshots.len().saturating_sub(MAX_SNAPSHOTS);
             snapshots.drain(..over);
         }
-        let number = current.as_ref().map_or(1, |c| c.number + 1);
+        let number = match &current {
+            None => 1,
+            Some(c) => c
+                .number
+                .checked_add(1)
+                .ok_or_else(|| TableError::CorruptManifest {
+                    path: metadata_file(id, c.number),
+                    reason: "the Iceberg metadata number is at its limit".into(),
+                })?,
+        };
         let metadata = metadata_json(&location, id, &columns, state, &snapshots, now);
         let path = metadata_file(id, number);
         let body = serde_json::to_vec_pretty(&metadata)
@@ -475,7 +512,11 @@ fn metadata_json(
         "table-uuid": table_uuid(id),
         "location": location,
         "last-sequence-number": state.version,
-        "last-updated-ms": now_ms,
+        // Never before the newest snapshot (readers refuse that).
+        "last-updated-ms": snapshots
+            .iter()
+            .filter_map(|s| s["timestamp-ms"].as_u64())
+            .fold(now_ms, u64::max),
         "last-column-id": columns.len(),
         "current-schema-id": 0,
         "schemas": [schema_json(columns)],
@@ -718,6 +759,22 @@ pub(crate) async fn collectable(
     latest: &Published,
 ) -> Result<Vec<(String, u64)>, TableError> {
     let keep = latest.referenced(id);
+    // The hint is written after each publication without a condition, so racing publishers
+    // can leave it naming an older number: set it right before that one can be collected
+    // (collection runs several times per grace period).
+    let hint = Path::from(version_hint(id));
+    let hinted = match storage.store().get(&hint).await {
+        Ok(r) => r.bytes().await.ok(),
+        Err(_) => None,
+    };
+    let wanted = latest.number.to_string();
+    if hinted.as_deref() != Some(wanted.as_bytes()) {
+        storage
+            .store()
+            .put(&hint, PutPayload::from(wanted))
+            .await
+            .map_err(storage_error)?;
+    }
     let listed: Vec<_> = storage
         .store()
         .list(Some(&Path::from(metadata_dir(id))))

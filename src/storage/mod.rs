@@ -234,12 +234,14 @@ impl Storage {
             }
         })?;
         // An absolute, canonical directory: what the Iceberg view names is read by other
-        // processes, from other working directories.
+        // processes, from other working directories. Not percent-encoded: readers take the
+        // path after `file://` as it is (pyiceberg does not decode `%20`; Hadoop's `Path`
+        // would encode it again).
         let absolute = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-        let location = match url::Url::from_directory_path(&absolute) {
-            Ok(u) => u.as_str().trim_end_matches('/').to_owned(),
-            Err(()) => format!("file://{}", absolute.display()),
-        };
+        let location = format!(
+            "file://{}",
+            absolute.display().to_string().trim_end_matches('/')
+        );
         Ok(Storage {
             store: Arc::new(store),
             url: dir.display().to_string(),

@@ -329,21 +329,8 @@ async fn pyiceberg_and_daft_read_every_type_from_s3() {
 
 /// The newest metadata of a table in a local data directory: its snapshot ids.
 fn listed_snapshots(metadata_dir: &Path) -> Vec<u64> {
-    let newest = std::fs::read_dir(metadata_dir)
-        .unwrap()
-        .filter_map(|e| {
-            let name = e.unwrap().file_name().into_string().unwrap();
-            name.strip_prefix('v')?
-                .strip_suffix(".metadata.json")?
-                .parse::<u64>()
-                .ok()
-        })
-        .max()
-        .unwrap();
-    let metadata: Value = serde_json::from_slice(
-        &std::fs::read(metadata_dir.join(format!("v{newest}.metadata.json"))).unwrap(),
-    )
-    .unwrap();
+    let metadata: Value =
+        serde_json::from_slice(&std::fs::read(newest_metadata(metadata_dir)).unwrap()).unwrap();
     metadata["snapshots"]
         .as_array()
         .unwrap()
@@ -569,6 +556,10 @@ async fn the_catalog_is_read_only_and_keyed() {
             .await
             .unwrap();
         assert_eq!(r.status(), 401);
+        // The refusal comes before the catalog's handlers, in its error model all the same.
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["type"], "NotAuthorizedException", "{body}");
+        assert_eq!(body["code"], "unauthorized");
     }
     // The read role reads; a table in an empty namespace reads with no snapshot.
     let r = client
@@ -739,4 +730,87 @@ async fn readers_during_flushes_compactions_and_collection_see_whole_prefixes() 
         .unwrap();
     check(&seen, all, all);
     println!("iceberg churn: {reads} reads, {all} rows flushed, last read saw every one");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_view_is_published_anew_and_never_stops_flushing() {
+    // A data directory whose path needs quoting in a URL: locations name it as it is.
+    let dir = common::temp_dir("iceberg damaged").join("sp ace %41 é");
+    let served = Served::start(DbConfig::new(&dir)).await;
+    let id = served
+        .create(r#"{"name": "d", "columns": [{"name": "i", "data_type": "int"}]}"#)
+        .await;
+    served.ingest("d", "{\"i\":1}\n".into()).await;
+    served.db.tables().flush(&id).await.unwrap().unwrap();
+    let seen = read(&served.base, "r-key", "d", false);
+    assert_eq!(seen["rows"], json!([{"i": 1}]));
+    let objects = std::fs::canonicalize(dir.join("objects")).unwrap();
+    assert!(
+        seen["files"][0]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("file://{}/", objects.display())),
+        "{seen}"
+    );
+
+    // The newest metadata torn (written without fsync, or by another program): the next
+    // publication replaces it; loads, flushes and collection go on.
+    let metadata = objects.join(format!("tables/{id}/metadata"));
+    std::fs::write(newest_metadata(&metadata), b"").unwrap();
+    served.ingest("d", "{\"i\":2}\n".into()).await;
+    served.db.tables().flush(&id).await.unwrap().unwrap();
+    let seen = read(&served.base, "r-key", "d", false);
+    assert_eq!(seen["rows"], json!([{"i": 1}, {"i": 2}]));
+    std::fs::write(newest_metadata(&metadata), b"{not json").unwrap();
+    let r = load(&served, "d").await;
+    assert_eq!(r["metadata"]["current-snapshot-id"], 2);
+    served.db.collect_garbage().await;
+    assert_eq!(listed_snapshots(&metadata), [2]);
+
+    // A metadata number at its limit: the view cannot be published (an error, no panic),
+    // and flushing goes on.
+    std::fs::copy(
+        newest_metadata(&metadata),
+        metadata.join(format!("v{}.metadata.json", u64::MAX)),
+    )
+    .unwrap();
+    served.ingest("d", "{\"i\":3}\n".into()).await;
+    served.db.tables().flush(&id).await.unwrap().unwrap();
+    let r = served
+        .client
+        .get(format!(
+            "{}/iceberg/v1/namespaces/scopedb%1Fpublic/tables/d",
+            served.base
+        ))
+        .bearer_auth("r-key")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 500);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "ServerErrorException", "{body}");
+    served.ingest("d", "{\"i\":4}\n".into()).await;
+    served.db.tables().flush(&id).await.unwrap().unwrap();
+    let stats = served
+        .db
+        .table_stats("scopedb", "public", "d")
+        .await
+        .unwrap();
+    assert_eq!(stats.file_rows, 4);
+}
+
+/// The newest metadata file of a table in a local data directory.
+fn newest_metadata(metadata_dir: &Path) -> PathBuf {
+    let newest = std::fs::read_dir(metadata_dir)
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            name.strip_prefix('v')?
+                .strip_suffix(".metadata.json")?
+                .parse::<u64>()
+                .ok()
+        })
+        .max()
+        .unwrap();
+    metadata_dir.join(format!("v{newest}.metadata.json"))
 }
