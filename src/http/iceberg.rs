@@ -53,13 +53,16 @@ pub(super) async fn error_model(head: bool, response: Response) -> Response {
         return response;
     }
     let (mut parts, body) = response.into_parts();
-    // Error bodies are a few hundred bytes; anything else is passed on as it was.
-    let Ok(bytes) = axum::body::to_bytes(body, 64 * 1024).await else {
-        return Response::from_parts(parts, axum::body::Body::empty());
-    };
-    let mut value = match serde_json::from_slice::<Value>(&bytes) {
-        Ok(v @ Value::Object(_)) if v.get("error").is_none() => v,
-        _ => return Response::from_parts(parts, axum::body::Body::from(bytes)),
+    // Error bodies are small: they echo at most a name from the request line, which the
+    // header limit bounds well below this.
+    let mut value = match axum::body::to_bytes(body, 1 << 20).await {
+        Ok(bytes) => match serde_json::from_slice::<Value>(&bytes) {
+            Ok(v @ Value::Object(_)) if v.get("error").is_none() => v,
+            _ => return Response::from_parts(parts, axum::body::Body::from(bytes)),
+        },
+        Err(_) => {
+            json!({"code": "internal_server_error", "message": "the error's body was too large", "details": {}})
+        }
     };
     let kind = match status {
         StatusCode::NOT_FOUND => match value["details"]["kind"].as_str() {

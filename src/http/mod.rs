@@ -530,13 +530,19 @@ async fn edge(state: AppState, routes: Router, request: Request) -> Response {
         }
         let request = deadline::body_deadline(&state, request);
         let head = request.method() == axum::http::Method::HEAD;
-        let iceberg = request.uri().path().starts_with("/iceberg/");
+        let under_iceberg = request.uri().path().starts_with("/iceberg/v1/");
         let mut routes = routes;
         let response = match routes.call(request).await {
             Ok(response) => response,
             Err(never) => match never {},
         };
         let response = error::uniform_errors(head, response).await;
+        // By the route that answered (a stream bucket may be called `iceberg`); by the path
+        // when none did (no such route or method under the catalog).
+        let iceberg = match response.extensions().get::<MatchedPath>() {
+            Some(route) => route.as_str().starts_with("/iceberg/"),
+            None => under_iceberg,
+        };
         if iceberg {
             iceberg::error_model(head, response).await
         } else {

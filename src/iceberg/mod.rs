@@ -184,11 +184,27 @@ fn manifest_list_name(name: &str) -> Option<(u64, &str)> {
 }
 
 /// The number `n` of a metadata object's name `v{n}.metadata.json`.
+/// Only names this module writes count: canonical digits (no sign, no leading zero), and
+/// numbers up to [`MAX_METADATA_NUMBER`] (a larger one is not ours, and could never be
+/// followed).
 fn metadata_number(name: &str) -> Option<u64> {
-    name.strip_prefix('v')?
-        .strip_suffix(".metadata.json")?
-        .parse()
-        .ok()
+    let digits = name.strip_prefix('v')?.strip_suffix(".metadata.json")?;
+    let n: u64 = digits.parse().ok()?;
+    (n <= MAX_METADATA_NUMBER && n.to_string() == digits).then_some(n)
+}
+
+/// The largest metadata number (at a publication a second, a hundred years).
+const MAX_METADATA_NUMBER: u64 = 1 << 32;
+
+/// The version of a snapshot's Avro object name (`snap-{v}-{place}.avro` or
+/// `{v}-{place}-m0.avro`).
+fn avro_version(name: &str) -> Option<u64> {
+    let rest = name.strip_suffix(".avro")?;
+    let digits = match rest.strip_prefix("snap-") {
+        Some(list) => list.split_once('-')?.0,
+        None => rest.strip_suffix("-m0")?.split_once('-')?.0,
+    };
+    digits.parse().ok()
 }
 
 /// The newest published metadata of a table.
@@ -318,14 +334,26 @@ async fn publish_here(
         let now = crate::table::manifest::now_ms();
         let current = latest(storage, id).await?;
         if let Some(c) = &current
-            && c.manifest_version() > Some(state.version)
+            && let Some(from) = c.manifest_version()
+            && from > state.version
         {
-            // Another node published a newer version: never go back.
-            return Ok(c.clone());
+            // Another node published a newer version: never go back. Unless the manifest
+            // has no such version (metadata restored or copied from elsewhere): then the
+            // metadata is wrong and is written over, or its snapshots would never expire.
+            let version =
+                crate::storage::versioned::VersionLog::new(paths::table_manifest(id)).path(from);
+            match storage.store().head(&version).await {
+                Ok(_) => return Ok(c.clone()),
+                Err(object_store::Error::NotFound { .. }) => {
+                    tracing::warn!(table = %id, from, "Iceberg metadata names a manifest version that does not exist; publishing anew");
+                }
+                Err(e) => return Err(storage_error(e)),
+            }
         }
-        let same_place = current
-            .as_ref()
-            .is_some_and(|c| c.metadata["location"].as_str() == Some(location.as_str()));
+        let same_place = current.as_ref().is_some_and(|c| {
+            c.metadata["location"].as_str() == Some(location.as_str())
+                && c.manifest_version() <= Some(state.version)
+        });
         let carried: Vec<Value> = match &current {
             Some(c) if same_place => {
                 let from = c.manifest_version();
@@ -781,15 +809,32 @@ pub(crate) async fn collectable(
         .try_collect()
         .await
         .map_err(storage_error)?;
+    // A snapshot's Avro objects at or above the oldest listed snapshot may be named by a
+    // publication under way (one that found them written by an earlier attempt): only those
+    // below it are never named again.
+    let oldest_listed = latest
+        .snapshots()
+        .iter()
+        .filter_map(|s| s["snapshot-id"].as_u64())
+        .min()
+        .or(latest.manifest_version())
+        .unwrap_or(0);
     Ok(listed
         .into_iter()
         .filter(|m| !keep.contains(m.location.as_ref()))
-        // Never a newer publication than the one read (written since the reading).
         .filter(|m| {
-            m.location
-                .filename()
-                .and_then(metadata_number)
-                .is_none_or(|n| n < latest.number)
+            let Some(name) = m.location.filename() else {
+                return false;
+            };
+            if let Some(n) = metadata_number(name) {
+                // Never a newer publication than the one read (written since the reading).
+                n < latest.number
+            } else if let Some(v) = avro_version(name) {
+                v < oldest_listed
+            } else {
+                // Not ours (the hint is kept above): left alone.
+                false
+            }
         })
         .map(|m| (m.location.to_string(), m.size))
         .collect())
@@ -840,6 +885,23 @@ mod tests {
         assert_eq!(metadata_number("v.metadata.json"), None);
         assert_eq!(metadata_number("snap-00000000000000000001.avro"), None);
         assert_eq!(metadata_number("version-hint.text"), None);
+        // Only canonical names this module writes: a stray name is not the newest.
+        assert_eq!(metadata_number("v+99.metadata.json"), None);
+        assert_eq!(metadata_number("v007.metadata.json"), None);
+        assert_eq!(metadata_number("v0.metadata.json"), Some(0));
+        assert_eq!(
+            metadata_number(&format!("v{}.metadata.json", u64::MAX)),
+            None
+        );
+        assert_eq!(
+            avro_version("snap-00000000000000000007-0a1b2c3d.avro"),
+            Some(7)
+        );
+        assert_eq!(
+            avro_version("00000000000000000007-0a1b2c3d-m0.avro"),
+            Some(7)
+        );
+        assert_eq!(avro_version("v7.metadata.json"), None);
     }
 
     #[test]

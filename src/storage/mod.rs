@@ -242,6 +242,11 @@ impl Storage {
             "file://{}",
             absolute.display().to_string().trim_end_matches('/')
         );
+        if location.contains(['#', '?']) {
+            // A URL parser takes these for a fragment or a query: readers would look for the
+            // files somewhere else.
+            tracing::warn!(%location, "a data directory whose path holds '#' or '?' cannot be read through the Iceberg view");
+        }
         Ok(Storage {
             store: Arc::new(store),
             url: dir.display().to_string(),
