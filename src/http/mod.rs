@@ -800,7 +800,7 @@ async fn not_found() -> ApiError {
     ApiError::not_found("no such endpoint")
 }
 
-/// The router of the whole API: [`edge`] around the routes.
+/// The router of the whole API: one edge handler around the routes.
 pub fn router(state: AppState) -> Router {
     let gated = |routes: Routes, gate_kind: Gate| {
         routes.router.route_layer(middleware::from_fn_with_state(

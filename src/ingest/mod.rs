@@ -3,7 +3,7 @@
 //! [`Decoder`] takes a body (NDJSON, or JSON values glued together with no separator) and a
 //! table's columns, checks every field against its column's type in one pass straight into
 //! Arrow buffers, and returns one `RecordBatch` or every row error (up to a cap). It is
-//! all-or-nothing: one bad row rejects the request. [`decompress`] undoes `gzip`/`zstd`
+//! all-or-nothing: one bad row rejects the request. [`decompress()`] undoes `gzip`/`zstd`
 //! content encodings under the same byte limit.
 //!
 //! ```

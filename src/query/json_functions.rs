@@ -2,7 +2,7 @@
 //! engine registers them.
 //!
 //! Those functions ask DataFusion to evaluate them at the scan, below filters
-//! ([`ScalarUDFImpl::placement`] answers `MoveTowardsLeafNodes` for `f(column, literal...)`),
+//! (`ScalarUDFImpl::placement` answers `MoveTowardsLeafNodes` for `f(column, literal...)`),
 //! so `... WHERE status = 500 GROUP BY json_get_str(var, 'region')` parsed the JSON of every
 //! row, five times the rows the filter keeps (`cargo bench --bench queries`: 139 ms). Wrapped
 //! here, they keep the placement of any other function and run on the rows that pass.
