@@ -66,6 +66,13 @@ impl Encoder {
         self
     }
 
+    /// A `["null", "long"]` union.
+    pub(crate) fn optional_long(&mut self, v: Option<i64>) -> &mut Self {
+        self.optional(v, |e, v| {
+            e.long(v);
+        })
+    }
+
     /// An array (one block of all items, then the end).
     pub(crate) fn array<T>(
         &mut self,

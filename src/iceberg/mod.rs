@@ -357,8 +357,10 @@ async fn publish_here(
         let carried: Vec<Value> = match &current {
             Some(c) if same_place => {
                 let from = c.manifest_version();
-                let expired = expire(c.snapshots(), now, grace);
-                if !rebuild && from == Some(state.version) && expired.len() == c.snapshots().len() {
+                let listed = c.snapshots();
+                let count = listed.len();
+                let expired = expire(listed, now, grace);
+                if !rebuild && from == Some(state.version) && expired.len() == count {
                     return Ok(c.clone());
                 }
                 match from {
@@ -700,18 +702,10 @@ async fn write_snapshot_objects(
         };
         let mut e = Encoder::default();
         e.long(if is_added { 1 } else { 0 })
-            .optional(
-                Some(to_i64(if added_in == 0 { v } else { added_in })),
-                |e, s| {
-                    e.long(s);
-                },
-            )
-            .optional(Some(to_i64(added_in)), |e, s| {
-                e.long(s);
-            })
-            .optional(Some(to_i64(added_in)), |e, s| {
-                e.long(s);
-            })
+            // snapshot_id, sequence_number, file_sequence_number.
+            .optional_long(Some(to_i64(if added_in == 0 { v } else { added_in })))
+            .optional_long(Some(to_i64(added_in)))
+            .optional_long(Some(to_i64(added_in)))
             // data_file: content 0 (data), path, format, the empty partition.
             .long(0)
             .string(&storage.location_of(&f.path))
@@ -720,9 +714,7 @@ async fn write_snapshot_objects(
             .long(to_i64(f.bytes));
         bound(&mut e, lower);
         bound(&mut e, upper);
-        e.optional(lineage.map(|l| to_i64(l.first_row_id)), |e, id| {
-            e.long(id);
-        });
+        e.optional_long(lineage.map(|l| to_i64(l.first_row_id)));
         records.push(e.into_bytes());
     }
     let schema = schema_json(columns).to_string();
@@ -759,9 +751,7 @@ async fn write_snapshot_objects(
         .long(added.1)
         .long(existing.1)
         .long(0)
-        .optional(None::<i64>, |e, id| {
-            e.long(id);
-        });
+        .optional_long(None);
     let list_path = manifest_list(id, v, &place);
     let first_row_id = state.next_row_id - state.last_change.added_rows.min(state.next_row_id);
     let list_bytes = avro::container(
