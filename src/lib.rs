@@ -43,6 +43,9 @@
 //!    (`storage/versioned.rs`) at `tables/{id}/_log/{v:020}.json`, with the log position it
 //!    covers. Then the batches leave memory and the `tables` consumer releases the log up to
 //!    that position; a segment is deleted once every consumer has released it.
+//! 5. The new manifest version is published as an Iceberg snapshot (`iceberg/mod.rs`):
+//!    `tables/{id}/metadata/v{n}.metadata.json` and its Avro manifest list and manifest, which
+//!    the read-only REST catalog at `/iceberg` (`http/iceberg.rs`) hands to other engines.
 //!
 //! # One stream append, from HTTP to disk
 //!
