@@ -257,7 +257,7 @@ pub(super) async fn load_table(
         Ok(id) => id,
         Err(answer) => return answer,
     };
-    let published = match state.db.tables().iceberg_view(&id, false).await {
+    let published = match state.db.tables().iceberg_view(&id).await {
         Ok(p) => p,
         Err(e) => return ApiError::of(&e).into(),
     };

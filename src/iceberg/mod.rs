@@ -298,11 +298,10 @@ pub(crate) async fn latest(storage: &Storage, id: &str) -> Result<Option<Publish
     )))
 }
 
-/// Makes the newest metadata of table `id` describe `state` (whose columns are `columns`),
-/// with expired snapshots dropped (`grace` is the garbage-collection grace period), and
-/// returns it. Writes nothing when the newest metadata is already that (or is newer);
-/// `rebuild` writes new metadata regardless, with only the current snapshot. Metadata that
-/// names another location (the data directory moved) is replaced the same way.
+/// Makes the newest metadata of table `id` describe `state`, with expired snapshots dropped
+/// (`grace` is the garbage-collection grace period), and returns it. Writes nothing when the
+/// newest metadata is already that (or is newer). Metadata that names another location (the
+/// data directory moved) is replaced, with only the current snapshot.
 ///
 /// It runs on a task of its own: a panic in this derived, best-effort work must not take its
 /// caller down (a flush, a compaction, a collection pass, a catalog load).
@@ -311,10 +310,9 @@ pub(crate) async fn publish(
     id: &str,
     state: &ManifestState,
     grace: Duration,
-    rebuild: bool,
 ) -> Result<Published, TableError> {
     let (storage, id, state) = (storage.clone(), id.to_owned(), state.clone());
-    tokio::spawn(async move { publish_here(&storage, &id, &state, grace, rebuild).await })
+    tokio::spawn(async move { publish_here(&storage, &id, &state, grace).await })
         .await
         .map_err(|e| TableError::Task(format!("publishing the Iceberg view: {e}")))?
 }
@@ -324,7 +322,6 @@ async fn publish_here(
     id: &str,
     state: &ManifestState,
     grace: Duration,
-    rebuild: bool,
 ) -> Result<Published, TableError> {
     const ATTEMPTS: usize = 8;
     let columns = state.table_columns()?;
@@ -360,11 +357,10 @@ async fn publish_here(
                 let listed = c.snapshots();
                 let count = listed.len();
                 let expired = expire(listed, now, grace);
-                if !rebuild && from == Some(state.version) && expired.len() == count {
+                if from == Some(state.version) && expired.len() == count {
                     return Ok(c.clone());
                 }
                 match from {
-                    _ if rebuild => Vec::new(),
                     Some(v) if v == state.version || v + 1 == state.version => expired,
                     _ => Vec::new(),
                 }

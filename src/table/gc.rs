@@ -131,15 +131,13 @@ impl Tables {
         table.lock().install(state.clone(), self.node.id());
         // The Iceberg view first: its expired snapshots leave the metadata before any file
         // they list can be due (see [`crate::iceberg`]). No deletion without it.
-        let published =
-            crate::iceberg::publish(&self.storage, id, &state, self.gc_grace, false).await?;
+        let published = crate::iceberg::publish(&self.storage, id, &state, self.gc_grace).await?;
         let live: HashSet<&str> = state.files.iter().map(|f| f.path.as_str()).collect();
         let data = list(self, &paths::table_data(id)).await?;
-        let sizes: HashMap<String, u64> = data
+        let mut sizes: HashMap<String, u64> = data
             .iter()
             .map(|m| (m.location.to_string(), m.size))
             .collect();
-        let mut sizes = sizes;
         let mut candidates: Vec<String> = sizes
             .keys()
             .filter(|p| !live.contains(p.as_str()))

@@ -880,9 +880,7 @@ impl Tables {
     /// either way, and the view is published again by the next commit, by garbage
     /// collection's pass and by a catalog reader's load.
     async fn publish_iceberg(&self, id: &str, state: &ManifestState) {
-        if let Err(e) =
-            crate::iceberg::publish(&self.storage, id, state, self.gc_grace, false).await
-        {
+        if let Err(e) = crate::iceberg::publish(&self.storage, id, state, self.gc_grace).await {
             tracing::debug!(table = %id, error = %e, "publishing the Iceberg view failed");
         }
     }
@@ -892,11 +890,10 @@ impl Tables {
     pub(crate) async fn iceberg_view(
         &self,
         id: &str,
-        rebuild: bool,
     ) -> Result<crate::iceberg::Published, TableError> {
         self.refresh(id).await?;
         let state = self.table(id).await?.lock().manifest.clone();
-        crate::iceberg::publish(&self.storage, id, &state, self.gc_grace, rebuild).await
+        crate::iceberg::publish(&self.storage, id, &state, self.gc_grace).await
     }
 
     /// Tells the log which records tables still need: those of unflushed batches.
