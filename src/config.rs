@@ -227,6 +227,7 @@ impl ServeConfig {
             match db.durability {
                 Durability::Fsync => "fsync",
                 Durability::None => "none",
+                Durability::ObjectStore => "object-store",
             },
             db.limits.max_body_bytes,
             db.limits.max_rows,
@@ -294,10 +295,11 @@ impl ServeConfig {
         db.durability = match overrides.durability.or(file.durability).as_deref() {
             None | Some("fsync") => Durability::Fsync,
             Some("none") => Durability::None,
+            Some("object-store") => Durability::ObjectStore,
             Some(other) => {
                 return Err(ConfigError::Invalid {
                     name: "durability",
-                    message: format!("{other:?}; use fsync or none"),
+                    message: format!("{other:?}; use fsync, object-store or none"),
                 });
             }
         };

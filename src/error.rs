@@ -162,6 +162,7 @@ impl Classify for LogError {
                 ..ErrorClass::retry("LogUnavailable")
             },
             LogError::Closed => ErrorClass::retry("ShuttingDown"),
+            LogError::LeaseExpired => ErrorClass::retry("LeaseExpired"),
             LogError::Fenced => ErrorClass {
                 retry_after: None,
                 ..ErrorClass::retry("Fenced")

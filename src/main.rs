@@ -157,7 +157,7 @@ struct ServeArgs {
     /// An API key clients must send as `Authorization: Bearer KEY` (repeatable)
     #[arg(long = "api-key", env = "SLUICE_API_KEYS", value_delimiter = ',')]
     api_keys: Vec<String>,
-    /// Commit log durability: fsync (default) or none (unsafe: a crash loses acknowledged writes)
+    /// Commit log durability: fsync (default), object-store (each group commit written to the object store before it is acknowledged; dead nodes' logs are taken over) or none (unsafe: a crash loses acknowledged writes)
     #[arg(long, env = "SLUICE_DURABILITY")]
     durability: Option<String>,
     /// How long a stream long-poll read waits for data before answering 204 [default: 30000]

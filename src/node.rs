@@ -55,6 +55,11 @@ pub(crate) fn lsn_base(epoch: u64) -> Lsn {
     epoch << EPOCH_SHIFT
 }
 
+/// The epoch whose LSN space holds `lsn`.
+pub(crate) fn epoch_of(lsn: Lsn) -> u64 {
+    lsn >> EPOCH_SHIFT
+}
+
 /// Why a node could not take its identity.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -176,6 +181,13 @@ struct Heartbeat {
     /// The owner's machine boot and data directory.
     boot: String,
     dir: String,
+    /// The owner writes its log to the object store (`durability = "object-store"`): once
+    /// it is gone, another node may take its log over.
+    #[serde(default)]
+    wal: bool,
+    /// Nothing of this id is left to take over: no stream, no record to replay.
+    #[serde(default)]
+    retired: bool,
 }
 
 /// What a starting node knows of its log.
@@ -188,6 +200,10 @@ pub struct LogState {
     /// Whether its records are fsynced before they count (then a shorter log than the last
     /// heartbeat reported means a stale copy).
     pub synced: bool,
+    /// Whether its groups are written to the object store before they count
+    /// (`durability = "object-store"`): then other nodes may take the id over once its
+    /// heartbeat stops.
+    pub remote: bool,
 }
 
 /// This process's ownership of a node id.
@@ -198,6 +214,8 @@ pub struct Node {
     lease: Duration,
     boot: String,
     dir: String,
+    /// The log is written to the object store.
+    wal: bool,
     fenced: AtomicBool,
 }
 
@@ -463,10 +481,71 @@ impl Node {
             lease,
             boot,
             dir,
+            wal: log.remote,
             fenced: AtomicBool::new(false),
         };
         node.heartbeat(log.last_lsn, false).await?;
         Ok(node)
+    }
+
+    /// Takes over node `id` for this process, whose owner is gone (its heartbeat stood still
+    /// for a lease): claims the id's next epoch, which fences every earlier owner. `None`
+    /// when another process claimed it first. `host` names this process in the heartbeat.
+    pub(crate) async fn take_over(
+        storage: Storage,
+        id: &str,
+        lease: Duration,
+        host: &str,
+    ) -> Result<Option<Node>, NodeError> {
+        if !valid_id(id) {
+            return Ok(None);
+        }
+        let epoch = latest_epoch(&storage, id).await?.unwrap_or(0) + 1;
+        if epoch >= 1 << (64 - EPOCH_SHIFT) {
+            return Err(NodeError::EpochsExhausted(id.to_owned()));
+        }
+        let claim = Claim {
+            epoch,
+            token: uuid::Uuid::new_v4().simple().to_string(),
+            claimed_at_ms: now_ms(),
+        };
+        let claimed = VersionLog::new(paths::node_epochs(id))
+            .try_create(storage.store().as_ref(), epoch, &claim)
+            .await
+            .map_err(|e| match e {
+                VersionError::Storage(e) => NodeError::Storage(e),
+                e @ (VersionError::Corrupt { .. } | VersionError::BelowFloor { .. }) => {
+                    NodeError::Storage(object_store::Error::Generic {
+                        store: "claims",
+                        source: e.to_string().into(),
+                    })
+                }
+            })?;
+        if !claimed {
+            return Ok(None);
+        }
+        let node = Node {
+            id: id.to_owned(),
+            epoch,
+            storage,
+            lease,
+            boot: boot_id(),
+            dir: format!("hosted by {host}"),
+            wal: true,
+            fenced: AtomicBool::new(false),
+        };
+        node.heartbeat(0, false).await?;
+        Ok(Some(node))
+    }
+
+    /// The epoch this process claimed.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Writes the heartbeat of an id nothing is left of: no node takes it over again.
+    pub(crate) async fn retire(&self, last_lsn: Lsn) -> Result<(), NodeError> {
+        self.write_heartbeat(last_lsn, true, true).await
     }
 
     /// The node id.
@@ -521,6 +600,15 @@ impl Node {
 
     /// Checks ownership and writes the heartbeat (`released` at a clean shutdown).
     pub(crate) async fn heartbeat(&self, last_lsn: Lsn, released: bool) -> Result<(), NodeError> {
+        self.write_heartbeat(last_lsn, released, false).await
+    }
+
+    async fn write_heartbeat(
+        &self,
+        last_lsn: Lsn,
+        released: bool,
+        retired: bool,
+    ) -> Result<(), NodeError> {
         self.ensure_current().await?;
         let beat = Heartbeat {
             epoch: self.epoch,
@@ -529,6 +617,8 @@ impl Node {
             last_lsn,
             boot: self.boot.clone(),
             dir: self.dir.clone(),
+            wal: self.wal,
+            retired,
         };
         let body = serde_json::to_vec(&beat).unwrap_or_default();
         self.storage
@@ -629,12 +719,54 @@ pub(crate) async fn run_heartbeat(
         let node = node.clone();
         let log = log.clone();
         async move {
+            let started = Instant::now();
             match node.heartbeat(log.last_lsn(), false).await {
-                Ok(()) => {}
+                // Acknowledge for half a lease from before the renewal: the heartbeat other
+                // nodes saw is at least that old, and they wait a whole lease after it.
+                Ok(()) => log.renew_lease(started + node.lease / 2),
                 Err(NodeError::Fenced(_)) => log.fence(),
                 Err(e) => tracing::warn!(error = %e, "node heartbeat failed; retrying"),
             }
         }
     })
     .await;
+}
+
+/// What a node watching its peers reads of one node id's heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PeerBeat {
+    /// The id.
+    pub(crate) id: String,
+    /// The epoch that wrote the heartbeat, and when (by its writer's clock: compared only
+    /// with itself, never with ours).
+    pub(crate) epoch: u64,
+    pub(crate) at_ms: u64,
+    /// The id's log is in the object store, so it can be taken over.
+    pub(crate) wal: bool,
+    /// Nothing of the id is left to take over.
+    pub(crate) retired: bool,
+}
+
+/// The heartbeat of every node id in the store.
+pub(crate) async fn peer_beats(storage: &Storage) -> Result<Vec<PeerBeat>, object_store::Error> {
+    let listed = storage
+        .store()
+        .list_with_delimiter(Some(&ObjectPath::from("nodes")))
+        .await?;
+    let mut beats = Vec::new();
+    for prefix in listed.common_prefixes {
+        let Some(id) = prefix.filename().filter(|id| valid_id(id)) else {
+            continue;
+        };
+        if let Some(beat) = read_json::<Heartbeat>(storage, &heartbeat_path(id)).await? {
+            beats.push(PeerBeat {
+                id: id.to_owned(),
+                epoch: beat.epoch,
+                at_ms: beat.at_ms,
+                wal: beat.wal,
+                retired: beat.retired,
+            });
+        }
+    }
+    Ok(beats)
 }

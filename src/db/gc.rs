@@ -84,6 +84,13 @@ impl Database {
                     .await
                     .map_err(|e| e.to_string()),
             );
+            if let Some(remote) = self.log.remote() {
+                note(
+                    "log fences",
+                    remote.collect_fences(grace).await.map_err(|e| e.to_string()),
+                );
+            }
+            note("hosted streams", self.collect_hosted_garbage().await);
         }
         self.gc_stats
             .objects

@@ -10,6 +10,7 @@
 
 mod gc;
 mod statements;
+mod takeover;
 
 pub(crate) use gc::GcStats;
 
@@ -27,7 +28,7 @@ use datafusion::prelude::SessionContext;
 use crate::catalog::{Catalog, CatalogError, CatalogPath, MutateOptions, Mutation, ResolvedTable};
 use crate::ingest::{ContentEncoding, Decoder, IngestError, Limits, decompress};
 use crate::log::{CommitLog, Durability, LogConfig, LogError};
-use crate::node::{LogState, Node};
+use crate::node::{LogState, Node, NodeError};
 use crate::query::{QueryEngine, QueryError, QueryLimits};
 use crate::storage::probe::{Probe, ProbedStore};
 use crate::storage::{Storage, StorageError};
@@ -220,6 +221,8 @@ pub struct Database {
     plans: Mutex<HashMap<String, Arc<IngestPlan>>>,
     /// Admission of ingest bodies, in KiB of [`DbConfig::ingest_inflight_bytes`].
     ingest_admission: Arc<tokio::sync::Semaphore>,
+    /// Dead nodes' ids this process took over (object-store durability).
+    takeovers: takeover::Takeovers,
 }
 
 /// Ingest admission permits count KiB, so a `u32` covers any budget.
@@ -256,7 +259,9 @@ impl Database {
     /// Opens the database: object storage, the commit log (replaying it), the catalog and the
     /// tables.
     pub async fn open(config: DbConfig) -> Result<Arc<Database>, OpenError> {
-        let sync = config.durability == Durability::Fsync;
+        // Objects are synced under object-store durability too: a local-directory store is
+        // then what holds the log.
+        let sync = config.durability != Durability::None;
         let journal = config.journal();
         let storage = match &config.object_store {
             Some(url) => Storage::open_with(url, sync, journal)?,
@@ -303,13 +308,54 @@ impl Database {
         // Both consumers are declared before anything is released: a segment goes only when
         // the tables and the streams have both made its records durable elsewhere.
         log_config.consumers = vec!["tables".into(), "streams".into()];
-        let (log, replay) = CommitLog::open(log_config)?;
+        let (log, replay) = CommitLog::open(log_config.clone())?;
         // A failed open closes the log again: it holds the directory's lock.
-        let opened = Self::open_over_log(config, storage, probe, log.clone(), replay).await;
-        if opened.is_err() {
-            log.close();
+        let opened =
+            Self::open_over_log(config.clone(), storage.clone(), probe.clone(), log.clone(), replay)
+                .await;
+        match opened {
+            Err(OpenError::Node(
+                e @ (NodeError::Superseded { .. }
+                | NodeError::MissingIdentity { .. }
+                | NodeError::UnknownToStore { .. }),
+            )) if config.durability == Durability::ObjectStore => {
+                // Under object-store durability the directory is only a cache: what it
+                // held that counts is in the store, and another node takes its id over.
+                // Start afresh under a new id.
+                log.close();
+                tracing::warn!(error = %e, "the data directory's node identity cannot be used; under object-store durability it is a cache, so this node starts under a new id");
+                let reset = |path: &std::path::Path| -> Result<(), OpenError> {
+                    let removed = if path.is_dir() {
+                        std::fs::remove_dir_all(path)
+                    } else {
+                        std::fs::remove_file(path)
+                    };
+                    match removed {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                            Err(OpenError::DataDir {
+                                path: path.display().to_string(),
+                                source: e,
+                            })
+                        }
+                        _ => Ok(()),
+                    }
+                };
+                reset(&config.data_dir.join("log"))?;
+                reset(&config.data_dir.join("node.json"))?;
+                reset(&config.data_dir.join("node_id"))?;
+                let (log, replay) = CommitLog::open(log_config)?;
+                let opened = Self::open_over_log(config, storage, probe, log.clone(), replay).await;
+                if opened.is_err() {
+                    log.close();
+                }
+                opened
+            }
+            Err(e) => {
+                log.close();
+                Err(e)
+            }
+            Ok(db) => Ok(db),
         }
-        opened
     }
 
     /// The rest of opening, once the log is open: the node's identity, the catalog, the
@@ -331,12 +377,25 @@ impl Database {
                     has_records: !replay.is_empty() || log.last_lsn() > 0,
                     last_lsn: log.last_lsn(),
                     synced: config.durability == Durability::Fsync,
+                    remote: config.durability == Durability::ObjectStore,
                 },
                 config.node_lease,
                 config.journal().as_deref(),
             )
             .await?,
         );
+        // Under object-store durability, what counts is the log in the store: the local
+        // one may lack groups (a lost disk) or hold groups never acknowledged.
+        let replay = if config.durability == Durability::ObjectStore {
+            let (remote, records) =
+                crate::log::recover_remote(storage.store().clone(), node.id(), node.epoch())
+                    .await
+                    .map_err(NodeError::from)?;
+            log.attach_remote(remote, config.node_lease / 2);
+            records
+        } else {
+            replay
+        };
         // This epoch's records start past every LSN an earlier epoch could have used.
         log.advance_to(node.lsn_base()).await?;
         let catalog = Arc::new(Catalog::open(storage.clone()).await?);
@@ -380,6 +439,7 @@ impl Database {
             gc_stats: GcStats::default(),
             plans: Mutex::new(HashMap::new()),
             ingest_admission,
+            takeovers: takeover::Takeovers::default(),
         }))
     }
 
@@ -455,6 +515,14 @@ impl Database {
             self.log.clone(),
             stopped(stop_rx.clone()),
         );
+        let takeovers = {
+            let db = self.clone();
+            let tick = (self.config.node_lease / 4).max(std::time::Duration::from_millis(50));
+            crate::every(tick, stopped(stop_rx.clone()), move || {
+                let db = db.clone();
+                async move { db.take_over_dead_nodes().await }
+            })
+        };
         let gc = {
             let db = self.clone();
             crate::every(self.gc_interval(), stopped(stop_rx), move || {
@@ -468,7 +536,7 @@ impl Database {
             shutdown.await;
             let _ = stop_tx.send(true);
         };
-        tokio::join!(tables, streams, refresh, heartbeat, gc, signal);
+        tokio::join!(tables, streams, refresh, heartbeat, takeovers, gc, signal);
     }
 
     /// Picks up what other nodes sharing the object store committed: new catalog versions
@@ -488,6 +556,7 @@ impl Database {
     /// releases the node's id (a restart anywhere may claim it at once). Stop maintenance
     /// first.
     pub async fn shutdown(&self) -> Result<(), TableError> {
+        self.release_hosted().await;
         if let Err(e) = self.streams.checkpoint(true).await {
             tracing::warn!(error = %e, "stream checkpoint at close failed (data is safe in the log)");
         }

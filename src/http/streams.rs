@@ -575,7 +575,11 @@ async fn create(
         incarnation: incarnation(headers)?,
         body: body_bytes(body).await?,
     };
-    let (created, info) = state.db.streams().create(request).await?;
+    let (created, info) = state
+        .db
+        .stream_engine(&request.name)
+        .create(request)
+        .await?;
     let mut response = if created {
         StatusCode::CREATED.into_response()
     } else {
@@ -606,7 +610,11 @@ async fn append(
         body: body_bytes(body).await?,
     };
     let with_body = !request.body.is_empty();
-    let outcome = state.db.streams().append(request).await?;
+    let outcome = state
+        .db
+        .stream_engine(&request.name)
+        .append(request)
+        .await?;
     let mut response = StatusCode::NO_CONTENT.into_response();
     let h = response.headers_mut();
     match outcome {
@@ -652,7 +660,7 @@ async fn append(
 }
 
 async fn head(state: &AppState, name: String) -> Result<Response, ApiError> {
-    let stream = state.db.streams().get(&name).await?;
+    let stream = state.db.stream_engine(&name).get(&name).await?;
     let info = stream.info();
     let mut response = StatusCode::OK.into_response();
     let h = response.headers_mut();
@@ -668,7 +676,11 @@ async fn head(state: &AppState, name: String) -> Result<Response, ApiError> {
 
 async fn delete(state: &AppState, name: String, headers: &HeaderMap) -> Result<Response, ApiError> {
     let token = incarnation(headers)?;
-    state.db.streams().delete(&name, token.as_deref()).await?;
+    state
+        .db
+        .stream_engine(&name)
+        .delete(&name, token.as_deref())
+        .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -805,7 +817,7 @@ async fn read(
     query: Option<&str>,
 ) -> Result<Response, ApiError> {
     let q = read_query(query)?;
-    let streams = state.db.streams();
+    let streams = state.db.stream_engine(&name);
     let stream = streams.get(&name).await?;
     stream.touch();
     match q.live {
@@ -911,7 +923,7 @@ async fn long_poll(
     q: &ReadQuery,
     headers: &HeaderMap,
 ) -> Result<Response, ApiError> {
-    let streams = state.db.streams();
+    let streams = state.db.stream_engine(stream.name());
     let _live = state.metrics.live_reader();
     let ndjson = wants_ndjson(headers);
     let (from, _) = q.from.clone().unwrap_or((ReadFrom::Start, "-1".to_owned()));
@@ -1117,7 +1129,7 @@ impl SseState {
 }
 
 fn sse(state: &AppState, stream: Arc<Stream>, q: &ReadQuery) -> Response {
-    let streams = state.db.streams().clone();
+    let streams = state.db.stream_engine(stream.name());
     let (from, _) = q.from.clone().unwrap_or((ReadFrom::Start, "-1".to_owned()));
     let info = stream.info();
     let encoding = sse_encoding(&info.content_type);

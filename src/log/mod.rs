@@ -33,6 +33,7 @@
 //! The CRC covers kind, lsn and payload. The kind byte's top bit marks the last record of a
 //! group commit.
 
+mod remote;
 mod segment;
 
 use std::collections::HashMap;
@@ -46,6 +47,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
+pub(crate) use remote::{RemoteLog, recover as recover_remote};
 use segment::{Segment, SegmentScan};
 
 /// A log sequence number: the position of a record in the log, starting at 1.
@@ -103,6 +105,10 @@ pub enum Durability {
     /// Never sync: the OS writes the data back when it likes. A machine crash or power loss
     /// loses acknowledged writes. Unsafe; for tests and throwaway data only.
     None,
+    /// Each group is written to the object store as one object before any of it is
+    /// acknowledged ([`remote`]); local segments are a cache and are not synced. Needs a
+    /// remote log attached ([`CommitLog::attach_remote`]) before the first append.
+    ObjectStore,
 }
 
 /// A place where a test can make the log fail, to exercise crash and fault handling
@@ -250,6 +256,10 @@ pub enum LogError {
     /// This node no longer owns its log: another process claimed its node id.
     #[error("this node was fenced: another process took over its node id; nothing more is written")]
     Fenced,
+    /// The node could not renew its lease in time, so it acknowledges nothing until it has:
+    /// another node may be taking its log over. Nothing was written.
+    #[error("this node could not renew its lease in the object store; retry shortly")]
+    LeaseExpired,
     /// Another process (or another open log in this one) uses the directory.
     #[error("commit log {0} is in use by another sluice process")]
     Locked(PathBuf),
@@ -320,6 +330,12 @@ struct Shared {
     stats: LogStats,
     /// For each consumer, the LSN below which it needs no record any more.
     consumers: Mutex<HashMap<String, Lsn>>,
+    /// The object-store copy, under [`Durability::ObjectStore`].
+    remote: std::sync::OnceLock<Arc<RemoteLog>>,
+    /// Until when (nanoseconds after `opened`) the node's lease lets it acknowledge writes
+    /// (only with a remote log).
+    lease_until: AtomicU64,
+    opened: Instant,
 }
 
 /// The commit log. Cheap to clone; appends from any task are grouped by one writer thread.
@@ -432,6 +448,9 @@ impl CommitLog {
             lock: Mutex::new(Some(lock)),
             stats: LogStats::default(),
             consumers: Mutex::new(consumers),
+            remote: std::sync::OnceLock::new(),
+            lease_until: AtomicU64::new(0),
+            opened: Instant::now(),
         });
         let (tx, rx) = mpsc::unbounded_channel();
         let writer_shared = shared.clone();
@@ -548,6 +567,30 @@ impl CommitLog {
         rx.await.map_err(|_| LogError::WriterGone)?
     }
 
+    /// Attaches the object-store copy every group is written to before it is acknowledged
+    /// ([`Durability::ObjectStore`]); call before the first append. `lease` is how long the
+    /// first acknowledgements may go on without [`CommitLog::renew_lease`].
+    pub(crate) fn attach_remote(&self, remote: RemoteLog, lease: Duration) {
+        self.renew_lease(Instant::now() + lease);
+        let _ = self.shared.remote.set(Arc::new(remote));
+    }
+
+    /// The object-store copy, if one is attached.
+    pub(crate) fn remote(&self) -> Option<&Arc<RemoteLog>> {
+        self.shared.remote.get()
+    }
+
+    /// Lets the log acknowledge writes until `until` (the node renewed its lease). Under a
+    /// remote log, a group that would be written later is refused with
+    /// [`LogError::LeaseExpired`].
+    pub(crate) fn renew_lease(&self, until: Instant) {
+        let nanos = until
+            .saturating_duration_since(self.shared.opened)
+            .as_nanos()
+            .min(u128::from(u64::MAX)) as u64;
+        self.shared.lease_until.fetch_max(nanos, Ordering::AcqRel);
+    }
+
     /// Stops all appends for good: this node lost ownership of its log.
     pub fn fence(&self) {
         self.shared.fenced.store(true, Ordering::Release);
@@ -578,6 +621,10 @@ impl CommitLog {
                 .fetch_add(1, Ordering::Relaxed);
             self.shared.bytes.fetch_sub(size, Ordering::AcqRel);
             deleted += 1;
+        }
+        drop(closed);
+        if let Some(remote) = self.shared.remote.get() {
+            remote.release(lsn);
         }
         Ok(deleted)
     }
@@ -784,6 +831,25 @@ fn write_and_answer(
         }
         return;
     }
+    if shared.remote.get().is_some() {
+        // A node whose lease may have run out acknowledges nothing: another node may be
+        // taking its log over. Nothing is written, so the log stays usable.
+        let now = Instant::now()
+            .saturating_duration_since(shared.opened)
+            .as_nanos()
+            .min(u128::from(u64::MAX)) as u64;
+        let fenced = shared.fenced.load(Ordering::Acquire);
+        if fenced || now >= shared.lease_until.load(Ordering::Acquire) {
+            for append in group.drain(..) {
+                let _ = append.done.send(Err(if fenced {
+                    LogError::Fenced
+                } else {
+                    LogError::LeaseExpired
+                }));
+            }
+            return;
+        }
+    }
     match write_group(shared, active, group, *next_lsn) {
         Ok(()) => {
             for append in group.drain(..) {
@@ -794,6 +860,15 @@ fn write_and_answer(
                 shared.last_lsn.store(lsn, Ordering::Release);
                 let _ = append.done.send(Ok(lsn));
                 *next_lsn += 1;
+            }
+        }
+        Err(LogError::Fenced) => {
+            // Another process fenced this epoch's log in the object store: the group was
+            // not written there and never will be.
+            shared.fenced.store(true, Ordering::Release);
+            shared.poisoned.store(true, Ordering::Release);
+            for append in group.drain(..) {
+                let _ = append.done.send(Err(LogError::Fenced));
             }
         }
         Err(e) => {
@@ -865,6 +940,29 @@ fn write_group(
     if config.durability == Durability::Fsync {
         let started = Instant::now();
         active.sync_data(journal)?;
+        let elapsed = started.elapsed().min(Duration::from_secs(3600));
+        shared.stats.syncs.fetch_add(1, Ordering::Relaxed);
+        shared
+            .stats
+            .sync_nanos
+            .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
+    }
+    if let Some(remote) = shared.remote.get() {
+        let started = Instant::now();
+        let mut body = Vec::with_capacity(bytes);
+        for (header, append) in headers.iter().zip(group) {
+            body.extend_from_slice(header);
+            body.extend_from_slice(&append.payload);
+        }
+        let last_lsn = first_lsn + group.len() as u64 - 1;
+        remote
+            .ship(first_lsn, last_lsn, bytes::Bytes::from(body))
+            .map_err(|e| match e {
+                remote::ShipError::Fenced => LogError::Fenced,
+                remote::ShipError::Store(message) => {
+                    LogError::io(active.path(), io::Error::other(format!("object store: {message}")))
+                }
+            })?;
         let elapsed = started.elapsed().min(Duration::from_secs(3600));
         shared.stats.syncs.fetch_add(1, Ordering::Relaxed);
         shared

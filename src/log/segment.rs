@@ -145,7 +145,7 @@ fn group_end_then_more(bytes: &[u8], bad: usize, starts_before: usize, expected:
 
 /// Decodes the record framed at `pos`, and whether it ends its group; `None` if it is torn
 /// or corrupt.
-fn decode_at(bytes: &[u8], pos: usize) -> Option<(Record, usize, bool)> {
+pub(super) fn decode_at(bytes: &[u8], pos: usize) -> Option<(Record, usize, bool)> {
     let header = bytes.get(pos..pos + FRAME_HEADER_BYTES)?;
     let len = u32::from_le_bytes(header[0..4].try_into().ok()?) as usize;
     let crc = u32::from_le_bytes(header[4..8].try_into().ok()?);

@@ -8,6 +8,7 @@
 //! | `catalog/{v:020}.json`, `.checkpoint.json`, `.floor` | catalog versions | [`crate::catalog`] through [`super::versioned`] |
 //! | `nodes/{id}/epochs/{e:020}.json` | a node id's epoch claims | [`crate::node`] through [`super::versioned`] |
 //! | `nodes/{id}/heartbeat.json` | the running epoch's heartbeat | [`crate::node`] |
+//! | `nodes/{id}/wal/{lsn:020}.wal` | groups of node `id`'s commit log, and fences (durability `object-store`) | `log::remote` |
 //! | `tables/{id}/_log/{v:020}.json`, … | a table's manifest versions | `table::manifest` through [`super::versioned`] |
 //! | `tables/{id}/data/{uuid}.parquet` | a table's data files | [`crate::table`] (flush, compaction) |
 //! | `tables/{id}/metadata/…` | the table's Iceberg view (metadata JSON, Avro manifests) | [`crate::iceberg`] |
@@ -32,6 +33,11 @@ pub(crate) fn node_epochs(id: &str) -> String {
 /// The heartbeat of node `id`.
 pub(crate) fn node_heartbeat(id: &str) -> String {
     format!("nodes/{id}/heartbeat.json")
+}
+
+/// The commit log of node `id` in the object store (`log::remote`).
+pub(crate) fn node_wal(id: &str) -> String {
+    format!("nodes/{id}/wal")
 }
 
 /// Everything of table `id`.

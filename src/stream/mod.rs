@@ -477,6 +477,11 @@ impl Streams {
         (summaries, more)
     }
 
+    /// Whether this engine holds a stream of this name (a soft-deleted one included).
+    pub(crate) fn contains(&self, name: &str) -> bool {
+        self.lookup(name).is_some_and(|s| !s.read_state().gone)
+    }
+
     fn lookup(&self, name: &str) -> Option<Arc<Stream>> {
         self.inner.registry().streams.get(name).cloned()
     }

@@ -45,13 +45,24 @@ impl Node {
     }
 
     async fn start_with_env(data_dir: &Path, object_store: &str, env: &[(&str, String)]) -> Node {
-        let port = free_port();
-        let config = data_dir.with_extension("toml");
-        std::fs::write(
-            &config,
+        Node::start_configured(
+            data_dir,
+            object_store,
+            env,
             "flush_interval_seconds = 0.3\nstream_checkpoint_interval_seconds = 0.5\n",
         )
-        .unwrap();
+        .await
+    }
+
+    async fn start_configured(
+        data_dir: &Path,
+        object_store: &str,
+        env: &[(&str, String)],
+        config_text: &str,
+    ) -> Node {
+        let port = free_port();
+        let config = data_dir.with_extension("toml");
+        std::fs::write(&config, config_text).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
             .envs(env.iter().map(|(k, v)| (k, v)))
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
@@ -437,4 +448,152 @@ async fn an_s3_outage_during_load_loses_nothing_acknowledged() {
     node.wait_count("SELECT count(DISTINCT id) FROM t", acked)
         .await;
     node.stop();
+}
+
+/// Object-store durability with a 2 s lease.
+fn cluster_env() -> Vec<(&'static str, String)> {
+    vec![
+        ("SLUICE_DURABILITY", "object-store".into()),
+        ("SLUICE_NODE_LEASE_SECONDS", "2".into()),
+    ]
+}
+
+/// Settings that keep a node's writes in its log (no flush, no stream checkpoint for ten
+/// minutes): what another node recovers then comes from the log in the object store.
+const NO_FLUSH: &str = "flush_interval_seconds = 600\nstream_checkpoint_interval_seconds = 600\n";
+
+/// Appends `body` to stream `name` on `base` as producer `p`, epoch 0, sequence `seq`.
+async fn produce(base: &str, name: &str, seq: u64, body: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!("{base}/v1/stream/{name}"))
+        .header("content-type", "text/plain")
+        .header("Producer-Id", "p")
+        .header("Producer-Epoch", "0")
+        .header("Producer-Seq", seq.to_string())
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap()
+}
+
+/// The whole of stream `name` on `base`, if it answers.
+async fn read_stream(base: &str, name: &str) -> Option<(String, String)> {
+    let r = reqwest::Client::new()
+        .get(format!("{base}/v1/stream/{name}?offset=-1"))
+        .send()
+        .await
+        .ok()?;
+    if r.status() != 200 {
+        return None;
+    }
+    let next = r.headers().get("Stream-Next-Offset")?.to_str().ok()?.to_owned();
+    Some((r.text().await.ok()?, next))
+}
+
+/// Waits until `base` serves stream `name` (a minute at most).
+async fn wait_stream(base: &str, name: &str) -> (String, String) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(read) = read_stream(base, name).await {
+            return read;
+        }
+        assert!(Instant::now() < deadline, "{base} never served stream {name}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_dead_nodes_acknowledged_writes_survive_its_disk() {
+    let url = s3_url("takeover");
+    let env = cluster_env();
+    let dir_a = temp_dir("takeover-a");
+    let a = Node::start_configured(&dir_a, &url, &env, NO_FLUSH).await;
+    let b = Node::start_with_env(&temp_dir("takeover-b"), &url, &env).await;
+    a.statement("CREATE TABLE t (id int, s string)").await;
+    // Rows and stream appends, all acknowledged by A and still only in its log.
+    for k in 0..10 {
+        assert_eq!(a.ingest("t", k * 100..(k + 1) * 100).await, 200);
+    }
+    let r = reqwest::Client::new()
+        .put(format!("{}/v1/stream/orders", a.base))
+        .header("content-type", "text/plain")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let mut expected = String::new();
+    let mut offsets = Vec::new();
+    for seq in 0..50u64 {
+        let message = format!("message {seq};");
+        let r = produce(&a.base, "orders", seq, &message).await;
+        assert!(r.status().is_success(), "append {seq}: {}", r.status());
+        offsets.push(
+            r.headers()["Stream-Next-Offset"]
+                .to_str()
+                .unwrap()
+                .to_owned(),
+        );
+        expected.push_str(&message);
+    }
+    // A dies with its disk.
+    drop(a);
+    std::fs::remove_dir_all(&dir_a).unwrap();
+    // B takes A's log over: every acknowledged row exactly once...
+    b.wait_count("SELECT count(*) FROM t", 1000).await;
+    b.wait_count("SELECT count(DISTINCT id) FROM t", 1000).await;
+    // ...and every message at its offset, with the producer's state.
+    let (data, next) = wait_stream(&b.base, "orders").await;
+    assert_eq!(data, expected);
+    assert_eq!(&next, offsets.last().unwrap());
+    let duplicate = produce(&b.base, "orders", 49, "message 49;").await;
+    assert_eq!(duplicate.status(), 204, "a retry of the last append is a duplicate");
+    let gap = produce(&b.base, "orders", 51, "skipped").await;
+    assert_eq!(gap.status(), 409, "a skipped sequence number is refused");
+    let next_append = produce(&b.base, "orders", 50, "message 50;").await;
+    assert!(next_append.status().is_success(), "{}", next_append.status());
+    expected.push_str("message 50;");
+    let (data, _) = wait_stream(&b.base, "orders").await;
+    assert_eq!(data, expected);
+    // Nothing doubles later (B flushes and checkpoints what it took over).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(b.count("SELECT count(*) FROM t").await, Some(1000));
+    b.stop();
+}
+
+#[tokio::test]
+async fn a_fenced_node_makes_no_write_visible() {
+    let url = s3_url("fenced");
+    let env = cluster_env();
+    let a = Node::start_configured(&temp_dir("fenced-a"), &url, &env, NO_FLUSH).await;
+    let b = Node::start_with_env(&temp_dir("fenced-b"), &url, &env).await;
+    a.statement("CREATE TABLE t (id int, s string)").await;
+    assert_eq!(a.ingest("t", 0..100).await, 200);
+    let r = reqwest::Client::new()
+        .put(format!("{}/v1/stream/log", a.base))
+        .header("content-type", "text/plain")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    assert!(produce(&a.base, "log", 0, "kept;").await.status().is_success());
+    // A is paused past its lease; B takes its log over.
+    let pid = a.child.id().to_string();
+    Command::new("kill").args(["-STOP", &pid]).status().unwrap();
+    let (data, _) = wait_stream(&b.base, "log").await;
+    assert_eq!(data, "kept;");
+    b.wait_count("SELECT count(*) FROM t", 100).await;
+    // A wakes up: it acknowledges nothing more, and nothing it is sent becomes visible.
+    Command::new("kill").args(["-CONT", &pid]).status().unwrap();
+    for seq in 1..20u64 {
+        let r = produce(&a.base, "log", seq, "lost;").await;
+        assert!(!r.status().is_success(), "a fenced node acknowledged an append");
+        let status = a.ingest("t", 1000..1010).await;
+        assert!(!status.is_success(), "a fenced node acknowledged rows");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (data, _) = wait_stream(&b.base, "log").await;
+    assert_eq!(data, "kept;");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(b.count("SELECT count(*) FROM t").await, Some(100));
+    b.stop();
 }

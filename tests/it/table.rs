@@ -76,6 +76,7 @@ async fn open_tables(
             has_records: !replay.is_empty(),
             last_lsn: log.last_lsn(),
             synced: true,
+            remote: false,
         },
         std::time::Duration::from_secs(1),
         None,

@@ -1,0 +1,310 @@
+//! Taking over the logs of dead nodes (`durability = "object-store"`).
+//!
+//! Under object-store durability a node's acknowledged writes are in the object store
+//! (`log::remote`), so they survive the node's disk. Every such node watches the heartbeats
+//! of its peers ([`crate::node::peer_beats`]); when one that writes its log to the object
+//! store stands still for a whole lease (by this node's clock, never by comparing clocks),
+//! the node takes the id over:
+//!
+//! 1. It claims the id's next epoch ([`Node::take_over`]): a conditional create, so exactly
+//!    one node wins, and the claim fences the old owner (its heartbeat and manifest commits
+//!    check for a later epoch, and its lease ran out before the watch could end).
+//! 2. It fences the old epochs' logs in the object store and reads back every group not yet
+//!    released ([`crate::log::recover_remote`]).
+//! 3. It hosts the id: a commit log of its own for the id (local cache under
+//!    `hosted/{id}-{epoch}/`, groups to the id's object-store log), the id's tables replayed
+//!    and flushed at once under the id's position in each manifest (so each row lands
+//!    exactly once, whoever flushed it before), and the id's streams loaded from their
+//!    snapshot and the log: their offsets, producer state and data stay as they were, and
+//!    this node serves them from now on ([`Database::stream_engine`]).
+//! 4. An id with no stream left is retired: its heartbeat says so, and no node takes it over
+//!    again. Otherwise the host renews its heartbeat like its own; if the host dies too,
+//!    another node takes the id over from the host in the same way.
+//!
+//! A clean shutdown releases every hosted id (after a checkpoint and a flush), so another
+//! node, or this one after its restart, takes it over after a lease.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+use super::{Database, OpenError};
+use crate::log::{CommitLog, Durability, LogConfig, recover_remote};
+use crate::node::{Node, NodeError, PeerBeat, peer_beats};
+use crate::stream::Streams;
+use crate::table::Tables;
+
+/// A node id this process took over and serves.
+pub(crate) struct Hosted {
+    node: Arc<Node>,
+    log: CommitLog,
+    tables: Arc<Tables>,
+    streams: Streams,
+    stop: tokio::sync::watch::Sender<bool>,
+    dir: PathBuf,
+}
+
+/// A peer's heartbeat as last seen, and since when it has not moved.
+struct Watched {
+    beat: PeerBeat,
+    since: Instant,
+}
+
+/// The ids this process hosts, and the peers it watches.
+#[derive(Default)]
+pub(crate) struct Takeovers {
+    hosted: RwLock<Vec<Arc<Hosted>>>,
+    watched: Mutex<HashMap<String, Watched>>,
+    /// One takeover pass at a time.
+    pass: tokio::sync::Mutex<()>,
+}
+
+impl Takeovers {
+    fn hosted(&self) -> Vec<Arc<Hosted>> {
+        self.hosted
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn hosts(&self, id: &str) -> bool {
+        self.hosted().iter().any(|h| h.node.id() == id)
+    }
+
+    /// The peers whose heartbeat stood still for `lease` since this process first saw it.
+    fn due(&self, beats: Vec<PeerBeat>, lease: std::time::Duration) -> Vec<String> {
+        let mut watched = self.watched.lock().unwrap_or_else(|p| p.into_inner());
+        watched.retain(|id, _| beats.iter().any(|b| b.id == *id));
+        let mut due = Vec::new();
+        for beat in beats {
+            match watched.get_mut(&beat.id) {
+                Some(w) if w.beat == beat => {
+                    if w.since.elapsed() >= lease {
+                        due.push(beat.id.clone());
+                    }
+                }
+                _ => {
+                    watched.insert(
+                        beat.id.clone(),
+                        Watched {
+                            beat,
+                            since: Instant::now(),
+                        },
+                    );
+                }
+            }
+        }
+        due
+    }
+}
+
+impl Database {
+    /// The stream engine that holds stream `name`: a hosted id's, when it has the stream,
+    /// else this node's own (which also creates new streams).
+    pub fn stream_engine(&self, name: &str) -> Streams {
+        for hosted in self.takeovers.hosted() {
+            if hosted.streams.contains(name) {
+                return hosted.streams.clone();
+            }
+        }
+        self.streams.clone()
+    }
+
+    /// The ids this process took over and serves.
+    pub fn hosted_ids(&self) -> Vec<String> {
+        self.takeovers
+            .hosted()
+            .iter()
+            .map(|h| h.node.id().to_owned())
+            .collect()
+    }
+
+    /// One pass of the watch over peers: takes over every peer whose log is in the object
+    /// store and whose heartbeat stood still for a whole lease. Only under object-store
+    /// durability; errors are retried at the next pass.
+    pub async fn take_over_dead_nodes(&self) {
+        if self.config.durability != Durability::ObjectStore || self.node.is_fenced() {
+            return;
+        }
+        let _pass = self.takeovers.pass.lock().await;
+        let beats = match peer_beats(&self.storage).await {
+            Ok(beats) => beats,
+            Err(e) => {
+                tracing::debug!(error = %e, "reading peer heartbeats failed; retrying later");
+                return;
+            }
+        };
+        let candidates: Vec<PeerBeat> = beats
+            .into_iter()
+            .filter(|b| {
+                b.wal && !b.retired && b.id != self.node.id() && !self.takeovers.hosts(&b.id)
+            })
+            .collect();
+        for id in self.takeovers.due(candidates, self.config.node_lease) {
+            match self.take_over(&id).await {
+                Ok(true) => tracing::info!(node = %id, "took over a dead node's log"),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(node = %id, error = %e, "taking over a dead node failed; retrying later");
+                }
+            }
+        }
+    }
+
+    /// Takes node `id` over (see the module docs); `false` when another process claimed it
+    /// first.
+    async fn take_over(&self, id: &str) -> Result<bool, OpenError> {
+        let lease = self.config.node_lease;
+        let Some(node) = Node::take_over(self.storage.clone(), id, lease, self.node.id()).await?
+        else {
+            return Ok(false);
+        };
+        let node = Arc::new(node);
+        let (remote, replay) = recover_remote(self.storage.store().clone(), id, node.epoch())
+            .await
+            .map_err(NodeError::from)?;
+        let dir = self
+            .config
+            .data_dir
+            .join("hosted")
+            .join(format!("{id}-{}", node.epoch()));
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(|source| OpenError::DataDir {
+                path: dir.display().to_string(),
+                source,
+            })?;
+        }
+        let mut log_config = LogConfig::new(dir.join("log"));
+        log_config.durability = Durability::ObjectStore;
+        log_config.max_log_bytes = self.config.max_log_bytes;
+        log_config.segment_bytes = self.config.log_segment_bytes;
+        log_config.consumers = vec!["tables".into(), "streams".into()];
+        let (log, _) = CommitLog::open(log_config)?;
+        log.attach_remote(remote, lease / 2);
+        let opened = async {
+            log.advance_to(node.lsn_base()).await?;
+            let tables = Arc::new(
+                Tables::open(
+                    log.clone(),
+                    &replay,
+                    self.storage.clone(),
+                    node.clone(),
+                    self.config.tables.clone(),
+                    self.config.gc_grace,
+                )
+                .await?,
+            );
+            // The dead node's rows go to their tables now, under its position in each
+            // manifest: a batch it flushed already is skipped.
+            tables.flush_due(true).await?;
+            let streams = Streams::open(
+                log.clone(),
+                &replay,
+                self.storage.clone(),
+                node.clone(),
+                self.config.streams.clone(),
+            )
+            .await?;
+            Ok::<_, OpenError>((tables, streams))
+        }
+        .await;
+        let (tables, streams) = match opened {
+            Ok(opened) => opened,
+            Err(e) => {
+                log.close();
+                return Err(e);
+            }
+        };
+        if streams.len() == 0 {
+            // Nothing left to serve: the id is retired, and its log released.
+            let _ = streams.checkpoint(true).await;
+            log.close();
+            node.retire(log.last_lsn()).await?;
+            let _ = std::fs::remove_dir_all(&dir);
+            return Ok(true);
+        }
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let hosted = Arc::new(Hosted {
+            node: node.clone(),
+            log: log.clone(),
+            tables: tables.clone(),
+            streams: streams.clone(),
+            stop,
+            dir,
+        });
+        let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        };
+        let tick = self.config.maintenance_interval;
+        tokio::spawn(
+            tables
+                .clone()
+                .run_maintenance(tick, stopped(stop_rx.clone())),
+        );
+        tokio::spawn(
+            streams
+                .clone()
+                .run_maintenance(tick, stopped(stop_rx.clone())),
+        );
+        tokio::spawn(crate::node::run_heartbeat(
+            node.clone(),
+            log.clone(),
+            stopped(stop_rx),
+        ));
+        self.takeovers
+            .hosted
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(hosted);
+        Ok(true)
+    }
+
+    /// Garbage collection of the hosted ids' streams.
+    pub(super) async fn collect_hosted_garbage(
+        &self,
+    ) -> Result<crate::storage::GcReport, String> {
+        let mut report = crate::storage::GcReport::default();
+        for hosted in self.takeovers.hosted() {
+            if hosted.node.is_fenced() {
+                continue;
+            }
+            report.add(
+                hosted
+                    .streams
+                    .collect_garbage(self.config.gc_grace)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            );
+        }
+        Ok(report)
+    }
+
+    /// Seals, flushes and releases every hosted id (part of [`Database::shutdown`]).
+    pub(super) async fn release_hosted(&self) {
+        let hosted: Vec<Arc<Hosted>> = std::mem::take(
+            &mut *self
+                .takeovers
+                .hosted
+                .write()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        for h in hosted {
+            let _ = h.stop.send(true);
+            if let Err(e) = h.streams.checkpoint(true).await {
+                tracing::warn!(node = %h.node.id(), error = %e, "checkpoint of a hosted node at close failed (its log is in the object store)");
+            }
+            if let Err(e) = h.tables.flush_due(true).await {
+                tracing::warn!(node = %h.node.id(), error = %e, "flush of a hosted node at close failed (its log is in the object store)");
+            }
+            h.streams.shutdown();
+            h.log.close();
+            if !h.node.is_fenced()
+                && let Err(e) = h.node.heartbeat(h.log.last_lsn(), true).await
+            {
+                tracing::warn!(node = %h.node.id(), error = %e, "could not release a hosted node id");
+            }
+            let _ = std::fs::remove_dir_all(&h.dir);
+        }
+    }
+}
