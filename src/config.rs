@@ -84,6 +84,8 @@ pub struct FileConfig {
     pub header_timeout_seconds: Option<f64>,
     /// Host names the server answers to besides loopback, `localhost` and its listen address.
     pub allowed_hosts: Option<Vec<String>>,
+    /// The URL other nodes reach this one at (stream requests are forwarded to their owner).
+    pub advertise_url: Option<String>,
     /// Origins whose web pages may call the API (`*` for any).
     pub cors_origins: Option<Vec<String>>,
     /// Networks webhooks may reach although they are not public (`127.0.0.0/8`).
@@ -153,6 +155,8 @@ pub struct Overrides {
     pub long_poll_timeout_ms: Option<u64>,
     /// `--allowed-host` (repeated) / `SLUICE_ALLOWED_HOSTS` (comma-separated).
     pub allowed_hosts: Vec<String>,
+    /// `--advertise-url` / `SLUICE_ADVERTISE_URL`.
+    pub advertise_url: Option<String>,
     /// `--cors-origin` (repeated) / `SLUICE_CORS_ORIGINS` (comma-separated).
     pub cors_origins: Vec<String>,
     /// `--webhook-allowed-network` (repeated) / `SLUICE_WEBHOOK_ALLOWED_NETWORKS`.
@@ -292,6 +296,27 @@ impl ServeConfig {
             .unwrap_or_else(|| PathBuf::from("data"));
         let mut db = DbConfig::new(data_dir);
         db.object_store = overrides.object_store.or(file.object_store);
+        // Other nodes forward stream requests here; a listen address that names one
+        // interface names it, a wildcard one does not.
+        db.advertise_url = match overrides.advertise_url.or(file.advertise_url) {
+            Some(url) => {
+                let parsed = reqwest::Url::parse(&url).ok().filter(|u| {
+                    matches!(u.scheme(), "http" | "https")
+                        && u.host().is_some()
+                        && u.path() == "/"
+                        && u.query().is_none()
+                });
+                if parsed.is_none() {
+                    return Err(ConfigError::Invalid {
+                        name: "advertise_url",
+                        message: format!("{url:?}: an http(s) URL with a host and no path"),
+                    });
+                }
+                Some(url.trim_end_matches('/').to_owned())
+            }
+            None if !listen.ip().is_unspecified() => Some(format!("http://{listen}")),
+            None => None,
+        };
         db.durability = match overrides.durability.or(file.durability).as_deref() {
             None | Some("fsync") => Durability::Fsync,
             Some("none") => Durability::None,

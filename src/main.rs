@@ -179,6 +179,10 @@ struct ServeArgs {
         value_delimiter = ','
     )]
     allowed_hosts: Vec<String>,
+    /// The URL other nodes reach this one at, for stream requests they forward to it
+    /// (object-store durability) [default: http://LISTEN when it names one address]
+    #[arg(long, env = "SLUICE_ADVERTISE_URL")]
+    advertise_url: Option<String>,
     /// An origin whose web pages may call the API, or * (repeatable)
     #[arg(
         long = "cors-origin",
@@ -453,6 +457,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         durability: args.durability,
         long_poll_timeout_ms: args.long_poll_timeout_ms,
         allowed_hosts: args.allowed_hosts,
+        advertise_url: args.advertise_url,
         cors_origins: args.cors_origins,
         webhook_allowed_networks: args.webhook_allowed_networks,
         gc_grace_seconds: args.gc_grace_seconds,

@@ -188,6 +188,9 @@ struct Heartbeat {
     /// Nothing of this id is left to take over: no stream, no record to replay.
     #[serde(default)]
     retired: bool,
+    /// Where the process serving the id answers (stream requests are forwarded there).
+    #[serde(default)]
+    url: Option<String>,
 }
 
 /// What a starting node knows of its log.
@@ -216,6 +219,8 @@ pub struct Node {
     dir: String,
     /// The log is written to the object store.
     wal: bool,
+    /// Where this process answers, for peers that forward stream requests.
+    url: std::sync::OnceLock<String>,
     fenced: AtomicBool,
 }
 
@@ -482,6 +487,7 @@ impl Node {
             boot,
             dir,
             wal: log.remote,
+            url: std::sync::OnceLock::new(),
             fenced: AtomicBool::new(false),
         };
         node.heartbeat(log.last_lsn, false).await?;
@@ -532,10 +538,16 @@ impl Node {
             boot: boot_id(),
             dir: format!("hosted by {host}"),
             wal: true,
+            url: std::sync::OnceLock::new(),
             fenced: AtomicBool::new(false),
         };
         node.heartbeat(0, false).await?;
         Ok(Some(node))
+    }
+
+    /// Names where this process answers in the id's heartbeats from now on.
+    pub(crate) fn set_url(&self, url: &str) {
+        let _ = self.url.set(url.to_owned());
     }
 
     /// The epoch this process claimed.
@@ -619,6 +631,7 @@ impl Node {
             dir: self.dir.clone(),
             wal: self.wal,
             retired,
+            url: self.url.get().cloned(),
         };
         let body = serde_json::to_vec(&beat).unwrap_or_default();
         self.storage
@@ -745,6 +758,8 @@ pub(crate) struct PeerBeat {
     pub(crate) wal: bool,
     /// Nothing of the id is left to take over.
     pub(crate) retired: bool,
+    /// Where the process serving the id answers.
+    pub(crate) url: Option<String>,
 }
 
 /// The heartbeat of every node id in the store.
@@ -765,6 +780,7 @@ pub(crate) async fn peer_beats(storage: &Storage) -> Result<Vec<PeerBeat>, objec
                 at_ms: beat.at_ms,
                 wal: beat.wal,
                 retired: beat.retired,
+                url: beat.url,
             });
         }
     }

@@ -87,7 +87,10 @@ impl Database {
             if let Some(remote) = self.log.remote() {
                 note(
                     "log fences",
-                    remote.collect_fences(grace).await.map_err(|e| e.to_string()),
+                    remote
+                        .collect_fences(grace)
+                        .await
+                        .map_err(|e| e.to_string()),
                 );
             }
             note("hosted streams", self.collect_hosted_garbage().await);

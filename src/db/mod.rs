@@ -68,6 +68,8 @@ pub struct DbConfig {
     /// How long a node's heartbeat must stay still before another process may take over its
     /// id (see [`crate::node`]).
     pub node_lease: Duration,
+    /// The URL other nodes reach this one at (stream requests are forwarded to their owner).
+    pub advertise_url: Option<String>,
     /// How long an object no live version references is kept before garbage collection
     /// deletes it (queries and other nodes may still be reading it).
     pub gc_grace: Duration,
@@ -109,6 +111,7 @@ impl DbConfig {
             ingest_inflight_bytes: 48 << 20,
             query: QueryLimits::default(),
             node_lease: Duration::from_secs(10),
+            advertise_url: None,
             gc_grace: Duration::from_secs(600),
             #[cfg(feature = "testing")]
             sync_journal: None,
@@ -310,9 +313,14 @@ impl Database {
         log_config.consumers = vec!["tables".into(), "streams".into()];
         let (log, replay) = CommitLog::open(log_config.clone())?;
         // A failed open closes the log again: it holds the directory's lock.
-        let opened =
-            Self::open_over_log(config.clone(), storage.clone(), probe.clone(), log.clone(), replay)
-                .await;
+        let opened = Self::open_over_log(
+            config.clone(),
+            storage.clone(),
+            probe.clone(),
+            log.clone(),
+            replay,
+        )
+        .await;
         match opened {
             Err(OpenError::Node(
                 e @ (NodeError::Superseded { .. }
@@ -384,6 +392,9 @@ impl Database {
             )
             .await?,
         );
+        if let Some(url) = &config.advertise_url {
+            node.set_url(url);
+        }
         // Under object-store durability, what counts is the log in the store: the local
         // one may lack groups (a lost disk) or hold groups never acknowledged.
         let replay = if config.durability == Durability::ObjectStore {

@@ -56,6 +56,10 @@ struct Watched {
 pub(crate) struct Takeovers {
     hosted: RwLock<Vec<Arc<Hosted>>>,
     watched: Mutex<HashMap<String, Watched>>,
+    /// Where the live peers answer (from their heartbeats), for forwarded stream requests.
+    peer_urls: RwLock<Vec<String>>,
+    /// Streams found on a peer: name -> (its URL, when found).
+    owners: Mutex<HashMap<String, (String, Instant)>>,
     /// One takeover pass at a time.
     pass: tokio::sync::Mutex<()>,
 }
@@ -111,6 +115,62 @@ impl Database {
         self.streams.clone()
     }
 
+    /// Whether stream `name` is served by this process (its own or a hosted id's).
+    pub(crate) fn serves_stream(&self, name: &str) -> bool {
+        self.streams.contains(name)
+            || self
+                .takeovers
+                .hosted()
+                .iter()
+                .any(|h| h.streams.contains(name))
+    }
+
+    /// The URLs of the live peers (object-store durability), from their heartbeats.
+    pub(crate) fn peer_urls(&self) -> Vec<String> {
+        if self.config.durability != Durability::ObjectStore {
+            return Vec::new();
+        }
+        self.takeovers
+            .peer_urls
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The peer URL stream `name` was last found at, if found within a lease.
+    pub(crate) fn cached_stream_owner(&self, name: &str) -> Option<String> {
+        let owners = self
+            .takeovers
+            .owners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        owners
+            .get(name)
+            .filter(|(_, at)| at.elapsed() < self.config.node_lease)
+            .map(|(url, _)| url.clone())
+    }
+
+    /// Remembers (or, with `None`, forgets) where stream `name` is served.
+    pub(crate) fn note_stream_owner(&self, name: &str, url: Option<&str>) {
+        let mut owners = self
+            .takeovers
+            .owners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match url {
+            Some(url) => {
+                // Bounded: names come from clients.
+                if owners.len() >= 100_000 {
+                    owners.clear();
+                }
+                owners.insert(name.to_owned(), (url.to_owned(), Instant::now()));
+            }
+            None => {
+                owners.remove(name);
+            }
+        }
+    }
+
     /// The ids this process took over and serves.
     pub fn hosted_ids(&self) -> Vec<String> {
         self.takeovers
@@ -135,6 +195,19 @@ impl Database {
                 return;
             }
         };
+        let mut urls: Vec<String> = beats
+            .iter()
+            .filter(|b| b.wal && !b.retired && b.id != self.node.id())
+            .filter_map(|b| b.url.clone())
+            .filter(|u| Some(u) != self.config.advertise_url.as_ref())
+            .collect();
+        urls.sort();
+        urls.dedup();
+        *self
+            .takeovers
+            .peer_urls
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = urls;
         let candidates: Vec<PeerBeat> = beats
             .into_iter()
             .filter(|b| {
@@ -160,6 +233,9 @@ impl Database {
         else {
             return Ok(false);
         };
+        if let Some(url) = &self.config.advertise_url {
+            node.set_url(url);
+        }
         let node = Arc::new(node);
         let (remote, replay) = recover_remote(self.storage.store().clone(), id, node.epoch())
             .await
@@ -261,9 +337,7 @@ impl Database {
     }
 
     /// Garbage collection of the hosted ids' streams.
-    pub(super) async fn collect_hosted_garbage(
-        &self,
-    ) -> Result<crate::storage::GcReport, String> {
+    pub(super) async fn collect_hosted_garbage(&self) -> Result<crate::storage::GcReport, String> {
         let mut report = crate::storage::GcReport::default();
         for hosted in self.takeovers.hosted() {
             if hosted.node.is_fenced() {

@@ -5,6 +5,7 @@ mod catalog;
 mod console;
 mod deadline;
 mod error;
+mod forward;
 mod iceberg;
 mod ingest;
 mod listener;
@@ -73,6 +74,8 @@ pub struct Shared {
     browser: Arc<BrowserPolicy>,
     /// The owner of every request when no keys are configured.
     local_owner: Owner,
+    /// Sends stream requests to the peer that serves the stream ([`forward`]).
+    forward_client: reqwest::Client,
 }
 
 impl AppState {
@@ -95,6 +98,7 @@ impl AppState {
             body_timeout: crate::config::DEFAULT_BODY_TIMEOUT,
             browser: Arc::new(BrowserPolicy::default()),
             local_owner: Arc::from("local"),
+            forward_client: forward::client(),
         }))
     }
 

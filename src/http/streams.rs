@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use serde_json::json;
 
-use super::{ApiError, AppState};
+use super::{ApiError, AppState, forward};
 use crate::stream::{
     AppendOutcome, AppendRequest, CreateRequest, ForkRequest, Lifetime, MAX_APPEND_BYTES,
     MAX_PRODUCER_NUMBER, MAX_TOKEN_BYTES, ProducerTuple, ReadResult, Stream, StreamError,
@@ -489,6 +489,26 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Target {
     }
 }
 
+/// The answer of the peer that serves stream `name`, when another node does
+/// ([`forward`]); otherwise the body back, for this node to serve the request.
+async fn at_owner(
+    state: &AppState,
+    name: &str,
+    method: Method,
+    uri: &axum::http::Uri,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Result<Response, Body>, ApiError> {
+    let Some(peer) = forward::owner(state, name, headers).await else {
+        return Ok(Err(body));
+    };
+    let body = body_bytes(body).await?;
+    Ok(Ok(forward::forward(
+        state, name, &peer, method, uri, headers, body,
+    )
+    .await))
+}
+
 pub(super) async fn put(
     State(state): State<AppState>,
     target: Target,
@@ -498,7 +518,12 @@ pub(super) async fn put(
 ) -> Result<Response, ApiError> {
     match target {
         Target::Reserved(name) => Ok(reserved(&state, Method::PUT, &name, &headers, body).await),
-        Target::Stream(name) => create(&state, name, &headers, &uri, body).await,
+        Target::Stream(name) => {
+            match at_owner(&state, &name, Method::PUT, &uri, &headers, body).await? {
+                Ok(answer) => Ok(answer),
+                Err(body) => create(&state, name, &headers, &uri, body).await,
+            }
+        }
     }
 }
 
@@ -506,11 +531,17 @@ pub(super) async fn post(
     State(state): State<AppState>,
     target: Target,
     headers: HeaderMap,
+    uri: axum::http::Uri,
     body: Body,
 ) -> Result<Response, ApiError> {
     match target {
         Target::Reserved(name) => Ok(reserved(&state, Method::POST, &name, &headers, body).await),
-        Target::Stream(name) => append(&state, name, &headers, body).await,
+        Target::Stream(name) => {
+            match at_owner(&state, &name, Method::POST, &uri, &headers, body).await? {
+                Ok(answer) => Ok(answer),
+                Err(body) => append(&state, name, &headers, body).await,
+            }
+        }
     }
 }
 
@@ -518,23 +549,36 @@ pub(super) async fn get(
     State(state): State<AppState>,
     target: Target,
     headers: HeaderMap,
+    uri: axum::http::Uri,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     match target {
         Target::Reserved(name) => {
             Ok(reserved(&state, Method::GET, &name, &headers, Body::empty()).await)
         }
-        Target::Stream(name) => read(&state, name, &headers, query.as_deref()).await,
+        Target::Stream(name) => {
+            match at_owner(&state, &name, Method::GET, &uri, &headers, Body::empty()).await? {
+                Ok(answer) => Ok(answer),
+                Err(_) => read(&state, name, &headers, query.as_deref()).await,
+            }
+        }
     }
 }
 
 pub(super) async fn head_stream(
     State(state): State<AppState>,
     target: Target,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
 ) -> Result<Response, ApiError> {
     match target {
         Target::Reserved(_) => Err(ApiError::not_found("no stream here")),
-        Target::Stream(name) => head(&state, name).await,
+        Target::Stream(name) => {
+            match at_owner(&state, &name, Method::HEAD, &uri, &headers, Body::empty()).await? {
+                Ok(answer) => Ok(answer),
+                Err(_) => head(&state, name).await,
+            }
+        }
     }
 }
 
@@ -542,12 +586,18 @@ pub(super) async fn delete_stream(
     State(state): State<AppState>,
     target: Target,
     headers: HeaderMap,
+    uri: axum::http::Uri,
 ) -> Result<Response, ApiError> {
     match target {
         Target::Reserved(name) => {
             Ok(reserved(&state, Method::DELETE, &name, &headers, Body::empty()).await)
         }
-        Target::Stream(name) => delete(&state, name, &headers).await,
+        Target::Stream(name) => {
+            match at_owner(&state, &name, Method::DELETE, &uri, &headers, Body::empty()).await? {
+                Ok(answer) => Ok(answer),
+                Err(_) => delete(&state, name, &headers).await,
+            }
+        }
     }
 }
 

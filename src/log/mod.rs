@@ -959,9 +959,10 @@ fn write_group(
             .ship(first_lsn, last_lsn, bytes::Bytes::from(body))
             .map_err(|e| match e {
                 remote::ShipError::Fenced => LogError::Fenced,
-                remote::ShipError::Store(message) => {
-                    LogError::io(active.path(), io::Error::other(format!("object store: {message}")))
-                }
+                remote::ShipError::Store(message) => LogError::io(
+                    active.path(),
+                    io::Error::other(format!("object store: {message}")),
+                ),
             })?;
         let elapsed = started.elapsed().min(Duration::from_secs(3600));
         shared.stats.syncs.fetch_add(1, Ordering::Relaxed);

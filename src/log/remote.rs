@@ -390,7 +390,8 @@ mod tests {
         let mut body = Vec::new();
         for lsn in first..first + n {
             let payload = lsn.to_le_bytes();
-            let header = segment::frame_header(lsn, RecordKind::Metadata, lsn + 1 == first + n, &payload);
+            let header =
+                segment::frame_header(lsn, RecordKind::Metadata, lsn + 1 == first + n, &payload);
             body.extend_from_slice(&header);
             body.extend_from_slice(&payload);
         }

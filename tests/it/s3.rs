@@ -486,7 +486,12 @@ async fn read_stream(base: &str, name: &str) -> Option<(String, String)> {
     if r.status() != 200 {
         return None;
     }
-    let next = r.headers().get("Stream-Next-Offset")?.to_str().ok()?.to_owned();
+    let next = r
+        .headers()
+        .get("Stream-Next-Offset")?
+        .to_str()
+        .ok()?
+        .to_owned();
     Some((r.text().await.ok()?, next))
 }
 
@@ -497,7 +502,10 @@ async fn wait_stream(base: &str, name: &str) -> (String, String) {
         if let Some(read) = read_stream(base, name).await {
             return read;
         }
-        assert!(Instant::now() < deadline, "{base} never served stream {name}");
+        assert!(
+            Instant::now() < deadline,
+            "{base} never served stream {name}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -535,6 +543,25 @@ async fn a_dead_nodes_acknowledged_writes_survive_its_disk() {
         );
         expected.push_str(&message);
     }
+    // While A lives, B forwards requests for A's stream to A.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = produce(&b.base, "orders", 50, "message 50;").await;
+        if r.status().is_success() {
+            offsets.push(
+                r.headers()["Stream-Next-Offset"]
+                    .to_str()
+                    .unwrap()
+                    .to_owned(),
+            );
+            break;
+        }
+        assert_eq!(r.status(), 404, "an append through B");
+        assert!(Instant::now() < deadline, "B never forwarded to A");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    expected.push_str("message 50;");
+    assert_eq!(wait_stream(&b.base, "orders").await.0, expected);
     // A dies with its disk.
     drop(a);
     std::fs::remove_dir_all(&dir_a).unwrap();
@@ -545,13 +572,21 @@ async fn a_dead_nodes_acknowledged_writes_survive_its_disk() {
     let (data, next) = wait_stream(&b.base, "orders").await;
     assert_eq!(data, expected);
     assert_eq!(&next, offsets.last().unwrap());
-    let duplicate = produce(&b.base, "orders", 49, "message 49;").await;
-    assert_eq!(duplicate.status(), 204, "a retry of the last append is a duplicate");
-    let gap = produce(&b.base, "orders", 51, "skipped").await;
+    let duplicate = produce(&b.base, "orders", 50, "message 50;").await;
+    assert_eq!(
+        duplicate.status(),
+        204,
+        "a retry of the last append is a duplicate"
+    );
+    let gap = produce(&b.base, "orders", 52, "skipped").await;
     assert_eq!(gap.status(), 409, "a skipped sequence number is refused");
-    let next_append = produce(&b.base, "orders", 50, "message 50;").await;
-    assert!(next_append.status().is_success(), "{}", next_append.status());
-    expected.push_str("message 50;");
+    let next_append = produce(&b.base, "orders", 51, "message 51;").await;
+    assert!(
+        next_append.status().is_success(),
+        "{}",
+        next_append.status()
+    );
+    expected.push_str("message 51;");
     let (data, _) = wait_stream(&b.base, "orders").await;
     assert_eq!(data, expected);
     // Nothing doubles later (B flushes and checkpoints what it took over).
@@ -575,7 +610,12 @@ async fn a_fenced_node_makes_no_write_visible() {
         .await
         .unwrap();
     assert_eq!(r.status(), 201);
-    assert!(produce(&a.base, "log", 0, "kept;").await.status().is_success());
+    assert!(
+        produce(&a.base, "log", 0, "kept;")
+            .await
+            .status()
+            .is_success()
+    );
     // A is paused past its lease; B takes its log over.
     let pid = a.child.id().to_string();
     Command::new("kill").args(["-STOP", &pid]).status().unwrap();
@@ -586,7 +626,10 @@ async fn a_fenced_node_makes_no_write_visible() {
     Command::new("kill").args(["-CONT", &pid]).status().unwrap();
     for seq in 1..20u64 {
         let r = produce(&a.base, "log", seq, "lost;").await;
-        assert!(!r.status().is_success(), "a fenced node acknowledged an append");
+        assert!(
+            !r.status().is_success(),
+            "a fenced node acknowledged an append"
+        );
         let status = a.ingest("t", 1000..1010).await;
         assert!(!status.is_success(), "a fenced node acknowledged rows");
         tokio::time::sleep(Duration::from_millis(100)).await;

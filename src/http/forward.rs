@@ -1,0 +1,160 @@
+//! Requests for streams another node serves, forwarded to it (object-store durability).
+//!
+//! A stream is served by one process: the node that created it, or the node that took that
+//! node's id over (`db::takeover`). A request for a stream this process does not serve is
+//! looked up on the live peers, whose heartbeats name their URLs: a `HEAD` of the stream on
+//! each, and the one answering `200` serves it (remembered for a lease). The request is then
+//! sent there with its method, path, query, headers (the API key included: the owner checks
+//! it again) and body, and the answer is relayed as it comes, long-polls and SSE included.
+//!
+//! Invariants:
+//! - A forwarded request carries [`FORWARDED`] and is never forwarded again, so no request
+//!   bounces between nodes; a client that sends the header only gets this node's own answer.
+//! - The target is always a peer's URL from the object store, never anything a client
+//!   names: the client's path is appended to it, its host is never used.
+//! - A create of a name no peer serves is served here.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderName, Method, StatusCode, Uri};
+use axum::response::{IntoResponse as _, Response};
+use bytes::Bytes;
+
+use super::AppState;
+use super::error::ApiError;
+use crate::error::{ErrorClass, Kind};
+
+/// The header that marks a forwarded request.
+pub(super) const FORWARDED: &str = "sluice-forwarded";
+
+/// How long a peer may take to say whether it serves a stream.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The client the forwarding uses: no proxy from the environment, no redirects followed.
+pub(super) fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .connect_timeout(PROBE_TIMEOUT)
+        .build()
+        .unwrap_or_default()
+}
+
+/// Headers that belong to one connection, not to the request or answer.
+fn hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "transfer-encoding"
+            | "te"
+            | "trailer"
+            | "upgrade"
+    )
+}
+
+/// The peer that serves stream `name`, when this process does not and a peer does.
+pub(super) async fn owner(state: &AppState, name: &str, headers: &HeaderMap) -> Option<String> {
+    if headers.contains_key(FORWARDED) || state.db.serves_stream(name) {
+        return None;
+    }
+    let peers = state.db.peer_urls();
+    if peers.is_empty() {
+        return None;
+    }
+    if let Some(url) = state.db.cached_stream_owner(name) {
+        return Some(url);
+    }
+    let probes = peers.iter().map(|peer| async move {
+        let mut url = reqwest::Url::parse(peer).ok()?;
+        url.path_segments_mut()
+            .ok()?
+            .pop_if_empty()
+            .extend(["v1", "stream"])
+            .extend(name.split('/'));
+        let mut request = state
+            .forward_client
+            .head(url)
+            .header(FORWARDED, "1")
+            .timeout(PROBE_TIMEOUT);
+        if let Some(auth) = headers.get(axum::http::header::AUTHORIZATION) {
+            request = request.header(axum::http::header::AUTHORIZATION, auth);
+        }
+        let answer = request.send().await.ok()?;
+        (answer.status() == StatusCode::OK).then(|| peer.clone())
+    });
+    let found = futures::future::join_all(probes)
+        .await
+        .into_iter()
+        .flatten()
+        .next();
+    if let Some(url) = &found {
+        state.db.note_stream_owner(name, Some(url));
+    }
+    found
+}
+
+/// Sends the request to `peer` and relays its answer.
+pub(super) async fn forward(
+    state: &AppState,
+    name: &str,
+    peer: &str,
+    method: Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let url = format!("{peer}{path}");
+    let mut request = state
+        .forward_client
+        .request(method.clone(), &url)
+        .header(FORWARDED, "1");
+    for (header, value) in headers {
+        // The host and length are the new request's own.
+        if !hop_by_hop(header)
+            && header != axum::http::header::HOST
+            && header != axum::http::header::CONTENT_LENGTH
+            && header.as_str() != FORWARDED
+        {
+            request = request.header(header, value);
+        }
+    }
+    if !body.is_empty() {
+        request = request.body(body);
+    }
+    let answer = match request.send().await {
+        Ok(answer) => answer,
+        Err(e) => {
+            // The owner may have died: look it up afresh next time.
+            state.db.note_stream_owner(name, None);
+            let class = if method == Method::GET || method == Method::HEAD || e.is_connect() {
+                ErrorClass::retry("OwnerUnavailable")
+            } else {
+                ErrorClass::unknown(Kind::Unavailable)
+            };
+            return ApiError::classified(
+                class,
+                format!("the node serving stream {name:?} did not answer: {e}"),
+            )
+            .into_response();
+        }
+    };
+    if answer.status() == StatusCode::NOT_FOUND {
+        // Moved or deleted since it was found there.
+        state.db.note_stream_owner(name, None);
+    }
+    let mut response = Response::builder().status(answer.status());
+    if let Some(out) = response.headers_mut() {
+        for (header, value) in answer.headers() {
+            if !hop_by_hop(header) {
+                out.append(header, value.clone());
+            }
+        }
+    }
+    response
+        .body(Body::from_stream(answer.bytes_stream()))
+        .unwrap_or_else(|e| ApiError::internal(e.to_string()).into_response())
+}
