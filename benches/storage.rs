@@ -102,6 +102,7 @@ fn main() {
                 has_records: !replay.is_empty(),
                 last_lsn: flush_log.last_lsn(),
                 synced: true,
+                remote: false,
             },
             Duration::from_secs(1),
             None,

@@ -506,8 +506,19 @@ impl ServeConfig {
                 .filter(|v| !v.is_empty())
                 .collect()
         };
+        let mut allowed_hosts = list(overrides.allowed_hosts, file.allowed_hosts);
+        // Peers forward stream requests to the advertised URL: its host is this server's.
+        if !allowed_hosts.is_empty()
+            && let Some(host) = db
+                .advertise_url
+                .as_deref()
+                .and_then(|u| reqwest::Url::parse(u).ok())
+                .and_then(|u| u.host_str().map(str::to_owned))
+        {
+            allowed_hosts.push(host);
+        }
         let browser = BrowserPolicy {
-            allowed_hosts: list(overrides.allowed_hosts, file.allowed_hosts),
+            allowed_hosts,
             cors_origins: list(overrides.cors_origins, file.cors_origins),
             listen: Some(listen),
         };
