@@ -325,7 +325,8 @@ impl Database {
             Err(OpenError::Node(
                 e @ (NodeError::Superseded { .. }
                 | NodeError::MissingIdentity { .. }
-                | NodeError::UnknownToStore { .. }),
+                | NodeError::UnknownToStore { .. }
+                | NodeError::InUse { .. }),
             )) if config.durability == Durability::ObjectStore => {
                 // Under object-store durability the directory is only a cache: what it
                 // held that counts is in the store, and another node takes its id over.
