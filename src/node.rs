@@ -299,6 +299,19 @@ pub(crate) fn write_durably(
     Ok(())
 }
 
+/// A failed claim, as the node's error.
+fn claim_error(e: VersionError) -> NodeError {
+    match e {
+        VersionError::Storage(e) => NodeError::Storage(e),
+        e @ (VersionError::Corrupt { .. } | VersionError::BelowFloor { .. }) => {
+            NodeError::Storage(object_store::Error::Generic {
+                store: "claims",
+                source: e.to_string().into(),
+            })
+        }
+    }
+}
+
 fn claim_path(id: &str, epoch: u64) -> ObjectPath {
     VersionLog::new(paths::node_epochs(id)).path(epoch)
 }
@@ -464,15 +477,7 @@ impl Node {
         let claimed = VersionLog::new(paths::node_epochs(&id))
             .try_create(storage.store().as_ref(), epoch, &claim)
             .await
-            .map_err(|e| match e {
-                VersionError::Storage(e) => NodeError::Storage(e),
-                e @ (VersionError::Corrupt { .. } | VersionError::BelowFloor { .. }) => {
-                    NodeError::Storage(object_store::Error::Generic {
-                        store: "claims",
-                        source: e.to_string().into(),
-                    })
-                }
-            })?;
+            .map_err(claim_error)?;
         if !claimed {
             return Err(NodeError::InUse { id, ago_ms: 0 });
         }
@@ -494,19 +499,22 @@ impl Node {
         Ok(node)
     }
 
-    /// Takes over node `id` for this process, whose owner is gone (its heartbeat stood still
-    /// for a lease): claims the id's next epoch, which fences every earlier owner. `None`
-    /// when another process claimed it first. `host` names this process in the heartbeat.
+    /// Takes over node `id` for this process, whose owner of epoch `dead_epoch` is gone (its
+    /// heartbeat stood still for a lease): claims exactly the next epoch, which fences every
+    /// earlier owner. `None` when another process claimed that epoch first (another taker, or
+    /// the owner restarting): then the heartbeat seen was stale, and nothing is taken.
+    /// `host` names this process in the heartbeat.
     pub(crate) async fn take_over(
         storage: Storage,
         id: &str,
+        dead_epoch: u64,
         lease: Duration,
         host: &str,
     ) -> Result<Option<Node>, NodeError> {
         if !valid_id(id) {
             return Ok(None);
         }
-        let epoch = latest_epoch(&storage, id).await?.unwrap_or(0) + 1;
+        let epoch = dead_epoch + 1;
         if epoch >= 1 << (64 - EPOCH_SHIFT) {
             return Err(NodeError::EpochsExhausted(id.to_owned()));
         }
@@ -518,15 +526,7 @@ impl Node {
         let claimed = VersionLog::new(paths::node_epochs(id))
             .try_create(storage.store().as_ref(), epoch, &claim)
             .await
-            .map_err(|e| match e {
-                VersionError::Storage(e) => NodeError::Storage(e),
-                e @ (VersionError::Corrupt { .. } | VersionError::BelowFloor { .. }) => {
-                    NodeError::Storage(object_store::Error::Generic {
-                        store: "claims",
-                        source: e.to_string().into(),
-                    })
-                }
-            })?;
+            .map_err(claim_error)?;
         if !claimed {
             return Ok(None);
         }

@@ -396,6 +396,13 @@ impl Database {
         if let Some(url) = &config.advertise_url {
             node.set_url(url);
         }
+        // Local caches of ids an earlier run hosted: those ids are taken over afresh.
+        let hosted_cache = config.data_dir.join("hosted");
+        if hosted_cache.exists()
+            && let Err(e) = std::fs::remove_dir_all(&hosted_cache)
+        {
+            tracing::warn!(dir = %hosted_cache.display(), error = %e, "could not remove the cache of hosted ids");
+        }
         // Under object-store durability, what counts is the log in the store: the local
         // one may lack groups (a lost disk) or hold groups never acknowledged.
         let replay = if config.durability == Durability::ObjectStore {

@@ -49,6 +49,9 @@ pub(crate) struct Hosted {
 struct Watched {
     beat: PeerBeat,
     since: Instant,
+    /// The latest epoch claimed of the id, as far as this process knows: the one a
+    /// takeover fences (a claim whose owner never wrote a heartbeat gets a lease too).
+    epoch: u64,
 }
 
 /// The ids this process hosts, and the peers it watches.
@@ -65,11 +68,33 @@ pub(crate) struct Takeovers {
 }
 
 impl Takeovers {
+    /// The hosted ids this process still owns (a fenced one lost its id to another
+    /// process, and serves nothing).
     fn hosted(&self) -> Vec<Arc<Hosted>> {
         self.hosted
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .clone()
+            .iter()
+            .filter(|h| !h.node.is_fenced())
+            .cloned()
+            .collect()
+    }
+
+    /// Stops and forgets the hosted ids another process took from this one.
+    fn drop_fenced(&self) {
+        let fenced: Vec<Arc<Hosted>> = {
+            let mut hosted = self.hosted.write().unwrap_or_else(|p| p.into_inner());
+            let (fenced, kept) = hosted.drain(..).partition(|h| h.node.is_fenced());
+            *hosted = kept;
+            fenced
+        };
+        for h in fenced {
+            tracing::warn!(node = %h.node.id(), "another process took over a node id this one hosted; its streams are served there");
+            let _ = h.stop.send(true);
+            h.streams.shutdown();
+            h.log.close();
+            let _ = std::fs::remove_dir_all(&h.dir);
+        }
     }
 
     fn hosts(&self, id: &str) -> bool {
@@ -77,7 +102,8 @@ impl Takeovers {
     }
 
     /// The peers whose heartbeat stood still for `lease` since this process first saw it.
-    fn due(&self, beats: Vec<PeerBeat>, lease: std::time::Duration) -> Vec<String> {
+    /// Each with the epoch to take over from.
+    fn due(&self, beats: Vec<PeerBeat>, lease: std::time::Duration) -> Vec<(PeerBeat, u64)> {
         let mut watched = self.watched.lock().unwrap_or_else(|p| p.into_inner());
         watched.retain(|id, _| beats.iter().any(|b| b.id == *id));
         let mut due = Vec::new();
@@ -85,13 +111,14 @@ impl Takeovers {
             match watched.get_mut(&beat.id) {
                 Some(w) if w.beat == beat => {
                     if w.since.elapsed() >= lease {
-                        due.push(beat.id.clone());
+                        due.push((beat, w.epoch));
                     }
                 }
                 _ => {
                     watched.insert(
                         beat.id.clone(),
                         Watched {
+                            epoch: beat.epoch,
                             beat,
                             since: Instant::now(),
                         },
@@ -101,12 +128,25 @@ impl Takeovers {
         }
         due
     }
+
+    /// A takeover of `id` found a later claim than the one it meant to fence: that claim's
+    /// owner gets a whole lease to write its heartbeat before it counts as dead too.
+    fn claimed_meanwhile(&self, id: &str, epoch: u64) {
+        let mut watched = self.watched.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(w) = watched.get_mut(id) {
+            w.epoch = w.epoch.max(epoch);
+            w.since = Instant::now();
+        }
+    }
 }
 
 impl Database {
-    /// The stream engine that holds stream `name`: a hosted id's, when it has the stream,
-    /// else this node's own (which also creates new streams).
+    /// The stream engine that holds stream `name`: this node's own when it has the stream
+    /// (it also creates new streams), else a hosted id's that has it.
     pub fn stream_engine(&self, name: &str) -> Streams {
+        if self.streams.contains(name) {
+            return self.streams.clone();
+        }
         for hosted in self.takeovers.hosted() {
             if hosted.streams.contains(name) {
                 return hosted.streams.clone();
@@ -117,7 +157,8 @@ impl Database {
 
     /// Whether stream `name` is served by this process (its own or a hosted id's).
     pub(crate) fn serves_stream(&self, name: &str) -> bool {
-        self.streams.contains(name)
+        // A fenced node's streams are another process's now: asking the peers finds it.
+        (self.streams.contains(name) && !self.node.is_fenced())
             || self
                 .takeovers
                 .hosted()
@@ -188,9 +229,17 @@ impl Database {
             return;
         }
         let _pass = self.takeovers.pass.lock().await;
+        self.takeovers.drop_fenced();
         let beats = match peer_beats(&self.storage).await {
             Ok(beats) => beats,
             Err(e) => {
+                // The store is unreachable, so the peers could not renew either: their
+                // leases start again once it answers.
+                self.takeovers
+                    .watched
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clear();
                 tracing::debug!(error = %e, "reading peer heartbeats failed; retrying later");
                 return;
             }
@@ -214,8 +263,9 @@ impl Database {
                 b.wal && !b.retired && b.id != self.node.id() && !self.takeovers.hosts(&b.id)
             })
             .collect();
-        for id in self.takeovers.due(candidates, self.config.node_lease) {
-            match self.take_over(&id).await {
+        for (beat, epoch) in self.takeovers.due(candidates, self.config.node_lease) {
+            let id = beat.id.clone();
+            match self.take_over(&id, epoch).await {
                 Ok(true) => tracing::info!(node = %id, "took over a dead node's log"),
                 Ok(false) => {}
                 Err(e) => {
@@ -227,16 +277,35 @@ impl Database {
 
     /// Takes node `id` over (see the module docs); `false` when another process claimed it
     /// first.
-    async fn take_over(&self, id: &str) -> Result<bool, OpenError> {
+    async fn take_over(&self, id: &str, dead_epoch: u64) -> Result<bool, OpenError> {
         let lease = self.config.node_lease;
-        let Some(node) = Node::take_over(self.storage.clone(), id, lease, self.node.id()).await?
+        let Some(node) =
+            Node::take_over(self.storage.clone(), id, dead_epoch, lease, self.node.id()).await?
         else {
+            self.takeovers.claimed_meanwhile(id, dead_epoch + 1);
             return Ok(false);
         };
         if let Some(url) = &self.config.advertise_url {
             node.set_url(url);
         }
         let node = Arc::new(node);
+        // The id's heartbeat moves while its log is read back and replayed (which may take
+        // longer than a lease), so no other watcher takes it from this process meanwhile.
+        // The beat stops when `_beating` is dropped, as this function returns.
+        let (_beating, mut beating) = tokio::sync::watch::channel(());
+        {
+            let node = node.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = beating.changed() => break,
+                        _ = tokio::time::sleep(node.heartbeat_interval()) => {
+                            let _ = node.heartbeat(0, false).await;
+                        }
+                    }
+                }
+            });
+        }
         let (remote, replay) = recover_remote(self.storage.store().clone(), id, node.epoch())
             .await
             .map_err(NodeError::from)?;

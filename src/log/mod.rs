@@ -4,7 +4,9 @@
 //! length and a CRC32C, and carries a log sequence number ([`Lsn`]) that orders all writes of
 //! the server. One writer thread takes every pending append, writes them together and covers
 //! them with one `fdatasync` (group commit); an append returns its LSN only after the sync that
-//! covers it.
+//! covers it. Under [`Durability::ObjectStore`] the group is instead written to the object
+//! store as one object (`log::remote`) before any append in it returns, and the local segments are
+//! only a cache.
 //!
 //! On open, the log is scanned from its first segment. A record that is torn or fails its
 //! checksum is a torn tail, and is cut off, only when nothing acknowledged can follow it: it
@@ -106,8 +108,8 @@ pub enum Durability {
     /// loses acknowledged writes. Unsafe; for tests and throwaway data only.
     None,
     /// Each group is written to the object store as one object before any of it is
-    /// acknowledged ([`remote`]); local segments are a cache and are not synced. Needs a
-    /// remote log attached ([`CommitLog::attach_remote`]) before the first append.
+    /// acknowledged (`log::remote`); local segments are a cache and are not synced. Needs a
+    /// remote log attached (`CommitLog::attach_remote`) before the first append.
     ObjectStore,
 }
 
@@ -292,6 +294,17 @@ pub struct LogStats {
     pub segments_rolled: AtomicU64,
     /// Segments deleted once every consumer released them.
     pub segments_deleted: AtomicU64,
+}
+
+impl LogStats {
+    /// Counts one sync (an `fdatasync`, or a group written to the object store) begun at
+    /// `started`.
+    fn count_sync(&self, started: Instant) {
+        let elapsed = started.elapsed().min(Duration::from_secs(3600));
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        self.sync_nanos
+            .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
+    }
 }
 
 /// Work to run on the writer thread once a record is durable, before it is acknowledged.
@@ -940,12 +953,7 @@ fn write_group(
     if config.durability == Durability::Fsync {
         let started = Instant::now();
         active.sync_data(journal)?;
-        let elapsed = started.elapsed().min(Duration::from_secs(3600));
-        shared.stats.syncs.fetch_add(1, Ordering::Relaxed);
-        shared
-            .stats
-            .sync_nanos
-            .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
+        shared.stats.count_sync(started);
     }
     if let Some(remote) = shared.remote.get() {
         let started = Instant::now();
@@ -964,12 +972,7 @@ fn write_group(
                     io::Error::other(format!("object store: {message}")),
                 ),
             })?;
-        let elapsed = started.elapsed().min(Duration::from_secs(3600));
-        shared.stats.syncs.fetch_add(1, Ordering::Relaxed);
-        shared
-            .stats
-            .sync_nanos
-            .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
+        shared.stats.count_sync(started);
     }
     shared.stats.groups.fetch_add(1, Ordering::Relaxed);
     shared
