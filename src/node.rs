@@ -773,16 +773,24 @@ pub(crate) async fn peer_beats(storage: &Storage) -> Result<Vec<PeerBeat>, objec
         let Some(id) = prefix.filename().filter(|id| valid_id(id)) else {
             continue;
         };
-        if let Some(beat) = read_json::<Heartbeat>(storage, &heartbeat_path(id)).await? {
-            beats.push(PeerBeat {
-                id: id.to_owned(),
-                epoch: beat.epoch,
-                at_ms: beat.at_ms,
-                wal: beat.wal,
-                retired: beat.retired,
-                url: beat.url,
-            });
-        }
+        beats.extend(peer_beat(storage, id).await?);
     }
     Ok(beats)
+}
+
+/// The heartbeat of node id `id`, if it has one.
+pub(crate) async fn peer_beat(
+    storage: &Storage,
+    id: &str,
+) -> Result<Option<PeerBeat>, object_store::Error> {
+    Ok(read_json::<Heartbeat>(storage, &heartbeat_path(id))
+        .await?
+        .map(|beat| PeerBeat {
+            id: id.to_owned(),
+            epoch: beat.epoch,
+            at_ms: beat.at_ms,
+            wal: beat.wal,
+            retired: beat.retired,
+            url: beat.url,
+        }))
 }

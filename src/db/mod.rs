@@ -9,10 +9,12 @@
 //! creates the storage of new tables. The query engine only reads.
 
 mod gc;
+mod names;
 mod statements;
 mod takeover;
 
 pub(crate) use gc::GcStats;
+pub(crate) use names::NamePlace;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -226,6 +228,8 @@ pub struct Database {
     ingest_admission: Arc<tokio::sync::Semaphore>,
     /// Dead nodes' ids this process took over (object-store durability).
     takeovers: takeover::Takeovers,
+    /// Creates and deletes of one stream name, one at a time.
+    names: names::NameLocks,
 }
 
 /// Ingest admission permits count KiB, so a `u32` covers any budget.
@@ -459,6 +463,7 @@ impl Database {
             plans: Mutex::new(HashMap::new()),
             ingest_admission,
             takeovers: takeover::Takeovers::default(),
+            names: names::NameLocks::default(),
         }))
     }
 

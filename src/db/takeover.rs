@@ -155,6 +155,44 @@ impl Database {
         self.streams.clone()
     }
 
+    /// Up to `limit` live streams this process serves (its own and its hosted ids') whose
+    /// names start with `prefix`, in name order; the second value says whether more matched.
+    pub(crate) fn list_streams(
+        &self,
+        prefix: &str,
+        limit: usize,
+    ) -> (Vec<crate::stream::StreamSummary>, bool) {
+        let (mut streams, mut truncated) = if self.node.is_fenced() {
+            (Vec::new(), false)
+        } else {
+            self.streams.list(prefix, limit)
+        };
+        for hosted in self.takeovers.hosted() {
+            let (more, more_truncated) = hosted.streams.list(prefix, limit);
+            streams.extend(more);
+            truncated |= more_truncated;
+        }
+        streams.sort_by(|a, b| a.name.cmp(&b.name));
+        if streams.len() > limit {
+            streams.truncate(limit);
+            truncated = true;
+        }
+        (streams, truncated)
+    }
+
+    /// Whether this process hosts node id `id` (took it over and still holds it).
+    pub(crate) fn hosts_node(&self, id: &str) -> bool {
+        self.takeovers.hosts(id)
+    }
+
+    /// Whether hosted node id `id` holds stream `name`.
+    pub(crate) fn hosted_stream(&self, id: &str, name: &str) -> bool {
+        self.takeovers
+            .hosted()
+            .iter()
+            .any(|h| h.node.id() == id && h.streams.contains(name))
+    }
+
     /// Whether stream `name` is served by this process (its own or a hosted id's).
     pub(crate) fn serves_stream(&self, name: &str) -> bool {
         // A fenced node's streams are another process's now: asking the peers finds it.

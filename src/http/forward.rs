@@ -12,7 +12,8 @@
 //!   bounces between nodes; a client that sends the header only gets this node's own answer.
 //! - The target is always a peer's URL from the object store, never anything a client
 //!   names: the client's path is appended to it, its host is never used.
-//! - A create of a name no peer serves is served here.
+//! - A create of a name no peer serves is served here, after its claim (`db::names`) says
+//!   where: a name another node owns is created there.
 
 use std::time::Duration;
 
@@ -30,6 +31,9 @@ pub(super) const FORWARDED: &str = "sluice-forwarded";
 
 /// How long a peer may take to say whether it serves a stream.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long a peer may take to list its streams.
+const LIST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The client the forwarding uses: no proxy from the environment, no redirects followed.
 pub(super) fn client() -> reqwest::Client {
@@ -94,6 +98,37 @@ pub(super) async fn owner(state: &AppState, name: &str, headers: &HeaderMap) -> 
         state.db.note_stream_owner(name, Some(url));
     }
     found
+}
+
+/// Every live peer's own streams for a `GET /v1/streams` with `query`: each peer's
+/// listing and whether it was truncated, `None` for a peer that did not answer.
+pub(super) async fn list_on_peers(
+    state: &AppState,
+    query: &str,
+    headers: &HeaderMap,
+) -> Vec<Option<(Vec<serde_json::Value>, bool)>> {
+    let peers = state.db.peer_urls();
+    let listings = peers.iter().map(|peer| async move {
+        let mut request = state
+            .forward_client
+            .get(format!("{peer}/v1/streams?{query}"))
+            .header(FORWARDED, "1")
+            .timeout(LIST_TIMEOUT);
+        if let Some(auth) = headers.get(axum::http::header::AUTHORIZATION) {
+            request = request.header(axum::http::header::AUTHORIZATION, auth);
+        }
+        let answer = request.send().await.ok()?;
+        if answer.status() != StatusCode::OK {
+            return None;
+        }
+        let mut listing: serde_json::Value = answer.json().await.ok()?;
+        let truncated = listing["truncated"].as_bool().unwrap_or(false);
+        match listing["streams"].take() {
+            serde_json::Value::Array(streams) => Some((streams, truncated)),
+            _ => None,
+        }
+    });
+    futures::future::join_all(listings).await
 }
 
 /// Sends the request to `peer` and relays its answer.

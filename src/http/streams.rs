@@ -13,6 +13,8 @@ use base64::Engine as _;
 use serde_json::json;
 
 use super::{ApiError, AppState, forward};
+use crate::db::NamePlace;
+use crate::error::{ErrorClass, Kind};
 use crate::stream::{
     AppendOutcome, AppendRequest, CreateRequest, ForkRequest, Lifetime, MAX_APPEND_BYTES,
     MAX_PRODUCER_NUMBER, MAX_TOKEN_BYTES, ProducerTuple, ReadResult, Stream, StreamError,
@@ -625,11 +627,56 @@ async fn create(
         incarnation: incarnation(headers)?,
         body: body_bytes(body).await?,
     };
-    let (created, info) = state
+    let forwarded = headers.contains_key(forward::FORWARDED);
+    // A fork is made where its source is served.
+    if let Some(fork) = &request.fork
+        && let Some(peer) = forward::owner(state, &fork.source, headers).await
+    {
+        let body = request.body.clone();
+        return Ok(forward::forward(state, &request.name, &peer, Method::PUT, uri, headers, body).await);
+    }
+    let name_lock = state.db.lock_stream_name(&request.name).await;
+    match state
         .db
-        .stream_engine(&request.name)
-        .create(request)
-        .await?;
+        .claim_stream_name(&request.name)
+        .await
+        .map_err(|e| ApiError::of(&e))?
+    {
+        NamePlace::Here => {}
+        NamePlace::At(_) if request.fork.is_some() => {
+            return Err(ApiError::classified(
+                ErrorClass::rejected(Kind::Conflict),
+                format!(
+                    "stream {:?} exists on another node than its fork source {:?}",
+                    request.name,
+                    request.fork.as_ref().map_or("", |f| f.source.as_str())
+                ),
+            ));
+        }
+        NamePlace::At(peer) if !forwarded => {
+            drop(name_lock);
+            let body = request.body.clone();
+            return Ok(forward::forward(state, &request.name, &peer, Method::PUT, uri, headers, body).await);
+        }
+        NamePlace::At(_) => {
+            // The claim moved between the node that forwarded here and this one.
+            return Err(ApiError::classified(
+                ErrorClass::retry("OwnerUnavailable"),
+                format!("stream {:?} is moving between nodes", request.name),
+            ));
+        }
+    }
+    let engine = state.db.stream_engine(&request.name);
+    let name = request.name.clone();
+    let created = engine.create(request).await;
+    if created.is_err()
+        && !engine.contains(&name)
+        && let Err(e) = state.db.release_stream_name(&name).await
+    {
+        tracing::warn!(stream = %name, error = %e, "could not release the name of a stream that was not created");
+    }
+    drop(name_lock);
+    let (created, info) = created?;
     let mut response = if created {
         StatusCode::CREATED.into_response()
     } else {
@@ -726,11 +773,16 @@ async fn head(state: &AppState, name: String) -> Result<Response, ApiError> {
 
 async fn delete(state: &AppState, name: String, headers: &HeaderMap) -> Result<Response, ApiError> {
     let token = incarnation(headers)?;
+    let _name_lock = state.db.lock_stream_name(&name).await;
     state
         .db
         .stream_engine(&name)
         .delete(&name, token.as_deref())
         .await?;
+    if let Err(e) = state.db.release_stream_name(&name).await {
+        // The name stays this node's: a later create of it is made here.
+        tracing::warn!(stream = %name, error = %e, "could not release a deleted stream's name");
+    }
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -1279,8 +1331,14 @@ pub(super) struct ListParams {
 const MAX_LIST: usize = 10_000;
 
 /// `GET /v1/streams`: the live streams in name order, with their metadata and producers.
+///
+/// Under object-store durability the listing is the cluster's: the streams this process
+/// serves and those every live peer serves (asked with the same query; `incomplete` says
+/// some peer did not answer).
 pub(super) async fn list(
     State(state): State<AppState>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
     params: Result<axum::extract::Query<ListParams>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     let axum::extract::Query(params) =
@@ -1291,11 +1349,10 @@ pub(super) async fn list(
             "limit must be 1 to {MAX_LIST}"
         )));
     }
-    let (streams, truncated) = state
+    let (streams, mut truncated) = state
         .db
-        .streams()
-        .list(params.prefix.as_deref().unwrap_or(""), limit);
-    let streams: Vec<serde_json::Value> = streams
+        .list_streams(params.prefix.as_deref().unwrap_or(""), limit);
+    let mut streams: Vec<serde_json::Value> = streams
         .into_iter()
         .map(|s| {
             json!({
@@ -1313,5 +1370,29 @@ pub(super) async fn list(
             })
         })
         .collect();
-    Ok(axum::Json(json!({"streams": streams, "truncated": truncated})).into_response())
+    let mut incomplete = false;
+    if !headers.contains_key(forward::FORWARDED) {
+        let peers = forward::list_on_peers(&state, query.as_deref().unwrap_or(""), &headers).await;
+        for listing in peers {
+            match listing {
+                Some((more, more_truncated)) => {
+                    streams.extend(more);
+                    truncated |= more_truncated;
+                }
+                None => incomplete = true,
+            }
+        }
+        let name = |s: &serde_json::Value| s["name"].as_str().unwrap_or_default().to_owned();
+        streams.sort_by_key(name);
+        streams.dedup_by_key(|s| name(s));
+        if streams.len() > limit {
+            streams.truncate(limit);
+            truncated = true;
+        }
+    }
+    let mut answer = json!({"streams": streams, "truncated": truncated});
+    if incomplete {
+        answer["incomplete"] = json!(true);
+    }
+    Ok(axum::Json(answer).into_response())
 }

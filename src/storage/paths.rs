@@ -14,6 +14,7 @@
 //! | `tables/{id}/metadata/…` | the table's Iceberg view (metadata JSON, Avro manifests) | [`crate::iceberg`] |
 //! | `streams/{node}/data/{lsn:020}-{tag}.bin` | sealed stream records | `stream::cold` (checkpoint) |
 //! | `streams/{node}/snapshots/{lsn:020}.json` | every stream's state at `lsn` | `stream::cold` (checkpoint) |
+//! | `stream-names/{sha256(name)}/{v:020}.json`, `.floor` | which node id owns a stream name (durability `object-store`) | `db::names` through [`super::versioned`] |
 //! | `subscriptions/{node}.json` | a node's webhook subscriptions | `http::subscriptions` |
 //!
 //! Ids and node names are checked before they reach a path (table ids by the table module,
@@ -67,6 +68,11 @@ pub(crate) fn new_table_data_file(id: &str) -> String {
         table_data(id),
         uuid::Uuid::new_v4().simple()
     )
+}
+
+/// The claims of the stream name whose SHA-256 is `hash` (hex).
+pub(crate) fn stream_name(hash: &str) -> String {
+    format!("stream-names/{hash}")
 }
 
 /// Everything of node `node`'s streams.

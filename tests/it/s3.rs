@@ -683,3 +683,100 @@ async fn a_restart_replays_the_log_from_the_object_store() {
     a.wait_count("SELECT count(DISTINCT id) FROM t", 500).await;
     a.stop();
 }
+
+/// `PUT` of stream `name` on `base` with content type `content_type`.
+async fn create_stream(base: &str, name: &str, content_type: &str) -> reqwest::StatusCode {
+    reqwest::Client::new()
+        .put(format!("{base}/v1/stream/{name}"))
+        .header("content-type", content_type)
+        .send()
+        .await
+        .unwrap()
+        .status()
+}
+
+/// The names `GET /v1/streams` on `base` lists.
+async fn listed_streams(base: &str) -> Vec<String> {
+    let listing: Value = reqwest::get(format!("{base}/v1/streams"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listing.get("incomplete"), None, "{listing}");
+    listing["streams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn one_stream_name_is_one_stream_across_nodes() {
+    let url = s3_url("names");
+    let env = cluster_env();
+    let a = Node::start_with_env(&temp_dir("names-a"), &url, &env).await;
+    let b = Node::start_with_env(&temp_dir("names-b"), &url, &env).await;
+    // Each node learns the other's URL from its heartbeat: wait until B forwards to A.
+    assert_eq!(create_stream(&a.base, "probe", "text/plain").await, 201);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while read_stream(&b.base, "probe").await.is_none() {
+        assert!(Instant::now() < deadline, "B never forwarded to A");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Both nodes create the same new names at the same moment: one stream each.
+    let names: Vec<String> = (0..10).map(|i| format!("race-{i}")).collect();
+    for name in &names {
+        let (on_a, on_b) = tokio::join!(
+            create_stream(&a.base, name, "text/plain"),
+            create_stream(&b.base, name, "text/plain")
+        );
+        let mut statuses = [on_a.as_u16(), on_b.as_u16()];
+        statuses.sort();
+        assert_eq!(statuses, [200, 201], "{name}: one create, one idempotent repeat");
+        for (k, node) in [&a, &b, &a].iter().enumerate() {
+            let r = reqwest::Client::new()
+                .post(format!("{}/v1/stream/{name}", node.base))
+                .header("content-type", "text/plain")
+                .body(format!("{k};"))
+                .send()
+                .await
+                .unwrap();
+            assert!(r.status().is_success(), "{name}: append {k}: {}", r.status());
+        }
+        assert_eq!(read_stream(&a.base, name).await.unwrap().0, "0;1;2;");
+        assert_eq!(read_stream(&b.base, name).await.unwrap().0, "0;1;2;");
+    }
+    // A create with another configuration conflicts, whichever node it reaches.
+    assert_eq!(create_stream(&a.base, "race-1", "application/json").await, 409);
+    assert_eq!(create_stream(&b.base, "race-1", "application/json").await, 409);
+    // Either node lists the cluster's streams.
+    let mut all = names.clone();
+    all.push("probe".into());
+    all.sort();
+    assert_eq!(listed_streams(&a.base).await, all);
+    assert_eq!(listed_streams(&b.base).await, all);
+    // A deleted name is free again: deleted through one node, created through the other.
+    for name in &names[..3] {
+        let r = reqwest::Client::new()
+            .delete(format!("{}/v1/stream/{name}", b.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 204, "delete {name}");
+        assert_eq!(read_stream(&a.base, name).await, None);
+        assert_eq!(create_stream(&a.base, name, "application/json").await, 201);
+        let r = reqwest::Client::new()
+            .post(format!("{}/v1/stream/{name}", b.base))
+            .header("content-type", "application/json")
+            .body("[1]")
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "append to re-created {name}: {}", r.status());
+        assert_eq!(read_stream(&b.base, name).await.unwrap().0, "[1]");
+    }
+    a.stop();
+    b.stop();
+}

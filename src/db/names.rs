@@ -1,0 +1,295 @@
+//! Stream names owned across the cluster (`durability = "object-store"`).
+//!
+//! Under object-store durability any node serves any stream by forwarding to the process
+//! that serves it (`http::forward`), so a name must belong to one node id in the whole
+//! cluster: two nodes creating the same new name at the same moment must make one stream,
+//! not two. Every name ever created there has a versioned object
+//! (`stream-names/{sha256(name)}`, [`crate::storage::versioned`]) whose latest version names
+//! the node id that owns it, or none:
+//!
+//! - A create claims the name before the stream is made ([`Database::claim_stream_name`]).
+//!   A free name (no version, or a released one), or one whose owner id is retired (taken
+//!   over with no stream left, so it holds nothing), is claimed by creating the next
+//!   version: the conditional create settles races, so exactly one node wins. A name owned
+//!   by this node's id, or by an id it hosts, is created here. A name owned by a live
+//!   peer's id is created there: the request goes to the URL in that id's heartbeat, which
+//!   names the process serving the id (its taker, after a takeover).
+//! - A delete at the owner releases the name once the stream is gone
+//!   ([`Database::release_stream_name`]).
+//! - Creates and deletes of one name in one process run one at a time
+//!   ([`Database::lock_stream_name`]), so a release never follows a create that came after
+//!   its delete.
+//!
+//! Invariants: a version names a node id, never a URL (the URL is looked up when used, so a
+//! takeover moves every name of the id at once); a name is never taken from an id that is
+//! not retired, except by the process that holds that id.
+
+use object_store::ObjectStoreExt as _;
+use ring::digest::{SHA256, digest};
+use serde::{Deserialize, Serialize};
+
+use super::Database;
+use crate::error::{Classify, ErrorClass, Kind};
+use crate::log::Durability;
+use crate::node::peer_beat;
+use crate::storage::paths;
+use crate::storage::versioned::{Tagged, VersionError, VersionLog};
+
+/// One version of a name's claim.
+#[derive(Debug, Serialize, Deserialize)]
+struct NameClaim {
+    /// The attempt's random tag ([`Tagged`]).
+    tag: String,
+    /// The stream name (the object's path holds only its hash).
+    name: String,
+    /// The owning node id; `None` once released.
+    node: Option<String>,
+}
+
+impl Tagged for NameClaim {
+    fn tag(&self) -> &str {
+        &self.tag
+    }
+}
+
+/// Where a stream of a claimed name is created.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum NamePlace {
+    /// In this process.
+    Here,
+    /// At the peer answering at this URL.
+    At(String),
+}
+
+/// Why a name could not be claimed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NameError {
+    /// Object storage failed.
+    #[error("stream name registry: {0}")]
+    Storage(#[from] VersionError),
+    /// The name's owner is between processes (dead and not yet taken over, or being taken
+    /// over).
+    #[error("stream name {name:?} belongs to node {node}, which is not answering now")]
+    OwnerUnavailable {
+        /// The name.
+        name: String,
+        /// Its owner.
+        node: String,
+    },
+    /// Two names with the same SHA-256.
+    #[error("stream names {0:?} and {1:?} collide")]
+    Collision(String, String),
+}
+
+impl Classify for NameError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            // No stream was made: a claim that landed unseen is this node's, which a later
+            // create here or anywhere (forwarded here) uses as its own.
+            NameError::Storage(_) => ErrorClass::retry("StorageUnavailable"),
+            NameError::OwnerUnavailable { .. } => ErrorClass::retry("OwnerUnavailable"),
+            NameError::Collision(..) => ErrorClass::rejected(Kind::Conflict),
+        }
+    }
+}
+
+/// How many times a claim is retried after losing a race.
+const CLAIM_ATTEMPTS: usize = 8;
+
+/// Locks serializing creates and deletes of one name, by its hash: a fixed number, since
+/// names come from clients.
+pub(crate) struct NameLocks([tokio::sync::Mutex<()>; 64]);
+
+impl Default for NameLocks {
+    fn default() -> Self {
+        NameLocks(std::array::from_fn(|_| tokio::sync::Mutex::new(())))
+    }
+}
+
+/// The SHA-256 of `name`, in hex.
+fn name_hash(name: &str) -> String {
+    use std::fmt::Write as _;
+    digest(&SHA256, name.as_bytes())
+        .as_ref()
+        .iter()
+        .fold(String::with_capacity(64), |mut hex, b| {
+            let _ = write!(hex, "{b:02x}");
+            hex
+        })
+}
+
+fn claims(name: &str) -> VersionLog {
+    VersionLog::new(paths::stream_name(&name_hash(name)))
+}
+
+impl Database {
+    fn registers_names(&self) -> bool {
+        self.config.durability == Durability::ObjectStore
+    }
+
+    /// Serializes this process's creates and deletes of stream `name`: hold the guard
+    /// across the claim (or the release) and the change to the stream.
+    pub(crate) async fn lock_stream_name(&self, name: &str) -> tokio::sync::MutexGuard<'_, ()> {
+        let hash = digest(&SHA256, name.as_bytes());
+        let locks = &self.names.0;
+        let stripe = usize::from(hash.as_ref()[0]) % locks.len();
+        locks[stripe].lock().await
+    }
+
+    /// The latest claim of `name`: its version and content (`None`, `None` when it never
+    /// had one). Retried when the latest version is collected while being read.
+    async fn latest_claim(
+        &self,
+        log: &VersionLog,
+        name: &str,
+    ) -> Result<(Option<u64>, Option<NameClaim>), NameError> {
+        let store = self.storage.store().as_ref();
+        for _ in 0..CLAIM_ATTEMPTS {
+            let Some(v) = log.list(store).await?.latest() else {
+                return Ok((None, None));
+            };
+            if let Some(claim) = log.read::<NameClaim>(store, v).await? {
+                if claim.name != name {
+                    return Err(NameError::Collision(claim.name, name.to_owned()));
+                }
+                return Ok((Some(v), Some(claim)));
+            }
+        }
+        Err(NameError::Storage(VersionError::Corrupt {
+            path: log.dir().to_owned(),
+            reason: "the latest version kept disappearing".into(),
+        }))
+    }
+
+    /// Writes version `v` of `name`'s claim, owned by `node`; `false` when another writer
+    /// got there first. Older versions are collected.
+    async fn write_claim(
+        &self,
+        log: &VersionLog,
+        v: u64,
+        name: &str,
+        node: Option<&str>,
+    ) -> Result<bool, NameError> {
+        let store = self.storage.store().as_ref();
+        let claim = NameClaim {
+            tag: uuid::Uuid::new_v4().simple().to_string(),
+            name: name.to_owned(),
+            node: node.map(str::to_owned),
+        };
+        match log.try_create(store, v, &claim).await {
+            Ok(true) => {}
+            Ok(false) | Err(VersionError::BelowFloor { .. }) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        }
+        // Only the latest version counts: raise the floor (a writer with an older view
+        // then loses) and delete the ones below. Best effort.
+        if v > 1 && log.raise_floor(store, v).await.is_ok() {
+            if let Ok(listing) = log.list(store).await {
+                for (old, _) in listing.versions.iter().filter(|(old, _)| *old < v) {
+                    let _ = store.delete(&log.path(*old)).await;
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Claims stream `name` for a create (under [`Database::lock_stream_name`]): says
+    /// whether the stream is made here or at a peer. Without object-store durability every
+    /// stream is made here.
+    pub(crate) async fn claim_stream_name(&self, name: &str) -> Result<NamePlace, NameError> {
+        if !self.registers_names() {
+            return Ok(NamePlace::Here);
+        }
+        let own = self.node.id();
+        let log = claims(name);
+        for _ in 0..CLAIM_ATTEMPTS {
+            let (latest, claim) = self.latest_claim(&log, name).await?;
+            // Falls through when the name is free to claim.
+            match claim.and_then(|c| c.node) {
+                None => {}
+                Some(id) if id == own && !self.node.is_fenced() => return Ok(NamePlace::Here),
+                Some(id) if self.hosts_node(&id) => {
+                    if self.hosted_stream(&id, name) {
+                        return Ok(NamePlace::Here);
+                    }
+                    // A claim the id made for a stream it never made (it died between the
+                    // two): this process holds the id, so it may move the name to its own.
+                }
+                Some(id) => match peer_beat(&self.storage, &id)
+                    .await
+                    .map_err(VersionError::from)?
+                {
+                    Some(beat) if beat.retired => {}
+                    Some(beat) => match beat.url {
+                        Some(url) if Some(&url) != self.config.advertise_url.as_ref() => {
+                            return Ok(NamePlace::At(url));
+                        }
+                        _ => {
+                            return Err(NameError::OwnerUnavailable {
+                                name: name.to_owned(),
+                                node: id,
+                            });
+                        }
+                    },
+                    None => {
+                        return Err(NameError::OwnerUnavailable {
+                            name: name.to_owned(),
+                            node: id,
+                        });
+                    }
+                },
+            }
+            let next = latest.map_or(1, |v| v + 1);
+            if self.write_claim(&log, next, name, Some(own)).await? {
+                return Ok(NamePlace::Here);
+            }
+        }
+        Err(NameError::OwnerUnavailable {
+            name: name.to_owned(),
+            node: "(contended)".into(),
+        })
+    }
+
+    /// Releases stream `name` after it was deleted here (under
+    /// [`Database::lock_stream_name`]): another node may create it from now on. A name
+    /// whose stream is still held here (soft-deleted, a fork's source) stays claimed.
+    pub(crate) async fn release_stream_name(&self, name: &str) -> Result<(), NameError> {
+        if !self.registers_names() || self.stream_engine(name).contains(name) {
+            return Ok(());
+        }
+        let own = self.node.id();
+        let log = claims(name);
+        for _ in 0..CLAIM_ATTEMPTS {
+            let (Some(latest), Some(claim)) = self.latest_claim(&log, name).await? else {
+                return Ok(());
+            };
+            match claim.node {
+                Some(id) if (id == own && !self.node.is_fenced()) || self.hosts_node(&id) => {}
+                _ => return Ok(()),
+            }
+            if self.write_claim(&log, latest + 1, name, None).await? {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_is_one_path_segment_of_fixed_length() {
+        for name in ["a", "a/b", "../../etc", &"x".repeat(1024), "ünï/çødé"] {
+            let hash = name_hash(name);
+            assert_eq!(hash.len(), 64);
+            assert!(hash.bytes().all(|b| b.is_ascii_hexdigit()), "{hash}");
+        }
+        assert_ne!(name_hash("a/b"), name_hash("a%2Fb"));
+        assert_eq!(
+            name_hash("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+}
