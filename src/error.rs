@@ -163,6 +163,7 @@ impl Classify for LogError {
             },
             LogError::Closed => ErrorClass::retry("ShuttingDown"),
             LogError::LeaseExpired => ErrorClass::retry("LeaseExpired"),
+            LogError::LeaseLapsed => ErrorClass::unknown(Kind::Unavailable),
             LogError::Fenced => ErrorClass {
                 retry_after: None,
                 ..ErrorClass::retry("Fenced")

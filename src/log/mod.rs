@@ -262,6 +262,11 @@ pub enum LogError {
     /// another node may be taking its log over. Nothing was written.
     #[error("this node could not renew its lease in the object store; retry shortly")]
     LeaseExpired,
+    /// The group was written, but the node's lease ran out while it was being written (a
+    /// very slow store, or a paused process): another node may have taken the log over
+    /// meanwhile, so whether the write counts is unknown.
+    #[error("this node's lease ran out while the write was in flight; it may or may not have been applied")]
+    LeaseLapsed,
     /// Another process (or another open log in this one) uses the directory.
     #[error("commit log {0} is in use by another sluice process")]
     Locked(PathBuf),
@@ -348,6 +353,9 @@ struct Shared {
     /// Until when (nanoseconds after `opened`) the node's lease lets it acknowledge writes
     /// (only with a remote log).
     lease_until: AtomicU64,
+    /// How long past `lease_until` a group may still be acknowledged once written: the rest
+    /// of the lease (nanoseconds). A takeover waits a whole lease from the last renewal.
+    lease_slack: AtomicU64,
     opened: Instant,
 }
 
@@ -463,6 +471,7 @@ impl CommitLog {
             consumers: Mutex::new(consumers),
             remote: std::sync::OnceLock::new(),
             lease_until: AtomicU64::new(0),
+            lease_slack: AtomicU64::new(0),
             opened: Instant::now(),
         });
         let (tx, rx) = mpsc::unbounded_channel();
@@ -583,7 +592,11 @@ impl CommitLog {
     /// Attaches the object-store copy every group is written to before it is acknowledged
     /// ([`Durability::ObjectStore`]); call before the first append. `lease` is how long the
     /// first acknowledgements may go on without [`CommitLog::renew_lease`].
+    /// A group written by then but whose write ends more than `lease` after it is
+    /// answered [`LogError::LeaseLapsed`].
     pub(crate) fn attach_remote(&self, remote: RemoteLog, lease: Duration) {
+        let slack = lease.as_nanos().min(u128::from(u64::MAX)) as u64;
+        self.shared.lease_slack.store(slack, Ordering::Release);
         self.renew_lease(Instant::now() + lease);
         let _ = self.shared.remote.set(Arc::new(remote));
     }
@@ -844,15 +857,17 @@ fn write_and_answer(
         }
         return;
     }
+    let now = || {
+        Instant::now()
+            .saturating_duration_since(shared.opened)
+            .as_nanos()
+            .min(u128::from(u64::MAX)) as u64
+    };
     if shared.remote.get().is_some() {
         // A node whose lease may have run out acknowledges nothing: another node may be
         // taking its log over. Nothing is written, so the log stays usable.
-        let now = Instant::now()
-            .saturating_duration_since(shared.opened)
-            .as_nanos()
-            .min(u128::from(u64::MAX)) as u64;
         let fenced = shared.fenced.load(Ordering::Acquire);
-        if fenced || now >= shared.lease_until.load(Ordering::Acquire) {
+        if fenced || now() >= shared.lease_until.load(Ordering::Acquire) {
             for append in group.drain(..) {
                 let _ = append.done.send(Err(if fenced {
                     LogError::Fenced
@@ -865,13 +880,27 @@ fn write_and_answer(
     }
     match write_group(shared, active, group, *next_lsn) {
         Ok(()) => {
+            // The lease may have run out while the group was written to the store (a pause
+            // longer than the rest of the lease): a taker may have fenced the log and
+            // collected the fence since, so the group's fate is unknown. It is in this
+            // log, so it is applied here like any other; it is just not acknowledged.
+            let lapsed = shared.remote.get().is_some()
+                && now()
+                    >= shared
+                        .lease_until
+                        .load(Ordering::Acquire)
+                        .saturating_add(shared.lease_slack.load(Ordering::Acquire));
             for append in group.drain(..) {
                 let lsn = *next_lsn;
                 if let Some(apply) = append.apply {
                     apply(lsn);
                 }
                 shared.last_lsn.store(lsn, Ordering::Release);
-                let _ = append.done.send(Ok(lsn));
+                let _ = append.done.send(if lapsed {
+                    Err(LogError::LeaseLapsed)
+                } else {
+                    Ok(lsn)
+                });
                 *next_lsn += 1;
             }
         }

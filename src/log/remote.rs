@@ -430,6 +430,44 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_group_written_after_the_lease_ran_out_is_not_acknowledged() {
+        use crate::log::{CommitLog, Durability, LogConfig, LogError};
+        use crate::storage::probe::{Probe, ProbedStore};
+        let probe = Arc::new(Probe::default());
+        let store: Arc<dyn ObjectStore> = Arc::new(ProbedStore::new(
+            Arc::new(object_store::memory::InMemory::new()),
+            probe.clone(),
+        ));
+        let dir = std::env::temp_dir().join(format!("sluice-lapsed-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut config = LogConfig::new(dir.join("log"));
+        config.durability = Durability::ObjectStore;
+        let (log, _) = CommitLog::open(config).unwrap();
+        log.advance_to(lsn_base(1)).await.unwrap();
+        let (remote, _) = recover(store, "n", 1).await.unwrap();
+        let lease = std::time::Duration::from_millis(300);
+        log.attach_remote(remote, lease);
+        // Acknowledged while the lease holds.
+        let first = log.append(RecordKind::Metadata, vec![1]).await.unwrap();
+        // A write slower than the rest of the lease: written, applied, not acknowledged.
+        probe.delay_writes(lease * 3);
+        let lapsed = log.append(RecordKind::Metadata, vec![2]).await;
+        assert!(matches!(lapsed, Err(LogError::LeaseLapsed)), "{lapsed:?}");
+        assert_eq!(log.last_lsn(), first + 1, "the group is in the log");
+        // Nothing more is written until the lease is renewed.
+        probe.delay_writes(std::time::Duration::ZERO);
+        let refused = log.append(RecordKind::Metadata, vec![3]).await;
+        assert!(matches!(refused, Err(LogError::LeaseExpired)), "{refused:?}");
+        log.renew_lease(std::time::Instant::now() + lease);
+        assert_eq!(
+            log.append(RecordKind::Metadata, vec![4]).await.unwrap(),
+            first + 2
+        );
+        log.close();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_resent_group_that_landed_counts_as_written() {
         let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
         let (log, _) = recover(store.clone(), "n", 1).await.unwrap();

@@ -32,6 +32,8 @@ pub struct Probe {
     down: AtomicBool,
     lose_create_answers: AtomicUsize,
     lose_create_answers_unverified: AtomicUsize,
+    /// How long each write waits before it is sent (a slow store), in milliseconds.
+    write_delay_ms: AtomicU64,
     /// Objects whose next read fails (a lost create answer that cannot be checked).
     blind: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Writes of objects under this prefix fail (an outage of one part of the store).
@@ -71,6 +73,14 @@ impl Probe {
         if let Ok(mut failing) = self.failing_writes.lock() {
             *failing = prefix.map(str::to_owned);
         }
+    }
+
+    /// Every write waits `delay` before it is sent, as on a store that answers slowly (zero
+    /// ends it).
+    #[cfg(feature = "testing")]
+    pub fn delay_writes(&self, delay: std::time::Duration) {
+        let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.write_delay_ms.store(ms, Ordering::SeqCst);
     }
 
     /// Requests seen, and requests failed by a fault.
@@ -124,6 +134,10 @@ impl Probe {
     /// Counts a write and says whether it fails.
     async fn before_write(&self, location: &Path) -> Result<()> {
         self.before().await?;
+        let delay = self.write_delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+        }
         let failing = self
             .failing_writes
             .lock()
