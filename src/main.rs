@@ -506,16 +506,31 @@ async fn run(config: ServeConfig) -> Result<(), String> {
     let app = router(state);
     let streams = db.streams().clone();
     let listener = sluice::http::LimitedListener::new(listener, config.max_connections);
-    sluice::http::serve(listener, app, config.header_timeout, async move {
-        shutdown_signal().await;
-        // Live stream readers (SSE, long-poll) end so the server can drain.
-        streams.shutdown();
-    })
-    .await;
+    let fenced = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopping = {
+        let (db, fenced) = (db.clone(), fenced.clone());
+        async move {
+            tokio::select! {
+                _ = shutdown_signal() => {}
+                _ = db.fenced() => {
+                    tracing::error!("this node was fenced: another node took over its id after it could not renew its lease; exiting (restarted, it rejoins under a new id)");
+                    fenced.store(true, std::sync::atomic::Ordering::Release);
+                }
+            }
+            // Live stream readers (SSE, long-poll) end so the server can drain.
+            streams.shutdown();
+        }
+    };
+    sluice::http::serve(listener, app, config.header_timeout, stopping).await;
     tracing::info!("shutting down: flushing tables and closing the log");
     let _ = stop_tx.send(true);
     let _ = maintenance.await;
     let closed = db.shutdown().await;
+    if fenced.load(std::sync::atomic::Ordering::Acquire) {
+        return Err("this node was fenced (another node took over its id after it could not \
+             renew its lease); restart it to rejoin under a new id"
+            .into());
+    }
     closed.map_err(|e| format!("flush at shutdown failed (data is safe in the log): {e}"))
 }
 

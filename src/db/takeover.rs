@@ -180,6 +180,19 @@ impl Database {
         (streams, truncated)
     }
 
+    /// Resolves once this node was fenced under object-store durability: another process
+    /// took its id over (it could not renew its lease in time), so it serves nothing of its
+    /// own any more and should exit; restarted, it starts under a new id. Never resolves
+    /// under other durabilities.
+    pub async fn fenced(&self) {
+        if self.config.durability != Durability::ObjectStore {
+            return std::future::pending().await;
+        }
+        while !self.node.is_fenced() {
+            tokio::time::sleep(self.node.heartbeat_interval()).await;
+        }
+    }
+
     /// Whether this process hosts node id `id` (took it over and still holds it).
     pub(crate) fn hosts_node(&self, id: &str) -> bool {
         self.takeovers.hosts(id)

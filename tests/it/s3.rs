@@ -623,26 +623,50 @@ async fn a_fenced_node_makes_no_write_visible() {
     let (data, _) = wait_stream(&b.base, "log").await;
     assert_eq!(data, "kept;");
     b.wait_count("SELECT count(*) FROM t", 100).await;
-    // A wakes up: it commits nothing more. Appends it is sent fail, or, once it knows it
-    // was fenced, are forwarded to the stream's new owner; exactly those that succeeded are
-    // in the stream, in order.
+    // A wakes up: it commits nothing more. Appends it is sent fail (or are forwarded to
+    // the stream's new owner); exactly those that succeeded are in the stream, in order.
+    // Once it learns it was fenced it exits, so that its supervisor restarts it.
     Command::new("kill").args(["-CONT", &pid]).status().unwrap();
+    let mut a = a;
+    let client = reqwest::Client::new();
     let mut expected = String::from("kept;");
     let mut seq = 1u64;
-    for _ in 1..20 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let exit = loop {
+        if let Some(status) = a.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the fenced node never exited");
         let message = format!("after {seq};");
-        if produce(&a.base, "log", seq, &message)
-            .await
-            .status()
-            .is_success()
-        {
+        let appended = client
+            .post(format!("{}/v1/stream/log", a.base))
+            .header("content-type", "text/plain")
+            .header("Producer-Id", "p")
+            .header("Producer-Epoch", "0")
+            .header("Producer-Seq", seq.to_string())
+            .body(message.clone())
+            .send()
+            .await;
+        if appended.is_ok_and(|r| r.status().is_success()) {
             expected.push_str(&message);
             seq += 1;
         }
-        let status = a.ingest("t", 1000..1010).await;
-        assert!(!status.is_success(), "a fenced node acknowledged rows");
+        let rows = client
+            .post(format!(
+                "{}/v1/catalog/databases/scopedb/schemas/public/tables/t/ingest",
+                a.base
+            ))
+            .header("content-type", "application/x-ndjson")
+            .body("{\"id\": 1000, \"s\": \"late\"}\n")
+            .send()
+            .await;
+        assert!(
+            !rows.is_ok_and(|r| r.status().is_success()),
+            "a fenced node acknowledged rows"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    };
+    assert!(!exit.success(), "a fenced node exits with a failure: {exit}");
     let (data, _) = wait_stream(&b.base, "log").await;
     assert_eq!(data, expected);
     tokio::time::sleep(Duration::from_secs(1)).await;
