@@ -527,9 +527,11 @@ async fn run(config: ServeConfig) -> Result<(), String> {
     let _ = maintenance.await;
     let closed = db.shutdown().await;
     if fenced.load(std::sync::atomic::Ordering::Acquire) {
-        return Err("this node was fenced (another node took over its id after it could not \
+        return Err(
+            "this node was fenced (another node took over its id after it could not \
              renew its lease); restart it to rejoin under a new id"
-            .into());
+                .into(),
+        );
     }
     closed.map_err(|e| format!("flush at shutdown failed (data is safe in the log): {e}"))
 }

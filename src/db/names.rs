@@ -109,13 +109,13 @@ impl Default for NameLocks {
 /// The SHA-256 of `name`, in hex.
 fn name_hash(name: &str) -> String {
     use std::fmt::Write as _;
-    digest(&SHA256, name.as_bytes())
-        .as_ref()
-        .iter()
-        .fold(String::with_capacity(64), |mut hex, b| {
+    digest(&SHA256, name.as_bytes()).as_ref().iter().fold(
+        String::with_capacity(64),
+        |mut hex, b| {
             let _ = write!(hex, "{b:02x}");
             hex
-        })
+        },
+    )
 }
 
 fn claims(name: &str) -> VersionLog {
@@ -183,11 +183,12 @@ impl Database {
         }
         // Only the latest version counts: raise the floor (a writer with an older view
         // then loses) and delete the ones below. Best effort.
-        if v > 1 && log.raise_floor(store, v).await.is_ok() {
-            if let Ok(listing) = log.list(store).await {
-                for (old, _) in listing.versions.iter().filter(|(old, _)| *old < v) {
-                    let _ = store.delete(&log.path(*old)).await;
-                }
+        if v > 1
+            && log.raise_floor(store, v).await.is_ok()
+            && let Ok(listing) = log.list(store).await
+        {
+            for (old, _) in listing.versions.iter().filter(|(old, _)| *old < v) {
+                let _ = store.delete(&log.path(*old)).await;
             }
         }
         Ok(true)
@@ -208,13 +209,10 @@ impl Database {
             match claim.and_then(|c| c.node) {
                 None => {}
                 Some(id) if id == own && !self.node.is_fenced() => return Ok(NamePlace::Here),
-                Some(id) if self.hosts_node(&id) => {
-                    if self.hosted_stream(&id, name) {
-                        return Ok(NamePlace::Here);
-                    }
-                    // A claim the id made for a stream it never made (it died between the
-                    // two): this process holds the id, so it may move the name to its own.
-                }
+                Some(id) if self.hosted_stream(&id, name) => return Ok(NamePlace::Here),
+                // A claim a hosted id made for a stream it never made (it died between the
+                // two): this process holds the id, so it may move the name to its own.
+                Some(id) if self.hosts_node(&id) => {}
                 Some(id) => match peer_beat(&self.storage, &id)
                     .await
                     .map_err(VersionError::from)?

@@ -633,7 +633,9 @@ async fn create(
         && let Some(peer) = forward::owner(state, &fork.source, headers).await
     {
         let body = request.body.clone();
-        return Ok(forward::forward(state, &request.name, &peer, Method::PUT, uri, headers, body).await);
+        return Ok(
+            forward::forward(state, &request.name, &peer, Method::PUT, uri, headers, body).await,
+        );
     }
     let name_lock = state.db.lock_stream_name(&request.name).await;
     match state
@@ -656,7 +658,16 @@ async fn create(
         NamePlace::At(peer) if !forwarded => {
             drop(name_lock);
             let body = request.body.clone();
-            return Ok(forward::forward(state, &request.name, &peer, Method::PUT, uri, headers, body).await);
+            return Ok(forward::forward(
+                state,
+                &request.name,
+                &peer,
+                Method::PUT,
+                uri,
+                headers,
+                body,
+            )
+            .await);
         }
         NamePlace::At(_) => {
             // The claim moved between the node that forwarded here and this one.

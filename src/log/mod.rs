@@ -265,7 +265,9 @@ pub enum LogError {
     /// The group was written, but the node's lease ran out while it was being written (a
     /// very slow store, or a paused process): another node may have taken the log over
     /// meanwhile, so whether the write counts is unknown.
-    #[error("this node's lease ran out while the write was in flight; it may or may not have been applied")]
+    #[error(
+        "this node's lease ran out while the write was in flight; it may or may not have been applied"
+    )]
     LeaseLapsed,
     /// Another process (or another open log in this one) uses the directory.
     #[error("commit log {0} is in use by another sluice process")]

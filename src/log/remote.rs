@@ -457,7 +457,10 @@ mod tests {
         // Nothing more is written until the lease is renewed.
         probe.delay_writes(std::time::Duration::ZERO);
         let refused = log.append(RecordKind::Metadata, vec![3]).await;
-        assert!(matches!(refused, Err(LogError::LeaseExpired)), "{refused:?}");
+        assert!(
+            matches!(refused, Err(LogError::LeaseExpired)),
+            "{refused:?}"
+        );
         log.renew_lease(std::time::Instant::now() + lease);
         assert_eq!(
             log.append(RecordKind::Metadata, vec![4]).await.unwrap(),

@@ -666,7 +666,10 @@ async fn a_fenced_node_makes_no_write_visible() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    assert!(!exit.success(), "a fenced node exits with a failure: {exit}");
+    assert!(
+        !exit.success(),
+        "a fenced node exits with a failure: {exit}"
+    );
     let (data, _) = wait_stream(&b.base, "log").await;
     assert_eq!(data, expected);
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -758,7 +761,11 @@ async fn one_stream_name_is_one_stream_across_nodes() {
         );
         let mut statuses = [on_a.as_u16(), on_b.as_u16()];
         statuses.sort();
-        assert_eq!(statuses, [200, 201], "{name}: one create, one idempotent repeat");
+        assert_eq!(
+            statuses,
+            [200, 201],
+            "{name}: one create, one idempotent repeat"
+        );
         for (k, node) in [&a, &b, &a].iter().enumerate() {
             let r = reqwest::Client::new()
                 .post(format!("{}/v1/stream/{name}", node.base))
@@ -767,14 +774,24 @@ async fn one_stream_name_is_one_stream_across_nodes() {
                 .send()
                 .await
                 .unwrap();
-            assert!(r.status().is_success(), "{name}: append {k}: {}", r.status());
+            assert!(
+                r.status().is_success(),
+                "{name}: append {k}: {}",
+                r.status()
+            );
         }
         assert_eq!(read_stream(&a.base, name).await.unwrap().0, "0;1;2;");
         assert_eq!(read_stream(&b.base, name).await.unwrap().0, "0;1;2;");
     }
     // A create with another configuration conflicts, whichever node it reaches.
-    assert_eq!(create_stream(&a.base, "race-1", "application/json").await, 409);
-    assert_eq!(create_stream(&b.base, "race-1", "application/json").await, 409);
+    assert_eq!(
+        create_stream(&a.base, "race-1", "application/json").await,
+        409
+    );
+    assert_eq!(
+        create_stream(&b.base, "race-1", "application/json").await,
+        409
+    );
     // Either node lists the cluster's streams.
     let mut all = names.clone();
     all.push("probe".into());
@@ -798,7 +815,11 @@ async fn one_stream_name_is_one_stream_across_nodes() {
             .send()
             .await
             .unwrap();
-        assert!(r.status().is_success(), "append to re-created {name}: {}", r.status());
+        assert!(
+            r.status().is_success(),
+            "append to re-created {name}: {}",
+            r.status()
+        );
         assert_eq!(read_stream(&b.base, name).await.unwrap().0, "[1]");
     }
     a.stop();
