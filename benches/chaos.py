@@ -171,6 +171,7 @@ appends_acked = {s: 0 for s in STREAMS}
 counters = {"ingest_requests": 0, "ingest_refused": 0, "append_retries": 0, "names": 0,
             "names_checked": 0, "queries": 0}
 violations = []
+refusals = {}
 
 
 def violation(what):
@@ -203,6 +204,8 @@ def ingester():
             else:
                 counters["ingest_refused"] += 1
                 rows_unknown.update(ids)
+                why = r[0] if r else "no answer"
+                refusals[why] = refusals.get(why, 0) + 1
         # Paced, so the table stays within one statement's result limit on long runs.
         time.sleep(0.02 if r and r[0] == 200 else 0.1)
 
@@ -383,7 +386,8 @@ print()
 print(f"chaos run, seed {args.seed}: {elapsed / 60:.1f} min, {len(events)} events "
       f"({kills} kill -9, {wipes} of them with the data directory deleted, {pauses} SIGSTOP)")
 print(f"rows acknowledged: {len(rows_acked)} ({len(rows_acked) / elapsed:.0f}/s), "
-      f"ingest requests {counters['ingest_requests']}, refused or unanswered {counters['ingest_refused']}")
+      f"ingest requests {counters['ingest_requests']}, refused or unanswered {counters['ingest_refused']} "
+      f"({', '.join(f'{k}: {v}' for k, v in sorted(refusals.items(), key=str))})")
 print(f"appends acknowledged: {sum(appends_acked.values())} ({sum(appends_acked.values()) / elapsed:.0f}/s), "
       f"failed attempts retried {counters['append_retries']}")
 print(f"names raced on two nodes: {counters['names']}, checked as one stream: {counters['names_checked']}; "
