@@ -345,6 +345,19 @@ fn remove_stream(registry: &mut Registry, name: &str) {
     }
 }
 
+/// Runs a mutation to its end even when its caller stops waiting (a client that hung up,
+/// a request timeout): the mutation holds its stream's lock until its record is applied or
+/// has failed. Were it cancelled while its record was in flight, the lock would be free
+/// with the record still unapplied, and a retry of the same idempotent append would be
+/// admitted against the old producer state and logged a second time.
+async fn to_completion<T: Send + 'static>(
+    mutation: impl std::future::Future<Output = Result<T, StreamError>> + Send + 'static,
+) -> Result<T, StreamError> {
+    tokio::spawn(mutation)
+        .await
+        .unwrap_or(Err(StreamError::Log(crate::log::LogError::WriterGone)))
+}
+
 impl Streams {
     /// Opens the stream engine: loads the newest snapshot from `storage`, then replays the
     /// stream records of `replay` that came after it.
@@ -526,6 +539,9 @@ impl Streams {
         Ok(())
     }
 
+    /// Logs `op` and applies it once it is durable. Callers hold the stream's `admit` (or
+    /// `meta`) lock across this, and run under [`to_completion`], so the lock is held until
+    /// the record is applied or has failed.
     async fn commit(&self, kind: RecordKind, op: Op) -> Result<Lsn, StreamError> {
         let payload = op.encode();
         let inner = self.inner.clone();
@@ -539,6 +555,11 @@ impl Streams {
 
     /// Creates a stream (`PUT`). Returns whether it was new, and its metadata.
     pub async fn create(&self, req: CreateRequest) -> Result<(bool, StreamInfo), StreamError> {
+        let this = self.clone();
+        to_completion(async move { this.create_now(req).await }).await
+    }
+
+    async fn create_now(&self, req: CreateRequest) -> Result<(bool, StreamInfo), StreamError> {
         let _meta = self.inner.meta.lock().await;
         if let Some(existing) = self.lookup(&req.name) {
             if existing.expired(now_ms()) {
@@ -676,6 +697,11 @@ impl Streams {
 
     /// Appends to a stream and/or closes it (`POST`).
     pub async fn append(&self, req: AppendRequest) -> Result<AppendOutcome, StreamError> {
+        let this = self.clone();
+        to_completion(async move { this.append_now(req).await }).await
+    }
+
+    async fn append_now(&self, req: AppendRequest) -> Result<AppendOutcome, StreamError> {
         let stream = self.get(&req.name).await?;
         let _admit = stream.admit.lock().await;
         stream.touch();
@@ -711,6 +737,12 @@ impl Streams {
 
     /// Deletes a stream (`DELETE`); while forks read it, it is soft-deleted.
     pub async fn delete(&self, name: &str, incarnation: Option<&str>) -> Result<(), StreamError> {
+        let (this, name) = (self.clone(), name.to_owned());
+        let incarnation = incarnation.map(str::to_owned);
+        to_completion(async move { this.delete_now(&name, incarnation.as_deref()).await }).await
+    }
+
+    async fn delete_now(&self, name: &str, incarnation: Option<&str>) -> Result<(), StreamError> {
         let _meta = self.inner.meta.lock().await;
         let stream = self.lookup(name).ok_or(StreamError::NotFound)?;
         if stream.expired(now_ms()) {

@@ -589,3 +589,41 @@ async fn json_nesting_is_limited_to_127_levels() {
     let len = 2 * (nested(127).len() + 1) as u64;
     assert_eq!(tail, sluice::http::format_offset(len));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_whose_caller_gave_up_is_not_doubled_by_its_retry() {
+    let dir = common::temp_dir("stream-abandoned-append");
+    let slow = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut config = DbConfig::new(&dir);
+    let hook_slow = slow.clone();
+    config.log_fail_hook = Some(Arc::new(move |point| {
+        if point == sluice::log::FailPoint::BeforeSync
+            && hook_slow.load(std::sync::atomic::Ordering::SeqCst)
+        {
+            std::thread::sleep(Duration::from_millis(400));
+        }
+        None
+    }));
+    let db = Database::open(config).await.unwrap();
+    let streams = db.streams();
+    streams.create(create("s", "text/plain")).await.unwrap();
+    streams.append(produced("s", b"0;", 0, 0)).await.unwrap();
+    // The client gives up on seq 1 while its record is being made durable (a timeout, a
+    // hung-up connection), and sends it again at once.
+    slow.store(true, std::sync::atomic::Ordering::SeqCst);
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(50),
+        streams.append(produced("s", b"1;", 0, 1)),
+    )
+    .await;
+    assert!(abandoned.is_err(), "the first attempt was still in flight");
+    let retry = streams.append(produced("s", b"1;", 0, 1)).await.unwrap();
+    assert!(
+        matches!(retry, AppendOutcome::Duplicate { .. }),
+        "the retry of an append that landed is a duplicate: {retry:?}"
+    );
+    slow.store(false, std::sync::atomic::Ordering::SeqCst);
+    streams.append(produced("s", b"2;", 0, 2)).await.unwrap();
+    assert_eq!(read_all(&db, "s").await, b"0;1;2;");
+    db.shutdown().await.unwrap();
+}
