@@ -324,7 +324,8 @@ while time.time() - t0 < args.minutes * 60 and not violations:
     up = [n for n in nodes if n.alive()]
     victim = random.choice(up) if len(up) >= 3 else None
     if victim is None:
-        pass
+        # A node exited by itself (one that finds it was fenced does): only its restart.
+        events.append(("exited by itself", next(n.name for n in nodes if not n.alive())))
     elif random.random() < 0.6:
         wipe = random.random() < 0.5
         victim.kill()
@@ -382,9 +383,11 @@ recoveries.sort()
 kills = sum(1 for e in events if e[0].startswith("kill"))
 wipes = sum(1 for e in events if "wipe" in e[0])
 pauses = sum(1 for e in events if e[0].startswith("SIGSTOP"))
+exits = sum(1 for e in events if e[0].startswith("SIGSTOP") and "restarted" in e)
 print()
 print(f"chaos run, seed {args.seed}: {elapsed / 60:.1f} min, {len(events)} events "
-      f"({kills} kill -9, {wipes} of them with the data directory deleted, {pauses} SIGSTOP)")
+      f"({kills} kill -9, {wipes} of them with the data directory deleted, {pauses} SIGSTOP, "
+      f"after {exits} of which the paused node found it was fenced and exited)")
 print(f"rows acknowledged: {len(rows_acked)} ({len(rows_acked) / elapsed:.0f}/s), "
       f"ingest requests {counters['ingest_requests']}, refused or unanswered {counters['ingest_refused']} "
       f"({', '.join(f'{k}: {v}' for k, v in sorted(refusals.items(), key=str))})")

@@ -195,20 +195,33 @@ impl Database {
     }
 
     /// Claims stream `name` for a create (under [`Database::lock_stream_name`]): says
-    /// whether the stream is made here or at a peer. Without object-store durability every
-    /// stream is made here.
-    pub(crate) async fn claim_stream_name(&self, name: &str) -> Result<NamePlace, NameError> {
+    /// whether the stream is made here or at a peer. `hosted` names the hosted id whose
+    /// engine will hold the stream (a fork of one of its streams); otherwise it is this
+    /// node's own. Without object-store durability every stream is made here.
+    pub(crate) async fn claim_stream_name(
+        &self,
+        name: &str,
+        hosted: Option<&str>,
+    ) -> Result<NamePlace, NameError> {
         if !self.registers_names() {
             return Ok(NamePlace::Here);
         }
-        let own = self.node.id();
+        let own = hosted.unwrap_or(self.node.id());
+        if hosted.is_none() && self.node.is_fenced() {
+            // Another process holds this node's id: nothing is created here any more (the
+            // process exits and restarts under a new id).
+            return Err(NameError::OwnerUnavailable {
+                name: name.to_owned(),
+                node: own.to_owned(),
+            });
+        }
         let log = claims(name);
         for _ in 0..CLAIM_ATTEMPTS {
             let (latest, claim) = self.latest_claim(&log, name).await?;
             // Falls through when the name is free to claim.
             match claim.and_then(|c| c.node) {
                 None => {}
-                Some(id) if id == own && !self.node.is_fenced() => return Ok(NamePlace::Here),
+                Some(id) if id == own => return Ok(NamePlace::Here),
                 Some(id) if self.hosted_stream(&id, name) => return Ok(NamePlace::Here),
                 // A claim a hosted id made for a stream it never made (it died between the
                 // two): this process holds the id, so it may move the name to its own.

@@ -193,6 +193,23 @@ impl Database {
         }
     }
 
+    /// How long a node may go without renewing its heartbeat before it is taken over.
+    pub(crate) fn node_lease(&self) -> std::time::Duration {
+        self.config.node_lease
+    }
+
+    /// The hosted id whose engine holds stream `name`, when this node's own does not.
+    pub(crate) fn hosted_id_of(&self, name: &str) -> Option<String> {
+        if self.streams.contains(name) {
+            return None;
+        }
+        self.takeovers
+            .hosted()
+            .iter()
+            .find(|h| h.streams.contains(name))
+            .map(|h| h.node.id().to_owned())
+    }
+
     /// Whether this process hosts node id `id` (took it over and still holds it).
     pub(crate) fn hosts_node(&self, id: &str) -> bool {
         self.takeovers.hosts(id)

@@ -29,6 +29,9 @@ use crate::error::{ErrorClass, Kind};
 /// The header that marks a forwarded request.
 pub(super) const FORWARDED: &str = "sluice-forwarded";
 
+/// The host a forwarded request's client used (for the `Location` of a create).
+pub(super) const FORWARDED_HOST: &str = "x-forwarded-host";
+
 /// How long a peer may take to say whether it serves a stream.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -64,12 +67,12 @@ pub(super) async fn owner(state: &AppState, name: &str, headers: &HeaderMap) -> 
     if headers.contains_key(FORWARDED) || state.db.serves_stream(name) {
         return None;
     }
+    if let Some(url) = state.db.cached_stream_owner(name) {
+        return Some(url);
+    }
     let peers = state.db.peer_urls();
     if peers.is_empty() {
         return None;
-    }
-    if let Some(url) = state.db.cached_stream_owner(name) {
-        return Some(url);
     }
     let probes = peers.iter().map(|peer| async move {
         let mut url = reqwest::Url::parse(peer).ok()?;
@@ -147,15 +150,25 @@ pub(super) async fn forward(
         .forward_client
         .request(method.clone(), &url)
         .header(FORWARDED, "1");
+    if method != Method::GET {
+        // A paused owner's kernel still accepts the connection; a write must not wait for
+        // ever (reads may: long-polls and SSE last). Within a lease the owner answers or
+        // is taken over.
+        request = request.timeout(state.db.node_lease());
+    }
     for (header, value) in headers {
         // The host and length are the new request's own.
         if !hop_by_hop(header)
             && header != axum::http::header::HOST
             && header != axum::http::header::CONTENT_LENGTH
             && header.as_str() != FORWARDED
+            && header.as_str() != FORWARDED_HOST
         {
             request = request.header(header, value);
         }
+    }
+    if let Some(host) = headers.get(axum::http::header::HOST) {
+        request = request.header(FORWARDED_HOST, host);
     }
     if !body.is_empty() {
         request = request.body(body);

@@ -638,9 +638,13 @@ async fn create(
         );
     }
     let name_lock = state.db.lock_stream_name(&request.name).await;
+    let hosted = request
+        .fork
+        .as_ref()
+        .and_then(|f| state.db.hosted_id_of(&f.source));
     match state
         .db
-        .claim_stream_name(&request.name)
+        .claim_stream_name(&request.name, hosted.as_deref())
         .await
         .map_err(|e| ApiError::of(&e))?
     {
@@ -657,6 +661,7 @@ async fn create(
         }
         NamePlace::At(peer) if !forwarded => {
             drop(name_lock);
+            state.db.note_stream_owner(&request.name, Some(&peer));
             let body = request.body.clone();
             return Ok(forward::forward(
                 state,
@@ -677,7 +682,11 @@ async fn create(
             ));
         }
     }
-    let engine = state.db.stream_engine(&request.name);
+    // A fork lives with its source (a hosted id's stream forks into that id's engine).
+    let engine = match &request.fork {
+        Some(fork) => state.db.stream_engine(&fork.source),
+        None => state.db.stream_engine(&request.name),
+    };
     let name = request.name.clone();
     let created = engine.create(request).await;
     if created.is_err()
@@ -696,7 +705,11 @@ async fn create(
     let h = response.headers_mut();
     info_headers(h, &info);
     if created {
-        let host = header_str(headers, "host")?.unwrap_or("localhost");
+        // A forwarded create names the host the client used (the forwarding node passes it).
+        let host = match header_str(headers, forward::FORWARDED_HOST)? {
+            Some(host) if forwarded => host,
+            _ => header_str(headers, "host")?.unwrap_or("localhost"),
+        };
         set(h, "location", format!("http://{host}{}", uri.path()));
     }
     Ok(response)

@@ -589,6 +589,16 @@ async fn a_dead_nodes_acknowledged_writes_survive_its_disk() {
     expected.push_str("message 51;");
     let (data, _) = wait_stream(&b.base, "orders").await;
     assert_eq!(data, expected);
+    // The taken-over stream forks like any other.
+    let r = reqwest::Client::new()
+        .put(format!("{}/v1/stream/orders-copy", b.base))
+        .header("content-type", "text/plain")
+        .header("Stream-Forked-From", "/v1/stream/orders")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    assert_eq!(wait_stream(&b.base, "orders-copy").await.0, expected);
     // Nothing doubles later (B flushes and checkpoints what it took over).
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(b.count("SELECT count(*) FROM t").await, Some(1000));
@@ -713,13 +723,20 @@ async fn a_restart_replays_the_log_from_the_object_store() {
 
 /// `PUT` of stream `name` on `base` with content type `content_type`.
 async fn create_stream(base: &str, name: &str, content_type: &str) -> reqwest::StatusCode {
-    reqwest::Client::new()
+    let r = reqwest::Client::new()
         .put(format!("{base}/v1/stream/{name}"))
         .header("content-type", content_type)
         .send()
         .await
-        .unwrap()
-        .status()
+        .unwrap();
+    if r.status() == 201 {
+        // Wherever it was made, the new stream's address is the one the client used.
+        assert_eq!(
+            r.headers()["location"].to_str().unwrap(),
+            format!("{base}/v1/stream/{name}")
+        );
+    }
+    r.status()
 }
 
 /// The names `GET /v1/streams` on `base` lists.
