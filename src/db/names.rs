@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use super::Database;
 use crate::error::{Classify, ErrorClass, Kind};
 use crate::log::Durability;
-use crate::node::peer_beat;
+use crate::node::{PeerBeat, peer_beat};
 use crate::storage::paths;
 use crate::storage::versioned::{Tagged, VersionError, VersionLog};
 
@@ -259,6 +259,41 @@ impl Database {
             name: name.to_owned(),
             node: "(contended)".into(),
         })
+    }
+
+    /// Where stream `name` lives when no process answered for it: `None` when it is
+    /// nobody's (never created, released, or its owner retired) or this process's own
+    /// (so a request for it is answered here), the URL of the process serving its owner
+    /// id otherwise, and [`NameError::OwnerUnavailable`] when that id has no process now.
+    pub(crate) async fn locate_stream_name(
+        &self,
+        name: &str,
+    ) -> Result<Option<NamePlace>, NameError> {
+        if !self.registers_names() {
+            return Ok(None);
+        }
+        let (_, claim) = self.latest_claim(&claims(name), name).await?;
+        let Some(id) = claim.and_then(|c| c.node) else {
+            return Ok(None);
+        };
+        if (id == self.node.id() && !self.node.is_fenced()) || self.hosts_node(&id) {
+            return Ok(None);
+        }
+        match peer_beat(&self.storage, &id)
+            .await
+            .map_err(VersionError::from)?
+        {
+            Some(beat) if beat.retired => Ok(None),
+            Some(PeerBeat { url: Some(url), .. })
+                if Some(&url) != self.config.advertise_url.as_ref() =>
+            {
+                Ok(Some(NamePlace::At(url)))
+            }
+            _ => Err(NameError::OwnerUnavailable {
+                name: name.to_owned(),
+                node: id,
+            }),
+        }
     }
 
     /// Releases stream `name` after it was deleted here (under

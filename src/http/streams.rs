@@ -501,8 +501,29 @@ async fn at_owner(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Result<Response, Body>, ApiError> {
-    let Some(peer) = forward::owner(state, name, headers).await else {
-        return Ok(Err(body));
+    let peer = match forward::owner(state, name, headers).await {
+        Some(peer) => peer,
+        // No live process said it serves the stream. A create claims its name itself; any
+        // other request asks the name's claim, so that a stream whose owner is between
+        // processes (dead, not yet taken over) answers "retry", not "not found".
+        None if method == Method::PUT
+            || headers.contains_key(forward::FORWARDED)
+            || state.db.serves_stream(name) =>
+        {
+            return Ok(Err(body));
+        }
+        None => match state
+            .db
+            .locate_stream_name(name)
+            .await
+            .map_err(|e| ApiError::of(&e))?
+        {
+            Some(NamePlace::At(peer)) => {
+                state.db.note_stream_owner(name, Some(&peer));
+                peer
+            }
+            Some(NamePlace::Here) | None => return Ok(Err(body)),
+        },
     };
     let body = body_bytes(body).await?;
     Ok(Ok(forward::forward(

@@ -842,3 +842,64 @@ async fn one_stream_name_is_one_stream_across_nodes() {
     a.stop();
     b.stop();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_client_writes_through_a_non_owner_across_the_owners_death() {
+    let project = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/conformance");
+    assert!(
+        project
+            .join("node_modules/@durable-streams/client")
+            .exists(),
+        "the Node test packages are not installed: run the tests with `bash tests/run.sh`"
+    );
+    let url = s3_url("client");
+    let env = cluster_env();
+    let dir_a = temp_dir("client-a");
+    let a = Node::start_configured(&dir_a, &url, &env, NO_FLUSH).await;
+    let b = Node::start_with_env(&temp_dir("client-b"), &url, &env).await;
+    // A owns the stream; the client only ever talks to B.
+    assert_eq!(
+        create_stream(&a.base, "relay", "application/json").await,
+        201
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while read_stream(&b.base, "relay").await.is_none() {
+        assert!(Instant::now() < deadline, "B never forwarded to A");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let stream_url = format!("{}/v1/stream/relay", b.base);
+    let (summary, status, killed) = tokio::task::spawn_blocking(move || {
+        use std::io::BufRead as _;
+        let mut script = Command::new("node")
+            .current_dir(&project)
+            .arg("producer-restart.mjs")
+            .env("STREAM_URL", stream_url)
+            .env("TOTAL", "2000")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("node runs");
+        let stdout = std::io::BufReader::new(script.stdout.take().unwrap());
+        let mut a = Some(a);
+        let mut summary = String::new();
+        for line in stdout.lines() {
+            let line = line.unwrap();
+            if line == "HALF" {
+                // The owner dies with its disk while appends are in flight through B.
+                drop(a.take());
+                std::fs::remove_dir_all(&dir_a).unwrap();
+            } else if line.starts_with('{') {
+                summary = line;
+            }
+        }
+        (summary, script.wait().unwrap(), a.is_none())
+    })
+    .await
+    .unwrap();
+    assert!(killed, "the producer never reached half way");
+    let summary: Value = serde_json::from_str(&summary).expect("summary line");
+    assert_eq!(summary["received"], 2000, "{summary}");
+    assert_eq!(summary["inOrder"], true, "{summary}");
+    assert_eq!(summary["errors"], 0, "{summary}");
+    assert!(status.success());
+    b.stop();
+}
