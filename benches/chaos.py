@@ -26,7 +26,7 @@ and it times how long the check took to pass (a dead node's writes come back whe
 node takes its id over, about two leases). A check that has not passed after 90 s fails the
 run. The summary prints the figures; the exit status is 1 on any violation.
 """
-import argparse, http.client, json, os, random, shutil, signal, socket, subprocess, sys, threading, time
+import argparse, atexit, http.client, json, os, random, shutil, signal, socket, subprocess, sys, threading, time
 
 LEASE = 2
 ap = argparse.ArgumentParser()
@@ -98,7 +98,18 @@ class Node:
         self.proc = None
         self.paused_until = 0.0
 
-    def start(self):
+    def start(self, attempts=5):
+        """Starts the node; one that exits while starting (fenced while it replayed) is
+        started again, as a supervisor would."""
+        for attempt in range(attempts):
+            try:
+                return self.start_once()
+            except RuntimeError:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(1)
+
+    def start_once(self):
         os.makedirs(self.dir, exist_ok=True)
         log = open(f"{WORK}/{self.name}.log", "a")
         self.proc = subprocess.Popen(
@@ -133,6 +144,15 @@ while request(s3_port, "GET", "/", timeout=1) is None:
     time.sleep(0.5)
 time.sleep(2)
 nodes = [Node(i) for i in range(3)]
+
+
+@atexit.register
+def cleanup():
+    for n in nodes:
+        n.kill()
+    weed_proc.kill()
+
+
 for n in nodes:
     n.start()
 
@@ -310,9 +330,9 @@ def check(rows_before, appends_before):
     return None
 
 
-threads = [threading.Thread(target=ingester) for _ in range(4)]
-threads += [threading.Thread(target=producer, args=(s,)) for s in STREAMS]
-threads += [threading.Thread(target=namer), threading.Thread(target=reader)]
+threads = [threading.Thread(target=ingester, daemon=True) for _ in range(4)]
+threads += [threading.Thread(target=producer, args=(s,), daemon=True) for s in STREAMS]
+threads += [threading.Thread(target=namer, daemon=True), threading.Thread(target=reader, daemon=True)]
 for t in threads:
     t.start()
 t0 = time.time()

@@ -745,6 +745,25 @@ pub(crate) async fn run_heartbeat(
     .await;
 }
 
+/// Keeps `node`'s heartbeat moving until the returned sender is dropped: while a log is
+/// read back and replayed (at a start, or a takeover), which may take longer than a lease,
+/// so that no watcher takes the id over meanwhile. The beats carry no LSN; only
+/// object-store durability uses this (it does not compare heartbeat LSNs with the log).
+pub(crate) fn keep_beating(node: Arc<Node>) -> tokio::sync::watch::Sender<()> {
+    let (beating, mut stopped) = tokio::sync::watch::channel(());
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = stopped.changed() => break,
+                _ = tokio::time::sleep(node.heartbeat_interval()) => {
+                    let _ = node.heartbeat(0, false).await;
+                }
+            }
+        }
+    });
+    beating
+}
+
 /// What a node watching its peers reads of one node id's heartbeat.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PeerBeat {
@@ -768,14 +787,20 @@ pub(crate) async fn peer_beats(storage: &Storage) -> Result<Vec<PeerBeat>, objec
         .store()
         .list_with_delimiter(Some(&ObjectPath::from("nodes")))
         .await?;
-    let mut beats = Vec::new();
-    for prefix in listed.common_prefixes {
-        let Some(id) = prefix.filename().filter(|id| valid_id(id)) else {
-            continue;
-        };
-        beats.extend(peer_beat(storage, id).await?);
-    }
-    Ok(beats)
+    let ids: Vec<String> = listed
+        .common_prefixes
+        .iter()
+        .filter_map(|prefix| prefix.filename().filter(|id| valid_id(id)))
+        .map(str::to_owned)
+        .collect();
+    // Read at once, so a pass stays short however many ids the bucket has seen.
+    use futures::{StreamExt as _, TryStreamExt as _};
+    let beats: Vec<Option<PeerBeat>> = futures::stream::iter(ids)
+        .map(|id| async move { peer_beat(storage, &id).await })
+        .buffer_unordered(16)
+        .try_collect()
+        .await?;
+    Ok(beats.into_iter().flatten().collect())
 }
 
 /// The heartbeat of node id `id`, if it has one.

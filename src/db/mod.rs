@@ -407,6 +407,10 @@ impl Database {
         {
             tracing::warn!(dir = %hosted_cache.display(), error = %e, "could not remove the cache of hosted ids");
         }
+        // Reading the log back and replaying it may take longer than a lease: the heartbeat
+        // moves meanwhile, so no peer takes this node over while it starts.
+        let _beating = (config.durability == Durability::ObjectStore)
+            .then(|| crate::node::keep_beating(node.clone()));
         // Under object-store durability, what counts is the log in the store: the local
         // one may lack groups (a lost disk) or hold groups never acknowledged.
         let replay = if config.durability == Durability::ObjectStore {

@@ -63,8 +63,8 @@ pub(crate) struct Takeovers {
     peer_urls: RwLock<Vec<String>>,
     /// Streams found on a peer: name -> (its URL, when found).
     owners: Mutex<HashMap<String, (String, Instant)>>,
-    /// One takeover pass at a time.
-    pass: tokio::sync::Mutex<()>,
+    /// One takeover pass at a time; when the last one read the heartbeats.
+    pass: tokio::sync::Mutex<Option<Instant>>,
 }
 
 impl Takeovers {
@@ -296,18 +296,27 @@ impl Database {
         if self.config.durability != Durability::ObjectStore || self.node.is_fenced() {
             return;
         }
-        let _pass = self.takeovers.pass.lock().await;
+        let mut last_pass = self.takeovers.pass.lock().await;
         self.takeovers.drop_fenced();
-        let beats = match peer_beats(&self.storage).await {
+        let lease = self.config.node_lease;
+        let started = Instant::now();
+        let read = peer_beats(&self.storage).await;
+        // A watcher that could not look for a while (the store stalled or failed, or this
+        // process was paused or starved) cannot tell a dead peer from one that could not
+        // write either: every peer's lease starts again.
+        let blind = last_pass.is_none_or(|at| started.duration_since(at) > lease * 3 / 4)
+            || started.elapsed() > lease / 2;
+        *last_pass = Some(started);
+        if read.is_err() || blind {
+            self.takeovers
+                .watched
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clear();
+        }
+        let beats = match read {
             Ok(beats) => beats,
             Err(e) => {
-                // The store is unreachable, so the peers could not renew either: their
-                // leases start again once it answers.
-                self.takeovers
-                    .watched
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .clear();
                 tracing::debug!(error = %e, "reading peer heartbeats failed; retrying later");
                 return;
             }
@@ -357,23 +366,9 @@ impl Database {
             node.set_url(url);
         }
         let node = Arc::new(node);
-        // The id's heartbeat moves while its log is read back and replayed (which may take
-        // longer than a lease), so no other watcher takes it from this process meanwhile.
-        // The beat stops when `_beating` is dropped, as this function returns.
-        let (_beating, mut beating) = tokio::sync::watch::channel(());
-        {
-            let node = node.clone();
-            tokio::spawn(async move {
-                loop {
-                    tokio::select! {
-                        _ = beating.changed() => break,
-                        _ = tokio::time::sleep(node.heartbeat_interval()) => {
-                            let _ = node.heartbeat(0, false).await;
-                        }
-                    }
-                }
-            });
-        }
+        // The id's heartbeat moves while its log is read back and replayed; the beat stops
+        // as this function returns.
+        let _beating = crate::node::keep_beating(node.clone());
         let (remote, replay) = recover_remote(self.storage.store().clone(), id, node.epoch())
             .await
             .map_err(NodeError::from)?;

@@ -150,12 +150,6 @@ pub(super) async fn forward(
         .forward_client
         .request(method.clone(), &url)
         .header(FORWARDED, "1");
-    if method != Method::GET {
-        // A paused owner's kernel still accepts the connection; a write must not wait for
-        // ever (reads may: long-polls and SSE last). Within a lease the owner answers or
-        // is taken over.
-        request = request.timeout(state.db.node_lease());
-    }
     for (header, value) in headers {
         // The host and length are the new request's own.
         if !hop_by_hop(header)
@@ -173,7 +167,32 @@ pub(super) async fn forward(
     if !body.is_empty() {
         request = request.body(body);
     }
-    let answer = match request.send().await {
+    // A paused owner's kernel still accepts the connection: the answer's head must come
+    // within a bound (a few leases: by then the owner answers or was taken over), except for
+    // live reads, whose head comes when there is data or the long-poll ends.
+    let live = uri.query().is_some_and(|q| q.contains("live="));
+    let sent = if live {
+        request.send().await
+    } else {
+        let bound = (state.db.node_lease() * 3).max(Duration::from_secs(30));
+        match tokio::time::timeout(bound, request.send()).await {
+            Ok(sent) => sent,
+            Err(_) => {
+                state.db.note_stream_owner(name, None);
+                let class = if method == Method::GET || method == Method::HEAD {
+                    ErrorClass::retry("OwnerUnavailable")
+                } else {
+                    ErrorClass::unknown(Kind::Unavailable)
+                };
+                return ApiError::classified(
+                    class,
+                    format!("the node serving stream {name:?} did not answer in {bound:?}"),
+                )
+                .into_response();
+            }
+        }
+    };
+    let answer = match sent {
         Ok(answer) => answer,
         Err(e) => {
             // The owner may have died: look it up afresh next time.

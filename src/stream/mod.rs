@@ -504,8 +504,12 @@ impl Streams {
     pub async fn get(&self, name: &str) -> Result<Arc<Stream>, StreamError> {
         let stream = self.lookup(name).ok_or(StreamError::NotFound)?;
         if stream.expired(now_ms()) {
-            let _meta = self.inner.meta.lock().await;
-            self.expire_locked(&stream).await?;
+            let (this, expired) = (self.clone(), stream.clone());
+            to_completion(async move {
+                let _meta = this.inner.meta.lock().await;
+                this.expire_locked(&expired).await
+            })
+            .await?;
         }
         let s = stream.read_state();
         if s.gone {
