@@ -390,8 +390,16 @@ impl CommitLog {
             .write(true)
             .open(&lock_path)
             .map_err(|e| LogError::io(&lock_path, e))?;
-        if lock.try_lock().is_err() {
-            return Err(LogError::Locked(config.dir.clone()));
+        // A lock just released may still be held for a moment by a copy of its descriptor
+        // in a child process between its fork and its exec (close-on-exec closes it then):
+        // wait out that moment before calling the directory in use.
+        let mut attempts = 0;
+        while lock.try_lock().is_err() {
+            attempts += 1;
+            if attempts > 20 {
+                return Err(LogError::Locked(config.dir.clone()));
+            }
+            thread::sleep(std::time::Duration::from_millis(50));
         }
         let mut paths = segment::list(&config.dir)?;
         let mut records = Vec::new();
