@@ -171,33 +171,25 @@ pub(super) async fn forward(
     // within a bound (a few leases: by then the owner answers or was taken over), except for
     // live reads, whose head comes when there is data or the long-poll ends.
     let live = uri.query().is_some_and(|q| q.contains("live="));
+    let bound = (state.db.node_lease() * 3).max(Duration::from_secs(30));
     let sent = if live {
-        request.send().await
+        request
+            .send()
+            .await
+            .map_err(|e| (e.is_connect(), e.to_string()))
     } else {
-        let bound = (state.db.node_lease() * 3).max(Duration::from_secs(30));
         match tokio::time::timeout(bound, request.send()).await {
-            Ok(sent) => sent,
-            Err(_) => {
-                state.db.note_stream_owner(name, None);
-                let class = if method == Method::GET || method == Method::HEAD {
-                    ErrorClass::retry("OwnerUnavailable")
-                } else {
-                    ErrorClass::unknown(Kind::Unavailable)
-                };
-                return ApiError::classified(
-                    class,
-                    format!("the node serving stream {name:?} did not answer in {bound:?}"),
-                )
-                .into_response();
-            }
+            Ok(sent) => sent.map_err(|e| (e.is_connect(), e.to_string())),
+            Err(_) => Err((false, format!("no answer in {bound:?}"))),
         }
     };
     let answer = match sent {
         Ok(answer) => answer,
-        Err(e) => {
+        Err((refused, e)) => {
             // The owner may have died: look it up afresh next time.
             state.db.note_stream_owner(name, None);
-            let class = if method == Method::GET || method == Method::HEAD || e.is_connect() {
+            // A read, or a write the owner never received, may simply be sent again.
+            let class = if method == Method::GET || method == Method::HEAD || refused {
                 ErrorClass::retry("OwnerUnavailable")
             } else {
                 ErrorClass::unknown(Kind::Unavailable)
