@@ -226,29 +226,11 @@ impl Database {
                 // A claim a hosted id made for a stream it never made (it died between the
                 // two): this process holds the id, so it may move the name to its own.
                 Some(id) if self.hosts_node(&id) => {}
-                Some(id) => match peer_beat(&self.storage, &id)
-                    .await
-                    .map_err(VersionError::from)?
-                {
-                    Some(beat) if beat.retired => {}
-                    Some(beat) => match beat.url {
-                        Some(url) if Some(&url) != self.config.advertise_url.as_ref() => {
-                            return Ok(NamePlace::At(url));
-                        }
-                        _ => {
-                            return Err(NameError::OwnerUnavailable {
-                                name: name.to_owned(),
-                                node: id,
-                            });
-                        }
-                    },
-                    None => {
-                        return Err(NameError::OwnerUnavailable {
-                            name: name.to_owned(),
-                            node: id,
-                        });
+                Some(id) => {
+                    if let Some(place) = self.peer_place(name, id).await? {
+                        return Ok(place);
                     }
-                },
+                }
             }
             let next = latest.map_or(1, |v| v + 1);
             if self.write_claim(&log, next, name, Some(own)).await? {
@@ -279,6 +261,13 @@ impl Database {
         if (id == self.node.id() && !self.node.is_fenced()) || self.hosts_node(&id) {
             return Ok(None);
         }
+        self.peer_place(name, id).await
+    }
+
+    /// Where the process serving peer id `id`, which owns stream `name`, answers: `None`
+    /// when the id is retired (it holds nothing, so the name is free), and
+    /// [`NameError::OwnerUnavailable`] when no other process serves the id now.
+    async fn peer_place(&self, name: &str, id: String) -> Result<Option<NamePlace>, NameError> {
         match peer_beat(&self.storage, &id)
             .await
             .map_err(VersionError::from)?

@@ -739,6 +739,22 @@ async fn create_stream(base: &str, name: &str, content_type: &str) -> reqwest::S
     r.status()
 }
 
+/// Appends `body` to stream `name` on `base`, with no producer.
+async fn append_plain(
+    base: &str,
+    name: &str,
+    content_type: &str,
+    body: String,
+) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!("{base}/v1/stream/{name}"))
+        .header("content-type", content_type)
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+}
+
 /// The names `GET /v1/streams` on `base` lists.
 async fn listed_streams(base: &str) -> Vec<String> {
     let listing: Value = reqwest::get(format!("{base}/v1/streams"))
@@ -784,13 +800,7 @@ async fn one_stream_name_is_one_stream_across_nodes() {
             "{name}: one create, one idempotent repeat"
         );
         for (k, node) in [&a, &b, &a].iter().enumerate() {
-            let r = reqwest::Client::new()
-                .post(format!("{}/v1/stream/{name}", node.base))
-                .header("content-type", "text/plain")
-                .body(format!("{k};"))
-                .send()
-                .await
-                .unwrap();
+            let r = append_plain(&node.base, name, "text/plain", format!("{k};")).await;
             assert!(
                 r.status().is_success(),
                 "{name}: append {k}: {}",
@@ -825,13 +835,7 @@ async fn one_stream_name_is_one_stream_across_nodes() {
         assert_eq!(r.status(), 204, "delete {name}");
         assert_eq!(read_stream(&a.base, name).await, None);
         assert_eq!(create_stream(&a.base, name, "application/json").await, 201);
-        let r = reqwest::Client::new()
-            .post(format!("{}/v1/stream/{name}", b.base))
-            .header("content-type", "application/json")
-            .body("[1]")
-            .send()
-            .await
-            .unwrap();
+        let r = append_plain(&b.base, name, "application/json", "[1]".into()).await;
         assert!(
             r.status().is_success(),
             "append to re-created {name}: {}",
