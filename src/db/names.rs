@@ -20,6 +20,12 @@
 //!   ([`Database::lock_stream_name`]), so a release never follows a create that came after
 //!   its delete.
 //!
+//! - A version also names the incarnation of the stream it was claimed for, so other nodes
+//!   can tell the stream in the owner's snapshot is the current one
+//!   ([`Database::sealed_stream_owner`]). A create that makes a new stream under a claim of
+//!   its own id writes a version with the new incarnation; a delete that leaves the stream
+//!   held (forks still read it) writes one without.
+//!
 //! Invariants: a version names a node id, never a URL (the URL is looked up when used, so a
 //! takeover moves every name of the id at once); a name is never taken from an id that is
 //! not retired, except by the process that holds that id.
@@ -44,6 +50,11 @@ struct NameClaim {
     name: String,
     /// The owning node id; `None` once released.
     node: Option<String>,
+    /// The incarnation of the owner's stream of this name, when known: set by the create
+    /// that made it, cleared when it is deleted but still held (a soft delete). Other nodes
+    /// read the stream's sealed data only while the owner's snapshot holds this incarnation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    incarnation: Option<String>,
 }
 
 impl Tagged for NameClaim {
@@ -169,12 +180,14 @@ impl Database {
         v: u64,
         name: &str,
         node: Option<&str>,
+        incarnation: Option<&str>,
     ) -> Result<bool, NameError> {
         let store = self.storage.store().as_ref();
         let claim = NameClaim {
             tag: uuid::Uuid::new_v4().simple().to_string(),
             name: name.to_owned(),
             node: node.map(str::to_owned),
+            incarnation: incarnation.map(str::to_owned),
         };
         match log.try_create(store, v, &claim).await {
             Ok(true) => {}
@@ -197,11 +210,13 @@ impl Database {
     /// Claims stream `name` for a create (under [`Database::lock_stream_name`]): says
     /// whether the stream is made here or at a peer. `hosted` names the hosted id whose
     /// engine will hold the stream (a fork of one of its streams); otherwise it is this
-    /// node's own. Without object-store durability every stream is made here.
+    /// node's own. A stream made here gets incarnation `incarnation`, which the claim
+    /// names. Without object-store durability every stream is made here.
     pub(crate) async fn claim_stream_name(
         &self,
         name: &str,
         hosted: Option<&str>,
+        incarnation: &str,
     ) -> Result<NamePlace, NameError> {
         if !self.registers_names() {
             return Ok(NamePlace::Here);
@@ -221,7 +236,13 @@ impl Database {
             // Falls through when the name is free to claim.
             match claim.and_then(|c| c.node) {
                 None => {}
-                Some(id) if id == own => return Ok(NamePlace::Here),
+                // The stream exists: the create finds it (and makes nothing).
+                Some(id) if id == own && self.holds_stream(&id, name) => {
+                    return Ok(NamePlace::Here);
+                }
+                // The name is ours but its stream is gone (its release failed): the claim
+                // names the new stream's incarnation.
+                Some(id) if id == own => {}
                 Some(id) if self.hosted_stream(&id, name) => return Ok(NamePlace::Here),
                 // A claim a hosted id made for a stream it never made (it died between the
                 // two): this process holds the id, so it may move the name to its own.
@@ -233,7 +254,10 @@ impl Database {
                 }
             }
             let next = latest.map_or(1, |v| v + 1);
-            if self.write_claim(&log, next, name, Some(own)).await? {
+            if self
+                .write_claim(&log, next, name, Some(own), Some(incarnation))
+                .await?
+            {
                 return Ok(NamePlace::Here);
             }
         }
@@ -287,26 +311,95 @@ impl Database {
 
     /// Releases stream `name` after it was deleted here (under
     /// [`Database::lock_stream_name`]): another node may create it from now on. A name
-    /// whose stream is still held here (soft-deleted, a fork's source) stays claimed.
+    /// whose stream is still held here (soft-deleted, a fork's source) stays claimed, but
+    /// no longer names an incarnation, so no other node reads the stream's sealed data.
     pub(crate) async fn release_stream_name(&self, name: &str) -> Result<(), NameError> {
-        if !self.registers_names() || self.stream_engine(name).contains(name) {
+        if !self.registers_names() {
             return Ok(());
         }
+        let held = self.stream_engine(name).contains(name);
         let own = self.node.id();
         let log = claims(name);
         for _ in 0..CLAIM_ATTEMPTS {
             let (Some(latest), Some(claim)) = self.latest_claim(&log, name).await? else {
                 return Ok(());
             };
-            match claim.node {
-                Some(id) if (id == own && !self.node.is_fenced()) || self.hosts_node(&id) => {}
+            let id = match claim.node {
+                Some(id) if (id == own && !self.node.is_fenced()) || self.hosts_node(&id) => id,
                 _ => return Ok(()),
-            }
-            if self.write_claim(&log, latest + 1, name, None).await? {
+            };
+            let keep = match held {
+                true if claim.incarnation.is_none() => return Ok(()),
+                true => Some(id.as_str()),
+                false => None,
+            };
+            if self.write_claim(&log, latest + 1, name, keep, None).await? {
                 return Ok(());
             }
         }
         Ok(())
+    }
+
+    /// The node id that owns stream `name` and the incarnation its claim names, when the
+    /// name is another node's (not this process's, nor an id it hosts) and names one:
+    /// that node's snapshot may answer reads of the stream's sealed data
+    /// ([`crate::stream::Streams::read_sealed`]).
+    pub(crate) async fn sealed_stream_owner(
+        &self,
+        name: &str,
+    ) -> Result<Option<(String, String)>, NameError> {
+        if !self.registers_names() {
+            return Ok(None);
+        }
+        let (_, claim) = self.latest_claim(&claims(name), name).await?;
+        Ok(claim.and_then(|c| match (c.node, c.incarnation) {
+            (Some(id), Some(incarnation)) if id != self.node.id() && !self.hosts_node(&id) => {
+                Some((id, incarnation))
+            }
+            _ => None,
+        }))
+    }
+
+    /// A read of stream `name`'s sealed data from offset `from` when another node owns it,
+    /// answered from the owner's newest snapshot ([`Database::sealed_stream_owner`],
+    /// [`crate::stream::Streams::read_sealed`]); `None` when the owner must answer.
+    pub(crate) async fn read_sealed(
+        &self,
+        name: &str,
+        from: u64,
+        max_bytes: usize,
+    ) -> Option<crate::stream::ReadResult> {
+        if !self.registers_names() || self.serves_stream(name) {
+            return None;
+        }
+        let (id, incarnation) = match self.sealed_stream_owner(name).await {
+            Ok(owner) => owner?,
+            Err(e) => {
+                tracing::debug!(stream = %name, error = %e, "name claim not readable; the owner answers");
+                return None;
+            }
+        };
+        match self
+            .streams
+            .read_sealed(&id, name, &incarnation, from, max_bytes)
+            .await
+        {
+            Ok(read) => read,
+            Err(e) => {
+                tracing::warn!(stream = %name, node = %id, error = %e, "sealed data not readable; the owner answers");
+                None
+            }
+        }
+    }
+
+    /// Whether the engine of node id `id` (this node's own, or one it hosts) holds a
+    /// stream named `name`.
+    fn holds_stream(&self, id: &str, name: &str) -> bool {
+        if id == self.node.id() {
+            self.streams.contains(name)
+        } else {
+            self.hosted_stream(id, name)
+        }
     }
 }
 

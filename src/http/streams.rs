@@ -580,6 +580,9 @@ pub(super) async fn get(
             Ok(reserved(&state, Method::GET, &name, &headers, Body::empty()).await)
         }
         Target::Stream(name) => {
+            if let Some(answer) = sealed_read(&state, &name, &headers, query.as_deref()).await? {
+                return Ok(answer);
+            }
             match at_owner(&state, &name, Method::GET, &uri, &headers, Body::empty()).await? {
                 Ok(answer) => Ok(answer),
                 Err(_) => read(&state, name, &headers, query.as_deref()).await,
@@ -663,9 +666,10 @@ async fn create(
         .fork
         .as_ref()
         .and_then(|f| state.db.hosted_id_of(&f.source));
+    let incarnation = crate::stream::new_incarnation();
     match state
         .db
-        .claim_stream_name(&request.name, hosted.as_deref())
+        .claim_stream_name(&request.name, hosted.as_deref(), &incarnation)
         .await
         .map_err(|e| ApiError::of(&e))?
     {
@@ -709,7 +713,7 @@ async fn create(
         None => state.db.stream_engine(&request.name),
     };
     let name = request.name.clone();
-    let created = engine.create(request).await;
+    let created = engine.create_as(request, incarnation).await;
     if created.is_err()
         && !engine.contains(&name)
         && let Err(e) = state.db.release_stream_name(&name).await
@@ -825,8 +829,11 @@ async fn delete(state: &AppState, name: String, headers: &HeaderMap) -> Result<R
         .delete(&name, token.as_deref())
         .await?;
     if let Err(e) = state.db.release_stream_name(&name).await {
-        // The name stays this node's: a later create of it is made here.
+        // The name stays this node's: a later create of it is made here. Its claim still
+        // names the deleted incarnation, so a snapshot without the stream must come
+        // before the answer, or other nodes could still read its sealed data.
         tracing::warn!(stream = %name, error = %e, "could not release a deleted stream's name");
+        state.db.stream_engine(&name).checkpoint(true).await?;
     }
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -997,9 +1004,54 @@ async fn read(
         _ => 0,
     };
     let result = streams.read(&stream, offset, q.max_bytes).await?;
+    Ok(read_answer(&result, &start_text, headers, ndjson))
+}
+
+/// A catch-up read of a stream another node owns, answered here from the sealed data in
+/// that node's newest snapshot on object storage ([`crate::db::Database::read_sealed`]):
+/// `None` when this process serves the stream, the read is live or from `now`, or the
+/// snapshot does not reach the offset (the owner answers then, and alone says a reader is
+/// at the tail).
+async fn sealed_read(
+    state: &AppState,
+    name: &str,
+    headers: &HeaderMap,
+    query: Option<&str>,
+) -> Result<Option<Response>, ApiError> {
+    if headers.contains_key(forward::FORWARDED) || state.db.serves_stream(name) {
+        return Ok(None);
+    }
+    let q = read_query(query)?;
+    if q.live != Live::No {
+        return Ok(None);
+    }
+    let (from, start_text) = q.from.unwrap_or((ReadFrom::Start, "-1".to_owned()));
+    let offset = match from {
+        ReadFrom::Start => 0,
+        ReadFrom::At(offset) => offset,
+        ReadFrom::Now => return Ok(None),
+    };
+    let Some(result) = state.db.read_sealed(name, offset, q.max_bytes).await else {
+        return Ok(None);
+    };
+    Ok(Some(read_answer(
+        &result,
+        &start_text,
+        headers,
+        wants_ndjson(headers),
+    )))
+}
+
+/// The answer to a catch-up read: its data, or `304` when the client holds this answer.
+fn read_answer(
+    result: &ReadResult,
+    start_text: &str,
+    headers: &HeaderMap,
+    ndjson: bool,
+) -> Response {
     let tag = etag(
         &result.incarnation,
-        &start_text,
+        start_text,
         result.next,
         result.closed_at_tail,
     );
@@ -1010,13 +1062,13 @@ async fn read(
     {
         let mut response = StatusCode::NOT_MODIFIED.into_response();
         set(response.headers_mut(), "etag", tag);
-        return Ok(response);
+        return response;
     }
-    let mut response = (StatusCode::OK, render(&result, ndjson)).into_response();
+    let mut response = (StatusCode::OK, render(result, ndjson)).into_response();
     let h = response.headers_mut();
-    result_headers(h, &result, ndjson);
+    result_headers(h, result, ndjson);
     set(h, "etag", tag);
-    Ok(response)
+    response
 }
 
 fn data_headers(h: &mut HeaderMap, content_type: &str, ndjson: bool) {

@@ -18,6 +18,14 @@
 //!   per run of sealed records of one stream:
 //!   `| count: u32 | start: u64 | count × end: u64 | record bytes |` (little endian).
 //! - `snapshots/{lsn:020}.json`: the state of every stream at `lsn`.
+//!
+//! Other nodes read a node's sealed data too ([`ColdStore::sealed_view`]): under
+//! object-store durability any node answers a read of a stream another node owns from that
+//! node's newest snapshot, as far as the snapshot reaches. A view is used only for a stream
+//! whose name's claim (`db::names`) names that node and the snapshot's incarnation, so a
+//! view never answers for a stream deleted or made again since: sealed records of one
+//! incarnation never change, and an object a view points into that was collected since makes
+//! the read go to the owner instead.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -54,6 +62,22 @@ pub(super) struct ColdStore {
     /// Objects mostly holding data of deleted streams: the next checkpoint copies what is
     /// still live out of them into its own object, so they stop being referenced.
     rewrite: Mutex<std::collections::HashSet<String>>,
+    /// Other nodes' newest snapshots, as views of their streams, by node id.
+    views: Mutex<HashMap<String, (Lsn, Arc<HashMap<String, SealedView>>)>>,
+}
+
+/// Views of this many other nodes are kept (all are dropped when one more comes).
+const MAX_VIEWS: usize = 64;
+
+/// A stream of another node as its newest snapshot has it: what a read of its sealed data
+/// needs. Only streams that live until deleted have one (a TTL or expiry is the owner's to
+/// judge, and a read renews it there).
+#[derive(Debug, Clone)]
+pub(super) struct SealedView {
+    pub(super) incarnation: String,
+    pub(super) content_type: String,
+    /// Its sealed data, in offset order.
+    pub(super) extents: Vec<ColdExtent>,
 }
 
 struct Cache {
@@ -107,6 +131,7 @@ impl ColdStore {
             checkpoint_lock: tokio::sync::Mutex::new(()),
             unreferenced: Mutex::new(Unreferenced::default()),
             rewrite: Mutex::new(std::collections::HashSet::new()),
+            views: Mutex::new(HashMap::new()),
         }
     }
 
@@ -118,11 +143,9 @@ impl ColdStore {
         Path::from(paths::stream_snapshot(&self.node, lsn))
     }
 
-    /// Loads the newest snapshot: its LSN and every stream's state.
-    pub(super) async fn load_snapshot(
-        &self,
-    ) -> Result<Option<(Lsn, HashMap<String, StreamState>)>, StreamError> {
-        let dir = Path::from(paths::stream_snapshots(&self.node));
+    /// The LSN of node `node`'s newest snapshot.
+    async fn newest_snapshot(&self, node: &str) -> Result<Option<Lsn>, StreamError> {
+        let dir = Path::from(paths::stream_snapshots(node));
         let listed: Vec<object_store::ObjectMeta> = self
             .storage
             .store()
@@ -130,14 +153,14 @@ impl ColdStore {
             .try_collect()
             .await
             .map_err(storage_error)?;
-        let newest = listed
+        Ok(listed
             .iter()
             .filter_map(|m| m.location.filename()?.strip_suffix(".json")?.parse().ok())
-            .max();
-        let Some(lsn) = newest else {
-            return Ok(None);
-        };
-        let path = self.snapshot_path(lsn);
+            .max())
+    }
+
+    async fn read_snapshot(&self, node: &str, lsn: Lsn) -> Result<Snapshot, StreamError> {
+        let path = Path::from(paths::stream_snapshot(node, lsn));
         let bytes = self
             .storage
             .store()
@@ -147,8 +170,69 @@ impl ColdStore {
             .bytes()
             .await
             .map_err(storage_error)?;
-        let snapshot: Snapshot = serde_json::from_slice(&bytes)
-            .map_err(|e| StreamError::Corrupt(format!("snapshot {path}: {e}")))?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| StreamError::Corrupt(format!("snapshot {path}: {e}")))
+    }
+
+    /// Stream `name` of node `node` as that node's newest snapshot has it, if the snapshot
+    /// holds it and it lives until deleted. The newest snapshot is listed on every call; it
+    /// is read only when it changed.
+    pub(super) async fn sealed_view(
+        &self,
+        node: &str,
+        name: &str,
+    ) -> Result<Option<SealedView>, StreamError> {
+        let Some(lsn) = self.newest_snapshot(node).await? else {
+            return Ok(None);
+        };
+        let cached = self.views.lock().ok().and_then(|views| {
+            views
+                .get(node)
+                .filter(|(at, _)| *at == lsn)
+                .map(|(_, view)| view.clone())
+        });
+        let view = match cached {
+            Some(view) => view,
+            None => {
+                let snapshot = self.read_snapshot(node, lsn).await?;
+                let view: HashMap<String, SealedView> = snapshot
+                    .streams
+                    .into_iter()
+                    .filter(|s| {
+                        !s.soft_deleted
+                            && s.lifetime.ttl_secs.is_none()
+                            && s.lifetime.expires_at_ms.is_none()
+                    })
+                    .map(|s| {
+                        let view = SealedView {
+                            incarnation: s.incarnation,
+                            content_type: s.content_type,
+                            extents: s.extents,
+                        };
+                        (s.name, view)
+                    })
+                    .collect();
+                let view = Arc::new(view);
+                if let Ok(mut views) = self.views.lock() {
+                    if views.len() >= MAX_VIEWS && !views.contains_key(node) {
+                        views.clear();
+                    }
+                    views.insert(node.to_owned(), (lsn, view.clone()));
+                }
+                view
+            }
+        };
+        Ok(view.get(name).cloned())
+    }
+
+    /// Loads the newest snapshot: its LSN and every stream's state.
+    pub(super) async fn load_snapshot(
+        &self,
+    ) -> Result<Option<(Lsn, HashMap<String, StreamState>)>, StreamError> {
+        let Some(lsn) = self.newest_snapshot(&self.node).await? else {
+            return Ok(None);
+        };
+        let snapshot = self.read_snapshot(&self.node, lsn).await?;
         let streams = snapshot
             .streams
             .into_iter()

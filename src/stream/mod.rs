@@ -169,7 +169,7 @@ pub(crate) fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-fn new_incarnation() -> String {
+pub(crate) fn new_incarnation() -> String {
     uuid::Uuid::new_v4().simple().to_string()
 }
 
@@ -559,11 +559,25 @@ impl Streams {
 
     /// Creates a stream (`PUT`). Returns whether it was new, and its metadata.
     pub async fn create(&self, req: CreateRequest) -> Result<(bool, StreamInfo), StreamError> {
-        let this = self.clone();
-        to_completion(async move { this.create_now(req).await }).await
+        self.create_as(req, new_incarnation()).await
     }
 
-    async fn create_now(&self, req: CreateRequest) -> Result<(bool, StreamInfo), StreamError> {
+    /// [`Streams::create`], where a new stream gets incarnation `incarnation` (its name's
+    /// claim names it before the stream is made).
+    pub(crate) async fn create_as(
+        &self,
+        req: CreateRequest,
+        incarnation: String,
+    ) -> Result<(bool, StreamInfo), StreamError> {
+        let this = self.clone();
+        to_completion(async move { this.create_now(req, incarnation).await }).await
+    }
+
+    async fn create_now(
+        &self,
+        req: CreateRequest,
+        incarnation: String,
+    ) -> Result<(bool, StreamInfo), StreamError> {
         let _meta = self.inner.meta.lock().await;
         if let Some(existing) = self.lookup(&req.name) {
             if existing.expired(now_ms()) {
@@ -622,7 +636,7 @@ impl Streams {
         };
         let op = Op::Create {
             name: req.name.clone(),
-            incarnation: new_incarnation(),
+            incarnation,
             content_type,
             lifetime,
             closed: req.closed,
@@ -814,6 +828,34 @@ impl Streams {
             let plan: Vec<Chunk> = s.chunks[first..].to_vec();
             (plan, s.content_type.clone(), s.incarnation.clone())
         };
+        let (records, mut next) = self.collect(plan, from, max_bytes).await?;
+        let s = stream.read_state();
+        // With no data past `from`, the reader is at the tail (gaps at fork points included).
+        if records.is_empty() {
+            next = from.max(next);
+            if s.tail > next && s.chunks.last().is_none_or(|c| c.end() <= from) {
+                next = s.tail;
+            }
+        }
+        let up_to_date = next >= s.tail;
+        Ok(ReadResult {
+            records,
+            next,
+            up_to_date,
+            closed_at_tail: s.closed && up_to_date,
+            content_type,
+            incarnation,
+        })
+    }
+
+    /// The records of `plan` from offset `from` on, up to about `max_bytes` (whole records,
+    /// at least one; the first cut at `from`), and the offset after them (`from` if none).
+    async fn collect(
+        &self,
+        plan: Vec<Chunk>,
+        from: u64,
+        max_bytes: usize,
+    ) -> Result<(Vec<Bytes>, u64), StreamError> {
         let mut records = Vec::new();
         let mut next = from;
         let mut bytes = 0usize;
@@ -839,23 +881,54 @@ impl Streams {
                 next = end;
             }
         }
-        let s = stream.read_state();
-        // With no data past `from`, the reader is at the tail (gaps at fork points included).
-        if records.is_empty() {
-            next = from.max(next);
-            if s.tail > next && s.chunks.last().is_none_or(|c| c.end() <= from) {
-                next = s.tail;
-            }
+        Ok((records, next))
+    }
+
+    /// Reads stream `name` of another node, `node`, from that node's newest snapshot: up to
+    /// about `max_bytes` of its sealed data from offset `from`, when the snapshot holds the
+    /// stream as incarnation `incarnation` (its name's claim says which is current) with
+    /// data past `from`. `None` when it does not, or when an object it points into is gone
+    /// (collected after a newer snapshot): the owner answers then. The answer never says
+    /// the reader is at the tail; only the owner knows the tail.
+    pub(crate) async fn read_sealed(
+        &self,
+        node: &str,
+        name: &str,
+        incarnation: &str,
+        from: u64,
+        max_bytes: usize,
+    ) -> Result<Option<ReadResult>, StreamError> {
+        let Some(view) = self.inner.cold.sealed_view(node, name).await? else {
+            return Ok(None);
+        };
+        if view.incarnation != incarnation {
+            return Ok(None);
         }
-        let up_to_date = next >= s.tail;
-        Ok(ReadResult {
+        let first = view.extents.partition_point(|e| e.end <= from);
+        let plan: Vec<Chunk> = view.extents[first..]
+            .iter()
+            .cloned()
+            .map(Chunk::Cold)
+            .collect();
+        let (records, next) = match self.collect(plan, from, max_bytes).await {
+            Ok(read) => read,
+            Err(StreamError::Storage(e)) => {
+                tracing::debug!(stream = %name, node = %node, error = %e, "sealed data not readable here; the owner answers");
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        if records.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(ReadResult {
             records,
             next,
-            up_to_date,
-            closed_at_tail: s.closed && up_to_date,
-            content_type,
-            incarnation,
-        })
+            up_to_date: false,
+            closed_at_tail: false,
+            content_type: view.content_type,
+            incarnation: view.incarnation,
+        }))
     }
 
     /// Runs a checkpoint if enough has changed (or `force`): seals in-memory data into an

@@ -907,3 +907,116 @@ async fn the_real_client_writes_through_a_non_owner_across_the_owners_death() {
     assert!(status.success());
     b.stop();
 }
+
+/// One catch-up read of stream `name` on `base` from `offset`: status, body, next offset,
+/// and whether the answer says the reader is at the tail.
+async fn read_from(base: &str, name: &str, offset: &str) -> (u16, String, String, bool) {
+    let r = reqwest::Client::new()
+        .get(format!("{base}/v1/stream/{name}?offset={offset}"))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let header = |h: &str| {
+        r.headers()
+            .get(h)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned()
+    };
+    let next = header("Stream-Next-Offset");
+    let up_to_date = header("Stream-Up-To-Date") == "true";
+    (status, r.text().await.unwrap(), next, up_to_date)
+}
+
+#[tokio::test]
+async fn any_node_reads_sealed_stream_data_from_the_object_store() {
+    let url = s3_url("sealed");
+    // A lease long enough that nobody takes the owner over during the test.
+    let env = vec![
+        ("SLUICE_DURABILITY", "object-store".to_owned()),
+        ("SLUICE_NODE_LEASE_SECONDS", "30".to_owned()),
+    ];
+    let dir_a = temp_dir("sealed-a");
+    // The owner seals its streams only when it stops or starts.
+    let a = Node::start_configured(&dir_a, &url, &env, NO_FLUSH).await;
+    let b = Node::start_with_env(&temp_dir("sealed-b"), &url, &env).await;
+    let sealed: String = (0..20).map(|i| format!("k{i};")).collect();
+    assert_eq!(create_stream(&a.base, "kept", "text/plain").await, 201);
+    for i in 0..20 {
+        let r = append_plain(&a.base, "kept", "text/plain", format!("k{i};")).await;
+        assert_eq!(r.status(), 204);
+    }
+    for name in ["gone", "source"] {
+        assert_eq!(create_stream(&a.base, name, "text/plain").await, 201);
+        let r = append_plain(&a.base, name, "text/plain", "old;".into()).await;
+        assert_eq!(r.status(), 204);
+    }
+    let r = reqwest::Client::new()
+        .put(format!("{}/v1/stream/fork", a.base))
+        .header("Stream-Forked-From", "/v1/stream/source")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    // A stops (sealing everything into a snapshot) and starts again under its id.
+    a.stop();
+    let a = Node::start_configured(&dir_a, &url, &env, NO_FLUSH).await;
+    let (status, body, tail, up_to_date) = read_from(&a.base, "kept", "-1").await;
+    assert_eq!(
+        (status, body.as_str(), up_to_date),
+        (200, sealed.as_str(), true)
+    );
+    // B answers from A's snapshot: all of it, but without claiming the tail (only the
+    // owner knows it).
+    assert_eq!(
+        read_from(&b.base, "kept", "-1").await,
+        (200, sealed.clone(), tail.clone(), false)
+    );
+    // A read from the middle of a record starts there, as the owner's does.
+    let (status, body, next, _) =
+        read_from(&b.base, "kept", "0000000000000000_0000000000000001").await;
+    assert_eq!((status, next.as_str()), (200, tail.as_str()), "{body}");
+    assert_eq!(body, sealed[1..]);
+    // Past the snapshot, the owner answers: new data, and the tail.
+    let r = append_plain(&a.base, "kept", "text/plain", "k20;".into()).await;
+    assert_eq!(r.status(), 204);
+    let (status, body, _, up_to_date) = read_from(&b.base, "kept", &tail).await;
+    assert_eq!((status, body.as_str(), up_to_date), (200, "k20;", true));
+    // A deleted stream is not read from the snapshot that still holds it, nor is the old
+    // incarnation of a name made again, nor a stream deleted while a fork still reads it.
+    for name in ["gone", "source"] {
+        let r = reqwest::Client::new()
+            .delete(format!("{}/v1/stream/{name}", a.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 204, "delete {name}");
+        let on_a = read_from(&a.base, name, "-1").await.0;
+        assert!(on_a >= 400, "{name} on A: {on_a}");
+        assert_eq!(read_from(&b.base, name, "-1").await.0, on_a, "{name} on B");
+    }
+    assert_eq!(create_stream(&a.base, "gone", "text/plain").await, 201);
+    let r = append_plain(&a.base, "gone", "text/plain", "new;".into()).await;
+    assert_eq!(r.status(), 204);
+    let (status, body, _, up_to_date) = read_from(&b.base, "gone", "-1").await;
+    assert_eq!((status, body.as_str(), up_to_date), (200, "new;", true));
+    // The fork's own view of its source's sealed data is the fork's to serve.
+    let (status, body, _, _) = read_from(&b.base, "fork", "-1").await;
+    assert_eq!((status, body.as_str()), (200, "old;"));
+    // A dies (no takeover within its lease): B still serves the sealed data from the
+    // object store, and says "retry" for what only A's log holds.
+    drop(a);
+    assert_eq!(
+        read_from(&b.base, "kept", "-1").await,
+        (200, sealed.clone(), tail.clone(), false)
+    );
+    let r = reqwest::Client::new()
+        .get(format!("{}/v1/stream/kept?offset={tail}", b.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().contains_key("retry-after"));
+    b.stop();
+}
