@@ -80,6 +80,24 @@ def request(port, method, path, body=None, headers=None, timeout=30):
         return None
 
 
+def read_stream(port, name):
+    """(status, whole body) of stream `name` read through the node at `port`, following
+    Stream-Next-Offset until an answer says Stream-Up-To-Date (a node answers what the
+    owner's snapshot holds itself, and that answer never says it); None when a page got no
+    answer."""
+    offset, body = "-1", b""
+    for _ in range(10_000):
+        r = request(port, "GET", f"/v1/stream/{name}?offset={offset}")
+        if not r or r[0] != 200:
+            return r and (r[0], body)
+        headers = {k.lower(): v for k, v in r[1].items()}
+        body += r[2]
+        if headers.get("stream-up-to-date") == "true" or "stream-next-offset" not in headers:
+            return 200, body
+        offset = headers["stream-next-offset"]
+    return None
+
+
 CONFIGS = [
     "flush_interval_seconds = 600\nstream_checkpoint_interval_seconds = 600\n",
     "flush_interval_seconds = 1\nstream_checkpoint_interval_seconds = 1\n",
@@ -283,9 +301,9 @@ def namer():
         if not all(x and x[0] in (200, 204) for x in ok):
             continue
         reader = random.choice(live() or [a])
-        r = request(reader.port, "GET", f"/v1/stream/{name}?offset=-1")
+        r = read_stream(reader.port, name)
         if r and r[0] == 200:
-            got = sorted(m for m in r[2].decode().split(";") if m)
+            got = sorted(m for m in r[1].decode().split(";") if m)
             with lock:
                 counters["names_checked"] += 1
             if got != sorted([a.name, b.name]):
@@ -318,10 +336,10 @@ def check(rows_before, appends_before):
         targets = live()
         if not targets:
             return "no live node"
-        r = request(random.choice(targets).port, "GET", f"/v1/stream/{s}?offset=-1")
+        r = read_stream(random.choice(targets).port, s)
         if not r or r[0] != 200:
             return f"stream {s} not served ({r[0] if r else 'no answer'})"
-        seqs = [int(m) for m in r[2].decode().split(";") if m]
+        seqs = [int(m) for m in r[1].decode().split(";") if m]
         if seqs != list(range(len(seqs))):
             violation(f"stream {s}: not 0..n in order")
             return f"stream {s} out of order"

@@ -445,11 +445,6 @@ impl Database {
             config.streams.clone(),
         )
         .await?;
-        if config.durability == Durability::ObjectStore {
-            // Other nodes read sealed data from the newest snapshot: it must not hold a
-            // stream the replay deleted once this node answers for it.
-            streams.checkpoint(true).await?;
-        }
         let engine = QueryEngine::new(
             catalog.clone(),
             tables.clone(),

@@ -23,8 +23,9 @@
 //! - A version also names the incarnation of the stream it was claimed for, so other nodes
 //!   can tell the stream in the owner's snapshot is the current one
 //!   ([`Database::sealed_stream_owner`]). A create that makes a new stream under a claim of
-//!   its own id writes a version with the new incarnation; a delete that leaves the stream
-//!   held (forks still read it) writes one without.
+//!   its own id writes a version with the new incarnation; a delete first writes one without
+//!   ([`Database::withdraw_stream_incarnation`]), so a stream deleted in any log is never
+//!   named by its claim, and a snapshot older than the delete is never read for it.
 //!
 //! Invariants: a version names a node id, never a URL (the URL is looked up when used, so a
 //! takeover moves every name of the id at once); a name is never taken from an id that is
@@ -311,33 +312,63 @@ impl Database {
 
     /// Releases stream `name` after it was deleted here (under
     /// [`Database::lock_stream_name`]): another node may create it from now on. A name
-    /// whose stream is still held here (soft-deleted, a fork's source) stays claimed, but
-    /// no longer names an incarnation, so no other node reads the stream's sealed data.
+    /// whose stream is still held here (soft-deleted, a fork's source) stays claimed.
     pub(crate) async fn release_stream_name(&self, name: &str) -> Result<(), NameError> {
-        if !self.registers_names() {
+        if !self.registers_names() || self.stream_engine(name).contains(name) {
             return Ok(());
         }
-        let held = self.stream_engine(name).contains(name);
         let own = self.node.id();
         let log = claims(name);
         for _ in 0..CLAIM_ATTEMPTS {
             let (Some(latest), Some(claim)) = self.latest_claim(&log, name).await? else {
                 return Ok(());
             };
+            match claim.node {
+                Some(id) if (id == own && !self.node.is_fenced()) || self.hosts_node(&id) => {}
+                _ => return Ok(()),
+            }
+            if self.write_claim(&log, latest + 1, name, None, None).await? {
+                return Ok(());
+            }
+        }
+        Err(NameError::OwnerUnavailable {
+            name: name.to_owned(),
+            node: "(contended)".into(),
+        })
+    }
+
+    /// Before stream `name`, served here, is deleted (under [`Database::lock_stream_name`]):
+    /// its claim stops naming its incarnation, so no other node reads the stream's sealed
+    /// data from a snapshot taken before the delete. Nothing to do when the claim names
+    /// none (or is not this process's).
+    pub(crate) async fn withdraw_stream_incarnation(&self, name: &str) -> Result<(), NameError> {
+        if !self.registers_names() {
+            return Ok(());
+        }
+        let own = self.node.id();
+        let log = claims(name);
+        for _ in 0..CLAIM_ATTEMPTS {
+            let (Some(latest), Some(claim)) = self.latest_claim(&log, name).await? else {
+                return Ok(());
+            };
+            if claim.incarnation.is_none() {
+                return Ok(());
+            }
             let id = match claim.node {
                 Some(id) if (id == own && !self.node.is_fenced()) || self.hosts_node(&id) => id,
                 _ => return Ok(()),
             };
-            let keep = match held {
-                true if claim.incarnation.is_none() => return Ok(()),
-                true => Some(id.as_str()),
-                false => None,
-            };
-            if self.write_claim(&log, latest + 1, name, keep, None).await? {
+            if self
+                .write_claim(&log, latest + 1, name, Some(&id), None)
+                .await?
+            {
                 return Ok(());
             }
         }
-        Ok(())
+        Err(NameError::OwnerUnavailable {
+            name: name.to_owned(),
+            node: "(contended)".into(),
+        })
     }
 
     /// The node id that owns stream `name` and the incarnation its claim names, when the

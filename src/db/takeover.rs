@@ -432,12 +432,6 @@ impl Database {
             let _ = std::fs::remove_dir_all(&dir);
             return Ok(true);
         }
-        // Other nodes read sealed data from the id's newest snapshot: it must not hold a
-        // stream the replay deleted once this process answers for the id.
-        if let Err(e) = streams.checkpoint(true).await {
-            log.close();
-            return Err(e.into());
-        }
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
         let hosted = Arc::new(Hosted {
             node: node.clone(),

@@ -6,6 +6,8 @@
 //! each, and the one answering `200` serves it (remembered for a lease). The request is then
 //! sent there with its method, path, query, headers (the API key included: the owner checks
 //! it again) and body, and the answer is relayed as it comes, long-polls and SSE included.
+//! A catch-up read the owner's snapshot reaches is not forwarded: this node answers it from
+//! the object store (`sealed_read` in `http::streams`).
 //!
 //! Invariants:
 //! - A forwarded request carries [`FORWARDED`] and is never forwarded again, so no request

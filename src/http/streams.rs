@@ -822,20 +822,47 @@ async fn head(state: &AppState, name: String) -> Result<Response, ApiError> {
 
 async fn delete(state: &AppState, name: String, headers: &HeaderMap) -> Result<Response, ApiError> {
     let token = incarnation(headers)?;
-    let _name_lock = state.db.lock_stream_name(&name).await;
-    state
-        .db
-        .stream_engine(&name)
-        .delete(&name, token.as_deref())
-        .await?;
-    if let Err(e) = state.db.release_stream_name(&name).await {
-        // The name stays this node's: a later create of it is made here. Its claim still
-        // names the deleted incarnation, so a snapshot without the stream must come
-        // before the answer, or other nodes could still read its sealed data.
-        tracing::warn!(stream = %name, error = %e, "could not release a deleted stream's name");
-        state.db.stream_engine(&name).checkpoint(true).await?;
-    }
+    let db = state.db.clone();
+    // One task: a client that goes away does not stop the delete between its steps.
+    tokio::spawn(async move { delete_now(&db, &name, token.as_deref()).await })
+        .await
+        .map_err(|e| ApiError::internal(format!("the delete failed: {e}")))??;
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Deletes stream `name` served here. Under object-store durability its claim first stops
+/// naming its incarnation (`db::names`), so from the moment it can be gone no other node
+/// reads its sealed data from a snapshot taken before; then it is deleted, then its name is
+/// released. Any step cut short leaves it safe: a claim without an incarnation only sends
+/// reads to the owner, and a retried delete that finds the stream gone still releases it.
+async fn delete_now(
+    db: &crate::db::Database,
+    name: &str,
+    token: Option<&str>,
+) -> Result<(), ApiError> {
+    let _name_lock = db.lock_stream_name(name).await;
+    let engine = db.stream_engine(name);
+    // The precondition is checked before the claim changes (appends never change the
+    // incarnation, and deletes and creates of the name wait for the lock held here).
+    if let Ok(stream) = engine.get(name).await {
+        let current = stream.info().incarnation;
+        if let Some(token) = token
+            && token != current
+        {
+            return Err(StreamError::IncarnationMismatch { current }.into());
+        }
+        db.withdraw_stream_incarnation(name)
+            .await
+            .map_err(|e| ApiError::of(&e))?;
+    }
+    let deleted = engine.delete(name, token).await;
+    if matches!(deleted, Ok(()) | Err(StreamError::NotFound))
+        && let Err(e) = db.release_stream_name(name).await
+    {
+        // The name stays this node's: a later create of it is made here.
+        tracing::warn!(stream = %name, error = %e, "could not release a deleted stream's name");
+    }
+    Ok(deleted?)
 }
 
 fn etag(incarnation: &str, start: &str, next: u64, closed: bool) -> String {
@@ -1010,8 +1037,8 @@ async fn read(
 /// A catch-up read of a stream another node owns, answered here from the sealed data in
 /// that node's newest snapshot on object storage ([`crate::db::Database::read_sealed`]):
 /// `None` when this process serves the stream, the read is live or from `now`, or the
-/// snapshot does not reach the offset (the owner answers then, and alone says a reader is
-/// at the tail).
+/// snapshot does not reach the offset (the owner answers then: it alone knows the tail of
+/// a stream that is not closed).
 async fn sealed_read(
     state: &AppState,
     name: &str,

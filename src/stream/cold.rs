@@ -64,10 +64,12 @@ pub(super) struct ColdStore {
     rewrite: Mutex<std::collections::HashSet<String>>,
     /// Other nodes' newest snapshots, as views of their streams, by node id.
     views: Mutex<HashMap<String, (Lsn, Arc<HashMap<String, SealedView>>)>>,
+    /// Held while a snapshot is read into a view, so concurrent readers wait for one read.
+    view_load: tokio::sync::Mutex<()>,
 }
 
-/// Views of this many other nodes are kept (all are dropped when one more comes).
-const MAX_VIEWS: usize = 64;
+/// Views of this many other nodes are kept (one is dropped for each that comes past it).
+const MAX_VIEWS: usize = 256;
 
 /// A stream of another node as its newest snapshot has it: what a read of its sealed data
 /// needs. Only streams that live until deleted have one (a TTL or expiry is the owner's to
@@ -78,6 +80,8 @@ pub(super) struct SealedView {
     pub(super) content_type: String,
     /// Its sealed data, in offset order.
     pub(super) extents: Vec<ColdExtent>,
+    /// Its tail, when it is closed there (no incarnation grows after its close).
+    pub(super) closed_tail: Option<u64>,
 }
 
 struct Cache {
@@ -132,6 +136,7 @@ impl ColdStore {
             unreferenced: Mutex::new(Unreferenced::default()),
             rewrite: Mutex::new(std::collections::HashSet::new()),
             views: Mutex::new(HashMap::new()),
+            view_load: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -185,13 +190,19 @@ impl ColdStore {
         let Some(lsn) = self.newest_snapshot(node).await? else {
             return Ok(None);
         };
-        let cached = self.views.lock().ok().and_then(|views| {
-            views
-                .get(node)
-                .filter(|(at, _)| *at == lsn)
-                .map(|(_, view)| view.clone())
-        });
-        let view = match cached {
+        let cached = || {
+            self.views.lock().ok().and_then(|views| {
+                views
+                    .get(node)
+                    .filter(|(at, _)| *at == lsn)
+                    .map(|(_, view)| view.clone())
+            })
+        };
+        if let Some(view) = cached() {
+            return Ok(view.get(name).cloned());
+        }
+        let _loading = self.view_load.lock().await;
+        let view = match cached() {
             Some(view) => view,
             None => {
                 let snapshot = self.read_snapshot(node, lsn).await?;
@@ -208,14 +219,18 @@ impl ColdStore {
                             incarnation: s.incarnation,
                             content_type: s.content_type,
                             extents: s.extents,
+                            closed_tail: s.closed.then_some(s.tail),
                         };
                         (s.name, view)
                     })
                     .collect();
                 let view = Arc::new(view);
                 if let Ok(mut views) = self.views.lock() {
-                    if views.len() >= MAX_VIEWS && !views.contains_key(node) {
-                        views.clear();
+                    if views.len() >= MAX_VIEWS
+                        && !views.contains_key(node)
+                        && let Some(other) = views.keys().next().cloned()
+                    {
+                        views.remove(&other);
                     }
                     views.insert(node.to_owned(), (lsn, view.clone()));
                 }

@@ -888,8 +888,9 @@ impl Streams {
     /// about `max_bytes` of its sealed data from offset `from`, when the snapshot holds the
     /// stream as incarnation `incarnation` (its name's claim says which is current) with
     /// data past `from`. `None` when it does not, or when an object it points into is gone
-    /// (collected after a newer snapshot): the owner answers then. The answer never says
-    /// the reader is at the tail; only the owner knows the tail.
+    /// (collected after a newer snapshot): the owner answers then. The answer says the
+    /// reader is at the tail only at the end of a closed stream; otherwise only the owner
+    /// knows the tail.
     pub(crate) async fn read_sealed(
         &self,
         node: &str,
@@ -903,6 +904,17 @@ impl Streams {
         };
         if view.incarnation != incarnation {
             return Ok(None);
+        }
+        if view.closed_tail == Some(from) {
+            // The end of a closed stream: nothing more will come.
+            return Ok(Some(ReadResult {
+                records: Vec::new(),
+                next: from,
+                up_to_date: true,
+                closed_at_tail: true,
+                content_type: view.content_type,
+                incarnation: view.incarnation,
+            }));
         }
         let first = view.extents.partition_point(|e| e.end <= from);
         let plan: Vec<Chunk> = view.extents[first..]
@@ -921,11 +933,12 @@ impl Streams {
         if records.is_empty() {
             return Ok(None);
         }
+        let at_end = view.closed_tail == Some(next);
         Ok(Some(ReadResult {
             records,
             next,
-            up_to_date: false,
-            closed_at_tail: false,
+            up_to_date: at_end,
+            closed_at_tail: at_end,
             content_type: view.content_type,
             incarnation: view.incarnation,
         }))

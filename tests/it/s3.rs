@@ -476,23 +476,30 @@ async fn produce(base: &str, name: &str, seq: u64, body: &str) -> reqwest::Respo
         .unwrap()
 }
 
-/// The whole of stream `name` on `base`, if it answers.
+/// The whole of stream `name` on `base`, and its tail, if it answers: read as clients do,
+/// from `Stream-Next-Offset` to the next until an answer says `Stream-Up-To-Date` (a node
+/// answers what the owner's snapshot holds itself, and that answer never says it).
 async fn read_stream(base: &str, name: &str) -> Option<(String, String)> {
-    let r = reqwest::Client::new()
-        .get(format!("{base}/v1/stream/{name}?offset=-1"))
-        .send()
-        .await
-        .ok()?;
-    if r.status() != 200 {
-        return None;
+    let mut data = String::new();
+    let mut offset = "-1".to_owned();
+    loop {
+        let r = reqwest::Client::new()
+            .get(format!("{base}/v1/stream/{name}?offset={offset}"))
+            .send()
+            .await
+            .ok()?;
+        if r.status() != 200 {
+            return None;
+        }
+        let header = |h: &str| Some(r.headers().get(h)?.to_str().ok()?.to_owned());
+        let next = header("Stream-Next-Offset")?;
+        let up_to_date = header("Stream-Up-To-Date").is_some_and(|v| v == "true");
+        data.push_str(&r.text().await.ok()?);
+        if up_to_date {
+            return Some((data, next));
+        }
+        offset = next;
     }
-    let next = r
-        .headers()
-        .get("Stream-Next-Offset")?
-        .to_str()
-        .ok()?
-        .to_owned();
-    Some((r.text().await.ok()?, next))
 }
 
 /// Waits until `base` serves stream `name` (a minute at most).
@@ -959,6 +966,21 @@ async fn any_node_reads_sealed_stream_data_from_the_object_store() {
         .await
         .unwrap();
     assert_eq!(r.status(), 201);
+    let r = reqwest::Client::new()
+        .put(format!("{}/v1/stream/closed", a.base))
+        .header("content-type", "text/plain")
+        .header("Stream-Closed", "true")
+        .body("last;")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let cut: Vec<String> = (0..8).map(|i| format!("cut-{i}")).collect();
+    for name in &cut {
+        assert_eq!(create_stream(&a.base, name, "text/plain").await, 201);
+        let r = append_plain(&a.base, name, "text/plain", "old;".into()).await;
+        assert_eq!(r.status(), 204);
+    }
     // A stops (sealing everything into a snapshot) and starts again under its id.
     a.stop();
     let a = Node::start_configured(&dir_a, &url, &env, NO_FLUSH).await;
@@ -1004,9 +1026,47 @@ async fn any_node_reads_sealed_stream_data_from_the_object_store() {
     // The fork's own view of its source's sealed data is the fork's to serve.
     let (status, body, _, _) = read_from(&b.base, "fork", "-1").await;
     assert_eq!((status, body.as_str()), (200, "old;"));
+    // Deletes whose clients give up at once, at several moments: whatever A answers for
+    // the stream afterwards, B answers too (a delete cut short is retried, as clients do).
+    let client = reqwest::Client::new();
+    for (i, name) in cut.iter().enumerate() {
+        let _ = client
+            .delete(format!("{}/v1/stream/{name}", a.base))
+            .timeout(Duration::from_millis(1 + 3 * i as u64))
+            .send()
+            .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        if read_from(&a.base, name, "-1").await.0 == 200 {
+            let r = client
+                .delete(format!("{}/v1/stream/{name}", a.base))
+                .send()
+                .await
+                .unwrap();
+            assert!(
+                [204, 404].contains(&r.status().as_u16()),
+                "{name}: {}",
+                r.status()
+            );
+        }
+        assert_eq!(read_from(&a.base, name, "-1").await.0, 404, "{name} on A");
+        assert_eq!(read_from(&b.base, name, "-1").await.0, 404, "{name} on B");
+    }
     // A dies (no takeover within its lease): B still serves the sealed data from the
-    // object store, and says "retry" for what only A's log holds.
+    // object store, the end of a closed stream included, and says "retry" for what only
+    // A's log holds.
     drop(a);
+    let (status, body, end, up_to_date) = read_from(&b.base, "closed", "-1").await;
+    assert_eq!((status, body.as_str(), up_to_date), (200, "last;", true));
+    let r = client
+        .get(format!("{}/v1/stream/closed?offset={end}", b.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["Stream-Closed"], "true");
+    assert_eq!(r.headers()["Stream-Up-To-Date"], "true");
+    assert_eq!(r.headers()["Stream-Next-Offset"].to_str().unwrap(), end);
+    assert_eq!(r.text().await.unwrap(), "");
     assert_eq!(
         read_from(&b.base, "kept", "-1").await,
         (200, sealed.clone(), tail.clone(), false)
