@@ -24,7 +24,7 @@
 //!   can tell the stream in the owner's snapshot is the current one
 //!   ([`Database::sealed_stream_owner`]). A create that makes a new stream under a claim of
 //!   its own id writes a version with the new incarnation; a delete first writes one without
-//!   ([`Database::withdraw_stream_incarnation`]), so a stream deleted in any log is never
+//!   ([`Database::name_stream_incarnation`]), so a stream deleted in any log is never
 //!   named by its claim, and a snapshot older than the delete is never read for it.
 //!
 //! Invariants: a version names a node id, never a URL (the URL is looked up when used, so a
@@ -337,11 +337,16 @@ impl Database {
         })
     }
 
-    /// Before stream `name`, served here, is deleted (under [`Database::lock_stream_name`]):
-    /// its claim stops naming its incarnation, so no other node reads the stream's sealed
-    /// data from a snapshot taken before the delete. Nothing to do when the claim names
-    /// none (or is not this process's).
-    pub(crate) async fn withdraw_stream_incarnation(&self, name: &str) -> Result<(), NameError> {
+    /// Makes the claim of stream `name`, served here, name incarnation `incarnation`
+    /// (under [`Database::lock_stream_name`]). `None` before the stream is deleted, so no
+    /// other node reads its sealed data from a snapshot taken before the delete; the
+    /// stream's own incarnation again when the delete did not happen. Nothing to do when
+    /// the claim names it already (or is not this process's).
+    pub(crate) async fn name_stream_incarnation(
+        &self,
+        name: &str,
+        incarnation: Option<&str>,
+    ) -> Result<(), NameError> {
         if !self.registers_names() {
             return Ok(());
         }
@@ -351,7 +356,7 @@ impl Database {
             let (Some(latest), Some(claim)) = self.latest_claim(&log, name).await? else {
                 return Ok(());
             };
-            if claim.incarnation.is_none() {
+            if claim.incarnation.as_deref() == incarnation {
                 return Ok(());
             }
             let id = match claim.node {
@@ -359,7 +364,7 @@ impl Database {
                 _ => return Ok(()),
             };
             if self
-                .write_claim(&log, latest + 1, name, Some(&id), None)
+                .write_claim(&log, latest + 1, name, Some(&id), incarnation)
                 .await?
             {
                 return Ok(());

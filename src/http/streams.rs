@@ -14,7 +14,7 @@ use serde_json::json;
 
 use super::{ApiError, AppState, forward};
 use crate::db::NamePlace;
-use crate::error::{ErrorClass, Kind};
+use crate::error::{Applied, Classify as _, ErrorClass, Kind};
 use crate::stream::{
     AppendOutcome, AppendRequest, CreateRequest, ForkRequest, Lifetime, MAX_APPEND_BYTES,
     MAX_PRODUCER_NUMBER, MAX_TOKEN_BYTES, ProducerTuple, ReadResult, Stream, StreamError,
@@ -844,18 +844,32 @@ async fn delete_now(
     let engine = db.stream_engine(name);
     // The precondition is checked before the claim changes (appends never change the
     // incarnation, and deletes and creates of the name wait for the lock held here).
-    if let Ok(stream) = engine.get(name).await {
-        let current = stream.info().incarnation;
+    let current = engine.get(name).await.ok().map(|s| s.info().incarnation);
+    if let Some(current) = &current {
         if let Some(token) = token
             && token != current
         {
-            return Err(StreamError::IncarnationMismatch { current }.into());
+            return Err(StreamError::IncarnationMismatch {
+                current: current.clone(),
+            }
+            .into());
         }
-        db.withdraw_stream_incarnation(name)
+        db.name_stream_incarnation(name, None)
             .await
             .map_err(|e| ApiError::of(&e))?;
     }
     let deleted = engine.delete(name, token).await;
+    // A delete that surely applied nothing names the stream's incarnation again (one that
+    // may yet be applied, from a log record whose write is in doubt, must not).
+    if let Err(e) = &deleted
+        && e.class().applied == Applied::Rejected
+        && let Some(current) = &current
+        && engine.get(name).await.is_ok()
+        && let Err(e) = db.name_stream_incarnation(name, Some(current)).await
+    {
+        // Safe as it is: other nodes send the stream's reads to this one.
+        tracing::warn!(stream = %name, error = %e, "could not name a stream's incarnation again after its delete failed");
+    }
     if matches!(deleted, Ok(()) | Err(StreamError::NotFound))
         && let Err(e) = db.release_stream_name(name).await
     {

@@ -62,11 +62,15 @@ pub(super) struct ColdStore {
     /// Objects mostly holding data of deleted streams: the next checkpoint copies what is
     /// still live out of them into its own object, so they stop being referenced.
     rewrite: Mutex<std::collections::HashSet<String>>,
-    /// Other nodes' newest snapshots, as views of their streams, by node id.
-    views: Mutex<HashMap<String, (Lsn, Arc<HashMap<String, SealedView>>)>>,
+    /// Other nodes' newest snapshots, as views of their streams, by node id, with the
+    /// listing of the snapshot object each was read from.
+    views: Mutex<HashMap<String, (object_store::ObjectMeta, StreamViews)>>,
     /// Held while a snapshot is read into a view, so concurrent readers wait for one read.
     view_load: tokio::sync::Mutex<()>,
 }
+
+/// One node's streams as its newest snapshot has them, by name.
+type StreamViews = Arc<HashMap<String, SealedView>>;
 
 /// Views of this many other nodes are kept (one is dropped for each that comes past it).
 const MAX_VIEWS: usize = 256;
@@ -148,8 +152,13 @@ impl ColdStore {
         Path::from(paths::stream_snapshot(&self.node, lsn))
     }
 
-    /// The LSN of node `node`'s newest snapshot.
-    async fn newest_snapshot(&self, node: &str) -> Result<Option<Lsn>, StreamError> {
+    /// The LSN of node `node`'s newest snapshot, and its object's listing (a checkpoint
+    /// that only moved extents out of objects being rewritten writes the snapshot of the
+    /// same LSN again: its listing tells the two apart).
+    async fn newest_snapshot(
+        &self,
+        node: &str,
+    ) -> Result<Option<(Lsn, object_store::ObjectMeta)>, StreamError> {
         let dir = Path::from(paths::stream_snapshots(node));
         let listed: Vec<object_store::ObjectMeta> = self
             .storage
@@ -159,9 +168,12 @@ impl ColdStore {
             .await
             .map_err(storage_error)?;
         Ok(listed
-            .iter()
-            .filter_map(|m| m.location.filename()?.strip_suffix(".json")?.parse().ok())
-            .max())
+            .into_iter()
+            .filter_map(|m| {
+                let lsn: Lsn = m.location.filename()?.strip_suffix(".json")?.parse().ok()?;
+                Some((lsn, m))
+            })
+            .max_by_key(|(lsn, _)| *lsn))
     }
 
     async fn read_snapshot(&self, node: &str, lsn: Lsn) -> Result<Snapshot, StreamError> {
@@ -187,14 +199,14 @@ impl ColdStore {
         node: &str,
         name: &str,
     ) -> Result<Option<SealedView>, StreamError> {
-        let Some(lsn) = self.newest_snapshot(node).await? else {
+        let Some((lsn, listed)) = self.newest_snapshot(node).await? else {
             return Ok(None);
         };
         let cached = || {
             self.views.lock().ok().and_then(|views| {
                 views
                     .get(node)
-                    .filter(|(at, _)| *at == lsn)
+                    .filter(|(read, _)| *read == listed)
                     .map(|(_, view)| view.clone())
             })
         };
@@ -232,7 +244,7 @@ impl ColdStore {
                     {
                         views.remove(&other);
                     }
-                    views.insert(node.to_owned(), (lsn, view.clone()));
+                    views.insert(node.to_owned(), (listed.clone(), view.clone()));
                 }
                 view
             }
@@ -244,7 +256,7 @@ impl ColdStore {
     pub(super) async fn load_snapshot(
         &self,
     ) -> Result<Option<(Lsn, HashMap<String, StreamState>)>, StreamError> {
-        let Some(lsn) = self.newest_snapshot(&self.node).await? else {
+        let Some((lsn, _)) = self.newest_snapshot(&self.node).await? else {
             return Ok(None);
         };
         let snapshot = self.read_snapshot(&self.node, lsn).await?;

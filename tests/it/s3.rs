@@ -1080,3 +1080,61 @@ async fn any_node_reads_sealed_stream_data_from_the_object_store() {
     assert!(r.headers().contains_key("retry-after"));
     b.stop();
 }
+
+#[tokio::test]
+async fn sealed_reads_follow_a_snapshot_rewritten_in_place() {
+    let url = s3_url("rewritten");
+    let env = vec![
+        ("SLUICE_DURABILITY", "object-store".to_owned()),
+        ("SLUICE_NODE_LEASE_SECONDS", "30".to_owned()),
+    ];
+    // The owner checkpoints, collects and copies live data out of mostly dead objects
+    // within about a second.
+    let quick = "flush_interval_seconds = 600\nstream_checkpoint_interval_seconds = 0.5\n\
+                 gc_grace_seconds = 1\nmaintenance_interval_seconds = 0.3\n";
+    let a = Node::start_configured(&temp_dir("rewritten-a"), &url, &env, quick).await;
+    let b = Node::start_with_env(&temp_dir("rewritten-b"), &url, &env).await;
+    let small: Vec<String> = (0..5).map(|i| format!("small-{i}")).collect();
+    let large: Vec<String> = (0..3).map(|i| format!("large-{i}")).collect();
+    for name in small.iter().chain(&large) {
+        assert_eq!(create_stream(&a.base, name, "text/plain").await, 201);
+    }
+    for name in &small {
+        let r = append_plain(&a.base, name, "text/plain", format!("{name};")).await;
+        assert_eq!(r.status(), 204);
+    }
+    for name in &large {
+        let r = append_plain(&a.base, name, "text/plain", "x".repeat(200_000)).await;
+        assert_eq!(r.status(), 204);
+    }
+    // Once A's snapshot holds the streams, B answers from it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while read_from(&b.base, &small[0], "-1").await.3 {
+        assert!(Instant::now() < deadline, "A never sealed its streams");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The large streams go: A's next snapshot drops them, its collection marks their
+    // object mostly dead, and the checkpoint after copies the small streams' data out of it
+    // and writes the snapshot of the same position again; the old object is then deleted.
+    // B keeps reading meanwhile, so it holds a view of every snapshot as it comes.
+    for name in &large {
+        let r = reqwest::Client::new()
+            .delete(format!("{}/v1/stream/{name}", a.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 204);
+    }
+    let until = Instant::now() + Duration::from_secs(8);
+    while Instant::now() < until {
+        assert_eq!(read_from(&b.base, &small[0], "-1").await.0, 200);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // With A dead, B serves the other small streams from the rewritten snapshot's objects.
+    drop(a);
+    for name in &small[1..] {
+        let (status, body, _, _) = read_from(&b.base, name, "-1").await;
+        assert_eq!((status, body), (200, format!("{name};")), "{name}");
+    }
+    b.stop();
+}
