@@ -297,9 +297,11 @@ async fn ingest_peak_rss(args: Vec<String>) -> (u64, u64, std::process::Output) 
 }
 
 /// The command's memory does not grow with its input. CI form: 64 MiB of events in small
-/// batches; the peak anonymous memory stays within 16 MiB of the same command's on a one-row
-/// input (the resident set also counts the debug binary's own pages, 40-50 MiB by how many
-/// are cached, which made a bound on it flaky). Long form (`SLUICE_CLI_LONG=1`, run in
+/// batches; the peak anonymous memory stays within 24 MiB of the same command's on a one-row
+/// input, well under the input's 64 MiB (the resident set also counts the debug binary's own
+/// pages, 40-50 MiB by how many are cached, which made a bound on it flaky; the one-row
+/// baseline's anonymous memory itself moves by 2 MiB between runs, and the difference was
+/// 14-16.4 MiB in full test runs, so 16 MiB was too tight). Long form (`SLUICE_CLI_LONG=1`, run in
 /// release): 2 GiB in default batches (8 MiB), under 100 MB in all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ingest_of_a_large_input_runs_in_bounded_memory() {
@@ -391,7 +393,7 @@ async fn ingest_of_a_large_input_runs_in_bounded_memory() {
         assert!(peak < 100_000_000, "peak RSS {:.1} MiB", mib(peak));
     } else {
         assert!(
-            anon < baseline_anon + (16 << 20),
+            anon < baseline_anon + (24 << 20),
             "peak anonymous memory {:.1} MiB, {:.1} MiB on one row",
             mib(anon),
             mib(baseline_anon)
