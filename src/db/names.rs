@@ -64,6 +64,15 @@ impl Tagged for NameClaim {
     }
 }
 
+/// A change to a claim of this process's ([`Database::change_own_claim`]).
+#[derive(Debug, Clone, Copy)]
+enum ClaimChange<'a> {
+    /// The name is free: no owner, no incarnation.
+    Release,
+    /// The owner stays; the claim names this incarnation (or none).
+    Incarnation(Option<&'a str>),
+}
+
 /// Where a stream of a claimed name is created.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum NamePlace {
@@ -314,39 +323,31 @@ impl Database {
     /// [`Database::lock_stream_name`]): another node may create it from now on. A name
     /// whose stream is still held here (soft-deleted, a fork's source) stays claimed.
     pub(crate) async fn release_stream_name(&self, name: &str) -> Result<(), NameError> {
-        if !self.registers_names() || self.stream_engine(name).contains(name) {
+        if self.stream_engine(name).contains(name) {
             return Ok(());
         }
-        let own = self.node.id();
-        let log = claims(name);
-        for _ in 0..CLAIM_ATTEMPTS {
-            let (Some(latest), Some(claim)) = self.latest_claim(&log, name).await? else {
-                return Ok(());
-            };
-            match claim.node {
-                Some(id) if (id == own && !self.node.is_fenced()) || self.hosts_node(&id) => {}
-                _ => return Ok(()),
-            }
-            if self.write_claim(&log, latest + 1, name, None, None).await? {
-                return Ok(());
-            }
-        }
-        Err(NameError::OwnerUnavailable {
-            name: name.to_owned(),
-            node: "(contended)".into(),
-        })
+        self.change_own_claim(name, ClaimChange::Release).await
     }
 
     /// Makes the claim of stream `name`, served here, name incarnation `incarnation`
     /// (under [`Database::lock_stream_name`]). `None` before the stream is deleted, so no
     /// other node reads its sealed data from a snapshot taken before the delete; the
     /// stream's own incarnation again when the delete did not happen. Nothing to do when
-    /// the claim names it already (or is not this process's).
+    /// the claim names it already.
     pub(crate) async fn name_stream_incarnation(
         &self,
         name: &str,
         incarnation: Option<&str>,
     ) -> Result<(), NameError> {
+        self.change_own_claim(name, ClaimChange::Incarnation(incarnation))
+            .await
+    }
+
+    /// Writes the next version of `name`'s claim with `change`, when the claim is this
+    /// process's (its own id, unless fenced, or a hosted id's); retried when another
+    /// writer gets there first. Nothing to do without object-store durability, or when the
+    /// name has no claim or another id's.
+    async fn change_own_claim(&self, name: &str, change: ClaimChange<'_>) -> Result<(), NameError> {
         if !self.registers_names() {
             return Ok(());
         }
@@ -356,15 +357,19 @@ impl Database {
             let (Some(latest), Some(claim)) = self.latest_claim(&log, name).await? else {
                 return Ok(());
             };
-            if claim.incarnation.as_deref() == incarnation {
-                return Ok(());
-            }
             let id = match claim.node {
                 Some(id) if (id == own && !self.node.is_fenced()) || self.hosts_node(&id) => id,
                 _ => return Ok(()),
             };
+            let (node, incarnation) = match change {
+                ClaimChange::Release => (None, None),
+                ClaimChange::Incarnation(named) if claim.incarnation.as_deref() == named => {
+                    return Ok(());
+                }
+                ClaimChange::Incarnation(named) => (Some(id.as_str()), named),
+            };
             if self
-                .write_claim(&log, latest + 1, name, Some(&id), incarnation)
+                .write_claim(&log, latest + 1, name, node, incarnation)
                 .await?
             {
                 return Ok(());

@@ -915,6 +915,15 @@ async fn the_real_client_writes_through_a_non_owner_across_the_owners_death() {
     b.stop();
 }
 
+/// Object-store durability with a lease long enough that nobody takes a node over during a
+/// test.
+fn long_lease_env() -> Vec<(&'static str, String)> {
+    vec![
+        ("SLUICE_DURABILITY", "object-store".into()),
+        ("SLUICE_NODE_LEASE_SECONDS", "30".into()),
+    ]
+}
+
 /// One catch-up read of stream `name` on `base` from `offset`: status, body, next offset,
 /// and whether the answer says the reader is at the tail.
 async fn read_from(base: &str, name: &str, offset: &str) -> (u16, String, String, bool) {
@@ -939,11 +948,7 @@ async fn read_from(base: &str, name: &str, offset: &str) -> (u16, String, String
 #[tokio::test]
 async fn any_node_reads_sealed_stream_data_from_the_object_store() {
     let url = s3_url("sealed");
-    // A lease long enough that nobody takes the owner over during the test.
-    let env = vec![
-        ("SLUICE_DURABILITY", "object-store".to_owned()),
-        ("SLUICE_NODE_LEASE_SECONDS", "30".to_owned()),
-    ];
+    let env = long_lease_env();
     let dir_a = temp_dir("sealed-a");
     // The owner seals its streams only when it stops or starts.
     let a = Node::start_configured(&dir_a, &url, &env, NO_FLUSH).await;
@@ -1084,10 +1089,7 @@ async fn any_node_reads_sealed_stream_data_from_the_object_store() {
 #[tokio::test]
 async fn sealed_reads_follow_a_snapshot_rewritten_in_place() {
     let url = s3_url("rewritten");
-    let env = vec![
-        ("SLUICE_DURABILITY", "object-store".to_owned()),
-        ("SLUICE_NODE_LEASE_SECONDS", "30".to_owned()),
-    ];
+    let env = long_lease_env();
     // The owner checkpoints, collects and copies live data out of mostly dead objects
     // within about a second.
     let quick = "flush_interval_seconds = 600\nstream_checkpoint_interval_seconds = 0.5\n\
