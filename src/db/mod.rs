@@ -230,6 +230,8 @@ pub struct Database {
     takeovers: takeover::Takeovers,
     /// Creates and deletes of one stream name, one at a time.
     names: names::NameLocks,
+    /// Reads of other nodes' streams their snapshots did not answer lately.
+    sealed_misses: names::SealedMisses,
 }
 
 /// Ingest admission permits count KiB, so a `u32` covers any budget.
@@ -468,6 +470,7 @@ impl Database {
             ingest_admission,
             takeovers: takeover::Takeovers::default(),
             names: names::NameLocks::default(),
+            sealed_misses: names::SealedMisses::default(),
         }))
     }
 

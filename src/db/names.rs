@@ -31,6 +31,9 @@
 //! takeover moves every name of the id at once); a name is never taken from an id that is
 //! not retired, except by the process that holds that id.
 
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
 use object_store::ObjectStoreExt as _;
 use ring::digest::{SHA256, digest};
 use serde::{Deserialize, Serialize};
@@ -41,6 +44,7 @@ use crate::log::Durability;
 use crate::node::{PeerBeat, peer_beat};
 use crate::storage::paths;
 use crate::storage::versioned::{Tagged, VersionError, VersionLog};
+use crate::stream::SealedRead;
 
 /// One version of a name's claim.
 #[derive(Debug, Serialize, Deserialize)]
@@ -116,6 +120,45 @@ impl Classify for NameError {
 
 /// How many times a claim is retried after losing a race.
 const CLAIM_ATTEMPTS: usize = 8;
+
+/// How long a read that another node's snapshot did not answer is remembered.
+const MISS_MEMORY: Duration = Duration::from_secs(1);
+
+/// Names whose misses are remembered at most (names come from clients).
+const MAX_MISSES: usize = 4096;
+
+/// Where other nodes' snapshots stopped answering reads of a stream lately, by its name: a
+/// read from that offset on, within [`MISS_MEMORY`], goes straight to the owner, without
+/// the three store requests that would find the same (a client polling a stream's tail
+/// through a non-owner). Sending a read to the owner is always right, so a remembered miss
+/// costs at most a read the owner answers that a snapshot could have.
+#[derive(Default)]
+pub(crate) struct SealedMisses(std::sync::Mutex<HashMap<String, (u64, Instant)>>);
+
+impl SealedMisses {
+    /// Whether a read of `name` from `from` goes to the owner without a look.
+    fn skips(&self, name: &str, from: u64, now: Instant) -> bool {
+        self.0
+            .lock()
+            .ok()
+            .and_then(|misses| misses.get(name).copied())
+            .is_some_and(|(reach, at)| now.duration_since(at) < MISS_MEMORY && from >= reach)
+    }
+
+    /// A look at `now` found no sealed data of `name` from offset `reach` on.
+    fn remember(&self, name: &str, reach: u64, now: Instant) {
+        let Ok(mut misses) = self.0.lock() else {
+            return;
+        };
+        if misses.len() >= MAX_MISSES && !misses.contains_key(name) {
+            misses.retain(|_, (_, at)| now.duration_since(*at) < MISS_MEMORY);
+            if misses.len() >= MAX_MISSES {
+                misses.clear();
+            }
+        }
+        misses.insert(name.to_owned(), (reach, now));
+    }
+}
 
 /// Locks serializing creates and deletes of one name, by its hash: a fixed number, since
 /// names come from clients.
@@ -413,8 +456,16 @@ impl Database {
         if !self.registers_names() || self.serves_stream(name) {
             return None;
         }
+        let now = Instant::now();
+        if self.sealed_misses.skips(name, from, now) {
+            return None;
+        }
         let (id, incarnation) = match self.sealed_stream_owner(name).await {
-            Ok(owner) => owner?,
+            Ok(Some(owner)) => owner,
+            Ok(None) => {
+                self.sealed_misses.remember(name, 0, now);
+                return None;
+            }
             Err(e) => {
                 tracing::debug!(stream = %name, error = %e, "name claim not readable; the owner answers");
                 return None;
@@ -425,7 +476,11 @@ impl Database {
             .read_sealed(&id, name, &incarnation, from, max_bytes)
             .await
         {
-            Ok(read) => read,
+            Ok(SealedRead::Read(read)) => Some(read),
+            Ok(SealedRead::Reach(reach)) => {
+                self.sealed_misses.remember(name, reach, now);
+                None
+            }
             Err(e) => {
                 tracing::warn!(stream = %name, node = %id, error = %e, "sealed data not readable; the owner answers");
                 None
@@ -447,6 +502,32 @@ impl Database {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_remembered_miss_skips_reads_from_its_offset_on_for_a_while() {
+        let misses = SealedMisses::default();
+        let t0 = Instant::now();
+        assert!(!misses.skips("s", 0, t0), "nothing remembered yet");
+        misses.remember("s", 100, t0);
+        assert!(misses.skips("s", 100, t0));
+        assert!(misses.skips("s", 250, t0 + MISS_MEMORY / 2));
+        assert!(
+            !misses.skips("s", 99, t0),
+            "the snapshot answers below its reach"
+        );
+        assert!(!misses.skips("other", 100, t0));
+        assert!(
+            !misses.skips("s", 100, t0 + MISS_MEMORY),
+            "a miss is forgotten"
+        );
+        // Names come from clients: the memory never holds more than its bound.
+        for i in 0..MAX_MISSES * 3 {
+            misses.remember(&format!("n{i}"), 0, t0);
+        }
+        assert!(misses.0.lock().unwrap().len() <= MAX_MISSES);
+        // Full of fresh misses, the newest is still remembered.
+        assert!(misses.skips(&format!("n{}", MAX_MISSES * 3 - 1), 0, t0));
+    }
 
     #[test]
     fn every_name_is_one_path_segment_of_fixed_length() {

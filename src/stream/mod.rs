@@ -49,6 +49,16 @@ use crate::log::{CommitLog, LogConsumer, Lsn, Record, RecordKind};
 use crate::node::Node;
 use crate::storage::Storage;
 
+/// What another node's snapshot says to a read of one of its streams
+/// ([`Streams::read_sealed`]).
+#[derive(Debug)]
+pub(crate) enum SealedRead {
+    /// Its answer.
+    Read(ReadResult),
+    /// It holds none of the stream's data from this offset on: the owner answers.
+    Reach(u64),
+}
+
 /// Settings of the stream engine.
 #[derive(Debug, Clone)]
 pub struct StreamsConfig {
@@ -887,8 +897,9 @@ impl Streams {
     /// Reads stream `name` of another node, `node`, from that node's newest snapshot: up to
     /// about `max_bytes` of its sealed data from offset `from`, when the snapshot holds the
     /// stream as incarnation `incarnation` (its name's claim says which is current) with
-    /// data past `from`. `None` when it does not, or when an object it points into is gone
-    /// (collected after a newer snapshot): the owner answers then. The answer says the
+    /// data past `from`. Otherwise where its sealed data ends (0 when it has none here, or
+    /// an object it points into is gone, collected after a newer snapshot): the owner
+    /// answers then. The answer says the
     /// reader is at the tail only at the end of a closed stream; otherwise only the owner
     /// knows the tail.
     pub(crate) async fn read_sealed(
@@ -898,16 +909,16 @@ impl Streams {
         incarnation: &str,
         from: u64,
         max_bytes: usize,
-    ) -> Result<Option<ReadResult>, StreamError> {
+    ) -> Result<SealedRead, StreamError> {
         let Some(view) = self.inner.cold.sealed_view(node, name).await? else {
-            return Ok(None);
+            return Ok(SealedRead::Reach(0));
         };
         if view.incarnation != incarnation {
-            return Ok(None);
+            return Ok(SealedRead::Reach(0));
         }
         if view.closed_tail == Some(from) {
             // The end of a closed stream: nothing more will come.
-            return Ok(Some(ReadResult {
+            return Ok(SealedRead::Read(ReadResult {
                 records: Vec::new(),
                 next: from,
                 up_to_date: true,
@@ -926,15 +937,15 @@ impl Streams {
             Ok(read) => read,
             Err(StreamError::Storage(e)) => {
                 tracing::debug!(stream = %name, node = %node, error = %e, "sealed data not readable here; the owner answers");
-                return Ok(None);
+                return Ok(SealedRead::Reach(0));
             }
             Err(e) => return Err(e),
         };
         if records.is_empty() {
-            return Ok(None);
+            return Ok(SealedRead::Reach(view.extents.last().map_or(0, |e| e.end)));
         }
         let at_end = view.closed_tail == Some(next);
-        Ok(Some(ReadResult {
+        Ok(SealedRead::Read(ReadResult {
             records,
             next,
             up_to_date: at_end,
