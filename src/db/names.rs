@@ -56,8 +56,9 @@ struct NameClaim {
     /// The owning node id; `None` once released.
     node: Option<String>,
     /// The incarnation of the owner's stream of this name, when known: set by the create
-    /// that made it, cleared when it is deleted but still held (a soft delete). Other nodes
-    /// read the stream's sealed data only while the owner's snapshot holds this incarnation.
+    /// that made it, cleared before any delete of it (one that leaves it held for its forks
+    /// included). Other nodes read the stream's sealed data only while the owner's snapshot
+    /// holds this incarnation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     incarnation: Option<String>,
 }
