@@ -6,6 +6,7 @@ use arrow_array::RecordBatch;
 use arrow_schema::{DataType, Field, FieldRef, Schema, SchemaRef};
 use async_trait::async_trait;
 use datafusion::catalog::Session;
+use datafusion::common::stats::Precision;
 use datafusion::common::{DFSchema, ScalarValue};
 use datafusion::datasource::TableProvider;
 use datafusion::datasource::TableType;
@@ -191,10 +192,20 @@ impl TableProvider for SluiceTable {
                 let physical = state.create_physical_expr(predicate, &df_schema)?;
                 source = source.with_predicate(physical);
             }
+            // The manifest's row counts: with no filter every row of every file is read, so
+            // the count is exact and `count(*)` is answered from it without a scan.
+            let rows: u64 = files.iter().map(|f| f.rows).sum();
+            let mut statistics = datafusion::common::Statistics::new_unknown(&self.schema);
+            statistics.num_rows = match usize::try_from(rows) {
+                Ok(rows) if filters.is_empty() => Precision::Exact(rows),
+                Ok(rows) => Precision::Inexact(rows),
+                Err(_) => Precision::Absent,
+            };
             let mut builder =
                 FileScanConfigBuilder::new(ObjectStoreUrl::parse(STORE_URL)?, Arc::new(source))
                     .with_projection_indices(projection.cloned())?
                     .with_limit(limit)
+                    .with_statistics(statistics)
                     .with_expr_adapter(Some(Arc::new(FileColumns)));
             // About four ranges a partition when whole files are read (see `scan_ranges`).
             let total: u64 = files.iter().map(|f| f.bytes).sum();
