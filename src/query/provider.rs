@@ -192,21 +192,15 @@ impl TableProvider for SluiceTable {
                 let physical = state.create_physical_expr(predicate, &df_schema)?;
                 source = source.with_predicate(physical);
             }
-            // The manifest's row counts: with no filter every row of every file is read, so
-            // the count is exact and `count(*)` is answered from it without a scan.
             let rows: u64 = files.iter().map(|f| f.rows).sum();
-            let mut statistics = datafusion::common::Statistics::new_unknown(&self.schema);
-            statistics.num_rows = match usize::try_from(rows) {
-                Ok(rows) if filters.is_empty() => Precision::Exact(rows),
-                Ok(rows) => Precision::Inexact(rows),
-                Err(_) => Precision::Absent,
-            };
             let mut builder =
                 FileScanConfigBuilder::new(ObjectStoreUrl::parse(STORE_URL)?, Arc::new(source))
                     .with_projection_indices(projection.cloned())?
                     .with_limit(limit)
-                    .with_statistics(statistics)
                     .with_expr_adapter(Some(Arc::new(FileColumns)));
+            // Whether every file's footer was read (a file that cannot be read must fail the
+            // query as it would fail a scan, not be counted from the manifest).
+            let mut readable = true;
             // About four ranges a partition when whole files are read (see `scan_ranges`).
             let total: u64 = files.iter().map(|f| f.bytes).sum();
             let partitions = state.config().target_partitions().max(1);
@@ -221,6 +215,7 @@ impl TableProvider for SluiceTable {
                     .fetch_metadata()
                     .await;
                 let Ok(metadata) = metadata else {
+                    readable = false;
                     ranges.push((file, f.bytes));
                     continue;
                 };
@@ -229,6 +224,15 @@ impl TableProvider for SluiceTable {
                     ranges.push((range, end - start));
                 }
             }
+            // The manifest's row counts: with no filter every row of every file is read, so
+            // the count is exact and `count(*)` is answered from it without reading a page.
+            let mut statistics = datafusion::common::Statistics::new_unknown(&self.schema);
+            statistics.num_rows = match usize::try_from(rows) {
+                Ok(rows) if readable && filters.is_empty() => Precision::Exact(rows),
+                Ok(rows) => Precision::Inexact(rows),
+                Err(_) => Precision::Absent,
+            };
+            builder = builder.with_statistics(statistics);
             // No range: no row group of any file may match.
             if !ranges.is_empty() {
                 builder = builder.with_file_groups(contiguous_groups(ranges, partitions));
