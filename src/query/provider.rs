@@ -192,7 +192,6 @@ impl TableProvider for SluiceTable {
                 let physical = state.create_physical_expr(predicate, &df_schema)?;
                 source = source.with_predicate(physical);
             }
-            let rows: u64 = files.iter().map(|f| f.rows).sum();
             let mut builder =
                 FileScanConfigBuilder::new(ObjectStoreUrl::parse(STORE_URL)?, Arc::new(source))
                     .with_projection_indices(projection.cloned())?
@@ -203,6 +202,7 @@ impl TableProvider for SluiceTable {
             let mut readable = true;
             // About four ranges a partition when whole files are read (see `scan_ranges`).
             let total: u64 = files.iter().map(|f| f.bytes).sum();
+            let rows: u64 = files.iter().map(|f| f.rows).sum();
             let partitions = state.config().target_partitions().max(1);
             let range_bytes = (total / (4 * partitions as u64)).max(MIN_RANGE_BYTES);
             let mut ranges = Vec::new();

@@ -154,17 +154,40 @@ async fn query_files() {
     );
 }
 
+/// A fresh database in a scratch directory named after `name`, with a table `t` of
+/// `columns`.
+async fn database_with_t(
+    name: &str,
+    columns: &str,
+) -> (std::path::PathBuf, std::sync::Arc<Database>) {
+    let dir = std::env::temp_dir().join(format!("sluice-slt-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let db = Database::open(DbConfig::new(&dir)).await.unwrap();
+    db.execute(&format!("CREATE TABLE t ({columns})"))
+        .await
+        .unwrap();
+    (dir, db)
+}
+
+/// NDJSON rows appended to the table `t`.
+async fn ingest_t(db: &Database, body: String) {
+    db.ingest(
+        "scopedb",
+        "public",
+        "t",
+        bytes::Bytes::from(body),
+        ContentEncoding::Identity,
+    )
+    .await
+    .unwrap();
+}
+
 /// A top-N query ordered by two columns over several Parquet files: the answer is the
 /// brute-force one, and the scan prunes pages with the top-N's threshold (DataFusion alone
 /// prunes pages only with single-column predicates, and the threshold names both columns).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn top_n_by_two_columns_prunes_pages_and_answers_right() {
-    let dir = std::env::temp_dir().join(format!("sluice-slt-{}-top-n", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let db = Database::open(DbConfig::new(&dir)).await.unwrap();
-    db.execute("CREATE TABLE t (k int, latency float)")
-        .await
-        .unwrap();
+    let (dir, db) = database_with_t("top-n", "k int, latency float").await;
     // Six files of 20,000 rows (three pages a column each), flushed in turn. Each file's
     // first page holds its top latencies (999.9 nine times, keys ascending; k falls from
     // file to file), the other pages lower ones: every row group may hold an answer (so
@@ -187,15 +210,7 @@ async fn top_n_by_two_columns_prunes_pages_and_answers_right() {
                 tenths % 10
             ));
         }
-        db.ingest(
-            "scopedb",
-            "public",
-            "t",
-            bytes::Bytes::from(body),
-            ContentEncoding::Identity,
-        )
-        .await
-        .unwrap();
+        ingest_t(&db, body).await;
         db.tables().flush_due(true).await.unwrap();
     }
     all.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
@@ -242,12 +257,7 @@ async fn top_n_by_two_columns_prunes_pages_and_answers_right() {
 /// scans. Rows come from two flushed files and unflushed batches, then from three files.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn count_star_from_row_counts_agrees_with_a_scan() {
-    let dir = std::env::temp_dir().join(format!("sluice-slt-{}-count", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let db = Database::open(DbConfig::new(&dir)).await.unwrap();
-    db.execute("CREATE TABLE t (k int, s string)")
-        .await
-        .unwrap();
+    let (dir, db) = database_with_t("count", "k int, s string").await;
     let ingest = |from: i64, to: i64| {
         let body: String = (from..to)
             .map(|k| {
@@ -258,13 +268,7 @@ async fn count_star_from_row_counts_agrees_with_a_scan() {
                 }
             })
             .collect();
-        db.ingest(
-            "scopedb",
-            "public",
-            "t",
-            bytes::Bytes::from(body),
-            ContentEncoding::Identity,
-        )
+        ingest_t(&db, body)
     };
     let cell = |sql: &'static str| {
         let db = &db;
@@ -280,12 +284,12 @@ async fn count_star_from_row_counts_agrees_with_a_scan() {
             plan.rows[1][1].clone().unwrap()
         }
     };
-    ingest(0, 1000).await.unwrap();
+    ingest(0, 1000).await;
     db.tables().flush_due(true).await.unwrap();
-    ingest(1000, 2500).await.unwrap();
+    ingest(1000, 2500).await;
     db.tables().flush_due(true).await.unwrap();
-    ingest(2500, 2600).await.unwrap();
-    ingest(2600, 2610).await.unwrap();
+    ingest(2500, 2600).await;
+    ingest(2600, 2610).await;
     for round in 0..2 {
         assert_eq!(
             cell("SELECT count(*) FROM t").await,
