@@ -11,6 +11,7 @@
 //! the default, so `FROM events` works too.
 
 pub(crate) mod ddl;
+mod grouping;
 mod json_functions;
 mod lex;
 mod prepare;
@@ -367,12 +368,19 @@ pub(crate) fn qualify(name: &[String]) -> Result<(String, String, String), Query
 fn base_session(env: Arc<RuntimeEnv>) -> Result<SessionState, QueryError> {
     let config = SessionConfig::new()
         .with_default_catalog_and_schema(DEFAULT_DATABASE, DEFAULT_SCHEMA)
-        .with_information_schema(true);
+        .with_information_schema(true)
+        .set_bool(
+            "datafusion.execution.parquet.pushdown_filters",
+            std::env::var_os("SLUICE_EXPERIMENT_PUSHDOWN").is_some(),
+        );
     let state = SessionStateBuilder::new()
         .with_config(config)
         .with_runtime_env(env)
         .with_default_features()
         .with_physical_optimizer_rule(Arc::new(pruning::ColumnPruning))
+        .with_physical_optimizer_rule(Arc::new(grouping::KeyedGrouping::new(
+            grouping::Limits::DEFAULT,
+        )))
         .build();
     let mut ctx = SessionContext::new_with_state(state);
     // v['k'] in ScopeQL, and json_get* in SQL.

@@ -1,0 +1,1270 @@
+//! Partial aggregation keyed by what repeats within a batch.
+//!
+//! Log tables are grouped by a few low-cardinality columns: service, name, status.
+//! DataFusion's partial aggregate hashes and compares every row's value; for a `Utf8View`
+//! string that is about 12 ns a row, most of the CPU of `count(DISTINCT name)` or a count by
+//! service. Yet a batch decoded from a dictionary-encoded Parquet page repeats a handful of
+//! values, and every repeat of one value has the same 16-byte view, since each points at that
+//! value's one copy in the dictionary's buffer. An integer or timestamp column's repeats are
+//! equal integers.
+//!
+//! [`KeyedGrouping`] replaces a partial `AggregateExec` whose group keys all have such raw
+//! keys ([`KeyKind`]) and whose aggregates keep fixed-size states (count, and sum, avg, min
+//! and max of primitives) with a [`KeyedPartialAggregateExec`], which:
+//! - maps each row's raw key (the view, or the value's bits) to the id of its value in that
+//!   column, through a small table that lives for one batch ([`RawKeyTable`]). Only the first
+//!   row of each raw key in a batch looks its value up in the column's interner;
+//! - with several group columns, maps each row's tuple of value ids to a group id through a
+//!   second such table, which lives as long as the operator;
+//! - feeds DataFusion's own groups accumulators with these group ids, and emits the partial
+//!   states that the replaced operator would.
+//!
+//! Invariants:
+//! - The output has the replaced operator's schema, and for every group the same merged
+//!   states. A partial aggregate's output may name a group more than once, because the final
+//!   aggregate merges its input; that is what makes the hand-over below correct.
+//! - State is bounded by [`Limits`]. When a batch holds too many distinct raw keys (its values
+//!   do not repeat, so the tables would only add work), or the groups pass their bound, the
+//!   operator emits what it has and hands the rest of its input, from the batch it did not
+//!   take, to the replaced `AggregateExec`: DataFusion's own path, with its memory accounting,
+//!   spilling, and skipping of partial aggregation for keys that do not repeat.
+//! - A batch is either aggregated whole or handed over whole: nothing is counted twice or
+//!   dropped.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, ArrayRef, BinaryViewArray, RecordBatch, UInt32Array};
+use datafusion::arrow::array::ArrayData;
+use arrow_schema::{DataType, SchemaRef};
+use datafusion::common::ScalarValue;
+use datafusion::common::hash_utils::RandomState;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::config::ConfigOptions;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode, aggregate_expressions};
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
+};
+use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, InputOrderMode, PlanProperties,
+    SendableRecordBatchStream,
+};
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+
+/// At most this many group columns: their value ids (`u32` each) pack into one `u128`.
+const MAX_KEY_COLUMNS: usize = 4;
+
+/// When a [`KeyedPartialAggregateExec`] gives up its input to the operator it replaced.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// Groups kept before handing over (a partial aggregate with more gains little).
+    max_groups: usize,
+    /// New values a batch of any size may bring without handing over.
+    min_new_values: usize,
+    /// A batch may bring more than `min_new_values` new values if they are at most one row
+    /// in this many: a key column whose values do not repeat gains nothing from its tables.
+    rows_per_new_value: usize,
+}
+
+impl Limits {
+    /// The limits the server plans with.
+    pub(crate) const DEFAULT: Limits = Limits {
+        max_groups: 1 << 14,
+        min_new_values: 64,
+        rows_per_new_value: 8,
+    };
+
+    /// The new values a batch of `rows` rows may bring.
+    fn new_values(&self, rows: usize) -> usize {
+        self.min_new_values.max(rows / self.rows_per_new_value.max(1))
+    }
+}
+
+/// The physical optimizer rule that puts a [`KeyedPartialAggregateExec`] in place of every
+/// partial aggregate it can run (see the module documentation).
+#[derive(Debug)]
+pub(crate) struct KeyedGrouping {
+    limits: Limits,
+}
+
+impl KeyedGrouping {
+    /// The rule, with these limits for the operators it plans.
+    pub(crate) fn new(limits: Limits) -> Self {
+        KeyedGrouping { limits }
+    }
+}
+
+impl PhysicalOptimizerRule for KeyedGrouping {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        plan.transform_up(|node| {
+            let Some(agg) = node.downcast_ref::<AggregateExec>() else {
+                return Ok(Transformed::no(node));
+            };
+            if !keyed(agg)? {
+                return Ok(Transformed::no(node));
+            }
+            let exec = KeyedPartialAggregateExec::new(Arc::new(agg.clone()), self.limits);
+            Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>))
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "sluice_keyed_grouping"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+/// Whether a [`KeyedPartialAggregateExec`] can run `agg`: a partial aggregate of plain
+/// `GROUP BY` keys with raw keys, unordered input, no limit, and aggregates with fixed-size
+/// groups accumulators.
+fn keyed(agg: &AggregateExec) -> Result<bool> {
+    if *agg.mode() != AggregateMode::Partial
+        || agg.limit_options().is_some()
+        || !agg.dynamic_expressions_produced().is_empty()
+        || *agg.input_order_mode() != InputOrderMode::Linear
+    {
+        return Ok(false);
+    }
+    let group_by = agg.group_expr();
+    if !group_by.is_single()
+        || group_by.expr().is_empty()
+        || group_by.expr().len() > MAX_KEY_COLUMNS
+        || !group_by.null_expr().is_empty()
+    {
+        return Ok(false);
+    }
+    let input = agg.input().schema();
+    for (expr, _) in group_by.expr() {
+        if KeyKind::of(&expr.data_type(&input)?).is_none() {
+            return Ok(false);
+        }
+    }
+    for aggregate in agg.aggr_expr() {
+        if aggregate.is_distinct()
+            || !aggregate.order_bys().is_empty()
+            || !aggregate.groups_accumulator_supported()
+        {
+            return Ok(false);
+        }
+        // count keeps an Int64 whatever it counts; the others keep a value of their
+        // argument's type, of fixed size only for primitives.
+        let fixed_size = match aggregate.fun().name() {
+            "count" => true,
+            "sum" | "avg" | "min" | "max" => {
+                let mut primitive = true;
+                for argument in aggregate.expressions() {
+                    primitive &= argument.data_type(&input)?.is_primitive();
+                }
+                primitive
+            }
+            _ => false,
+        };
+        if !fixed_size {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// How a group column's values give raw keys: equal raw keys in one batch are equal values.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum KeyKind {
+    /// A view array's 16-byte views: a short value inline, a long one by prefix, buffer and
+    /// offset (two views of one value may differ; the interner joins them).
+    View,
+    /// A fixed-width value of this many bytes (integers, dates, times, timestamps,
+    /// durations, decimals), zero-extended. Floats are left out: `0.0` and `-0.0` differ in
+    /// their bits.
+    Fixed(usize),
+}
+
+impl KeyKind {
+    fn of(data_type: &DataType) -> Option<KeyKind> {
+        use DataType::*;
+        Some(match data_type {
+            Utf8View | BinaryView => KeyKind::View,
+            Int8 | UInt8 => KeyKind::Fixed(1),
+            Int16 | UInt16 => KeyKind::Fixed(2),
+            Int32 | UInt32 | Date32 | Time32(_) => KeyKind::Fixed(4),
+            Int64 | UInt64 | Date64 | Time64(_) | Timestamp(_, _) | Duration(_) => {
+                KeyKind::Fixed(8)
+            }
+            Decimal128(_, _) => KeyKind::Fixed(16),
+            _ => return None,
+        })
+    }
+
+    /// The raw keys of `array`'s rows: the views themselves, or the values' bits.
+    fn raw_keys<'a>(&self, array: &'a ArrayRef, data: &'a ArrayData) -> Result<RawKeys<'a>> {
+        let data_type = array.data_type();
+        match self {
+            KeyKind::View => match data_type {
+                DataType::Utf8View => Ok(RawKeys::Wide(array.as_string_view().views())),
+                DataType::BinaryView => Ok(RawKeys::Wide(array.as_binary_view().views())),
+                other => Err(mistyped(other)),
+            },
+            KeyKind::Fixed(width) => {
+                // Every fixed-width primitive array keeps its values in its first buffer.
+                let values = data.buffers().first().ok_or_else(|| mistyped(data_type))?;
+                let range = data.offset()..data.offset() + data.len();
+                let keys = match width {
+                    1 => values.typed_data::<u8>().get(range).map(RawKeys::U8),
+                    2 => values.typed_data::<u16>().get(range).map(RawKeys::U16),
+                    4 => values.typed_data::<u32>().get(range).map(RawKeys::U32),
+                    8 => values.typed_data::<u64>().get(range).map(RawKeys::U64),
+                    _ => values.typed_data::<i128>().get(range).map(RawKeys::I128),
+                };
+                keys.ok_or_else(|| mistyped(data_type))
+            }
+        }
+    }
+}
+
+/// A batch's raw keys, at their own width (widened to `u128` only one at a time).
+enum RawKeys<'a> {
+    U8(&'a [u8]),
+    U16(&'a [u16]),
+    U32(&'a [u32]),
+    U64(&'a [u64]),
+    I128(&'a [i128]),
+    Wide(&'a [u128]),
+}
+
+/// A raw key at its own width.
+trait RawKey: Copy + Ord {
+    fn wide(self) -> u128;
+}
+
+macro_rules! raw_key {
+    ($($t:ty),*) => {$(
+        impl RawKey for $t {
+            #[inline(always)]
+            fn wide(self) -> u128 {
+                self as u128
+            }
+        }
+    )*};
+}
+
+raw_key!(u8, u16, u32, u64, i128, u128);
+
+fn mistyped(data_type: &DataType) -> DataFusionError {
+    DataFusionError::Internal(format!(
+        "keyed grouping planned for a column it cannot read ({data_type})"
+    ))
+}
+
+/// An open-addressing table from raw keys to ids, cleared in constant time (each slot
+/// carries the generation it was written in).
+#[derive(Debug)]
+struct RawKeyTable {
+    keys: Vec<u128>,
+    ids: Vec<u32>,
+    generations: Vec<u32>,
+    generation: u32,
+    len: usize,
+    /// 64 less the log2 of the slot count: a slot is the top bits of the key's hash.
+    shift: u32,
+}
+
+impl RawKeyTable {
+    fn new() -> Self {
+        RawKeyTable::with_capacity(64)
+    }
+
+    fn with_capacity(slots: usize) -> Self {
+        RawKeyTable {
+            keys: vec![0; slots],
+            ids: vec![0; slots],
+            generations: vec![0; slots],
+            generation: 1,
+            len: 0,
+            shift: 64 - slots.trailing_zeros(),
+        }
+    }
+
+    fn clear(&mut self) {
+        self.len = 0;
+        self.generation = self.generation.wrapping_add(1);
+        if self.generation == 0 {
+            self.generations.fill(0);
+            self.generation = 1;
+        }
+    }
+
+    #[inline]
+    fn slot(&self, key: u128) -> usize {
+        // Fibonacci hashing: the top bits of the product depend on every bit of the key
+        // (the low ones would not: ids packed at bit 32 would all share a slot).
+        let folded = key as u64 ^ ((key >> 64) as u64).rotate_left(29);
+        (folded.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize
+    }
+
+    /// The id of `key`, or the slot where it would go.
+    #[inline]
+    fn find(&self, key: u128) -> Result<u32, usize> {
+        let mask = self.keys.len() - 1;
+        let mut slot = self.slot(key);
+        loop {
+            if self.generations[slot] != self.generation {
+                return Err(slot);
+            }
+            if self.keys[slot] == key {
+                return Ok(self.ids[slot]);
+            }
+            slot = (slot + 1) & mask;
+        }
+    }
+
+    /// The most slots any key in the table is from its own.
+    #[cfg(test)]
+    fn longest_probe(&self) -> usize {
+        let mask = self.keys.len() - 1;
+        (0..self.keys.len())
+            .filter(|&slot| self.generations[slot] == self.generation)
+            .map(|slot| slot.wrapping_sub(self.slot(self.keys[slot])) & mask)
+            .max()
+            .unwrap_or(0)
+    }
+
+    #[inline]
+    fn get(&self, key: u128) -> Option<u32> {
+        self.find(key).ok()
+    }
+
+    /// Adds `key` (which must not be in the table).
+    fn insert(&mut self, key: u128, id: u32) {
+        if (self.len + 1) * 2 > self.keys.len() {
+            self.grow();
+        }
+        if let Err(slot) = self.find(key) {
+            self.keys[slot] = key;
+            self.ids[slot] = id;
+            self.generations[slot] = self.generation;
+            self.len += 1;
+        }
+    }
+
+    fn grow(&mut self) {
+        let mut bigger = RawKeyTable::with_capacity(self.keys.len() * 2);
+        for slot in 0..self.keys.len() {
+            if self.generations[slot] == self.generation {
+                bigger.insert(self.keys[slot], self.ids[slot]);
+            }
+        }
+        *self = bigger;
+    }
+}
+
+/// After this many rows of a batch whose views missed their table, the rest of the batch
+/// skips that table: its views do not repeat (a filter or coalescer copied the strings), and
+/// each value is found by its bytes' hash instead.
+const VIEW_MISSES_PER_BATCH: usize = 256;
+
+/// One group column: its values so far, by id, and the tables that find a row's id.
+#[derive(Debug)]
+struct KeyColumn {
+    kind: KeyKind,
+    /// The values seen so far and their ids: the only word on which id a value has.
+    ids: HashMap<ScalarValue, u32>,
+    values: Vec<ScalarValue>,
+    /// How many of `values` belong to batches that were aggregated.
+    committed: usize,
+    /// Raw key to id. For fixed-width values it lives as long as the column (the raw key is
+    /// the value); for views, one batch (a view names a place in that batch's buffers).
+    raw: RawKeyTable,
+    /// For views: the hash of a value's bytes to the id of the first value seen with it
+    /// (checked against the value's bytes; another value with that hash goes to `ids`).
+    by_hash: RawKeyTable,
+    hasher: RandomState,
+    /// For fixed-width values within [`DENSE_SLOTS`] of each other: the id of each, by its
+    /// distance from the least (in place of `raw`, and faster: no hash, no probe).
+    dense: Option<DenseIds>,
+    /// The values have been too far apart for `dense`.
+    sparse: bool,
+}
+
+/// The most slots [`DenseIds`] takes (256 KiB of ids).
+const DENSE_SLOTS: usize = 1 << 16;
+
+/// Ids of fixed-width values by their distance from `base`.
+#[derive(Debug)]
+struct DenseIds {
+    base: u128,
+    ids: Vec<u32>,
+}
+
+impl DenseIds {
+    /// No value has this slot's key yet.
+    const ABSENT: u32 = u32::MAX;
+
+    fn end(&self) -> u128 {
+        self.base + self.ids.len() as u128
+    }
+
+    #[inline]
+    fn get(&self, key: u128) -> Option<u32> {
+        let slot = usize::try_from(key.wrapping_sub(self.base)).ok()?;
+        self.ids.get(slot).copied().filter(|&id| id != DenseIds::ABSENT)
+    }
+
+    fn set(&mut self, key: u128, id: u32) {
+        if let Ok(slot) = usize::try_from(key.wrapping_sub(self.base))
+            && let Some(entry) = self.ids.get_mut(slot)
+        {
+            *entry = id;
+        }
+    }
+
+    fn entries(&self) -> impl Iterator<Item = (u128, u32)> + '_ {
+        (self.ids.iter().enumerate())
+            .filter(|(_, id)| **id != DenseIds::ABSENT)
+            .map(|(slot, &id)| (self.base + slot as u128, id))
+    }
+}
+
+impl KeyColumn {
+    fn new(kind: KeyKind, seed: u64) -> Self {
+        KeyColumn {
+            kind,
+            ids: HashMap::new(),
+            values: Vec::new(),
+            committed: 0,
+            raw: RawKeyTable::new(),
+            by_hash: RawKeyTable::new(),
+            hasher: RandomState::with_seed(seed),
+            dense: None,
+            sparse: false,
+        }
+    }
+
+    fn intern(&mut self, array: &ArrayRef, row: usize) -> Result<u32> {
+        let value = ScalarValue::try_from_array(array, row)?;
+        if let Some(&id) = self.ids.get(&value) {
+            return Ok(id);
+        }
+        let id = u32::try_from(self.values.len())
+            .map_err(|_| DataFusionError::Internal("too many keyed groups".into()))?;
+        self.values.push(value.clone());
+        self.ids.insert(value, id);
+        Ok(id)
+    }
+
+    /// Fills `out` with the value id of each row of `array`. Returns false, with `out`
+    /// incomplete, once the batch has brought more than `max_new` new values (over all
+    /// columns, counted in `new`).
+    fn value_ids(
+        &mut self,
+        array: &ArrayRef,
+        out: &mut Vec<u32>,
+        new: &mut usize,
+        max_new: usize,
+    ) -> Result<bool> {
+        out.clear();
+        out.resize(array.len(), 0);
+        let data = array.to_data();
+        match self.kind.raw_keys(array, &data)? {
+            RawKeys::U8(keys) => self.value_ids_of(array, keys, out, new, max_new),
+            RawKeys::U16(keys) => self.value_ids_of(array, keys, out, new, max_new),
+            RawKeys::U32(keys) => self.value_ids_of(array, keys, out, new, max_new),
+            RawKeys::U64(keys) => self.value_ids_of(array, keys, out, new, max_new),
+            RawKeys::I128(keys) => self.value_ids_of(array, keys, out, new, max_new),
+            RawKeys::Wide(keys) => self.value_ids_of(array, keys, out, new, max_new),
+        }
+    }
+
+    /// [`KeyColumn::value_ids`] for raw keys of one width.
+    fn value_ids_of<K: RawKey>(
+        &mut self,
+        array: &ArrayRef,
+        keys: &[K],
+        out: &mut [u32],
+        new: &mut usize,
+        max_new: usize,
+    ) -> Result<bool> {
+        if self.kind != KeyKind::View {
+            self.fit_dense(keys);
+        }
+        let views = match array.data_type() {
+            DataType::Utf8View => Some(array.as_string_view().clone().to_binary_view()),
+            DataType::BinaryView => Some(array.as_binary_view().clone()),
+            _ => None,
+        };
+        if views.is_some() {
+            self.raw.clear();
+        }
+        let mut rows = RowIds {
+            array,
+            views: views.as_ref(),
+            new,
+            max_new,
+            view_misses: 0,
+        };
+        let within = match array.logical_nulls() {
+            None => self.resolve(&mut rows, keys, |_| false, out)?,
+            Some(nulls) => self.resolve(&mut rows, keys, |row| nulls.is_null(row), out)?,
+        };
+        Ok(within)
+    }
+
+    /// The loop of [`KeyColumn::value_ids`], for one way of telling null rows: runs of rows
+    /// found in a table ([`KeyColumn::found_run`]), each ended by a row that needs more.
+    #[inline(always)]
+    fn resolve<K: RawKey>(
+        &mut self,
+        rows: &mut RowIds<'_>,
+        keys: &[K],
+        is_null: impl Fn(usize) -> bool,
+        out: &mut [u32],
+    ) -> Result<bool> {
+        let mut null_id = None;
+        let mut row = 0;
+        while row < keys.len() {
+            row = self.found_run(keys, row, &is_null, out, rows.view_misses);
+            let Some(&key) = keys.get(row) else {
+                break;
+            };
+            out[row] = if is_null(row) {
+                match null_id {
+                    Some(id) => id,
+                    None => {
+                        let id = self.intern(rows.array, row)?;
+                        null_id = Some(id);
+                        id
+                    }
+                }
+            } else {
+                match self.missed(rows, row, key.wide())? {
+                    Some(id) => id,
+                    None => return Ok(false),
+                }
+            };
+            row += 1;
+        }
+        Ok(true)
+    }
+
+    /// Fills `out` from `start` for as long as rows are not null and their raw keys are in
+    /// `dense` or `raw`; returns the first row that is not. The table is only read here, so
+    /// its fields stay in registers. There is no shortcut for a run of one key: on values in
+    /// no order its branch is mispredicted on most rows, and costs more than the table.
+    #[inline(always)]
+    fn found_run<K: RawKey>(
+        &self,
+        keys: &[K],
+        start: usize,
+        is_null: &impl Fn(usize) -> bool,
+        out: &mut [u32],
+        view_misses: usize,
+    ) -> usize {
+        if let Some(dense) = &self.dense {
+            for (row, &key) in keys.iter().enumerate().skip(start) {
+                let id = match dense.get(key.wide()) {
+                    Some(id) if !is_null(row) => id,
+                    _ => return row,
+                };
+                out[row] = id;
+            }
+            return keys.len();
+        }
+        if view_misses > VIEW_MISSES_PER_BATCH {
+            return start;
+        }
+        for (row, &key) in keys.iter().enumerate().skip(start) {
+            let id = match self.raw.get(key.wide()) {
+                Some(id) if !is_null(row) => id,
+                _ => return row,
+            };
+            out[row] = id;
+        }
+        keys.len()
+    }
+
+    /// The id of a row whose raw key was not in `raw`, or None if the batch has brought too
+    /// many new values.
+    fn missed(&mut self, rows: &mut RowIds<'_>, row: usize, key: u128) -> Result<Option<u32>> {
+        let Some(views) = rows.views else {
+            // A fixed-width value in neither table is new.
+            if !rows.count_new() {
+                return Ok(None);
+            }
+            let id = self.intern(rows.array, row)?;
+            match &mut self.dense {
+                Some(dense) => dense.set(key, id),
+                None => self.raw.insert(key, id),
+            }
+            return Ok(Some(id));
+        };
+        let bytes = views.value(row);
+        let hash = u128::from(self.hasher.hash_one(bytes));
+        let id = match self.by_hash.get(hash) {
+            Some(id) if value_bytes(&self.values[id as usize]) == Some(bytes) => id,
+            Some(_) => self.intern(rows.array, row)?,
+            None => {
+                if !rows.count_new() {
+                    return Ok(None);
+                }
+                let id = self.intern(rows.array, row)?;
+                self.by_hash.insert(hash, id);
+                id
+            }
+        };
+        rows.view_misses += 1;
+        if rows.view_misses <= VIEW_MISSES_PER_BATCH {
+            self.raw.insert(key, id);
+        }
+        Ok(Some(id))
+    }
+
+    /// Widens `dense` to hold every key of this batch, or gives it up (for `raw`, with what
+    /// it held) when that would take more than [`DENSE_SLOTS`] slots.
+    fn fit_dense<K: RawKey>(&mut self, keys: &[K]) {
+        let (Some(&low), Some(&high)) = (keys.iter().min(), keys.iter().max()) else {
+            return;
+        };
+        if self.sparse {
+            return;
+        }
+        let (low, high) = (low.wide(), high.wide());
+        let (base, end) = match &self.dense {
+            Some(dense) if dense.base <= low && high < dense.end() => return,
+            Some(dense) => (dense.base.min(low), dense.end().max(high + 1)),
+            None => (low, high + 1),
+        };
+        let old = self.dense.take();
+        if end - base > DENSE_SLOTS as u128 {
+            self.sparse = true;
+            if let Some(old) = old {
+                for (key, id) in old.entries() {
+                    self.raw.insert(key, id);
+                }
+            }
+            return;
+        }
+        let mut dense = DenseIds {
+            base,
+            ids: vec![DenseIds::ABSENT; (end - base) as usize],
+        };
+        if let Some(old) = old {
+            for (key, id) in old.entries() {
+                dense.set(key, id);
+            }
+        }
+        self.dense = Some(dense);
+    }
+
+    /// Forgets the values first seen in a batch that is handed over (the tables are not
+    /// used again: after a hand-over, a grouping only emits).
+    fn roll_back(&mut self) {
+        let committed = self.committed;
+        self.values.truncate(committed);
+        self.ids.retain(|_, id| (*id as usize) < committed);
+    }
+
+    fn commit(&mut self) {
+        self.committed = self.values.len();
+    }
+
+    fn distinct_values(&self) -> Result<ArrayRef> {
+        ScalarValue::iter_to_array(self.values.iter().cloned())
+    }
+}
+
+/// What [`KeyColumn::value_ids`] keeps while it walks one batch's rows.
+struct RowIds<'a> {
+    array: &'a ArrayRef,
+    /// The column's views as bytes, for view columns.
+    views: Option<&'a BinaryViewArray>,
+    /// New values this batch, over all columns.
+    new: &'a mut usize,
+    max_new: usize,
+    /// Rows of this batch whose view was not in the column's `raw` table.
+    view_misses: usize,
+}
+
+impl RowIds<'_> {
+    /// Counts one more new value; false if that is too many.
+    fn count_new(&mut self) -> bool {
+        *self.new += 1;
+        *self.new <= self.max_new
+    }
+}
+
+/// The bytes of a string or binary view value.
+fn value_bytes(value: &ScalarValue) -> Option<&[u8]> {
+    match value {
+        ScalarValue::Utf8View(Some(s)) => Some(s.as_bytes()),
+        ScalarValue::BinaryView(Some(b)) => Some(b.as_slice()),
+        _ => None,
+    }
+}
+
+/// One aggregate: DataFusion's groups accumulator and what it is fed.
+struct Accumulated {
+    accumulator: Box<dyn GroupsAccumulator>,
+    arguments: Vec<Arc<dyn PhysicalExpr>>,
+    filter: Option<Arc<dyn PhysicalExpr>>,
+}
+
+impl Accumulated {
+    fn update(&mut self, batch: &RecordBatch, groups: &[usize], total: usize) -> Result<()> {
+        let rows = batch.num_rows();
+        let values = self
+            .arguments
+            .iter()
+            .map(|e| e.evaluate(batch).and_then(|v| v.into_array(rows)))
+            .collect::<Result<Vec<_>>>()?;
+        let filter = self
+            .filter
+            .as_ref()
+            .map(|f| f.evaluate(batch).and_then(|v| v.into_array(rows)))
+            .transpose()?;
+        let filter = match &filter {
+            Some(f) => Some(f.as_boolean_opt().ok_or_else(|| {
+                DataFusionError::Internal("an aggregate's filter is not boolean".into())
+            })?),
+            None => None,
+        };
+        self.accumulator.update_batch(&values, groups, filter, total)
+    }
+}
+
+/// What to do after a batch.
+#[derive(Debug, PartialEq)]
+enum Step {
+    /// Take the next batch.
+    Continue,
+    /// Hand the input over, from the next batch on.
+    HandOverNext,
+    /// Hand the input over, from the batch just given (which was not aggregated).
+    HandOverThis,
+}
+
+/// A partial aggregation in progress.
+struct Grouping {
+    group_exprs: Vec<Arc<dyn PhysicalExpr>>,
+    columns: Vec<KeyColumn>,
+    /// Packed value ids to group id; used with several group columns.
+    groups: RawKeyTable,
+    /// For each group column, each group's value id; used with several group columns.
+    group_values: Vec<Vec<u32>>,
+    group_count: usize,
+    value_ids: Vec<Vec<u32>>,
+    group_indices: Vec<usize>,
+    accumulators: Vec<Accumulated>,
+    limits: Limits,
+}
+
+impl Grouping {
+    fn new(agg: &AggregateExec, limits: Limits) -> Result<Self> {
+        let input = agg.input().schema();
+        let mut group_exprs = Vec::new();
+        let mut columns = Vec::new();
+        // Hashes of view values are seeded per query, so that no one can choose values
+        // that collide (a collision is still answered right, but slowly).
+        let seed = std::collections::hash_map::RandomState::new().hash_one(0u64);
+        for (expr, _) in agg.group_expr().expr() {
+            let data_type = expr.data_type(&input)?;
+            let kind = KeyKind::of(&data_type).ok_or_else(|| mistyped(&data_type))?;
+            group_exprs.push(Arc::clone(expr));
+            columns.push(KeyColumn::new(kind, seed));
+        }
+        let arguments =
+            aggregate_expressions(agg.aggr_expr(), agg.mode(), agg.group_expr().num_group_exprs())?;
+        let accumulators = agg
+            .aggr_expr()
+            .iter()
+            .zip(arguments)
+            .zip(agg.filter_expr().iter())
+            .map(|((aggregate, arguments), filter)| {
+                Ok(Accumulated {
+                    accumulator: aggregate.create_groups_accumulator()?,
+                    arguments,
+                    filter: filter.clone(),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Grouping {
+            group_exprs,
+            value_ids: vec![Vec::new(); columns.len()],
+            group_values: vec![Vec::new(); columns.len()],
+            columns,
+            groups: RawKeyTable::new(),
+            group_count: 0,
+            group_indices: Vec::new(),
+            accumulators,
+            limits,
+        })
+    }
+
+    fn aggregate(&mut self, batch: &RecordBatch) -> Result<Step> {
+        let rows = batch.num_rows();
+        let keys = self
+            .group_exprs
+            .iter()
+            .map(|e| e.evaluate(batch).and_then(|v| v.into_array(rows)))
+            .collect::<Result<Vec<_>>>()?;
+        let max_new = self.limits.new_values(rows);
+        let mut new = 0;
+        for ((column, array), ids) in self.columns.iter_mut().zip(&keys).zip(&mut self.value_ids) {
+            if !column.value_ids(array, ids, &mut new, max_new)? {
+                self.columns.iter_mut().for_each(KeyColumn::roll_back);
+                return Ok(Step::HandOverThis);
+            }
+        }
+        self.group_indices.clear();
+        if let [ids] = self.value_ids.as_slice() {
+            self.group_indices.extend(ids.iter().map(|&id| id as usize));
+            self.group_count = self.columns[0].values.len();
+        } else {
+            for row in 0..rows {
+                let mut packed = 0u128;
+                for (c, ids) in self.value_ids.iter().enumerate() {
+                    packed |= u128::from(ids[row]) << (32 * c);
+                }
+                let group = match self.groups.get(packed) {
+                    Some(group) => group as usize,
+                    None => {
+                        let group = self.group_count;
+                        let id = u32::try_from(group).map_err(|_| {
+                            DataFusionError::Internal("too many keyed groups".into())
+                        })?;
+                        self.groups.insert(packed, id);
+                        for (values, ids) in self.group_values.iter_mut().zip(&self.value_ids) {
+                            values.push(ids[row]);
+                        }
+                        self.group_count += 1;
+                        group
+                    }
+                };
+                self.group_indices.push(group);
+            }
+        }
+        for accumulated in &mut self.accumulators {
+            accumulated.update(batch, &self.group_indices, self.group_count)?;
+        }
+        self.columns.iter_mut().for_each(KeyColumn::commit);
+        Ok(if self.group_count > self.limits.max_groups {
+            Step::HandOverNext
+        } else {
+            Step::Continue
+        })
+    }
+
+    /// Every group's keys and partial states, in batches of at most `batch_size` rows.
+    fn emit(&mut self, schema: &SchemaRef, batch_size: usize) -> Result<Vec<RecordBatch>> {
+        if self.group_count == 0 {
+            return Ok(Vec::new());
+        }
+        let mut columns = Vec::new();
+        if let [column] = self.columns.as_slice() {
+            columns.push(column.distinct_values()?);
+        } else {
+            for (column, values) in self.columns.iter().zip(&mut self.group_values) {
+                let ids = UInt32Array::from(std::mem::take(values));
+                columns.push(arrow_select::take::take(&column.distinct_values()?, &ids, None)?);
+            }
+        }
+        for accumulated in &mut self.accumulators {
+            columns.extend(accumulated.accumulator.state(EmitTo::All)?);
+        }
+        let batch = RecordBatch::try_new(Arc::clone(schema), columns)?;
+        let batch_size = batch_size.max(1);
+        Ok((0..batch.num_rows())
+            .step_by(batch_size)
+            .map(|start| batch.slice(start, batch_size.min(batch.num_rows() - start)))
+            .collect())
+    }
+}
+
+/// A partial `AggregateExec` run by raw keys (see the module documentation); it hands over to
+/// the `AggregateExec` it replaced when its keys do not repeat.
+#[derive(Debug)]
+pub(crate) struct KeyedPartialAggregateExec {
+    agg: Arc<AggregateExec>,
+    limits: Limits,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl KeyedPartialAggregateExec {
+    fn new(agg: Arc<AggregateExec>, limits: Limits) -> Self {
+        KeyedPartialAggregateExec {
+            agg,
+            limits,
+            metrics: ExecutionPlanMetricsSet::new(),
+        }
+    }
+}
+
+impl DisplayAs for KeyedPartialAggregateExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "KeyedPartialAggregateExec of ")?;
+        self.agg.fmt_as(t, f)
+    }
+}
+
+impl ExecutionPlan for KeyedPartialAggregateExec {
+    fn name(&self) -> &str {
+        "KeyedPartialAggregateExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.agg.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![self.agg.input()]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        self.agg.apply_expressions(f)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let agg = (Arc::clone(&self.agg) as Arc<dyn ExecutionPlan>)
+            .replace_children(children, recompute())?;
+        let Some(agg) = agg.downcast_ref::<AggregateExec>() else {
+            return Err(DataFusionError::Internal(
+                "an aggregate with new children is no longer an aggregate".into(),
+            ));
+        };
+        Ok(Arc::new(KeyedPartialAggregateExec::new(
+            Arc::new(agg.clone()),
+            self.limits,
+        )))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let mut input = self.agg.input().execute(partition, Arc::clone(&context))?;
+        let schema = self.agg.schema();
+        let batch_size = context.session_config().batch_size();
+        let mut grouping = Grouping::new(&self.agg, self.limits)?;
+        let agg = Arc::clone(&self.agg);
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
+        let handed_over: Count = MetricBuilder::new(&self.metrics).counter("handed_over", partition);
+        let output_schema = Arc::clone(&schema);
+        let output = futures::stream::once(async move {
+            while let Some(batch) = input.next().await {
+                let batch = batch?;
+                let step = {
+                    let _timer = baseline.elapsed_compute().timer();
+                    grouping.aggregate(&batch)?
+                };
+                if step == Step::Continue {
+                    continue;
+                }
+                handed_over.add(1);
+                let ours = grouping.emit(&output_schema, batch_size)?;
+                baseline.record_output(ours.iter().map(RecordBatch::num_rows).sum());
+                let first = (step == Step::HandOverThis).then_some(batch);
+                let rest = hand_over(&agg, first, input, context)?;
+                let output: Batches = futures::stream::iter(ours.into_iter().map(Ok))
+                    .chain(rest)
+                    .boxed();
+                return Ok(output);
+            }
+            let ours = grouping.emit(&output_schema, batch_size)?;
+            baseline.record_output(ours.iter().map(RecordBatch::num_rows).sum());
+            baseline.done();
+            let output: Batches = futures::stream::iter(ours.into_iter().map(Ok)).boxed();
+            Ok::<_, DataFusionError>(output)
+        })
+        .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, output)))
+    }
+}
+
+/// A partition's output batches.
+type Batches = BoxStream<'static, Result<RecordBatch>>;
+
+/// Runs `agg` (the replaced `AggregateExec`) over `first` and then the rest of `input`.
+fn hand_over(
+    agg: &Arc<AggregateExec>,
+    first: Option<RecordBatch>,
+    input: SendableRecordBatchStream,
+    context: Arc<TaskContext>,
+) -> Result<SendableRecordBatchStream> {
+    let schema = input.schema();
+    let batches = futures::stream::iter(first.map(Ok)).chain(input);
+    let handed = HandedInput {
+        schema: Arc::clone(&schema),
+        stream: Mutex::new(Some(Box::pin(RecordBatchStreamAdapter::new(
+            Arc::clone(&schema),
+            batches,
+        )))),
+    };
+    let source = StreamingTableExec::try_new(schema, vec![Arc::new(handed)], None, [], false, None)?;
+    let exec = (Arc::clone(agg) as Arc<dyn ExecutionPlan>)
+        .replace_children(vec![Arc::new(source)], recompute())?;
+    exec.execute(0, context)
+}
+
+/// Children replaced, and the plan's properties computed again from them.
+fn recompute() -> ReplaceChildrenOptions {
+    ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute)
+}
+
+/// The rest of an input, as a partition that can be executed once.
+struct HandedInput {
+    schema: SchemaRef,
+    stream: Mutex<Option<SendableRecordBatchStream>>,
+}
+
+impl fmt::Debug for HandedInput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HandedInput").finish_non_exhaustive()
+    }
+}
+
+impl PartitionStream for HandedInput {
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
+        let taken = self
+            .stream
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        taken.unwrap_or_else(|| {
+            let error = DataFusionError::Internal("a handed-over input was read twice".into());
+            Box::pin(RecordBatchStreamAdapter::new(
+                Arc::clone(&self.schema),
+                futures::stream::once(async move { Err(error) }),
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::builder::{Float64Builder, Int32Builder, Int64Builder, StringViewBuilder};
+    use arrow_array::types::TimestampNanosecondType;
+    use arrow_array::PrimitiveArray;
+    use arrow_schema::{Field, Schema, TimeUnit};
+    use datafusion::arrow::util::pretty::pretty_format_batches;
+    use datafusion::datasource::MemTable;
+    use datafusion::execution::session_state::SessionStateBuilder;
+    use datafusion::physical_plan::collect;
+    use datafusion::prelude::{SessionConfig, SessionContext};
+
+    /// Three partitions of four batches: `s` a few strings (long ones too) with nulls,
+    /// deduplicated as a Parquet dictionary page decodes them; `h` a string of its own on
+    /// every row; `u` three strings, each row's a copy of its own; `w` three thousand values; `n`, `d`, `t` and `v` small ranges with nulls.
+    fn events() -> MemTable {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("s", DataType::Utf8View, true),
+            Field::new("h", DataType::Utf8View, false),
+            Field::new("u", DataType::Utf8View, false),
+            Field::new("n", DataType::Int64, true),
+            Field::new("d", DataType::Int32, false),
+            Field::new("w", DataType::Int64, false),
+            Field::new("t", DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into())), false),
+            Field::new("v", DataType::Float64, true),
+        ]));
+        let names = [
+            Some("alpha"),
+            Some("a service name longer than twelve bytes"),
+            None,
+            Some("checkout-service-long"),
+            Some("beta"),
+        ];
+        let mut state = 42u64;
+        let mut next = move || {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state >> 33
+        };
+        let mut row = 0i64;
+        let mut partitions = Vec::new();
+        for _ in 0..3 {
+            let mut batches = Vec::new();
+            for _ in 0..4 {
+                let mut s = StringViewBuilder::new().with_deduplicate_strings();
+                let mut h = StringViewBuilder::new();
+                let mut u = StringViewBuilder::new();
+                let (mut n, mut d, mut w) = (Int64Builder::new(), Int32Builder::new(), Int64Builder::new());
+                let mut t = Vec::new();
+                let mut v = Float64Builder::new();
+                for _ in 0..1000 {
+                    let r = next();
+                    s.append_option(names[(r % 5) as usize]);
+                    h.append_value(format!("trace-{row:020}"));
+                    u.append_value(["GET /api/v1/orders", "POST /api/v1/carts", "GET /health"][(r / 5 % 3) as usize]);
+                    n.append_option((r % 11 != 0).then_some((r % 7) as i64));
+                    d.append_value((r % 3) as i32);
+                    w.append_value((r % 3000) as i64);
+                    t.push(1_790_000_000_000_000_000 + row * 7_000_000_000);
+                    v.append_option((r % 13 != 0).then_some((r % 1000) as f64));
+                    row += 1;
+                }
+                let t = PrimitiveArray::<TimestampNanosecondType>::from(t).with_timezone("UTC");
+                let columns: Vec<ArrayRef> = vec![
+                    Arc::new(s.finish()),
+                    Arc::new(h.finish()),
+                    Arc::new(u.finish()),
+                    Arc::new(n.finish()),
+                    Arc::new(d.finish()),
+                    Arc::new(w.finish()),
+                    Arc::new(t),
+                    Arc::new(v.finish()),
+                ];
+                batches.push(RecordBatch::try_new(Arc::clone(&schema), columns).unwrap());
+            }
+            partitions.push(batches);
+        }
+        MemTable::try_new(schema, partitions).unwrap()
+    }
+
+    fn context(rule: Option<Limits>) -> SessionContext {
+        let config = SessionConfig::new().with_target_partitions(3);
+        let mut state = SessionStateBuilder::new().with_config(config).with_default_features();
+        if let Some(limits) = rule {
+            state = state.with_physical_optimizer_rule(Arc::new(KeyedGrouping::new(limits)));
+        }
+        let ctx = SessionContext::new_with_state(state.build());
+        ctx.register_table("t", Arc::new(events())).unwrap();
+        ctx
+    }
+
+    /// The answer, the plan, and how many partitions handed over.
+    async fn run(ctx: &SessionContext, sql: &str) -> (String, String, usize) {
+        let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+        let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await.unwrap();
+        let answer = pretty_format_batches(&batches).unwrap().to_string();
+        let shown = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
+        fn handed(plan: &Arc<dyn ExecutionPlan>) -> usize {
+            let own = if plan.name() == "KeyedPartialAggregateExec" {
+                plan.metrics().and_then(|m| m.sum_by_name("handed_over")).map_or(0, |v| v.as_usize())
+            } else {
+                0
+            };
+            own + plan.children().into_iter().map(handed).sum::<usize>()
+        }
+        (answer, shown, handed(&plan))
+    }
+
+    /// Every query answers as DataFusion's own partial aggregate does: with the keyed path
+    /// throughout, and with limits so small that partitions hand over mid-input (both after a
+    /// batch that made too many groups and from a batch whose keys do not repeat).
+    #[tokio::test]
+    async fn keyed_grouping_answers_as_datafusion_does() {
+        let reference = context(None);
+        let keyed = context(Some(Limits::DEFAULT));
+        let small = Limits {
+            max_groups: 100,
+            min_new_values: 8,
+            rows_per_new_value: 8,
+        };
+        let tight = context(Some(small));
+        // (query, hands over with the default limits, hands over with the small ones)
+        let queries = [
+            ("SELECT s, count(*), count(v), sum(v), avg(v), min(v), max(v) FROM t GROUP BY s ORDER BY s", false, false),
+            ("SELECT s, n, count(*), sum(n), max(t) FROM t GROUP BY s, n ORDER BY s, n", false, false),
+            ("SELECT count(DISTINCT s) FROM t", false, false),
+            ("SELECT count(DISTINCT n) AS k FROM t WHERE s IS NOT NULL", false, false),
+            ("SELECT h, count(*) FROM t GROUP BY h ORDER BY h", true, true),
+            // Views that do not repeat (each row's string copied), of values that do.
+            ("SELECT u, count(*), max(v) FROM t GROUP BY u ORDER BY u", false, false),
+            ("SELECT u, s, count(*) FROM t WHERE n >= 2 GROUP BY u, s ORDER BY u, s", false, false),
+            ("SELECT w, count(*), max(t), min(d) FROM t GROUP BY w ORDER BY w", true, true),
+            ("SELECT date_trunc('hour', t) AS hr, n, count(*) FROM t GROUP BY hr, n ORDER BY hr, n", false, false),
+            ("SELECT s, count(*) FILTER (WHERE n > 3), sum(v) FILTER (WHERE n < 2) FROM t GROUP BY s ORDER BY s", false, false),
+            ("SELECT s, count(*) FROM t WHERE n > 100 GROUP BY s ORDER BY s", false, false),
+            ("SELECT s, d, n, w % 3 AS m, count(*), sum(v) FROM t GROUP BY s, d, n, m ORDER BY s, d, n, m", false, true),
+            ("SELECT n, count(*) FROM t GROUP BY n HAVING count(*) > 10 ORDER BY n", false, false),
+            // Negative keys: far apart as raw bits, so not dense.
+            ("SELECT n - 3 AS k, d - 1 AS e, count(*) FROM t GROUP BY k, e ORDER BY k, e", false, false),
+        ];
+        for (sql, hands_over, hands_over_small) in queries {
+            let (expected, _, _) = run(&reference, sql).await;
+            for (limits, ctx, hands_over) in [
+                ("default", &keyed, hands_over),
+                ("small", &tight, hands_over_small),
+            ] {
+                let (answer, plan, handed) = run(ctx, sql).await;
+                assert!(
+                    answer == expected,
+                    "{sql} ({limits} limits): another answer\n{plan}"
+                );
+                assert!(plan.contains("KeyedPartialAggregateExec"), "{sql}\n{plan}");
+                assert_eq!(
+                    handed > 0,
+                    hands_over,
+                    "{sql}: {handed} handed over ({limits} limits)\n{plan}"
+                );
+            }
+        }
+        // Not keyed: a float key, a distinct aggregate beside another, a string aggregate.
+        for sql in [
+            "SELECT v, count(*) FROM t GROUP BY v ORDER BY v",
+            "SELECT s, count(DISTINCT n), count(*) FROM t GROUP BY s ORDER BY s",
+            "SELECT n, max(s) FROM t GROUP BY n ORDER BY n",
+        ] {
+            let (expected, _, _) = run(&reference, sql).await;
+            let (answer, plan, _) = run(&keyed, sql).await;
+            assert!(answer == expected, "{sql}: another answer");
+            assert!(!plan.contains("KeyedPartialAggregateExec"), "{sql}\n{plan}");
+        }
+    }
+
+    #[test]
+    fn raw_key_table_keeps_ids_across_growth_and_forgets_them_on_clear() {
+        let mut table = RawKeyTable::new();
+        for key in 0..1000u128 {
+            table.insert(key << 70 | key, key as u32);
+        }
+        for key in 0..1000u128 {
+            assert_eq!(table.get(key << 70 | key), Some(key as u32));
+        }
+        assert_eq!(table.get(5000), None);
+        table.clear();
+        assert_eq!(table.get(1 << 70 | 1), None);
+        table.insert(7, 3);
+        assert_eq!(table.get(7), Some(3));
+        // Value ids packed as several group columns pack them: no long runs of probes.
+        let mut packed = RawKeyTable::new();
+        for a in 0..64u128 {
+            for b in 0..64u128 {
+                packed.insert(a | b << 32, (a * 64 + b) as u32);
+            }
+        }
+        assert!(packed.longest_probe() < 32, "{}", packed.longest_probe());
+        assert_eq!(packed.get(5 | 9 << 32), Some(5 * 64 + 9));
+    }
+}
