@@ -11,9 +11,15 @@
 //! [`KeyedGrouping`] replaces a partial `AggregateExec` whose group keys all have such raw
 //! keys ([`KeyKind`]) and whose aggregates keep fixed-size states (count, and sum, avg, min
 //! and max of primitives) with a [`KeyedPartialAggregateExec`], which:
-//! - maps each row's raw key (the view, or the value's bits) to the id of its value in that
-//!   column, through a small table that lives for one batch ([`RawKeyTable`]). Only the first
-//!   row of each raw key in a batch looks its value up in the column's interner;
+//! - maps each row's raw key to the id of its value in that column ([`KeyColumn`]):
+//!   - a fixed-width value's bits index a dense array of ids when the column's values lie
+//!     within [`DENSE_SLOTS`] of each other (status codes), else a [`RawKeyTable`];
+//!   - a view is looked up in a [`RawKeyTable`] that lives for one batch (a view names a
+//!     place in that batch's buffers). A view not found there, and every view once a batch
+//!     has missed [`VIEW_MISSES_PER_BATCH`] (a filter or coalescer copied each string, so no
+//!     view repeats), is found by a seeded hash of its bytes, checked against the value;
+//!   - a value found by neither is new, and gets its id from the column's interner, which
+//!     maps each value to its id and is the only word on it;
 //! - with several group columns, maps each row's tuple of value ids to a group id through a
 //!   second such table, which lives as long as the operator;
 //! - feeds DataFusion's own groups accumulators with these group ids, and emits the partial
@@ -23,8 +29,8 @@
 //! - The output has the replaced operator's schema, and for every group the same merged
 //!   states. A partial aggregate's output may name a group more than once, because the final
 //!   aggregate merges its input; that is what makes the hand-over below correct.
-//! - State is bounded by [`Limits`]. When a batch holds too many distinct raw keys (its values
-//!   do not repeat, so the tables would only add work), or the groups pass their bound, the
+//! - State is bounded by [`Limits`]. When a batch brings too many new values (its values do
+//!   not repeat, so the tables would only add work), or the groups pass their bound, the
 //!   operator emits what it has and hands the rest of its input, from the batch it did not
 //!   take, to the replaced `AggregateExec`: DataFusion's own path, with its memory accounting,
 //!   spilling, and skipping of partial aggregation for keys that do not repeat.
@@ -32,14 +38,14 @@
 //!   dropped.
 
 use std::collections::HashMap;
-use std::hash::BuildHasher;
 use std::fmt;
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, BinaryViewArray, RecordBatch, UInt32Array};
-use datafusion::arrow::array::ArrayData;
 use arrow_schema::{DataType, SchemaRef};
+use datafusion::arrow::array::ArrayData;
 use datafusion::common::ScalarValue;
 use datafusion::common::hash_utils::RandomState;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
@@ -50,10 +56,10 @@ use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode, aggregate_expressions};
+use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
 };
-use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::physical_plan::{
@@ -88,7 +94,8 @@ impl Limits {
 
     /// The new values a batch of `rows` rows may bring.
     fn new_values(&self, rows: usize) -> usize {
-        self.min_new_values.max(rows / self.rows_per_new_value.max(1))
+        self.min_new_values
+            .max(rows / self.rows_per_new_value.max(1))
     }
 }
 
@@ -425,7 +432,10 @@ impl DenseIds {
     #[inline]
     fn get(&self, key: u128) -> Option<u32> {
         let slot = usize::try_from(key.wrapping_sub(self.base)).ok()?;
-        self.ids.get(slot).copied().filter(|&id| id != DenseIds::ABSENT)
+        self.ids
+            .get(slot)
+            .copied()
+            .filter(|&id| id != DenseIds::ABSENT)
     }
 
     fn set(&mut self, key: u128, id: u32) {
@@ -745,7 +755,8 @@ impl Accumulated {
             })?),
             None => None,
         };
-        self.accumulator.update_batch(&values, groups, filter, total)
+        self.accumulator
+            .update_batch(&values, groups, filter, total)
     }
 }
 
@@ -789,8 +800,11 @@ impl Grouping {
             group_exprs.push(Arc::clone(expr));
             columns.push(KeyColumn::new(kind, seed));
         }
-        let arguments =
-            aggregate_expressions(agg.aggr_expr(), agg.mode(), agg.group_expr().num_group_exprs())?;
+        let arguments = aggregate_expressions(
+            agg.aggr_expr(),
+            agg.mode(),
+            agg.group_expr().num_group_exprs(),
+        )?;
         let accumulators = agg
             .aggr_expr()
             .iter()
@@ -882,7 +896,11 @@ impl Grouping {
         } else {
             for (column, values) in self.columns.iter().zip(&mut self.group_values) {
                 let ids = UInt32Array::from(std::mem::take(values));
-                columns.push(arrow_select::take::take(&column.distinct_values()?, &ids, None)?);
+                columns.push(arrow_select::take::take(
+                    &column.distinct_values()?,
+                    &ids,
+                    None,
+                )?);
             }
         }
         for accumulated in &mut self.accumulators {
@@ -975,7 +993,8 @@ impl ExecutionPlan for KeyedPartialAggregateExec {
         let mut grouping = Grouping::new(&self.agg, self.limits)?;
         let agg = Arc::clone(&self.agg);
         let baseline = BaselineMetrics::new(&self.metrics, partition);
-        let handed_over: Count = MetricBuilder::new(&self.metrics).counter("handed_over", partition);
+        let handed_over: Count =
+            MetricBuilder::new(&self.metrics).counter("handed_over", partition);
         let output_schema = Arc::clone(&schema);
         let output = futures::stream::once(async move {
             while let Some(batch) = input.next().await {
@@ -1027,7 +1046,8 @@ fn hand_over(
             batches,
         )))),
     };
-    let source = StreamingTableExec::try_new(schema, vec![Arc::new(handed)], None, [], false, None)?;
+    let source =
+        StreamingTableExec::try_new(schema, vec![Arc::new(handed)], None, [], false, None)?;
     let exec = (Arc::clone(agg) as Arc<dyn ExecutionPlan>)
         .replace_children(vec![Arc::new(source)], recompute())?;
     exec.execute(0, context)
@@ -1074,9 +1094,9 @@ impl PartitionStream for HandedInput {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use arrow_array::PrimitiveArray;
     use arrow_array::builder::{Float64Builder, Int32Builder, Int64Builder, StringViewBuilder};
     use arrow_array::types::TimestampNanosecondType;
-    use arrow_array::PrimitiveArray;
     use arrow_schema::{Field, Schema, TimeUnit};
     use datafusion::arrow::util::pretty::pretty_format_batches;
     use datafusion::datasource::MemTable;
@@ -1095,7 +1115,11 @@ mod tests {
             Field::new("n", DataType::Int64, true),
             Field::new("d", DataType::Int32, false),
             Field::new("w", DataType::Int64, false),
-            Field::new("t", DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into())), false),
+            Field::new(
+                "t",
+                DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into())),
+                false,
+            ),
             Field::new("v", DataType::Float64, true),
         ]));
         let names = [
@@ -1107,7 +1131,9 @@ mod tests {
         ];
         let mut state = 42u64;
         let mut next = move || {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             state >> 33
         };
         let mut row = 0i64;
@@ -1118,14 +1144,21 @@ mod tests {
                 let mut s = StringViewBuilder::new().with_deduplicate_strings();
                 let mut h = StringViewBuilder::new();
                 let mut u = StringViewBuilder::new();
-                let (mut n, mut d, mut w) = (Int64Builder::new(), Int32Builder::new(), Int64Builder::new());
+                let (mut n, mut d, mut w) = (
+                    Int64Builder::new(),
+                    Int32Builder::new(),
+                    Int64Builder::new(),
+                );
                 let mut t = Vec::new();
                 let mut v = Float64Builder::new();
                 for _ in 0..1000 {
                     let r = next();
                     s.append_option(names[(r % 5) as usize]);
                     h.append_value(format!("trace-{row:020}"));
-                    u.append_value(["GET /api/v1/orders", "POST /api/v1/carts", "GET /health"][(r / 5 % 3) as usize]);
+                    u.append_value(
+                        ["GET /api/v1/orders", "POST /api/v1/carts", "GET /health"]
+                            [(r / 5 % 3) as usize],
+                    );
                     n.append_option((r % 11 != 0).then_some((r % 7) as i64));
                     d.append_value((r % 3) as i32);
                     w.append_value((r % 3000) as i64);
@@ -1153,7 +1186,9 @@ mod tests {
 
     fn context(rule: Option<Limits>) -> SessionContext {
         let config = SessionConfig::new().with_target_partitions(3);
-        let mut state = SessionStateBuilder::new().with_config(config).with_default_features();
+        let mut state = SessionStateBuilder::new()
+            .with_config(config)
+            .with_default_features();
         if let Some(limits) = rule {
             state = state.with_physical_optimizer_rule(Arc::new(KeyedGrouping::new(limits)));
         }
@@ -1164,13 +1199,23 @@ mod tests {
 
     /// The answer, the plan, and how many partitions handed over.
     async fn run(ctx: &SessionContext, sql: &str) -> (String, String, usize) {
-        let plan = ctx.sql(sql).await.unwrap().create_physical_plan().await.unwrap();
+        let plan = ctx
+            .sql(sql)
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
         let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await.unwrap();
         let answer = pretty_format_batches(&batches).unwrap().to_string();
-        let shown = datafusion::physical_plan::displayable(plan.as_ref()).indent(false).to_string();
+        let shown = datafusion::physical_plan::displayable(plan.as_ref())
+            .indent(false)
+            .to_string();
         fn handed(plan: &Arc<dyn ExecutionPlan>) -> usize {
             let own = if plan.name() == "KeyedPartialAggregateExec" {
-                plan.metrics().and_then(|m| m.sum_by_name("handed_over")).map_or(0, |v| v.as_usize())
+                plan.metrics()
+                    .and_then(|m| m.sum_by_name("handed_over"))
+                    .map_or(0, |v| v.as_usize())
             } else {
                 0
             };
@@ -1194,22 +1239,74 @@ mod tests {
         let tight = context(Some(small));
         // (query, hands over with the default limits, hands over with the small ones)
         let queries = [
-            ("SELECT s, count(*), count(v), sum(v), avg(v), min(v), max(v) FROM t GROUP BY s ORDER BY s", false, false),
-            ("SELECT s, n, count(*), sum(n), max(t) FROM t GROUP BY s, n ORDER BY s, n", false, false),
+            (
+                "SELECT s, count(*), count(v), sum(v), avg(v), min(v), max(v) FROM t GROUP BY s ORDER BY s",
+                false,
+                false,
+            ),
+            (
+                "SELECT s, n, count(*), sum(n), max(t) FROM t GROUP BY s, n ORDER BY s, n",
+                false,
+                false,
+            ),
             ("SELECT count(DISTINCT s) FROM t", false, false),
-            ("SELECT count(DISTINCT n) AS k FROM t WHERE s IS NOT NULL", false, false),
-            ("SELECT h, count(*) FROM t GROUP BY h ORDER BY h", true, true),
+            (
+                "SELECT count(DISTINCT n) AS k FROM t WHERE s IS NOT NULL",
+                false,
+                false,
+            ),
+            (
+                "SELECT h, count(*) FROM t GROUP BY h ORDER BY h",
+                true,
+                true,
+            ),
             // Views that do not repeat (each row's string copied), of values that do.
-            ("SELECT u, count(*), max(v) FROM t GROUP BY u ORDER BY u", false, false),
-            ("SELECT u, s, count(*) FROM t WHERE n >= 2 GROUP BY u, s ORDER BY u, s", false, false),
-            ("SELECT w, count(*), max(t), min(d) FROM t GROUP BY w ORDER BY w", true, true),
-            ("SELECT date_trunc('hour', t) AS hr, n, count(*) FROM t GROUP BY hr, n ORDER BY hr, n", false, false),
-            ("SELECT s, count(*) FILTER (WHERE n > 3), sum(v) FILTER (WHERE n < 2) FROM t GROUP BY s ORDER BY s", false, false),
-            ("SELECT s, count(*) FROM t WHERE n > 100 GROUP BY s ORDER BY s", false, false),
-            ("SELECT s, d, n, w % 3 AS m, count(*), sum(v) FROM t GROUP BY s, d, n, m ORDER BY s, d, n, m", false, true),
-            ("SELECT n, count(*) FROM t GROUP BY n HAVING count(*) > 10 ORDER BY n", false, false),
+            (
+                "SELECT u, count(*), max(v) FROM t GROUP BY u ORDER BY u",
+                false,
+                false,
+            ),
+            (
+                "SELECT u, s, count(*) FROM t WHERE n >= 2 GROUP BY u, s ORDER BY u, s",
+                false,
+                false,
+            ),
+            (
+                "SELECT w, count(*), max(t), min(d) FROM t GROUP BY w ORDER BY w",
+                true,
+                true,
+            ),
+            (
+                "SELECT date_trunc('hour', t) AS hr, n, count(*) FROM t GROUP BY hr, n ORDER BY hr, n",
+                false,
+                false,
+            ),
+            (
+                "SELECT s, count(*) FILTER (WHERE n > 3), sum(v) FILTER (WHERE n < 2) FROM t GROUP BY s ORDER BY s",
+                false,
+                false,
+            ),
+            (
+                "SELECT s, count(*) FROM t WHERE n > 100 GROUP BY s ORDER BY s",
+                false,
+                false,
+            ),
+            (
+                "SELECT s, d, n, w % 3 AS m, count(*), sum(v) FROM t GROUP BY s, d, n, m ORDER BY s, d, n, m",
+                false,
+                true,
+            ),
+            (
+                "SELECT n, count(*) FROM t GROUP BY n HAVING count(*) > 10 ORDER BY n",
+                false,
+                false,
+            ),
             // Negative keys: far apart as raw bits, so not dense.
-            ("SELECT n - 3 AS k, d - 1 AS e, count(*) FROM t GROUP BY k, e ORDER BY k, e", false, false),
+            (
+                "SELECT n - 3 AS k, d - 1 AS e, count(*) FROM t GROUP BY k, e ORDER BY k, e",
+                false,
+                false,
+            ),
         ];
         for (sql, hands_over, hands_over_small) in queries {
             let (expected, _, _) = run(&reference, sql).await;

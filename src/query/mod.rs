@@ -368,11 +368,7 @@ pub(crate) fn qualify(name: &[String]) -> Result<(String, String, String), Query
 fn base_session(env: Arc<RuntimeEnv>) -> Result<SessionState, QueryError> {
     let config = SessionConfig::new()
         .with_default_catalog_and_schema(DEFAULT_DATABASE, DEFAULT_SCHEMA)
-        .with_information_schema(true)
-        .set_bool(
-            "datafusion.execution.parquet.pushdown_filters",
-            std::env::var_os("SLUICE_EXPERIMENT_PUSHDOWN").is_some(),
-        );
+        .with_information_schema(true);
     let state = SessionStateBuilder::new()
         .with_config(config)
         .with_runtime_env(env)
