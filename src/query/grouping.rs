@@ -30,12 +30,17 @@
 //!   states. A partial aggregate's output may name a group more than once, because the final
 //!   aggregate merges its input; that is what makes the hand-over below correct.
 //! - State is bounded by [`Limits`]. When a batch brings too many new values (its values do
-//!   not repeat, so the tables would only add work), or the groups pass their bound, the
+//!   not repeat, so the tables would only add work), or the groups or the bytes of their key
+//!   values pass their bounds, the
 //!   operator emits what it has and hands the rest of its input, from the batch it did not
 //!   take, to the replaced `AggregateExec`: DataFusion's own path, with its memory accounting,
 //!   spilling, and skipping of partial aggregation for keys that do not repeat.
 //! - A batch is either aggregated whole or handed over whole: nothing is counted twice or
 //!   dropped.
+//! - What a hand-over may change is where a floating-point sum (`sum` or `avg` of floats,
+//!   and `avg` of integers, which DataFusion sums as floats) is split into partial sums, and
+//!   so its last bits, as DataFusion's own plan does: it merges partial sums in the order
+//!   partitions deliver them.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -77,6 +82,9 @@ const MAX_KEY_COLUMNS: usize = 4;
 pub(crate) struct Limits {
     /// Groups kept before handing over (a partial aggregate with more gains little).
     max_groups: usize,
+    /// Bytes of distinct key values kept before handing over (values can be long strings;
+    /// DataFusion's own aggregate accounts for them in its memory pool, and spills).
+    max_value_bytes: usize,
     /// New values a batch of any size may bring without handing over.
     min_new_values: usize,
     /// A batch may bring more than `min_new_values` new values if they are at most one row
@@ -88,6 +96,7 @@ impl Limits {
     /// The limits the server plans with.
     pub(crate) const DEFAULT: Limits = Limits {
         max_groups: 1 << 14,
+        max_value_bytes: 64 << 20,
         min_new_values: 64,
         rows_per_new_value: 8,
     };
@@ -200,8 +209,9 @@ enum KeyKind {
     /// offset (two views of one value may differ; the interner joins them).
     View,
     /// A fixed-width value of this many bytes (integers, dates, times, timestamps,
-    /// durations, decimals), zero-extended. Floats are left out: `0.0` and `-0.0` differ in
-    /// their bits.
+    /// durations), zero-extended, so that their order as raw keys is the order of their
+    /// bits. Floats are left out (`0.0` and `-0.0` differ in their bits), and so are
+    /// decimals (their signed order is not that of their bits).
     Fixed(usize),
 }
 
@@ -216,7 +226,6 @@ impl KeyKind {
             Int64 | UInt64 | Date64 | Time64(_) | Timestamp(_, _) | Duration(_) => {
                 KeyKind::Fixed(8)
             }
-            Decimal128(_, _) => KeyKind::Fixed(16),
             _ => return None,
         })
     }
@@ -239,7 +248,7 @@ impl KeyKind {
                     2 => values.typed_data::<u16>().get(range).map(RawKeys::U16),
                     4 => values.typed_data::<u32>().get(range).map(RawKeys::U32),
                     8 => values.typed_data::<u64>().get(range).map(RawKeys::U64),
-                    _ => values.typed_data::<i128>().get(range).map(RawKeys::I128),
+                    _ => None,
                 };
                 keys.ok_or_else(|| mistyped(data_type))
             }
@@ -253,11 +262,11 @@ enum RawKeys<'a> {
     U16(&'a [u16]),
     U32(&'a [u32]),
     U64(&'a [u64]),
-    I128(&'a [i128]),
     Wide(&'a [u128]),
 }
 
-/// A raw key at its own width.
+/// A raw key at its own width. `wide` keeps the order: [`KeyColumn::fit_dense`] takes a
+/// batch's least and greatest keys at their own width.
 trait RawKey: Copy + Ord {
     fn wide(self) -> u128;
 }
@@ -273,7 +282,7 @@ macro_rules! raw_key {
     )*};
 }
 
-raw_key!(u8, u16, u32, u64, i128, u128);
+raw_key!(u8, u16, u32, u64, u128);
 
 fn mistyped(data_type: &DataType) -> DataFusionError {
     DataFusionError::Internal(format!(
@@ -397,6 +406,8 @@ struct KeyColumn {
     values: Vec<ScalarValue>,
     /// How many of `values` belong to batches that were aggregated.
     committed: usize,
+    /// The bytes `values` and `ids` take.
+    value_bytes: usize,
     /// Raw key to id. For fixed-width values it lives as long as the column (the raw key is
     /// the value); for views, one batch (a view names a place in that batch's buffers).
     raw: RawKeyTable,
@@ -460,6 +471,7 @@ impl KeyColumn {
             ids: HashMap::new(),
             values: Vec::new(),
             committed: 0,
+            value_bytes: 0,
             raw: RawKeyTable::new(),
             by_hash: RawKeyTable::new(),
             hasher: RandomState::with_seed(seed),
@@ -475,6 +487,8 @@ impl KeyColumn {
         }
         let id = u32::try_from(self.values.len())
             .map_err(|_| DataFusionError::Internal("too many keyed groups".into()))?;
+        // Kept twice: in `values`, and as a key of `ids`.
+        self.value_bytes += 2 * value.size();
         self.values.push(value.clone());
         self.ids.insert(value, id);
         Ok(id)
@@ -498,7 +512,6 @@ impl KeyColumn {
             RawKeys::U16(keys) => self.value_ids_of(array, keys, out, new, max_new),
             RawKeys::U32(keys) => self.value_ids_of(array, keys, out, new, max_new),
             RawKeys::U64(keys) => self.value_ids_of(array, keys, out, new, max_new),
-            RawKeys::I128(keys) => self.value_ids_of(array, keys, out, new, max_new),
             RawKeys::Wide(keys) => self.value_ids_of(array, keys, out, new, max_new),
         }
     }
@@ -656,13 +669,14 @@ impl KeyColumn {
             return;
         }
         let (low, high) = (low.wide(), high.wide());
-        let (base, end) = match &self.dense {
-            Some(dense) if dense.base <= low && high < dense.end() => return,
-            Some(dense) => (dense.base.min(low), dense.end().max(high + 1)),
-            None => (low, high + 1),
+        let (base, end) = match (&self.dense, high.checked_add(1)) {
+            (Some(dense), _) if dense.base <= low && high < dense.end() => return,
+            (Some(dense), Some(end)) => (dense.base.min(low), dense.end().max(end)),
+            (None, Some(end)) => (low, end),
+            (_, None) => (0, u128::MAX),
         };
         let old = self.dense.take();
-        if end - base > DENSE_SLOTS as u128 {
+        if end.saturating_sub(base) > DENSE_SLOTS as u128 {
             self.sparse = true;
             if let Some(old) = old {
                 for (key, id) in old.entries() {
@@ -878,11 +892,16 @@ impl Grouping {
             accumulated.update(batch, &self.group_indices, self.group_count)?;
         }
         self.columns.iter_mut().for_each(KeyColumn::commit);
-        Ok(if self.group_count > self.limits.max_groups {
-            Step::HandOverNext
-        } else {
-            Step::Continue
-        })
+        let value_bytes: usize = self.columns.iter().map(|c| c.value_bytes).sum();
+        Ok(
+            if self.group_count > self.limits.max_groups
+                || value_bytes > self.limits.max_value_bytes
+            {
+                Step::HandOverNext
+            } else {
+                Step::Continue
+            },
+        )
     }
 
     /// Every group's keys and partial states, in batches of at most `batch_size` rows.
@@ -1233,6 +1252,7 @@ mod tests {
         let keyed = context(Some(Limits::DEFAULT));
         let small = Limits {
             max_groups: 100,
+            max_value_bytes: 64 << 20,
             min_new_values: 8,
             rows_per_new_value: 8,
         };
@@ -1363,5 +1383,460 @@ mod tests {
         }
         assert!(packed.longest_probe() < 32, "{}", packed.longest_probe());
         assert_eq!(packed.get(5 | 9 << 32), Some(5 * 64 + 9));
+    }
+}
+
+#[cfg(test)]
+mod edges {
+    //! Edge values and batches (written for an independent review) against DataFusion's own
+    //! plan.
+    use super::*;
+    use arrow_array::{
+        Decimal128Array, Float64Array, Int8Array, StringViewArray, TimestampMillisecondArray,
+        UInt64Array,
+    };
+    use arrow_schema::{Field, Schema, TimeUnit};
+    use datafusion::arrow::util::pretty::pretty_format_batches;
+    use datafusion::datasource::MemTable;
+    use datafusion::execution::session_state::SessionStateBuilder;
+    use datafusion::physical_plan::collect;
+    use datafusion::prelude::{SessionConfig, SessionContext};
+
+    fn ctx(
+        parts: &[Vec<RecordBatch>],
+        schema: SchemaRef,
+        rule: Option<Limits>,
+        target: usize,
+    ) -> SessionContext {
+        let config = SessionConfig::new().with_target_partitions(target);
+        let mut state = SessionStateBuilder::new()
+            .with_config(config)
+            .with_default_features();
+        if let Some(limits) = rule {
+            state = state.with_physical_optimizer_rule(Arc::new(KeyedGrouping::new(limits)));
+        }
+        let ctx = SessionContext::new_with_state(state.build());
+        ctx.register_table(
+            "r",
+            Arc::new(MemTable::try_new(schema, parts.to_vec()).unwrap()),
+        )
+        .unwrap();
+        ctx
+    }
+
+    async fn answer(ctx: &SessionContext, sql: &str) -> (String, String) {
+        let plan = ctx
+            .sql(sql)
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let shown = datafusion::physical_plan::displayable(plan.as_ref())
+            .indent(false)
+            .to_string();
+        let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await.unwrap();
+        (pretty_format_batches(&batches).unwrap().to_string(), shown)
+    }
+
+    async fn compare(
+        parts: Vec<Vec<RecordBatch>>,
+        schema: SchemaRef,
+        sqls: &[&str],
+        target: usize,
+    ) {
+        let small = Limits {
+            max_groups: 4,
+            max_value_bytes: 1 << 20,
+            min_new_values: 2,
+            rows_per_new_value: 8,
+        };
+        compare_with(parts, schema, sqls, target, &[Limits::DEFAULT, small]).await
+    }
+
+    async fn compare_with(
+        parts: Vec<Vec<RecordBatch>>,
+        schema: SchemaRef,
+        sqls: &[&str],
+        target: usize,
+        all: &[Limits],
+    ) {
+        let reference = ctx(&parts, Arc::clone(&schema), None, target);
+        for sql in sqls {
+            let (expected, _) = answer(&reference, sql).await;
+            for &limits in all {
+                let keyed = ctx(&parts, Arc::clone(&schema), Some(limits), target);
+                let (got, plan) = answer(&keyed, sql).await;
+                assert!(
+                    got == expected,
+                    "{sql} {limits:?}\nexpected\n{expected}\ngot\n{got}\n{plan}"
+                );
+            }
+        }
+    }
+
+    /// Negative decimals (not keyed: their order is not that of their bits) and a mix of
+    /// signs in one batch.
+    #[tokio::test]
+    async fn negative_decimal_keys_answer_as_datafusion_does() {
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "k",
+            DataType::Decimal128(10, 2),
+            true,
+        )]));
+        let b = |v: &[Option<i128>]| {
+            let k = Decimal128Array::from(v.to_vec())
+                .with_precision_and_scale(10, 2)
+                .unwrap();
+            RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(k) as ArrayRef]).unwrap()
+        };
+        let parts = vec![
+            vec![
+                b(&[Some(-1), Some(-1), None, Some(-2)]),
+                b(&[Some(1), Some(-1), Some(0)]),
+            ],
+            vec![b(&[Some(5)])],
+        ];
+        compare(
+            parts,
+            schema,
+            &["SELECT k, count(*) FROM r GROUP BY k ORDER BY k"],
+            2,
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn edge_values_and_batches_answer_as_datafusion_does() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("u", DataType::UInt64, true),
+            Field::new("i", DataType::Int8, true),
+            Field::new("s", DataType::Utf8View, true),
+            Field::new(
+                "ts",
+                DataType::Timestamp(TimeUnit::Millisecond, Some("+05:00".into())),
+                true,
+            ),
+            Field::new("f", DataType::Float64, true),
+        ]));
+        let mk = |u: Vec<Option<u64>>,
+                  i: Vec<Option<i8>>,
+                  s: Vec<Option<&str>>,
+                  ts: Vec<Option<i64>>,
+                  f: Vec<Option<f64>>| {
+            RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![
+                    Arc::new(UInt64Array::from(u)) as ArrayRef,
+                    Arc::new(Int8Array::from(i)),
+                    Arc::new(StringViewArray::from(s)),
+                    Arc::new(TimestampMillisecondArray::from(ts).with_timezone("+05:00")),
+                    Arc::new(Float64Array::from(f)),
+                ],
+            )
+            .unwrap()
+        };
+        let big = mk(
+            vec![
+                Some(u64::MAX),
+                Some(0),
+                None,
+                Some(1 << 63),
+                Some(u64::MAX),
+                Some(5),
+                Some(6),
+                Some(7),
+            ],
+            vec![
+                Some(-128),
+                Some(127),
+                None,
+                Some(-1),
+                Some(0),
+                Some(-128),
+                Some(3),
+                None,
+            ],
+            vec![
+                Some(""),
+                None,
+                Some("a very long string value here"),
+                Some("a very long string value here"),
+                Some(""),
+                Some("x"),
+                None,
+                Some("y"),
+            ],
+            vec![
+                Some(-5),
+                Some(0),
+                None,
+                Some(i64::MAX),
+                Some(i64::MIN),
+                Some(-5),
+                Some(1),
+                Some(2),
+            ],
+            vec![
+                Some(1e16),
+                Some(-0.0),
+                Some(0.0),
+                None,
+                Some(f64::NAN),
+                Some(1.0),
+                Some(1.0),
+                Some(1.0),
+            ],
+        );
+        // Sliced batches (nonzero offsets), an empty batch, and a zero-length slice.
+        let parts = vec![
+            vec![big.slice(1, 5), big.slice(0, 0), big.slice(3, 5)],
+            vec![big.clone(), big.slice(7, 1)],
+            vec![],
+        ];
+        let sqls = [
+            "SELECT u, count(*), sum(f), min(i), max(ts) FROM r GROUP BY u ORDER BY u",
+            "SELECT i, count(f), avg(f) FROM r GROUP BY i ORDER BY i",
+            "SELECT s, count(*) FROM r GROUP BY s ORDER BY s",
+            "SELECT ts, count(*) FROM r GROUP BY ts ORDER BY ts",
+            "SELECT u, i, s, ts, count(*), max(f) FROM r GROUP BY u, i, s, ts ORDER BY u, i, s, ts",
+            "SELECT s, count(*) FROM r WHERE u > 100 GROUP BY s ORDER BY s",
+            "SELECT i, count(*) FILTER (WHERE f > 0), sum(u) FILTER (WHERE s IS NULL) FROM r GROUP BY i ORDER BY i",
+            "SELECT count(DISTINCT s), count(DISTINCT u) FROM r",
+            "SELECT u, count(*) FROM r WHERE 1 = 0 GROUP BY u",
+            "SELECT arrow_typeof(ts), count(*) FROM r GROUP BY ts ORDER BY ts",
+        ];
+        compare(parts.clone(), Arc::clone(&schema), &sqls, 3).await;
+        compare(parts, schema, &sqls, 1).await;
+    }
+}
+
+#[cfg(test)]
+mod fuzz {
+    //! Random tables (written for an independent review) against DataFusion's own plan.
+    use super::*;
+    use arrow_array::builder::{
+        BinaryViewBuilder, Date32Builder, Float64Builder, Int16Builder, StringViewBuilder,
+        UInt64Builder,
+    };
+    use arrow_schema::{Field, Schema};
+    use datafusion::arrow::util::pretty::pretty_format_batches;
+    use datafusion::datasource::MemTable;
+    use datafusion::execution::session_state::SessionStateBuilder;
+    use datafusion::physical_plan::collect;
+    use datafusion::prelude::{SessionConfig, SessionContext};
+
+    fn table(seed: u64) -> (SchemaRef, Vec<Vec<RecordBatch>>) {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Int16, true),
+            Field::new("b", DataType::Utf8View, true),
+            Field::new("c", DataType::UInt64, true),
+            Field::new("d", DataType::Date32, false),
+            Field::new("e", DataType::BinaryView, true),
+            Field::new("x", DataType::Float64, true),
+        ]));
+        let mut state = seed;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            state >> 33
+        };
+        let words = [
+            "",
+            "a",
+            "bb",
+            "twelve-bytes",
+            "thirteen-byte",
+            "a much longer value for views",
+            "x",
+        ];
+        let mut parts = Vec::new();
+        for _ in 0..3 {
+            let mut batches = Vec::new();
+            for _ in 0..12 {
+                let rows = (next() % 300) as usize;
+                let dedup = next() % 2 == 0;
+                let spread = 1 + next() % 200;
+                let mut b = if dedup {
+                    StringViewBuilder::new().with_deduplicate_strings()
+                } else {
+                    StringViewBuilder::new()
+                };
+                let mut e = BinaryViewBuilder::new();
+                let (mut a, mut c, mut d, mut x) = (
+                    Int16Builder::new(),
+                    UInt64Builder::new(),
+                    Date32Builder::new(),
+                    Float64Builder::new(),
+                );
+                for _ in 0..rows {
+                    let r = next();
+                    a.append_option((r % 9 != 0).then_some((r % 11) as i16 - 5));
+                    if r % 7 == 0 {
+                        b.append_null()
+                    } else if r % 5 == 0 {
+                        b.append_value(format!("w{}", r % spread))
+                    } else {
+                        b.append_value(words[(r % 7) as usize])
+                    }
+                    c.append_option((r % 13 != 0).then_some(if r % 2 == 0 {
+                        u64::MAX - r % 4
+                    } else {
+                        r % spread
+                    }));
+                    d.append_value((r % 3) as i32 * 40000 - 40000 + (r % spread) as i32);
+                    if r % 6 == 0 {
+                        e.append_null()
+                    } else {
+                        e.append_value(&[(r % 4) as u8, 0xff][..((r % 3) as usize).min(2)])
+                    }
+                    x.append_option((r % 10 != 0).then_some((r % 100) as f64));
+                }
+                let batch = RecordBatch::try_new(
+                    Arc::clone(&schema),
+                    vec![
+                        Arc::new(a.finish()) as ArrayRef,
+                        Arc::new(b.finish()),
+                        Arc::new(c.finish()),
+                        Arc::new(d.finish()),
+                        Arc::new(e.finish()),
+                        Arc::new(x.finish()),
+                    ],
+                )
+                .unwrap();
+                let off = if rows > 10 { (next() % 5) as usize } else { 0 };
+                batches.push(batch.slice(off, rows - off));
+            }
+            parts.push(batches);
+        }
+        (schema, parts)
+    }
+
+    fn ctx(schema: &SchemaRef, parts: &[Vec<RecordBatch>], rule: Option<Limits>) -> SessionContext {
+        let config = SessionConfig::new()
+            .with_target_partitions(3)
+            .with_batch_size(64);
+        let mut state = SessionStateBuilder::new()
+            .with_config(config)
+            .with_default_features();
+        if let Some(limits) = rule {
+            state = state.with_physical_optimizer_rule(Arc::new(KeyedGrouping::new(limits)));
+        }
+        let ctx = SessionContext::new_with_state(state.build());
+        ctx.register_table(
+            "r",
+            Arc::new(MemTable::try_new(Arc::clone(schema), parts.to_vec()).unwrap()),
+        )
+        .unwrap();
+        ctx
+    }
+
+    async fn answer(ctx: &SessionContext, sql: &str) -> (String, String) {
+        let plan = ctx
+            .sql(sql)
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let shown = datafusion::physical_plan::displayable(plan.as_ref())
+            .indent(false)
+            .to_string();
+        let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await.unwrap();
+        (pretty_format_batches(&batches).unwrap().to_string(), shown)
+    }
+
+    #[tokio::test]
+    async fn random_tables_answer_as_datafusion_does() {
+        let sqls = [
+            "SELECT a, count(*), count(x), sum(c), min(d), max(x) FROM r GROUP BY a ORDER BY a",
+            "SELECT b, count(*), sum(a), min(c), max(c) FROM r GROUP BY b ORDER BY b",
+            "SELECT c, count(*) FROM r GROUP BY c ORDER BY c",
+            "SELECT d, count(*), sum(a) FROM r GROUP BY d ORDER BY d",
+            "SELECT e, count(*) FROM r GROUP BY e ORDER BY e",
+            "SELECT a, b, count(*), min(x) FROM r GROUP BY a, b ORDER BY a, b",
+            "SELECT b, c, d, e, count(*) FROM r GROUP BY b, c, d, e ORDER BY b, c, d, e",
+            "SELECT a, b, c, d, count(*) FILTER (WHERE x > 50), sum(a) FILTER (WHERE b IS NULL) FROM r GROUP BY a, b, c, d ORDER BY a, b, c, d",
+            "SELECT count(DISTINCT b), count(DISTINCT c) FROM r",
+            "SELECT a, count(DISTINCT b) FROM r GROUP BY a ORDER BY a",
+            "SELECT a + 1 AS k, count(*) FROM r WHERE a IS NULL OR a > 0 GROUP BY k ORDER BY k",
+            "SELECT b, count(*) FROM r WHERE c > 100 GROUP BY b ORDER BY b",
+        ];
+        let limits = [
+            Limits::DEFAULT,
+            Limits {
+                max_groups: 3,
+                max_value_bytes: 1 << 20,
+                min_new_values: 1,
+                rows_per_new_value: 1000,
+            },
+            Limits {
+                max_groups: 50,
+                max_value_bytes: 1 << 20,
+                min_new_values: 5,
+                rows_per_new_value: 4,
+            },
+            Limits {
+                max_groups: 1000,
+                max_value_bytes: 1 << 20,
+                min_new_values: 20,
+                rows_per_new_value: 8,
+            },
+            // Hands over on the bytes of the key values.
+            Limits {
+                max_groups: 1000,
+                max_value_bytes: 300,
+                min_new_values: 1000,
+                rows_per_new_value: 1,
+            },
+        ];
+        for seed in 0..4u64 {
+            let (schema, parts) = table(seed);
+            let reference = ctx(&schema, &parts, None);
+            for sql in sqls {
+                let (expected, _) = answer(&reference, sql).await;
+                for l in limits {
+                    let (got, plan) = answer(&ctx(&schema, &parts, Some(l)), sql).await;
+                    assert!(
+                        got == expected,
+                        "seed {seed} {sql} {l:?}\nexpected\n{expected}\ngot\n{got}\n{plan}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn plans_that_are_not_keyed_still_answer() {
+        let (schema, parts) = table(9);
+        let reference = ctx(&schema, &parts, None);
+        let keyed = ctx(&schema, &parts, Some(Limits::DEFAULT));
+        for sql in [
+            // A limit on the aggregate itself (which groups is not fixed: so only counted).
+            "SELECT count(*) FROM (SELECT b FROM r GROUP BY b LIMIT 2)",
+            "SELECT a, b, count(*) FROM r GROUP BY GROUPING SETS ((a), (b), (a, b))",
+            "SELECT a, b, count(*) FROM r GROUP BY ROLLUP (a, b)",
+            "SELECT a, array_agg(x ORDER BY x) FROM r GROUP BY a",
+            "SELECT a, first_value(x ORDER BY c) FROM r GROUP BY a",
+            "SELECT a, max(x) AS m FROM r GROUP BY a ORDER BY m DESC, a LIMIT 2",
+            "SELECT a, sum(DISTINCT c) FROM r GROUP BY a",
+            "SELECT a, count(DISTINCT b) FILTER (WHERE x > 3) FROM r GROUP BY a",
+            "SELECT a, sum(c), count(DISTINCT b) FROM r GROUP BY a",
+            "SELECT DISTINCT b FROM r",
+            "SELECT a, median(x) FROM r GROUP BY a",
+            "SELECT a, bit_and(c) FROM r GROUP BY a",
+            "SELECT a, avg(c) FROM r GROUP BY a",
+        ] {
+            // Sorted, since some have no ORDER BY.
+            let sorted = |s: String| {
+                let mut lines: Vec<String> = s.lines().map(str::to_owned).collect();
+                lines.sort();
+                lines
+            };
+            let (expected, _) = answer(&reference, sql).await;
+            let (got, plan) = answer(&keyed, sql).await;
+            assert!(sorted(got) == sorted(expected), "{sql}\n{plan}");
+        }
     }
 }
