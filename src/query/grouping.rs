@@ -47,9 +47,12 @@ use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 
+use arrow_arith::boolean::and;
 use arrow_array::cast::AsArray;
-use arrow_array::{Array, ArrayRef, BinaryViewArray, RecordBatch, UInt32Array};
+use arrow_array::{Array, ArrayRef, BinaryViewArray, BooleanArray, RecordBatch, UInt32Array};
+use arrow_buffer::BooleanBuffer;
 use arrow_schema::{DataType, SchemaRef};
+use arrow_select::filter::prep_null_mask_filter;
 use datafusion::arrow::array::ArrayData;
 use datafusion::common::ScalarValue;
 use datafusion::common::hash_utils::RandomState;
@@ -59,9 +62,11 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::{Column, Literal};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode, aggregate_expressions};
 use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
+use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
 };
@@ -500,6 +505,7 @@ impl KeyColumn {
     fn value_ids(
         &mut self,
         array: &ArrayRef,
+        selected: Option<&BooleanBuffer>,
         out: &mut Vec<u32>,
         new: &mut usize,
         max_new: usize,
@@ -508,11 +514,11 @@ impl KeyColumn {
         out.resize(array.len(), 0);
         let data = array.to_data();
         match self.kind.raw_keys(array, &data)? {
-            RawKeys::U8(keys) => self.value_ids_of(array, keys, out, new, max_new),
-            RawKeys::U16(keys) => self.value_ids_of(array, keys, out, new, max_new),
-            RawKeys::U32(keys) => self.value_ids_of(array, keys, out, new, max_new),
-            RawKeys::U64(keys) => self.value_ids_of(array, keys, out, new, max_new),
-            RawKeys::Wide(keys) => self.value_ids_of(array, keys, out, new, max_new),
+            RawKeys::U8(keys) => self.value_ids_of(array, selected, keys, out, new, max_new),
+            RawKeys::U16(keys) => self.value_ids_of(array, selected, keys, out, new, max_new),
+            RawKeys::U32(keys) => self.value_ids_of(array, selected, keys, out, new, max_new),
+            RawKeys::U64(keys) => self.value_ids_of(array, selected, keys, out, new, max_new),
+            RawKeys::Wide(keys) => self.value_ids_of(array, selected, keys, out, new, max_new),
         }
     }
 
@@ -520,6 +526,7 @@ impl KeyColumn {
     fn value_ids_of<K: RawKey>(
         &mut self,
         array: &ArrayRef,
+        selected: Option<&BooleanBuffer>,
         keys: &[K],
         out: &mut [u32],
         new: &mut usize,
@@ -538,6 +545,7 @@ impl KeyColumn {
         }
         let mut rows = RowIds {
             array,
+            selected,
             views: views.as_ref(),
             new,
             max_new,
@@ -567,7 +575,11 @@ impl KeyColumn {
             let Some(&key) = keys.get(row) else {
                 break;
             };
-            out[row] = if is_null(row) {
+            // A row not selected may take any id: found_run gives it its value's if its key
+            // is known, and here it takes 0 (a value is interned only for a selected row).
+            out[row] = if rows.selected.is_some_and(|s| !s.value(row)) {
+                0
+            } else if is_null(row) {
                 match null_id {
                     Some(id) => id,
                     None => {
@@ -717,6 +729,8 @@ impl KeyColumn {
 /// What [`KeyColumn::value_ids`] keeps while it walks one batch's rows.
 struct RowIds<'a> {
     array: &'a ArrayRef,
+    /// The rows that count, if not all do.
+    selected: Option<&'a BooleanBuffer>,
     /// The column's views as bytes, for view columns.
     views: Option<&'a BinaryViewArray>,
     /// New values this batch, over all columns.
@@ -751,7 +765,15 @@ struct Accumulated {
 }
 
 impl Accumulated {
-    fn update(&mut self, batch: &RecordBatch, groups: &[usize], total: usize) -> Result<()> {
+    /// Feeds the rows of `batch` that `selection` (if any) and the aggregate's own filter
+    /// keep.
+    fn update(
+        &mut self,
+        batch: &RecordBatch,
+        selection: Option<&BooleanArray>,
+        groups: &[usize],
+        total: usize,
+    ) -> Result<()> {
         let rows = batch.num_rows();
         let values = self
             .arguments
@@ -769,6 +791,14 @@ impl Accumulated {
             })?),
             None => None,
         };
+        // A row is fed only if both keep it (a null in the aggregate's filter does not).
+        let both = match (selection, filter) {
+            (Some(selection), Some(filter)) => {
+                Some(and(selection, &prep_null_mask_filter(filter))?)
+            }
+            _ => None,
+        };
+        let filter = both.as_ref().or(filter).or(selection);
         self.accumulator
             .update_batch(&values, groups, filter, total)
     }
@@ -845,8 +875,15 @@ impl Grouping {
         })
     }
 
-    fn aggregate(&mut self, batch: &RecordBatch) -> Result<Step> {
+    /// Aggregates the rows of `batch` that `selection` (without nulls), if any, keeps.
+    fn aggregate(&mut self, batch: &RecordBatch, selection: Option<&BooleanArray>) -> Result<Step> {
         let rows = batch.num_rows();
+        let selection = match selection {
+            Some(s) if s.true_count() == 0 => return Ok(Step::Continue),
+            Some(s) if s.true_count() == rows => None,
+            s => s,
+        };
+        let selected = selection.map(BooleanArray::values);
         let keys = self
             .group_exprs
             .iter()
@@ -855,7 +892,7 @@ impl Grouping {
         let max_new = self.limits.new_values(rows);
         let mut new = 0;
         for ((column, array), ids) in self.columns.iter_mut().zip(&keys).zip(&mut self.value_ids) {
-            if !column.value_ids(array, ids, &mut new, max_new)? {
+            if !column.value_ids(array, selected, ids, &mut new, max_new)? {
                 self.columns.iter_mut().for_each(KeyColumn::roll_back);
                 return Ok(Step::HandOverThis);
             }
@@ -872,6 +909,9 @@ impl Grouping {
                 }
                 let group = match self.groups.get(packed) {
                     Some(group) => group as usize,
+                    // A row not selected makes no group; any group will do for it (the
+                    // batch has a selected row, so group 0 exists once it is done).
+                    None if selected.is_some_and(|s| !s.value(row)) => 0,
                     None => {
                         let group = self.group_count;
                         let id = u32::try_from(group).map_err(|_| {
@@ -889,7 +929,7 @@ impl Grouping {
             }
         }
         for accumulated in &mut self.accumulators {
-            accumulated.update(batch, &self.group_indices, self.group_count)?;
+            accumulated.update(batch, selection, &self.group_indices, self.group_count)?;
         }
         self.columns.iter_mut().for_each(KeyColumn::commit);
         let value_bytes: usize = self.columns.iter().map(|c| c.value_bytes).sum();
@@ -936,27 +976,78 @@ impl Grouping {
 
 /// A partial `AggregateExec` run by raw keys (see the module documentation); it hands over to
 /// the `AggregateExec` it replaced when its keys do not repeat.
+///
+/// When the aggregate's input is a `FilterExec`, this operator reads the filter's input and
+/// applies its predicate itself: rows it rejects are skipped, not copied out (a copy would
+/// also give every string a view of its own, which `KeyColumn`'s first table cannot use).
 #[derive(Debug)]
 pub(crate) struct KeyedPartialAggregateExec {
     agg: Arc<AggregateExec>,
+    /// The aggregate's input, when it is a filter this operator applies.
+    filter: Option<Arc<FilterExec>>,
     limits: Limits,
     metrics: ExecutionPlanMetricsSet,
 }
 
 impl KeyedPartialAggregateExec {
+    /// Runs `agg`, and its input's filter if it has one without a limit and `agg` evaluates
+    /// nothing that could fail on a row the filter rejects (only columns and literals: a
+    /// division by a column, say, could fail on a row that `WHERE x <> 0` rejects).
     fn new(agg: Arc<AggregateExec>, limits: Limits) -> Self {
+        let plain = |e: &Arc<dyn PhysicalExpr>| {
+            e.downcast_ref::<Column>().is_some() || e.downcast_ref::<Literal>().is_some()
+        };
+        let infallible = agg.group_expr().expr().iter().all(|(e, _)| plain(e))
+            && agg.filter_expr().iter().all(Option::is_none)
+            && agg
+                .aggr_expr()
+                .iter()
+                .all(|a| a.expressions().iter().all(plain));
+        let filter = agg
+            .input()
+            .downcast_ref::<FilterExec>()
+            .filter(|filter| infallible && filter.fetch().is_none())
+            .map(|filter| Arc::new(filter.clone()));
         KeyedPartialAggregateExec {
             agg,
+            filter,
             limits,
             metrics: ExecutionPlanMetricsSet::new(),
         }
     }
+
+    /// The plan whose batches this operator reads.
+    fn source(&self) -> &Arc<dyn ExecutionPlan> {
+        match &self.filter {
+            Some(filter) => filter.input(),
+            None => self.agg.input(),
+        }
+    }
+}
+
+/// `agg` (and its input's `filter`, if it is applied with it) over another source.
+fn over_source(
+    agg: &Arc<AggregateExec>,
+    filter: Option<&Arc<FilterExec>>,
+    source: Arc<dyn ExecutionPlan>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let input = match filter {
+        Some(filter) => (Arc::clone(filter) as Arc<dyn ExecutionPlan>)
+            .replace_children(vec![source], recompute())?,
+        None => source,
+    };
+    (Arc::clone(agg) as Arc<dyn ExecutionPlan>).replace_children(vec![input], recompute())
 }
 
 impl DisplayAs for KeyedPartialAggregateExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         write!(f, "KeyedPartialAggregateExec of ")?;
-        self.agg.fmt_as(t, f)
+        self.agg.fmt_as(t, f)?;
+        if let Some(filter) = &self.filter {
+            write!(f, ", of ")?;
+            filter.fmt_as(t, f)?;
+        }
+        Ok(())
     }
 }
 
@@ -970,22 +1061,27 @@ impl ExecutionPlan for KeyedPartialAggregateExec {
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![self.agg.input()]
+        vec![self.source()]
     }
 
     fn apply_expressions(
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
-        self.agg.apply_expressions(f)
+        let recursion = self.agg.apply_expressions(f)?;
+        match &self.filter {
+            Some(filter) if recursion != TreeNodeRecursion::Stop => filter.apply_expressions(f),
+            _ => Ok(recursion),
+        }
     }
 
     fn with_new_children(
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let agg = (Arc::clone(&self.agg) as Arc<dyn ExecutionPlan>)
-            .replace_children(children, recompute())?;
+        let [source] = <[_; 1]>::try_from(children)
+            .map_err(|_| DataFusionError::Internal("a keyed aggregate has one child".into()))?;
+        let agg = over_source(&self.agg, self.filter.as_ref(), source)?;
         let Some(agg) = agg.downcast_ref::<AggregateExec>() else {
             return Err(DataFusionError::Internal(
                 "an aggregate with new children is no longer an aggregate".into(),
@@ -1006,11 +1102,12 @@ impl ExecutionPlan for KeyedPartialAggregateExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        let mut input = self.agg.input().execute(partition, Arc::clone(&context))?;
+        let mut input = self.source().execute(partition, Arc::clone(&context))?;
         let schema = self.agg.schema();
         let batch_size = context.session_config().batch_size();
         let mut grouping = Grouping::new(&self.agg, self.limits)?;
         let agg = Arc::clone(&self.agg);
+        let filter = self.filter.clone();
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let handed_over: Count =
             MetricBuilder::new(&self.metrics).counter("handed_over", partition);
@@ -1020,7 +1117,13 @@ impl ExecutionPlan for KeyedPartialAggregateExec {
                 let batch = batch?;
                 let step = {
                     let _timer = baseline.elapsed_compute().timer();
-                    grouping.aggregate(&batch)?
+                    match &filter {
+                        Some(filter) => {
+                            let (projected, selection) = filtered(filter, &batch)?;
+                            grouping.aggregate(&projected, Some(&selection))?
+                        }
+                        None => grouping.aggregate(&batch, None)?,
+                    }
                 };
                 if step == Step::Continue {
                     continue;
@@ -1029,7 +1132,7 @@ impl ExecutionPlan for KeyedPartialAggregateExec {
                 let ours = grouping.emit(&output_schema, batch_size)?;
                 baseline.record_output(ours.iter().map(RecordBatch::num_rows).sum());
                 let first = (step == Step::HandOverThis).then_some(batch);
-                let rest = hand_over(&agg, first, input, context)?;
+                let rest = hand_over(&agg, filter.as_ref(), first, input, context)?;
                 let output: Batches = futures::stream::iter(ours.into_iter().map(Ok))
                     .chain(rest)
                     .boxed();
@@ -1046,12 +1149,35 @@ impl ExecutionPlan for KeyedPartialAggregateExec {
     }
 }
 
+/// What `filter` would pass on from `batch`, unfiltered: the batch with the filter's
+/// projection, and which rows its predicate keeps (false where it is null).
+fn filtered(filter: &FilterExec, batch: &RecordBatch) -> Result<(RecordBatch, BooleanArray)> {
+    let keep = filter
+        .predicate()
+        .evaluate(batch)
+        .and_then(|v| v.into_array(batch.num_rows()))?;
+    let keep = keep
+        .as_boolean_opt()
+        .ok_or_else(|| DataFusionError::Internal("a filter's predicate is not boolean".into()))?;
+    let keep = match keep.null_count() {
+        0 => keep.clone(),
+        _ => prep_null_mask_filter(keep),
+    };
+    let projected = match filter.projection() {
+        Some(projection) => batch.project(projection)?,
+        None => batch.clone(),
+    };
+    Ok((projected, keep))
+}
+
 /// A partition's output batches.
 type Batches = BoxStream<'static, Result<RecordBatch>>;
 
-/// Runs `agg` (the replaced `AggregateExec`) over `first` and then the rest of `input`.
+/// Runs `agg` (the replaced `AggregateExec`, and the filter applied with it) over `first`
+/// and then the rest of `input`.
 fn hand_over(
     agg: &Arc<AggregateExec>,
+    filter: Option<&Arc<FilterExec>>,
     first: Option<RecordBatch>,
     input: SendableRecordBatchStream,
     context: Arc<TaskContext>,
@@ -1067,9 +1193,7 @@ fn hand_over(
     };
     let source =
         StreamingTableExec::try_new(schema, vec![Arc::new(handed)], None, [], false, None)?;
-    let exec = (Arc::clone(agg) as Arc<dyn ExecutionPlan>)
-        .replace_children(vec![Arc::new(source)], recompute())?;
-    exec.execute(0, context)
+    over_source(agg, filter, Arc::new(source))?.execute(0, context)
 }
 
 /// Children replaced, and the plan's properties computed again from them.
@@ -1291,6 +1415,29 @@ mod tests {
                 false,
                 false,
             ),
+            // Filters applied by the keyed aggregate: a predicate that is null on some rows,
+            // one that rejects whole batches, and one whose rejected rows would make an
+            // aggregate's argument fail (so it is left to the FilterExec).
+            (
+                "SELECT s, n, count(*), max(v) FROM t WHERE v > 500 GROUP BY s, n ORDER BY s, n",
+                false,
+                false,
+            ),
+            (
+                "SELECT d, count(*) FROM t WHERE w < 3 AND t < '2026-09-23T12:00:00Z' GROUP BY d ORDER BY d",
+                false,
+                false,
+            ),
+            (
+                "SELECT s, sum(100 / n) FROM t WHERE n <> 0 GROUP BY s ORDER BY s",
+                false,
+                false,
+            ),
+            (
+                "SELECT h, count(*) FROM t WHERE d = 1 GROUP BY h ORDER BY h",
+                true,
+                true,
+            ),
             (
                 "SELECT w, count(*), max(t), min(d) FROM t GROUP BY w ORDER BY w",
                 true,
@@ -1330,6 +1477,13 @@ mod tests {
         ];
         for (sql, hands_over, hands_over_small) in queries {
             let (expected, _, _) = run(&reference, sql).await;
+            let (_, plan, _) = run(&keyed, sql).await;
+            // The keyed aggregate applies a filter beneath it itself, unless that could fail.
+            assert_eq!(
+                plan.contains(", of FilterExec"),
+                sql.contains("FROM t WHERE") && !sql.contains("100 / n"),
+                "{sql}\n{plan}"
+            );
             for (limits, ctx, hands_over) in [
                 ("default", &keyed, hands_over),
                 ("small", &tight, hands_over_small),
