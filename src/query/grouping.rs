@@ -47,12 +47,10 @@ use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 
-use arrow_arith::boolean::and;
 use arrow_array::cast::AsArray;
-use arrow_array::{Array, ArrayRef, BinaryViewArray, BooleanArray, RecordBatch, UInt32Array};
-use arrow_buffer::BooleanBuffer;
+use arrow_array::{Array, ArrayRef, BinaryViewArray, RecordBatch, UInt32Array};
 use arrow_schema::{DataType, SchemaRef};
-use arrow_select::filter::prep_null_mask_filter;
+use arrow_select::filter::{filter_record_batch, prep_null_mask_filter};
 use datafusion::arrow::array::ArrayData;
 use datafusion::common::ScalarValue;
 use datafusion::common::hash_utils::RandomState;
@@ -62,7 +60,6 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_expr::expressions::{Column, Literal};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode, aggregate_expressions};
 use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
@@ -505,7 +502,6 @@ impl KeyColumn {
     fn value_ids(
         &mut self,
         array: &ArrayRef,
-        selected: Option<&BooleanBuffer>,
         out: &mut Vec<u32>,
         new: &mut usize,
         max_new: usize,
@@ -514,11 +510,11 @@ impl KeyColumn {
         out.resize(array.len(), 0);
         let data = array.to_data();
         match self.kind.raw_keys(array, &data)? {
-            RawKeys::U8(keys) => self.value_ids_of(array, selected, keys, out, new, max_new),
-            RawKeys::U16(keys) => self.value_ids_of(array, selected, keys, out, new, max_new),
-            RawKeys::U32(keys) => self.value_ids_of(array, selected, keys, out, new, max_new),
-            RawKeys::U64(keys) => self.value_ids_of(array, selected, keys, out, new, max_new),
-            RawKeys::Wide(keys) => self.value_ids_of(array, selected, keys, out, new, max_new),
+            RawKeys::U8(keys) => self.value_ids_of(array, keys, out, new, max_new),
+            RawKeys::U16(keys) => self.value_ids_of(array, keys, out, new, max_new),
+            RawKeys::U32(keys) => self.value_ids_of(array, keys, out, new, max_new),
+            RawKeys::U64(keys) => self.value_ids_of(array, keys, out, new, max_new),
+            RawKeys::Wide(keys) => self.value_ids_of(array, keys, out, new, max_new),
         }
     }
 
@@ -526,7 +522,6 @@ impl KeyColumn {
     fn value_ids_of<K: RawKey>(
         &mut self,
         array: &ArrayRef,
-        selected: Option<&BooleanBuffer>,
         keys: &[K],
         out: &mut [u32],
         new: &mut usize,
@@ -545,7 +540,6 @@ impl KeyColumn {
         }
         let mut rows = RowIds {
             array,
-            selected,
             views: views.as_ref(),
             new,
             max_new,
@@ -575,11 +569,7 @@ impl KeyColumn {
             let Some(&key) = keys.get(row) else {
                 break;
             };
-            // A row not selected may take any id: found_run gives it its value's if its key
-            // is known, and here it takes 0 (a value is interned only for a selected row).
-            out[row] = if rows.selected.is_some_and(|s| !s.value(row)) {
-                0
-            } else if is_null(row) {
+            out[row] = if is_null(row) {
                 match null_id {
                     Some(id) => id,
                     None => {
@@ -729,8 +719,6 @@ impl KeyColumn {
 /// What [`KeyColumn::value_ids`] keeps while it walks one batch's rows.
 struct RowIds<'a> {
     array: &'a ArrayRef,
-    /// The rows that count, if not all do.
-    selected: Option<&'a BooleanBuffer>,
     /// The column's views as bytes, for view columns.
     views: Option<&'a BinaryViewArray>,
     /// New values this batch, over all columns.
@@ -765,15 +753,7 @@ struct Accumulated {
 }
 
 impl Accumulated {
-    /// Feeds the rows of `batch` that `selection` (if any) and the aggregate's own filter
-    /// keep.
-    fn update(
-        &mut self,
-        batch: &RecordBatch,
-        selection: Option<&BooleanArray>,
-        groups: &[usize],
-        total: usize,
-    ) -> Result<()> {
+    fn update(&mut self, batch: &RecordBatch, groups: &[usize], total: usize) -> Result<()> {
         let rows = batch.num_rows();
         let values = self
             .arguments
@@ -791,14 +771,6 @@ impl Accumulated {
             })?),
             None => None,
         };
-        // A row is fed only if both keep it (a null in the aggregate's filter does not).
-        let both = match (selection, filter) {
-            (Some(selection), Some(filter)) => {
-                Some(and(selection, &prep_null_mask_filter(filter))?)
-            }
-            _ => None,
-        };
-        let filter = both.as_ref().or(filter).or(selection);
         self.accumulator
             .update_batch(&values, groups, filter, total)
     }
@@ -875,15 +847,8 @@ impl Grouping {
         })
     }
 
-    /// Aggregates the rows of `batch` that `selection` (without nulls), if any, keeps.
-    fn aggregate(&mut self, batch: &RecordBatch, selection: Option<&BooleanArray>) -> Result<Step> {
+    fn aggregate(&mut self, batch: &RecordBatch) -> Result<Step> {
         let rows = batch.num_rows();
-        let selection = match selection {
-            Some(s) if s.true_count() == 0 => return Ok(Step::Continue),
-            Some(s) if s.true_count() == rows => None,
-            s => s,
-        };
-        let selected = selection.map(BooleanArray::values);
         let keys = self
             .group_exprs
             .iter()
@@ -892,7 +857,7 @@ impl Grouping {
         let max_new = self.limits.new_values(rows);
         let mut new = 0;
         for ((column, array), ids) in self.columns.iter_mut().zip(&keys).zip(&mut self.value_ids) {
-            if !column.value_ids(array, selected, ids, &mut new, max_new)? {
+            if !column.value_ids(array, ids, &mut new, max_new)? {
                 self.columns.iter_mut().for_each(KeyColumn::roll_back);
                 return Ok(Step::HandOverThis);
             }
@@ -909,9 +874,6 @@ impl Grouping {
                 }
                 let group = match self.groups.get(packed) {
                     Some(group) => group as usize,
-                    // A row not selected makes no group; any group will do for it (the
-                    // batch has a selected row, so group 0 exists once it is done).
-                    None if selected.is_some_and(|s| !s.value(row)) => 0,
                     None => {
                         let group = self.group_count;
                         let id = u32::try_from(group).map_err(|_| {
@@ -929,7 +891,7 @@ impl Grouping {
             }
         }
         for accumulated in &mut self.accumulators {
-            accumulated.update(batch, selection, &self.group_indices, self.group_count)?;
+            accumulated.update(batch, &self.group_indices, self.group_count)?;
         }
         self.columns.iter_mut().for_each(KeyColumn::commit);
         let value_bytes: usize = self.columns.iter().map(|c| c.value_bytes).sum();
@@ -978,8 +940,9 @@ impl Grouping {
 /// the `AggregateExec` it replaced when its keys do not repeat.
 ///
 /// When the aggregate's input is a `FilterExec`, this operator reads the filter's input and
-/// applies its predicate itself: rows it rejects are skipped, not copied out (a copy would
-/// also give every string a view of its own, which `KeyColumn`'s first table cannot use).
+/// filters each batch itself. `FilterExec` coalesces what it keeps into full batches, which
+/// copies strings to new buffers: every string then has a view of its own, and `KeyColumn`'s
+/// first table finds none.
 #[derive(Debug)]
 pub(crate) struct KeyedPartialAggregateExec {
     agg: Arc<AggregateExec>,
@@ -990,23 +953,12 @@ pub(crate) struct KeyedPartialAggregateExec {
 }
 
 impl KeyedPartialAggregateExec {
-    /// Runs `agg`, and its input's filter if it has one without a limit and `agg` evaluates
-    /// nothing that could fail on a row the filter rejects (only columns and literals: a
-    /// division by a column, say, could fail on a row that `WHERE x <> 0` rejects).
+    /// Runs `agg`, and its input's filter if it has one without a limit.
     fn new(agg: Arc<AggregateExec>, limits: Limits) -> Self {
-        let plain = |e: &Arc<dyn PhysicalExpr>| {
-            e.downcast_ref::<Column>().is_some() || e.downcast_ref::<Literal>().is_some()
-        };
-        let infallible = agg.group_expr().expr().iter().all(|(e, _)| plain(e))
-            && agg.filter_expr().iter().all(Option::is_none)
-            && agg
-                .aggr_expr()
-                .iter()
-                .all(|a| a.expressions().iter().all(plain));
         let filter = agg
             .input()
             .downcast_ref::<FilterExec>()
-            .filter(|filter| infallible && filter.fetch().is_none())
+            .filter(|filter| filter.fetch().is_none())
             .map(|filter| Arc::new(filter.clone()));
         KeyedPartialAggregateExec {
             agg,
@@ -1118,11 +1070,8 @@ impl ExecutionPlan for KeyedPartialAggregateExec {
                 let step = {
                     let _timer = baseline.elapsed_compute().timer();
                     match &filter {
-                        Some(filter) => {
-                            let (projected, selection) = filtered(filter, &batch)?;
-                            grouping.aggregate(&projected, Some(&selection))?
-                        }
-                        None => grouping.aggregate(&batch, None)?,
+                        Some(filter) => grouping.aggregate(&filtered(filter, &batch)?)?,
+                        None => grouping.aggregate(&batch)?,
                     }
                 };
                 if step == Step::Continue {
@@ -1149,9 +1098,10 @@ impl ExecutionPlan for KeyedPartialAggregateExec {
     }
 }
 
-/// What `filter` would pass on from `batch`, unfiltered: the batch with the filter's
-/// projection, and which rows its predicate keeps (false where it is null).
-fn filtered(filter: &FilterExec, batch: &RecordBatch) -> Result<(RecordBatch, BooleanArray)> {
+/// What `filter` passes on from `batch`: the rows its predicate keeps (not where it is
+/// null), with its projection. Unlike `FilterExec`, no rows are coalesced into batches of
+/// their own, which would copy strings to new buffers.
+fn filtered(filter: &FilterExec, batch: &RecordBatch) -> Result<RecordBatch> {
     let keep = filter
         .predicate()
         .evaluate(batch)
@@ -1167,7 +1117,7 @@ fn filtered(filter: &FilterExec, batch: &RecordBatch) -> Result<(RecordBatch, Bo
         Some(projection) => batch.project(projection)?,
         None => batch.clone(),
     };
-    Ok((projected, keep))
+    Ok(filter_record_batch(&projected, &keep)?)
 }
 
 /// A partition's output batches.
@@ -1417,7 +1367,7 @@ mod tests {
             ),
             // Filters applied by the keyed aggregate: a predicate that is null on some rows,
             // one that rejects whole batches, and one whose rejected rows would make an
-            // aggregate's argument fail (so it is left to the FilterExec).
+            // aggregate's argument fail (so it must filter before it evaluates).
             (
                 "SELECT s, n, count(*), max(v) FROM t WHERE v > 500 GROUP BY s, n ORDER BY s, n",
                 false,
@@ -1478,10 +1428,10 @@ mod tests {
         for (sql, hands_over, hands_over_small) in queries {
             let (expected, _, _) = run(&reference, sql).await;
             let (_, plan, _) = run(&keyed, sql).await;
-            // The keyed aggregate applies a filter beneath it itself, unless that could fail.
+            // The keyed aggregate applies a filter beneath it itself.
             assert_eq!(
                 plan.contains(", of FilterExec"),
-                sql.contains("FROM t WHERE") && !sql.contains("100 / n"),
+                sql.contains("FROM t WHERE"),
                 "{sql}\n{plan}"
             );
             for (limits, ctx, hands_over) in [
