@@ -1278,7 +1278,20 @@ mod tests {
     }
 
     fn context(rule: Option<Limits>) -> SessionContext {
-        let config = SessionConfig::new().with_target_partitions(3);
+        session("t", events(), rule, 3, 8192)
+    }
+
+    /// A session with `table` as `name`, planning with the rule (and these limits) if any.
+    pub(super) fn session(
+        name: &str,
+        table: MemTable,
+        rule: Option<Limits>,
+        target_partitions: usize,
+        batch_size: usize,
+    ) -> SessionContext {
+        let config = SessionConfig::new()
+            .with_target_partitions(target_partitions)
+            .with_batch_size(batch_size);
         let mut state = SessionStateBuilder::new()
             .with_config(config)
             .with_default_features();
@@ -1286,12 +1299,12 @@ mod tests {
             state = state.with_physical_optimizer_rule(Arc::new(KeyedGrouping::new(limits)));
         }
         let ctx = SessionContext::new_with_state(state.build());
-        ctx.register_table("t", Arc::new(events())).unwrap();
+        ctx.register_table(name, Arc::new(table)).unwrap();
         ctx
     }
 
     /// The answer, the plan, and how many partitions handed over.
-    async fn run(ctx: &SessionContext, sql: &str) -> (String, String, usize) {
+    pub(super) async fn run(ctx: &SessionContext, sql: &str) -> (String, String, usize) {
         let plan = ctx
             .sql(sql)
             .await
@@ -1494,17 +1507,15 @@ mod tests {
 mod edges {
     //! Edge values and batches (written for an independent review) against DataFusion's own
     //! plan.
+    use super::tests::{run, session};
     use super::*;
     use arrow_array::{
         Decimal128Array, Float64Array, Int8Array, StringViewArray, TimestampMillisecondArray,
         UInt64Array,
     };
     use arrow_schema::{Field, Schema, TimeUnit};
-    use datafusion::arrow::util::pretty::pretty_format_batches;
     use datafusion::datasource::MemTable;
-    use datafusion::execution::session_state::SessionStateBuilder;
-    use datafusion::physical_plan::collect;
-    use datafusion::prelude::{SessionConfig, SessionContext};
+    use datafusion::prelude::SessionContext;
 
     fn ctx(
         parts: &[Vec<RecordBatch>],
@@ -1512,35 +1523,13 @@ mod edges {
         rule: Option<Limits>,
         target: usize,
     ) -> SessionContext {
-        let config = SessionConfig::new().with_target_partitions(target);
-        let mut state = SessionStateBuilder::new()
-            .with_config(config)
-            .with_default_features();
-        if let Some(limits) = rule {
-            state = state.with_physical_optimizer_rule(Arc::new(KeyedGrouping::new(limits)));
-        }
-        let ctx = SessionContext::new_with_state(state.build());
-        ctx.register_table(
-            "r",
-            Arc::new(MemTable::try_new(schema, parts.to_vec()).unwrap()),
-        )
-        .unwrap();
-        ctx
+        let table = MemTable::try_new(schema, parts.to_vec()).unwrap();
+        session("r", table, rule, target, 8192)
     }
 
     async fn answer(ctx: &SessionContext, sql: &str) -> (String, String) {
-        let plan = ctx
-            .sql(sql)
-            .await
-            .unwrap()
-            .create_physical_plan()
-            .await
-            .unwrap();
-        let shown = datafusion::physical_plan::displayable(plan.as_ref())
-            .indent(false)
-            .to_string();
-        let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await.unwrap();
-        (pretty_format_batches(&batches).unwrap().to_string(), shown)
+        let (answer, plan, _) = run(ctx, sql).await;
+        (answer, plan)
     }
 
     async fn compare(
@@ -1718,17 +1707,15 @@ mod edges {
 #[cfg(test)]
 mod fuzz {
     //! Random tables (written for an independent review) against DataFusion's own plan.
+    use super::tests::{run, session};
     use super::*;
     use arrow_array::builder::{
         BinaryViewBuilder, Date32Builder, Float64Builder, Int16Builder, StringViewBuilder,
         UInt64Builder,
     };
     use arrow_schema::{Field, Schema};
-    use datafusion::arrow::util::pretty::pretty_format_batches;
     use datafusion::datasource::MemTable;
-    use datafusion::execution::session_state::SessionStateBuilder;
-    use datafusion::physical_plan::collect;
-    use datafusion::prelude::{SessionConfig, SessionContext};
+    use datafusion::prelude::SessionContext;
 
     fn table(seed: u64) -> (SchemaRef, Vec<Vec<RecordBatch>>) {
         let schema = Arc::new(Schema::new(vec![
@@ -1818,37 +1805,13 @@ mod fuzz {
     }
 
     fn ctx(schema: &SchemaRef, parts: &[Vec<RecordBatch>], rule: Option<Limits>) -> SessionContext {
-        let config = SessionConfig::new()
-            .with_target_partitions(3)
-            .with_batch_size(64);
-        let mut state = SessionStateBuilder::new()
-            .with_config(config)
-            .with_default_features();
-        if let Some(limits) = rule {
-            state = state.with_physical_optimizer_rule(Arc::new(KeyedGrouping::new(limits)));
-        }
-        let ctx = SessionContext::new_with_state(state.build());
-        ctx.register_table(
-            "r",
-            Arc::new(MemTable::try_new(Arc::clone(schema), parts.to_vec()).unwrap()),
-        )
-        .unwrap();
-        ctx
+        let table = MemTable::try_new(Arc::clone(schema), parts.to_vec()).unwrap();
+        session("r", table, rule, 3, 64)
     }
 
     async fn answer(ctx: &SessionContext, sql: &str) -> (String, String) {
-        let plan = ctx
-            .sql(sql)
-            .await
-            .unwrap()
-            .create_physical_plan()
-            .await
-            .unwrap();
-        let shown = datafusion::physical_plan::displayable(plan.as_ref())
-            .indent(false)
-            .to_string();
-        let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await.unwrap();
-        (pretty_format_batches(&batches).unwrap().to_string(), shown)
+        let (answer, plan, _) = run(ctx, sql).await;
+        (answer, plan)
     }
 
     #[tokio::test]
