@@ -993,6 +993,15 @@ fn over_source(
 
 impl DisplayAs for KeyedPartialAggregateExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        if t == DisplayFormatType::TreeRender {
+            // Lines of `key=value`: the aggregate's, then the filter's.
+            self.agg.fmt_as(t, f)?;
+            if let Some(filter) = &self.filter {
+                writeln!(f)?;
+                filter.fmt_as(t, f)?;
+            }
+            return Ok(());
+        }
         write!(f, "KeyedPartialAggregateExec of ")?;
         self.agg.fmt_as(t, f)?;
         if let Some(filter) = &self.filter {
@@ -1033,16 +1042,31 @@ impl ExecutionPlan for KeyedPartialAggregateExec {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let [source] = <[_; 1]>::try_from(children)
             .map_err(|_| DataFusionError::Internal("a keyed aggregate has one child".into()))?;
-        let agg = over_source(&self.agg, self.filter.as_ref(), source)?;
-        let Some(agg) = agg.downcast_ref::<AggregateExec>() else {
+        let plan = over_source(&self.agg, self.filter.as_ref(), source)?;
+        let Some(agg) = plan.downcast_ref::<AggregateExec>() else {
             return Err(DataFusionError::Internal(
                 "an aggregate with new children is no longer an aggregate".into(),
             ));
         };
-        Ok(Arc::new(KeyedPartialAggregateExec::new(
-            Arc::new(agg.clone()),
-            self.limits,
-        )))
+        // Over another source the aggregate may no longer be one this operator can run (its
+        // input sorted on the keys, say, or keys of another type).
+        if !keyed(agg)? {
+            return Ok(plan);
+        }
+        let filter = match &self.filter {
+            Some(_) => agg
+                .input()
+                .downcast_ref::<FilterExec>()
+                .cloned()
+                .map(Arc::new),
+            None => None,
+        };
+        Ok(Arc::new(KeyedPartialAggregateExec {
+            agg: Arc::new(agg.clone()),
+            filter,
+            limits: self.limits,
+            metrics: ExecutionPlanMetricsSet::new(),
+        }))
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
@@ -1082,6 +1106,13 @@ impl ExecutionPlan for KeyedPartialAggregateExec {
                 baseline.record_output(ours.iter().map(RecordBatch::num_rows).sum());
                 let first = (step == Step::HandOverThis).then_some(batch);
                 let rest = hand_over(&agg, filter.as_ref(), first, input, context)?;
+                // The rows of the handed-over part count as this operator's output too.
+                let counted = baseline.clone();
+                let rest = rest.inspect(move |batch| {
+                    if let Ok(batch) = batch {
+                        counted.record_output(batch.num_rows());
+                    }
+                });
                 let output: Batches = futures::stream::iter(ours.into_iter().map(Ok))
                     .chain(rest)
                     .boxed();
