@@ -20,9 +20,12 @@
 //!     view repeats), is found by a seeded hash of its bytes, checked against the value;
 //!   - a value found by neither is new, and gets its id from the column's interner, which
 //!     maps each value to its id and is the only word on it;
-//! - with several group columns, maps each row's tuple of value ids to a group id through a
-//!   second such table, which lives as long as the operator;
-//! - feeds DataFusion's own groups accumulators with these group ids, and emits the partial
+//! - with several group columns, maps each row's tuple of value ids to a group id: through
+//!   a dense array indexed by the ids in mixed radix ([`Combos`]) while the columns' value
+//!   counts multiply to at most [`DENSE_SLOTS`], else through a second [`RawKeyTable`] of
+//!   the ids packed into one key; both live as long as the operator;
+//! - counts rows itself for `count(*)` ([`Aggregate::Rows`]), feeds DataFusion's own groups
+//!   accumulators with these group ids for every other aggregate, and emits the partial
 //!   states that the replaced operator would.
 //!
 //! Invariants:
@@ -48,7 +51,7 @@ use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 
 use arrow_array::cast::AsArray;
-use arrow_array::{Array, ArrayRef, BinaryViewArray, RecordBatch, UInt32Array};
+use arrow_array::{Array, ArrayRef, BinaryViewArray, Int64Array, RecordBatch, UInt32Array};
 use arrow_schema::{DataType, SchemaRef};
 use arrow_select::filter::{filter_record_batch, prep_null_mask_filter};
 use datafusion::arrow::array::ArrayData;
@@ -60,6 +63,8 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
+use datafusion::physical_expr::expressions::Literal;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode, aggregate_expressions};
 use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
@@ -267,24 +272,38 @@ enum RawKeys<'a> {
     Wide(&'a [u128]),
 }
 
-/// A raw key at its own width. `wide` keeps the order: [`KeyColumn::fit_dense`] takes a
-/// batch's least and greatest keys at their own width.
-trait RawKey: Copy + Ord {
+/// A raw key at its own width.
+trait RawKey: Copy {
+    /// Whether keys of this width are fixed-width values, which may go in [`DenseIds`]
+    /// (views never do).
+    const FIXED: bool;
+
     fn wide(self) -> u128;
+
+    /// The key's low 64 bits: all of a fixed-width value's.
+    fn low64(self) -> u64;
 }
 
 macro_rules! raw_key {
-    ($($t:ty),*) => {$(
+    ($fixed:expr => $($t:ty),*) => {$(
         impl RawKey for $t {
+            const FIXED: bool = $fixed;
+
             #[inline(always)]
             fn wide(self) -> u128 {
                 self as u128
+            }
+
+            #[inline(always)]
+            fn low64(self) -> u64 {
+                self as u64
             }
         }
     )*};
 }
 
-raw_key!(u8, u16, u32, u64, u128);
+raw_key!(true => u8, u16, u32, u64);
+raw_key!(false => u128);
 
 fn mistyped(data_type: &DataType) -> DataFusionError {
     DataFusionError::Internal(format!(
@@ -442,6 +461,10 @@ impl DenseIds {
         self.base + self.ids.len() as u128
     }
 
+    fn covers(&self, key: u128) -> bool {
+        self.base <= key && key < self.end()
+    }
+
     #[inline]
     fn get(&self, key: u128) -> Option<u32> {
         let slot = usize::try_from(key.wrapping_sub(self.base)).ok()?;
@@ -527,9 +550,6 @@ impl KeyColumn {
         new: &mut usize,
         max_new: usize,
     ) -> Result<bool> {
-        if self.kind != KeyKind::View {
-            self.fit_dense(keys);
-        }
         let views = match array.data_type() {
             DataType::Utf8View => Some(array.as_string_view().clone().to_binary_view()),
             DataType::BinaryView => Some(array.as_binary_view().clone()),
@@ -602,25 +622,36 @@ impl KeyColumn {
         out: &mut [u32],
         view_misses: usize,
     ) -> usize {
-        if let Some(dense) = &self.dense {
-            for (row, &key) in keys.iter().enumerate().skip(start) {
-                let id = match dense.get(key.wide()) {
-                    Some(id) if !is_null(row) => id,
-                    _ => return row,
+        if K::FIXED
+            && let Some(dense) = &self.dense
+        {
+            // A fixed-width key is at most 64 bits wide, and so is `base` (the least key it
+            // was fitted to). A key below `base` wraps around to a slot past the end.
+            let base = dense.base as u64;
+            let ids = dense.ids.as_slice();
+            // Slices from `start`, zipped: an iterator skipped to `start` kept its state on
+            // the stack, in a loop of a few instructions.
+            let rest = keys.get(start..).unwrap_or_default();
+            let out = out.get_mut(start..).unwrap_or_default();
+            for (i, (&key, out)) in rest.iter().zip(out).enumerate() {
+                let slot = usize::try_from(key.low64().wrapping_sub(base)).unwrap_or(usize::MAX);
+                *out = match ids.get(slot) {
+                    Some(&id) if id != DenseIds::ABSENT && !is_null(start + i) => id,
+                    _ => return start + i,
                 };
-                out[row] = id;
             }
             return keys.len();
         }
         if view_misses > VIEW_MISSES_PER_BATCH {
             return start;
         }
-        for (row, &key) in keys.iter().enumerate().skip(start) {
-            let id = match self.raw.get(key.wide()) {
-                Some(id) if !is_null(row) => id,
-                _ => return row,
+        let rest = keys.get(start..).unwrap_or_default();
+        let out = out.get_mut(start..).unwrap_or_default();
+        for (i, (&key, out)) in rest.iter().zip(out).enumerate() {
+            *out = match self.raw.get(key.wide()) {
+                Some(id) if !is_null(start + i) => id,
+                _ => return start + i,
             };
-            out[row] = id;
         }
         keys.len()
     }
@@ -629,6 +660,15 @@ impl KeyColumn {
     /// many new values.
     fn missed(&mut self, rows: &mut RowIds<'_>, row: usize, key: u128) -> Result<Option<u32>> {
         let Some(views) = rows.views else {
+            // A fixed-width key out of `dense`'s range widens it, or moves its ids to `raw`.
+            self.fit_dense(key);
+            let found = match &self.dense {
+                Some(dense) => dense.get(key),
+                None => self.raw.get(key),
+            };
+            if let Some(id) = found {
+                return Ok(Some(id));
+            }
             // A fixed-width value in neither table is new.
             if !rows.count_new() {
                 return Ok(None);
@@ -661,32 +701,34 @@ impl KeyColumn {
         Ok(Some(id))
     }
 
-    /// Widens `dense` to hold every key of this batch, or gives it up (for `raw`, with what
-    /// it held) when that would take more than [`DENSE_SLOTS`] slots.
-    fn fit_dense<K: RawKey>(&mut self, keys: &[K]) {
-        let (Some(&low), Some(&high)) = (keys.iter().min(), keys.iter().max()) else {
-            return;
-        };
+    /// Widens `dense` to hold the fixed-width `key`, or gives it up (for `raw`, with what it
+    /// held) when that would take more than [`DENSE_SLOTS`] slots. It at least doubles when
+    /// it widens, so keys that creep upwards (timestamps) widen it a few times, not each.
+    fn fit_dense(&mut self, key: u128) {
         if self.sparse {
             return;
         }
-        let (low, high) = (low.wide(), high.wide());
-        let (base, end) = match (&self.dense, high.checked_add(1)) {
-            (Some(dense), _) if dense.base <= low && high < dense.end() => return,
-            (Some(dense), Some(end)) => (dense.base.min(low), dense.end().max(end)),
-            (None, Some(end)) => (low, end),
-            (_, None) => (0, u128::MAX),
+        let Some(key_end) = key.checked_add(1) else {
+            return self.go_sparse();
         };
-        let old = self.dense.take();
-        if end.saturating_sub(base) > DENSE_SLOTS as u128 {
-            self.sparse = true;
-            if let Some(old) = old {
-                for (key, id) in old.entries() {
-                    self.raw.insert(key, id);
+        let (base, end) = match &self.dense {
+            Some(dense) if dense.covers(key) => return,
+            Some(dense) => {
+                let (low, high) = (dense.base.min(key), dense.end().max(key_end));
+                let size = (high - low).max(2 * dense.ids.len() as u128);
+                let size = size.min(DENSE_SLOTS as u128).max(high - low);
+                if key < dense.base {
+                    (high.saturating_sub(size), high)
+                } else {
+                    (low, low.saturating_add(size))
                 }
             }
-            return;
+            None => (key, key_end),
+        };
+        if end - base > DENSE_SLOTS as u128 {
+            return self.go_sparse();
         }
+        let old = self.dense.take();
         let mut dense = DenseIds {
             base,
             ids: vec![DenseIds::ABSENT; (end - base) as usize],
@@ -697,6 +739,16 @@ impl KeyColumn {
             }
         }
         self.dense = Some(dense);
+    }
+
+    /// Gives up `dense` for good, moving its ids to `raw`.
+    fn go_sparse(&mut self) {
+        self.sparse = true;
+        if let Some(old) = self.dense.take() {
+            for (key, id) in old.entries() {
+                self.raw.insert(key, id);
+            }
+        }
     }
 
     /// Forgets the values first seen in a batch that is handed over (the tables are not
@@ -745,7 +797,91 @@ fn value_bytes(value: &ScalarValue) -> Option<&[u8]> {
     }
 }
 
-/// One aggregate: DataFusion's groups accumulator and what it is fed.
+/// One aggregate's partial state.
+enum Aggregate {
+    /// A `count` of a non-null literal (`count(*)`): each group's rows, counted here. Its
+    /// state is DataFusion's count's: one `Int64` per group.
+    Rows(Vec<i64>),
+    /// Any other: DataFusion's groups accumulator.
+    Accumulated(Accumulated),
+}
+
+impl Aggregate {
+    fn new(
+        aggregate: &AggregateFunctionExpr,
+        arguments: Vec<Arc<dyn PhysicalExpr>>,
+        filter: Option<Arc<dyn PhysicalExpr>>,
+    ) -> Result<Self> {
+        let counts_rows = aggregate.fun().name() == "count"
+            && !aggregate.is_distinct()
+            && filter.is_none()
+            && arguments.iter().all(|argument| {
+                argument
+                    .downcast_ref::<Literal>()
+                    .is_some_and(|literal| !literal.value().is_null())
+            })
+            && matches!(aggregate.state_fields()?.as_slice(),
+                [field] if *field.data_type() == DataType::Int64);
+        Ok(if counts_rows {
+            Aggregate::Rows(Vec::new())
+        } else {
+            Aggregate::Accumulated(Accumulated {
+                accumulator: aggregate.create_groups_accumulator()?,
+                arguments,
+                filter,
+            })
+        })
+    }
+
+    /// Every group's partial state, in the order of group ids; the state is emptied.
+    fn state(&mut self, groups: usize) -> Result<Vec<ArrayRef>> {
+        match self {
+            Aggregate::Rows(counts) => {
+                counts.resize(groups, 0);
+                Ok(vec![Arc::new(Int64Array::from(std::mem::take(counts)))])
+            }
+            Aggregate::Accumulated(accumulated) => accumulated.accumulator.state(EmitTo::All),
+        }
+    }
+}
+
+/// With at most this many groups, [`count_rows`] counts in lanes.
+const LANE_GROUPS: usize = 256;
+
+/// Adds one to each row's group's count (`group` reads a row's group from `groups`).
+///
+/// With few groups, one value is on most rows (a status code of 200): one counter would be
+/// a chain of increments through memory, each waiting for the one before. Four lanes of
+/// counters, taken by turns, are four chains in flight.
+fn count_rows<T: Copy>(counts: &mut [i64], groups: &[T], group: impl Fn(T) -> usize) {
+    if counts.len() > LANE_GROUPS {
+        for &g in groups {
+            if let Some(count) = counts.get_mut(group(g)) {
+                *count += 1;
+            }
+        }
+        return;
+    }
+    let mut lanes = [[0i64; LANE_GROUPS]; 4];
+    let mut quads = groups.chunks_exact(4);
+    for quad in &mut quads {
+        for (lane, &g) in lanes.iter_mut().zip(quad) {
+            if let Some(count) = lane.get_mut(group(g)) {
+                *count += 1;
+            }
+        }
+    }
+    for &g in quads.remainder() {
+        if let Some(count) = lanes[0].get_mut(group(g)) {
+            *count += 1;
+        }
+    }
+    for (g, count) in counts.iter_mut().enumerate() {
+        *count += lanes.iter().map(|lane| lane[g]).sum::<i64>();
+    }
+}
+
+/// DataFusion's groups accumulator for one aggregate, and what it is fed.
 struct Accumulated {
     accumulator: Box<dyn GroupsAccumulator>,
     arguments: Vec<Arc<dyn PhysicalExpr>>,
@@ -787,18 +923,41 @@ enum Step {
     HandOverThis,
 }
 
+/// Group ids by the value id of each group column: the slot of value ids `(v0, v1, ...)` is
+/// `v0 * strides[0] + v1 * strides[1] + ...`, where each column's stride is the product of
+/// the radixes before it, and each radix is more than any value id of its column.
+struct Combos {
+    radixes: Vec<usize>,
+    strides: Vec<usize>,
+    /// By slot: the group id, or [`DenseIds::ABSENT`].
+    groups: Vec<u32>,
+}
+
+/// Value ids of a row's group columns (at most [`MAX_KEY_COLUMNS`]), packed into one key.
+fn pack(ids: impl Iterator<Item = u32>) -> u128 {
+    ids.enumerate()
+        .fold(0, |packed, (c, id)| packed | u128::from(id) << (32 * c))
+}
+
 /// A partial aggregation in progress.
 struct Grouping {
     group_exprs: Vec<Arc<dyn PhysicalExpr>>,
     columns: Vec<KeyColumn>,
-    /// Packed value ids to group id; used with several group columns.
+    /// Packed value ids to group id; used with several group columns when `combos` is not.
     groups: RawKeyTable,
+    /// Group ids by value ids in mixed radix; used with several group columns while their
+    /// value counts multiply to at most [`DENSE_SLOTS`] (no hash, no probe).
+    combos: Option<Combos>,
+    /// The value counts have multiplied past [`DENSE_SLOTS`]: `groups` is used from then on.
+    combos_given_up: bool,
     /// For each group column, each group's value id; used with several group columns.
     group_values: Vec<Vec<u32>>,
     group_count: usize,
     value_ids: Vec<Vec<u32>>,
+    /// Each row's group id, when an aggregate needs them as `usize` (with one group column
+    /// and only `count(*)`, rows are counted straight from `value_ids`).
     group_indices: Vec<usize>,
-    accumulators: Vec<Accumulated>,
+    aggregates: Vec<Aggregate>,
     limits: Limits,
 }
 
@@ -821,17 +980,13 @@ impl Grouping {
             agg.mode(),
             agg.group_expr().num_group_exprs(),
         )?;
-        let accumulators = agg
+        let aggregates = agg
             .aggr_expr()
             .iter()
             .zip(arguments)
             .zip(agg.filter_expr().iter())
             .map(|((aggregate, arguments), filter)| {
-                Ok(Accumulated {
-                    accumulator: aggregate.create_groups_accumulator()?,
-                    arguments,
-                    filter: filter.clone(),
-                })
+                Aggregate::new(aggregate, arguments, filter.clone())
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Grouping {
@@ -840,9 +995,11 @@ impl Grouping {
             group_values: vec![Vec::new(); columns.len()],
             columns,
             groups: RawKeyTable::new(),
+            combos: None,
+            combos_given_up: false,
             group_count: 0,
             group_indices: Vec::new(),
-            accumulators,
+            aggregates,
             limits,
         })
     }
@@ -864,34 +1021,31 @@ impl Grouping {
         }
         self.group_indices.clear();
         if let [ids] = self.value_ids.as_slice() {
-            self.group_indices.extend(ids.iter().map(|&id| id as usize));
+            if (self.aggregates.iter()).any(|a| matches!(a, Aggregate::Accumulated(_))) {
+                self.group_indices.extend(ids.iter().map(|&id| id as usize));
+            }
             self.group_count = self.columns[0].values.len();
         } else {
-            for row in 0..rows {
-                let mut packed = 0u128;
-                for (c, ids) in self.value_ids.iter().enumerate() {
-                    packed |= u128::from(ids[row]) << (32 * c);
-                }
-                let group = match self.groups.get(packed) {
-                    Some(group) => group as usize,
-                    None => {
-                        let group = self.group_count;
-                        let id = u32::try_from(group).map_err(|_| {
-                            DataFusionError::Internal("too many keyed groups".into())
-                        })?;
-                        self.groups.insert(packed, id);
-                        for (values, ids) in self.group_values.iter_mut().zip(&self.value_ids) {
-                            values.push(ids[row]);
-                        }
-                        self.group_count += 1;
-                        group
-                    }
-                };
-                self.group_indices.push(group);
+            self.fit_combos();
+            if self.combos.is_some() {
+                self.group_combos(rows)?;
+            } else {
+                self.group_packed(rows)?;
             }
         }
-        for accumulated in &mut self.accumulators {
-            accumulated.update(batch, &self.group_indices, self.group_count)?;
+        for aggregate in &mut self.aggregates {
+            match aggregate {
+                Aggregate::Rows(counts) => {
+                    counts.resize(self.group_count, 0);
+                    match self.value_ids.as_slice() {
+                        [ids] => count_rows(counts, ids, |id| id as usize),
+                        _ => count_rows(counts, &self.group_indices, |group| group),
+                    }
+                }
+                Aggregate::Accumulated(accumulated) => {
+                    accumulated.update(batch, &self.group_indices, self.group_count)?
+                }
+            }
         }
         self.columns.iter_mut().for_each(KeyColumn::commit);
         let value_bytes: usize = self.columns.iter().map(|c| c.value_bytes).sum();
@@ -904,6 +1058,136 @@ impl Grouping {
                 Step::Continue
             },
         )
+    }
+
+    /// Each row's group, with several group columns, through `groups`: the row's value ids
+    /// packed into one key.
+    fn group_packed(&mut self, rows: usize) -> Result<()> {
+        for row in 0..rows {
+            let packed = pack(self.value_ids.iter().map(|ids| ids[row]));
+            let group = match self.groups.get(packed) {
+                Some(group) => group as usize,
+                None => {
+                    let group = self.new_group(|ids| ids[row])?;
+                    self.groups.insert(packed, group as u32);
+                    group
+                }
+            };
+            self.group_indices.push(group);
+        }
+        Ok(())
+    }
+
+    /// Each row's group, with several group columns, through `combos`.
+    fn group_combos(&mut self, rows: usize) -> Result<()> {
+        let Some(mut combos) = self.combos.take() else {
+            return self.group_packed(rows);
+        };
+        // Each row's slot, a column at a time (loops the compiler can vectorize).
+        let mut slots = std::mem::take(&mut self.group_indices);
+        slots.resize(rows, 0);
+        for (ids, &stride) in self.value_ids.iter().zip(&combos.strides) {
+            for (slot, &id) in slots.iter_mut().zip(ids) {
+                *slot += id as usize * stride;
+            }
+        }
+        let mut grouped = Ok(());
+        for (row, slot) in slots.iter_mut().enumerate() {
+            let Some(entry) = combos.groups.get_mut(*slot) else {
+                grouped = Err(DataFusionError::Internal(
+                    "a value id past its radix".into(),
+                ));
+                break;
+            };
+            if *entry == DenseIds::ABSENT {
+                match self.new_group(|ids| ids[row]) {
+                    Ok(group) => *entry = group as u32,
+                    Err(e) => {
+                        grouped = Err(e);
+                        break;
+                    }
+                }
+            }
+            *slot = *entry as usize;
+        }
+        self.group_indices = slots;
+        self.combos = Some(combos);
+        grouped
+    }
+
+    /// A new group for the row whose value id in each column `id_of` reads.
+    fn new_group(&mut self, id_of: impl Fn(&[u32]) -> u32) -> Result<usize> {
+        let group = self.group_count;
+        u32::try_from(group)
+            .map_err(|_| DataFusionError::Internal("too many keyed groups".into()))?;
+        for (values, ids) in self.group_values.iter_mut().zip(&self.value_ids) {
+            values.push(id_of(ids));
+        }
+        self.group_count += 1;
+        Ok(group)
+    }
+
+    /// Lays `combos` out again when a column has more values than its radix, or gives it up
+    /// (for `groups`, with every group so far) when the radixes would multiply past
+    /// [`DENSE_SLOTS`].
+    fn fit_combos(&mut self) {
+        if self.combos_given_up {
+            return;
+        }
+        let counts = self.columns.iter().map(|c| c.values.len());
+        if let Some(combos) = &self.combos
+            && counts
+                .clone()
+                .zip(&combos.radixes)
+                .all(|(n, &radix)| n <= radix)
+        {
+            return;
+        }
+        let old = self.combos.as_ref().map(|c| c.radixes.clone());
+        let radixes: Vec<usize> = counts
+            .enumerate()
+            .map(|(c, n)| {
+                let radix = old.as_ref().map_or(0, |old| old[c]);
+                if n <= radix {
+                    radix
+                } else {
+                    n.next_power_of_two()
+                }
+            })
+            .collect();
+        let mut strides = Vec::with_capacity(radixes.len());
+        let mut slots = Some(1usize);
+        for &radix in &radixes {
+            strides.push(slots.unwrap_or(0));
+            slots = slots.and_then(|s| s.checked_mul(radix.max(1)));
+        }
+        let Some(slots) = slots.filter(|&s| s <= DENSE_SLOTS) else {
+            self.combos = None;
+            self.combos_given_up = true;
+            for group in 0..self.group_count {
+                let packed = pack(self.group_values.iter().map(|ids| ids[group]));
+                self.groups.insert(packed, group as u32);
+            }
+            return;
+        };
+        let mut groups = vec![DenseIds::ABSENT; slots];
+        for (group, entry) in (0..self.group_count).map(|g| (g, self.slot_of(g, &strides))) {
+            if let Some(entry) = groups.get_mut(entry) {
+                *entry = group as u32;
+            }
+        }
+        self.combos = Some(Combos {
+            radixes,
+            strides,
+            groups,
+        });
+    }
+
+    /// The slot of `group`'s value ids under `strides`.
+    fn slot_of(&self, group: usize, strides: &[usize]) -> usize {
+        (self.group_values.iter().zip(strides))
+            .map(|(ids, &stride)| ids[group] as usize * stride)
+            .sum()
     }
 
     /// Every group's keys and partial states, in batches of at most `batch_size` rows.
@@ -924,8 +1208,8 @@ impl Grouping {
                 )?);
             }
         }
-        for accumulated in &mut self.accumulators {
-            columns.extend(accumulated.accumulator.state(EmitTo::All)?);
+        for aggregate in &mut self.aggregates {
+            columns.extend(aggregate.state(self.group_count)?);
         }
         let batch = RecordBatch::try_new(Arc::clone(schema), columns)?;
         let batch_size = batch_size.max(1);
@@ -1532,6 +1816,37 @@ mod tests {
         assert!(packed.longest_probe() < 32, "{}", packed.longest_probe());
         assert_eq!(packed.get(5 | 9 << 32), Some(5 * 64 + 9));
     }
+
+    /// Fixed-width keys through `dense` as it widens both ways, keys that wrap around below
+    /// its base, and the move to `raw` when they spread too far: every row gets its own
+    /// value's id, and a value keeps its id.
+    #[test]
+    fn dense_ids_widen_and_give_way_to_raw() {
+        let mut column = KeyColumn::new(KeyKind::Fixed(8), 0);
+        let batches: Vec<(Vec<u64>, bool)> = vec![
+            (vec![500, 200, 404, 200, 500], true),
+            (vec![100, 200, 700, 99], true),
+            ((1000..1400).rev().collect(), true),
+            ((1..60).chain(0..1).collect(), true),
+            (vec![u64::MAX, 5, 200], false),
+            (vec![5, u64::MAX, 404, 70_000, 1 << 40, 500], false),
+        ];
+        let (mut out, mut new) = (Vec::new(), 0);
+        for (keys, dense) in batches {
+            let array: ArrayRef = Arc::new(arrow_array::UInt64Array::from(keys.clone()));
+            assert!(
+                column
+                    .value_ids(&array, &mut out, &mut new, usize::MAX)
+                    .unwrap()
+            );
+            column.commit();
+            assert_eq!(column.dense.is_some(), dense, "{keys:?}");
+            for (key, &id) in keys.iter().zip(&out) {
+                assert_eq!(column.values[id as usize], ScalarValue::UInt64(Some(*key)));
+            }
+        }
+        assert_eq!(column.values.len(), column.ids.len());
+    }
 }
 
 #[cfg(test)]
@@ -1597,6 +1912,43 @@ mod edges {
                 );
             }
         }
+    }
+
+    /// Two group columns whose values grow batch by batch: the mixed-radix table of groups is
+    /// laid out again as radixes grow, then given up for the hash table past its slots, with
+    /// the groups it held; nulls are a value of their own.
+    #[tokio::test]
+    async fn groups_of_several_columns_move_from_radix_table_to_hash_table() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::UInt64, true),
+            Field::new("b", DataType::Utf8View, true),
+        ]));
+        let batch = |values: u64, rows: u64| {
+            let a = UInt64Array::from_iter((0..rows).map(|r| (r % 7 != 3).then_some(r % values)));
+            let b = StringViewArray::from_iter(
+                (0..rows).map(|r| (r % 11 != 5).then(|| format!("v{}", (r * 7 + 3) % values))),
+            );
+            RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(a), Arc::new(b)]).unwrap()
+        };
+        let parts = vec![vec![
+            batch(3, 50),
+            batch(5, 200),
+            batch(40, 2000),
+            batch(300, 20_000),
+            batch(6, 100),
+            batch(700, 20_000),
+        ]];
+        let wide = Limits {
+            max_groups: 1 << 20,
+            max_value_bytes: 1 << 30,
+            min_new_values: 1 << 20,
+            rows_per_new_value: 1,
+        };
+        let sqls = [
+            "SELECT a, b, count(*), sum(a) FROM r GROUP BY a, b ORDER BY a, b",
+            "SELECT b, a, count(*) FROM r WHERE a > 2 GROUP BY b, a ORDER BY b, a",
+        ];
+        compare_with(parts, schema, &sqls, 1, &[wide, Limits::DEFAULT]).await;
     }
 
     /// Negative decimals (not keyed: their order is not that of their bits) and a mix of
