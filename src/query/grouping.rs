@@ -315,13 +315,25 @@ fn mistyped(data_type: &DataType) -> DataFusionError {
 /// carries the generation it was written in).
 #[derive(Debug)]
 struct RawKeyTable {
-    keys: Vec<u128>,
-    ids: Vec<u32>,
-    generations: Vec<u32>,
+    /// A slot's key, id and generation side by side: a lookup reads one place in memory.
+    slots: Vec<RawKeySlot>,
     generation: u32,
     len: usize,
     /// 64 less the log2 of the slot count: a slot is the top bits of the key's hash.
     shift: u32,
+}
+
+/// One slot of a [`RawKeyTable`]. The key is kept as two `u64`s so that a slot takes 24
+/// bytes (a `u128` would align it to 32).
+#[derive(Debug, Clone, Copy, Default)]
+struct RawKeySlot {
+    key: [u64; 2],
+    id: u32,
+    generation: u32,
+}
+
+fn split(key: u128) -> [u64; 2] {
+    [key as u64, (key >> 64) as u64]
 }
 
 impl RawKeyTable {
@@ -331,9 +343,7 @@ impl RawKeyTable {
 
     fn with_capacity(slots: usize) -> Self {
         RawKeyTable {
-            keys: vec![0; slots],
-            ids: vec![0; slots],
-            generations: vec![0; slots],
+            slots: vec![RawKeySlot::default(); slots],
             generation: 1,
             len: 0,
             shift: 64 - slots.trailing_zeros(),
@@ -344,42 +354,56 @@ impl RawKeyTable {
         self.len = 0;
         self.generation = self.generation.wrapping_add(1);
         if self.generation == 0 {
-            self.generations.fill(0);
+            self.slots.iter_mut().for_each(|slot| slot.generation = 0);
             self.generation = 1;
         }
     }
 
     #[inline]
-    fn slot(&self, key: u128) -> usize {
+    fn slot(&self, key: [u64; 2]) -> usize {
         // Fibonacci hashing: the top bits of the product depend on every bit of the key
         // (the low ones would not: ids packed at bit 32 would all share a slot).
-        let folded = key as u64 ^ ((key >> 64) as u64).rotate_left(29);
+        let folded = key[0] ^ key[1].rotate_left(29);
         (folded.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize
     }
 
     /// The id of `key`, or the slot where it would go.
     #[inline]
     fn find(&self, key: u128) -> Result<u32, usize> {
-        let mask = self.keys.len() - 1;
-        let mut slot = self.slot(key);
+        let key = split(key);
+        let mask = self.slots.len() - 1;
+        let mut at = self.slot(key);
         loop {
-            if self.generations[slot] != self.generation {
-                return Err(slot);
+            let slot = self.slots[at];
+            if slot.generation != self.generation {
+                return Err(at);
             }
-            if self.keys[slot] == key {
-                return Ok(self.ids[slot]);
+            if slot.key == key {
+                return Ok(slot.id);
             }
-            slot = (slot + 1) & mask;
+            at = (at + 1) & mask;
         }
+    }
+
+    /// The keys in the table and their ids.
+    fn entries(&self) -> impl Iterator<Item = (u128, u32)> + '_ {
+        (self.slots.iter())
+            .filter(|slot| slot.generation == self.generation)
+            .map(|slot| {
+                (
+                    u128::from(slot.key[0]) | u128::from(slot.key[1]) << 64,
+                    slot.id,
+                )
+            })
     }
 
     /// The most slots any key in the table is from its own.
     #[cfg(test)]
     fn longest_probe(&self) -> usize {
-        let mask = self.keys.len() - 1;
-        (0..self.keys.len())
-            .filter(|&slot| self.generations[slot] == self.generation)
-            .map(|slot| slot.wrapping_sub(self.slot(self.keys[slot])) & mask)
+        let mask = self.slots.len() - 1;
+        (self.slots.iter().enumerate())
+            .filter(|(_, slot)| slot.generation == self.generation)
+            .map(|(at, slot)| at.wrapping_sub(self.slot(slot.key)) & mask)
             .max()
             .unwrap_or(0)
     }
@@ -391,23 +415,23 @@ impl RawKeyTable {
 
     /// Adds `key` (which must not be in the table).
     fn insert(&mut self, key: u128, id: u32) {
-        if (self.len + 1) * 2 > self.keys.len() {
+        if (self.len + 1) * 2 > self.slots.len() {
             self.grow();
         }
-        if let Err(slot) = self.find(key) {
-            self.keys[slot] = key;
-            self.ids[slot] = id;
-            self.generations[slot] = self.generation;
+        if let Err(at) = self.find(key) {
+            self.slots[at] = RawKeySlot {
+                key: split(key),
+                id,
+                generation: self.generation,
+            };
             self.len += 1;
         }
     }
 
     fn grow(&mut self) {
-        let mut bigger = RawKeyTable::with_capacity(self.keys.len() * 2);
-        for slot in 0..self.keys.len() {
-            if self.generations[slot] == self.generation {
-                bigger.insert(self.keys[slot], self.ids[slot]);
-            }
+        let mut bigger = RawKeyTable::with_capacity(self.slots.len() * 2);
+        for (key, id) in self.entries() {
+            bigger.insert(key, id);
         }
         *self = bigger;
     }
