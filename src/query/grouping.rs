@@ -1972,7 +1972,20 @@ mod edges {
             "SELECT a, b, count(*), sum(a) FROM r GROUP BY a, b ORDER BY a, b",
             "SELECT b, a, count(*) FROM r WHERE a > 2 GROUP BY b, a ORDER BY b, a",
         ];
-        compare_with(parts, schema, &sqls, 1, &[wide, Limits::DEFAULT]).await;
+        // Two partitions: with one, DataFusion plans a single-mode aggregate, never keyed.
+        let reference = ctx(&parts, Arc::clone(&schema), None, 2);
+        for sql in sqls {
+            let (expected, _) = answer(&reference, sql).await;
+            for limits in [wide, Limits::DEFAULT] {
+                let keyed = ctx(&parts, Arc::clone(&schema), Some(limits), 2);
+                let (got, plan) = answer(&keyed, sql).await;
+                assert!(plan.contains("KeyedPartialAggregateExec"), "{sql}\n{plan}");
+                assert!(
+                    got == expected,
+                    "{sql} {limits:?}\n{expected}\n{got}\n{plan}"
+                );
+            }
+        }
     }
 
     /// Negative decimals (not keyed: their order is not that of their bits) and a mix of
@@ -2107,7 +2120,7 @@ mod edges {
             "SELECT arrow_typeof(ts), count(*) FROM r GROUP BY ts ORDER BY ts",
         ];
         compare(parts.clone(), Arc::clone(&schema), &sqls, 3).await;
-        compare(parts, schema, &sqls, 1).await;
+        compare(parts, schema, &sqls, 2).await;
     }
 }
 
@@ -2312,5 +2325,192 @@ mod fuzz {
             let (got, plan) = answer(&keyed, sql).await;
             assert!(sorted(got) == sorted(expected), "{sql}\n{plan}");
         }
+    }
+}
+
+#[cfg(test)]
+mod review {
+    //! Cases from the independent review of the counting, dense and mixed-radix paths
+    //! (each against DataFusion's own plan, with the keyed operator asserted in the plan).
+    use super::tests::{run, session};
+    use super::*;
+    use arrow_array::{Int8Array, Int64Array, StringViewArray, UInt16Array, UInt64Array};
+    use arrow_buffer::{NullBuffer, ScalarBuffer};
+    use arrow_schema::{Field, Schema};
+    use datafusion::datasource::MemTable;
+
+    async fn compare(
+        schema: SchemaRef,
+        parts: Vec<Vec<RecordBatch>>,
+        sqls: &[&str],
+        limits: &[Limits],
+    ) {
+        for target in [2, 3] {
+            let table = MemTable::try_new(Arc::clone(&schema), parts.clone()).unwrap();
+            let reference = session("r", table, None, target, 8192);
+            for sql in sqls {
+                let (expected, _, _) = run(&reference, sql).await;
+                for &l in limits {
+                    let table = MemTable::try_new(Arc::clone(&schema), parts.clone()).unwrap();
+                    let keyed = session("r", table, Some(l), target, 8192);
+                    let (got, plan, handed) = run(&keyed, sql).await;
+                    assert!(plan.contains("KeyedPartial"), "{plan}");
+                    assert!(
+                        got == expected,
+                        "{sql} {l:?} handed {handed}\nexpected\n{expected}\ngot\n{got}\n{plan}"
+                    );
+                }
+            }
+        }
+    }
+
+    const WIDE: Limits = Limits {
+        max_groups: 1 << 22,
+        max_value_bytes: 1 << 30,
+        min_new_values: 1 << 22,
+        rows_per_new_value: 1,
+    };
+
+    /// Groups cross LANE_GROUPS mid-stream; null slots hold garbage equal to real keys and
+    /// far-away keys.
+    #[tokio::test]
+    async fn lanes_boundary_and_garbage_under_nulls() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::UInt16, true),
+            Field::new("i", DataType::Int8, true),
+            Field::new("x", DataType::Int64, true),
+        ]));
+        let mk = |k: Vec<u16>, kn: Vec<bool>, i: Vec<i8>, inul: Vec<bool>| {
+            let n = k.len();
+            let k = UInt16Array::new(ScalarBuffer::from(k), Some(NullBuffer::from(kn)));
+            let i = Int8Array::new(ScalarBuffer::from(i), Some(NullBuffer::from(inul)));
+            let x = Int64Array::from_iter_values((0..n as i64).map(|v| v % 5));
+            RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![Arc::new(k) as ArrayRef, Arc::new(i), Arc::new(x)],
+            )
+            .unwrap()
+        };
+        let mut batches = Vec::new();
+        for (lo, hi) in [
+            (0u16, 250u16),
+            (250, 256),
+            (256, 257),
+            (100, 300),
+            (65000, 65535),
+        ] {
+            let k: Vec<u16> = (lo..hi).chain(lo..hi).collect();
+            let valid: Vec<bool> = (0..k.len()).map(|r| r % 3 != 0).collect();
+            // garbage under nulls: real keys, and 65535
+            let k: Vec<u16> = k
+                .iter()
+                .enumerate()
+                .map(|(r, &v)| {
+                    if r % 3 == 0 {
+                        if r % 2 == 0 { 65535 } else { 5 }
+                    } else {
+                        v
+                    }
+                })
+                .collect();
+            let i: Vec<i8> = (0..k.len())
+                .map(|r| if r % 4 == 0 { -128 } else { (r % 7) as i8 - 3 })
+                .collect();
+            let ivalid: Vec<bool> = (0..k.len()).map(|r| r % 4 != 0 && r % 11 != 0).collect();
+            batches.push(mk(k, valid, i, ivalid));
+        }
+        let parts = vec![batches.clone(), batches.iter().rev().cloned().collect()];
+        let sqls = [
+            "SELECT k, count(*) FROM r GROUP BY k ORDER BY k",
+            "SELECT k, count(*), sum(x), count(1) FILTER (WHERE x > 2) FROM r GROUP BY k ORDER BY k",
+            "SELECT i, count(*), count(i) FROM r GROUP BY i ORDER BY i",
+            "SELECT k, i, count(*), count(NULL), sum(x) FROM r GROUP BY k, i ORDER BY k, i",
+        ];
+        let small = Limits {
+            max_groups: 255,
+            max_value_bytes: 1 << 20,
+            min_new_values: 300,
+            rows_per_new_value: 1,
+        };
+        let small2 = Limits {
+            max_groups: 1000,
+            max_value_bytes: 1 << 20,
+            min_new_values: 10,
+            rows_per_new_value: 100,
+        };
+        compare(
+            schema,
+            parts,
+            &sqls,
+            &[Limits::DEFAULT, WIDE, small, small2],
+        )
+        .await;
+    }
+
+    /// Combos laid out again, then given up, then a batch handed over.
+    #[tokio::test]
+    async fn combos_give_up_then_hand_over() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::UInt64, true),
+            Field::new("b", DataType::Int64, true),
+            Field::new("s", DataType::Utf8View, true),
+            Field::new("x", DataType::Int64, true),
+        ]));
+        let mk = |rows: u64, av: u64, bv: u64, shift: u64| {
+            let a = UInt64Array::from_iter(
+                (0..rows).map(|r| (r % 13 != 1).then_some(u64::MAX - (r * 7 + shift) % av)),
+            );
+            let b = Int64Array::from_iter(
+                (0..rows).map(|r| (r % 17 != 2).then_some(-(((r * 3 + shift) % bv) as i64))),
+            );
+            let s = StringViewArray::from_iter(
+                (0..rows).map(|r| (r % 5 != 0).then(|| format!("s{}", r % 3))),
+            );
+            let x = Int64Array::from_iter((0..rows).map(|r| (r % 4 != 0).then_some(r as i64)));
+            RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![
+                    Arc::new(a) as ArrayRef,
+                    Arc::new(b),
+                    Arc::new(s),
+                    Arc::new(x),
+                ],
+            )
+            .unwrap()
+        };
+        let parts = vec![
+            vec![
+                mk(100, 3, 2, 0),
+                mk(1000, 30, 20, 1),
+                mk(5000, 300, 200, 2),
+                mk(5000, 300, 300, 3),
+                mk(200, 3, 3, 4),
+                mk(50000, 5000, 5000, 5),
+            ],
+            vec![
+                mk(10, 1, 1, 0),
+                mk(3000, 256, 256, 0),
+                mk(3000, 257, 256, 0),
+                mk(100, 2, 2, 9),
+            ],
+        ];
+        let sqls = [
+            "SELECT a, b, count(*), sum(x), count(x) FILTER (WHERE x > 10) FROM r GROUP BY a, b ORDER BY a, b",
+            "SELECT b, s, a, count(*) FROM r GROUP BY b, s, a ORDER BY b, s, a",
+            "SELECT a, b, count(*) FROM r WHERE x IS NOT NULL GROUP BY a, b ORDER BY a, b",
+        ];
+        let mid = Limits {
+            max_groups: 70000,
+            max_value_bytes: 1 << 30,
+            min_new_values: 400,
+            rows_per_new_value: 1,
+        };
+        let mid2 = Limits {
+            max_groups: 20000,
+            max_value_bytes: 1 << 30,
+            min_new_values: 1 << 20,
+            rows_per_new_value: 1,
+        };
+        compare(schema, parts, &sqls, &[Limits::DEFAULT, WIDE, mid, mid2]).await;
     }
 }
