@@ -1051,11 +1051,7 @@ impl Grouping {
             self.group_count = self.columns[0].values.len();
         } else {
             self.fit_combos();
-            if self.combos.is_some() {
-                self.group_combos(rows)?;
-            } else {
-                self.group_packed(rows)?;
-            }
+            self.group_combos(rows)?;
         }
         for aggregate in &mut self.aggregates {
             match aggregate {
@@ -1093,8 +1089,8 @@ impl Grouping {
                 Some(group) => group as usize,
                 None => {
                     let group = self.new_group(|ids| ids[row])?;
-                    self.groups.insert(packed, group as u32);
-                    group
+                    self.groups.insert(packed, group);
+                    group as usize
                 }
             };
             self.group_indices.push(group);
@@ -1102,7 +1098,8 @@ impl Grouping {
         Ok(())
     }
 
-    /// Each row's group, with several group columns, through `combos`.
+    /// Each row's group, with several group columns, through `combos` (through `groups` once
+    /// it is given up).
     fn group_combos(&mut self, rows: usize) -> Result<()> {
         let Some(mut combos) = self.combos.take() else {
             return self.group_packed(rows);
@@ -1125,7 +1122,7 @@ impl Grouping {
             };
             if *entry == DenseIds::ABSENT {
                 match self.new_group(|ids| ids[row]) {
-                    Ok(group) => *entry = group as u32,
+                    Ok(group) => *entry = group,
                     Err(e) => {
                         grouped = Err(e);
                         break;
@@ -1139,10 +1136,9 @@ impl Grouping {
         grouped
     }
 
-    /// A new group for the row whose value id in each column `id_of` reads.
-    fn new_group(&mut self, id_of: impl Fn(&[u32]) -> u32) -> Result<usize> {
-        let group = self.group_count;
-        u32::try_from(group)
+    /// A new group for the row whose value id in each column `id_of` reads; its id.
+    fn new_group(&mut self, id_of: impl Fn(&[u32]) -> u32) -> Result<u32> {
+        let group = u32::try_from(self.group_count)
             .map_err(|_| DataFusionError::Internal("too many keyed groups".into()))?;
         for (values, ids) in self.group_values.iter_mut().zip(&self.value_ids) {
             values.push(id_of(ids));
