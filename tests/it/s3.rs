@@ -479,8 +479,13 @@ async fn produce(base: &str, name: &str, seq: u64, body: &str) -> reqwest::Respo
 /// The whole of stream `name` on `base`, and its tail, if it answers: read as clients do,
 /// from `Stream-Next-Offset` to the next until an answer says `Stream-Up-To-Date` (a node
 /// answers what the owner's snapshot holds itself, and that answer never says it).
+///
+/// A JSON stream answers each read with an array of its messages, so the arrays of several
+/// reads are joined into one: a read from another node's snapshot is not marked up to date
+/// (only the owner knows the tail), and the read after it may well be an empty `[]`.
 async fn read_stream(base: &str, name: &str) -> Option<(String, String)> {
     let mut data = String::new();
+    let mut messages: Option<Vec<Value>> = None;
     let mut offset = "-1".to_owned();
     loop {
         let r = reqwest::Client::new()
@@ -494,8 +499,18 @@ async fn read_stream(base: &str, name: &str) -> Option<(String, String)> {
         let header = |h: &str| Some(r.headers().get(h)?.to_str().ok()?.to_owned());
         let next = header("Stream-Next-Offset")?;
         let up_to_date = header("Stream-Up-To-Date").is_some_and(|v| v == "true");
-        data.push_str(&r.text().await.ok()?);
+        let json = header("Content-Type").is_some_and(|v| v.starts_with("application/json"));
+        let body = r.text().await.ok()?;
+        if json {
+            let read: Vec<Value> = serde_json::from_str(&body).expect("a JSON read is an array");
+            messages.get_or_insert_default().extend(read);
+        } else {
+            data.push_str(&body);
+        }
         if up_to_date {
+            if let Some(messages) = messages {
+                data = Value::Array(messages).to_string();
+            }
             return Some((data, next));
         }
         offset = next;
