@@ -252,6 +252,110 @@ async fn top_n_by_two_columns_prunes_pages_and_answers_right() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The latest rows by a timestamp column, over eight Parquet files written in time order:
+/// the answers in either direction, with nulls first or last, are the brute-force ones
+/// (one older file has null times, which no file's bounds may hide), and the newest first
+/// scan reads at most two files' rows, where reading oldest first read them all: the ranges
+/// carry their time bounds, so the scan starts with the newest and prunes the rest whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latest_rows_read_the_newest_files_first_and_answer_right() {
+    let (dir, db) = database_with_t("latest", "ts timestamp, k int").await;
+    let at = |s: i64| {
+        format!(
+            "2026-01-{:02}T{:02}:{:02}:{:02}Z",
+            1 + s / 86_400,
+            s / 3_600 % 24,
+            s / 60 % 60,
+            s % 60
+        )
+    };
+    const FILES: i64 = 8;
+    const ROWS: i64 = 20_000;
+    // (time in seconds, or none; k), k unique.
+    let mut all: Vec<(Option<i64>, i64)> = Vec::new();
+    for file in 0..FILES {
+        let mut body = String::new();
+        for i in 0..ROWS {
+            let k = file * ROWS + i;
+            // File 2 has a null time on every 1000th row; times never repeat.
+            if file == 2 && i % 1_000 == 7 {
+                all.push((None, k));
+                body.push_str(&format!("{{\"k\":{k}}}\n"));
+            } else {
+                all.push((Some(k), k));
+                body.push_str(&format!("{{\"ts\":\"{}\",\"k\":{k}}}\n", at(k)));
+            }
+        }
+        ingest_t(&db, body).await;
+        db.tables().flush_due(true).await.unwrap();
+    }
+    let ks = |sql: String| {
+        let db = &db;
+        async move {
+            let result = db.execute(&sql).await.unwrap();
+            result
+                .rows
+                .iter()
+                .map(|row| row[0].clone().unwrap_or_default())
+                .collect::<Vec<_>>()
+        }
+    };
+    for (order, descending, nulls_first) in [
+        ("DESC", true, true),
+        ("DESC NULLS LAST", true, false),
+        ("ASC", false, false),
+        ("ASC NULLS FIRST", false, true),
+    ] {
+        let mut want = all.clone();
+        want.sort_by(|a, b| {
+            let by_time = match (a.0, b.0) {
+                (None, None) => std::cmp::Ordering::Equal,
+                (None, Some(_)) if nulls_first => std::cmp::Ordering::Less,
+                (None, Some(_)) => std::cmp::Ordering::Greater,
+                (Some(_), None) if nulls_first => std::cmp::Ordering::Greater,
+                (Some(_), None) => std::cmp::Ordering::Less,
+                (Some(x), Some(y)) if descending => y.cmp(&x),
+                (Some(x), Some(y)) => x.cmp(&y),
+            };
+            by_time.then(a.1.cmp(&b.1))
+        });
+        let want: Vec<String> = want[..30].iter().map(|(_, k)| k.to_string()).collect();
+        let got = ks(format!("SELECT k FROM t ORDER BY ts {order}, k LIMIT 30")).await;
+        assert_eq!(got, want, "ORDER BY ts {order}");
+    }
+
+    let sql = "SELECT ts, k FROM t ORDER BY ts DESC NULLS LAST LIMIT 20";
+    let plan = db.execute(&format!("EXPLAIN ANALYZE {sql}")).await.unwrap();
+    let text: String = plan
+        .rows
+        .iter()
+        .flatten()
+        .flatten()
+        .cloned()
+        .collect::<Vec<_>>()
+        .join("\n");
+    let scan = text
+        .lines()
+        .find(|l| l.contains("DataSourceExec"))
+        .expect("a scan");
+    let rows: f64 = scan
+        .split("output_rows=")
+        .nth(1)
+        .and_then(|rest| rest.split([',', ']']).next())
+        .map(|n| match n.strip_suffix(" K") {
+            Some(k) => k.parse::<f64>().map(|k| k * 1_000.0),
+            None => n.parse::<f64>(),
+        })
+        .expect("the scan reports its rows")
+        .expect("a number of rows");
+    assert!(
+        rows <= (2 * ROWS) as f64,
+        "the scan read {rows} of {} rows:\n{text}",
+        FILES * ROWS
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `count(*)` without a filter is answered from the manifest's row counts and the unflushed
 /// batches, with no scan, and agrees with a scan; with a filter, or counting a column, it
 /// scans. Rows come from two flushed files and unflushed batches, then from three files.
