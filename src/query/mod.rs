@@ -21,6 +21,7 @@ mod runtime;
 mod scopeql;
 pub(crate) mod statements;
 mod time_functions;
+mod topn;
 mod wrapped_udf;
 
 use std::sync::Arc;
@@ -373,6 +374,7 @@ fn base_session(env: Arc<RuntimeEnv>) -> Result<SessionState, QueryError> {
         .with_config(config)
         .with_runtime_env(env)
         .with_default_features()
+        .with_physical_optimizer_rule(Arc::new(topn::UnionTopN))
         .with_physical_optimizer_rule(Arc::new(pruning::ColumnPruning))
         .with_physical_optimizer_rule(Arc::new(grouping::KeyedGrouping::new(
             grouping::Limits::DEFAULT,

@@ -206,6 +206,8 @@ impl TableProvider for SluiceTable {
             let partitions = state.config().target_partitions().max(1);
             let range_bytes = (total / (4 * partitions as u64)).max(MIN_RANGE_BYTES);
             let mut ranges = Vec::new();
+            // The timestamp columns' bounds over every range.
+            let mut times: Option<Vec<(usize, Option<TimeStatistics>)>> = None;
             for f in files {
                 let file = PartitionedFile::new(f.path.clone(), f.bytes);
                 // Footers come from (and stay in) the runtime's cache; a file whose footer
@@ -222,6 +224,16 @@ impl TableProvider for SluiceTable {
                 for range in scan_ranges(&metadata, &self.schema, filters, range_bytes) {
                     let (start, end) = (range.start, range.end);
                     let statistics = range.statistics(&self.schema);
+                    times = Some(match times {
+                        None => range.times,
+                        Some(all) => all
+                            .into_iter()
+                            .zip(range.times)
+                            .map(|((column, all), (_, this))| {
+                                (column, all.zip(this).map(|(a, t)| a.merge(t)))
+                            })
+                            .collect(),
+                    });
                     let range = file
                         .clone()
                         .with_range(start as i64, end as i64)
@@ -231,11 +243,26 @@ impl TableProvider for SluiceTable {
             }
             // The manifest's row counts: with no filter every row of every file is read, so
             // the count is exact and `count(*)` is answered from it without reading a page.
-            let mut statistics = datafusion::common::Statistics::new_unknown(&self.schema);
-            statistics.num_rows = match usize::try_from(rows) {
-                Ok(rows) if readable && filters.is_empty() => Precision::Exact(rows),
-                Ok(rows) => Precision::Inexact(rows),
-                Err(_) => Precision::Absent,
+            // So are the timestamp columns' bounds over all the row groups: `min(time)` and
+            // `max(time)` are answered from the footers.
+            let exact = readable && filters.is_empty();
+            let statistics = match times {
+                Some(times) if exact => ScanRange {
+                    start: 0,
+                    end: total,
+                    rows,
+                    times,
+                }
+                .statistics(&self.schema),
+                _ => {
+                    let mut statistics = datafusion::common::Statistics::new_unknown(&self.schema);
+                    statistics.num_rows = match usize::try_from(rows) {
+                        Ok(rows) if exact => Precision::Exact(rows),
+                        Ok(rows) => Precision::Inexact(rows),
+                        Err(_) => Precision::Absent,
+                    };
+                    statistics
+                }
             };
             builder = builder.with_statistics(statistics);
             // No range: no row group of any file may match.

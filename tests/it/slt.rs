@@ -324,6 +324,41 @@ async fn latest_rows_read_the_newest_files_first_and_answer_right() {
         assert_eq!(got, want, "ORDER BY ts {order}");
     }
 
+    // The bounds and the count of the times come from the footers, with no scan, and agree
+    // with a scan (a filter on `k` forces one).
+    let cells = |sql: &'static str| {
+        let db = &db;
+        async move { db.execute(sql).await.unwrap().rows[0].clone() }
+    };
+    let from_footers = cells("SELECT min(ts), max(ts), count(ts), count(*) FROM t").await;
+    let scanned = cells("SELECT min(ts), max(ts), count(ts), count(*) FROM t WHERE k >= 0").await;
+    assert_eq!(from_footers, scanned);
+    assert_eq!(from_footers[2].as_deref(), Some("159980"));
+    let plan = db
+        .execute("EXPLAIN SELECT min(ts), max(ts), count(ts), count(*) FROM t")
+        .await
+        .unwrap();
+    let physical = plan.rows[1][1].clone().unwrap();
+    assert!(!physical.contains("DataSourceExec"), "scanned: {physical}");
+    // Unflushed rows, one newer than every file and one with no time, count as well.
+    let newest = FILES * ROWS + 5;
+    ingest_t(
+        &db,
+        format!(
+            "{{\"ts\":\"{}\",\"k\":{newest}}}\n{{\"k\":{}}}\n",
+            at(newest),
+            newest + 1
+        ),
+    )
+    .await;
+    let with_unflushed = cells("SELECT min(ts), max(ts), count(ts), count(*) FROM t").await;
+    assert_eq!(
+        with_unflushed,
+        cells("SELECT min(ts), max(ts), count(ts), count(*) FROM t WHERE k >= 0").await
+    );
+    assert_eq!(with_unflushed[2].as_deref(), Some("159981"));
+    assert_eq!(with_unflushed[3].as_deref(), Some("160002"));
+
     let sql = "SELECT ts, k FROM t ORDER BY ts DESC NULLS LAST LIMIT 20";
     let plan = db.execute(&format!("EXPLAIN ANALYZE {sql}")).await.unwrap();
     let text: String = plan
