@@ -26,6 +26,7 @@ use datafusion::physical_expr_adapter::{
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::empty::EmptyExec;
 use datafusion::physical_plan::union::UnionExec;
+use parquet::basic::{LogicalType, TimestampType};
 use parquet::file::metadata::{ParquetMetaData, RowGroupMetaData};
 use parquet::file::statistics::Statistics;
 
@@ -229,8 +230,9 @@ impl TableProvider for SluiceTable {
                         Some(all) => all
                             .into_iter()
                             .zip(range.times)
-                            .map(|((column, all), (_, this))| {
-                                (column, all.zip(this).map(|(a, t)| a.merge(t)))
+                            .map(|((column, all), (other, this))| {
+                                let merged = all.zip(this).map(|(a, t)| a.merge(t));
+                                (column, merged.filter(|_| column == other))
                             })
                             .collect(),
                     });
@@ -475,17 +477,29 @@ fn scan_ranges(
     range_bytes: u64,
 ) -> Vec<ScanRange> {
     let leaves = metadata.file_metadata().schema_descr();
-    // Timestamp columns by name, with their index in the table and their leaf in the file.
-    let time_columns: Vec<(&str, usize, usize)> = schema
+    // Timestamp columns by name, with their index in the table and their leaf in the file:
+    // every one of the table's, in its order, whatever the file holds (ranges of different
+    // files are merged column by column), with no leaf where the file has none of
+    // nanosecond timestamps by that name (a column added since, or one of another type).
+    let time_columns: Vec<(&str, usize, Option<usize>)> = schema
         .fields()
         .iter()
         .enumerate()
         .filter(|(_, f)| matches!(f.data_type(), DataType::Timestamp(_, _)))
-        .filter_map(|(column, f)| {
+        .map(|(column, f)| {
             let name = f.name().as_str();
-            (0..leaves.num_columns())
-                .find(|&i| leaves.column(i).path().string() == name)
-                .map(|leaf| (name, column, leaf))
+            let leaf = (0..leaves.num_columns()).find(|&i| {
+                let leaf = leaves.column(i);
+                leaf.path().string() == name
+                    && matches!(
+                        leaf.logical_type_ref(),
+                        Some(LogicalType::Timestamp(TimestampType {
+                            unit: parquet::basic::TimeUnit::NANOS,
+                            ..
+                        }))
+                    )
+            });
+            (name, column, leaf)
         })
         .collect();
     let mut ranges: Vec<ScanRange> = Vec::new();
@@ -494,7 +508,10 @@ fn scan_ranges(
     for group in metadata.row_groups() {
         let times: Vec<(usize, Option<TimeStatistics>)> = time_columns
             .iter()
-            .map(|&(_, column, leaf)| (column, TimeStatistics::of(group.column(leaf).statistics())))
+            .map(|&(_, column, leaf)| {
+                let statistics = leaf.and_then(|leaf| group.column(leaf).statistics());
+                (column, TimeStatistics::of(statistics))
+            })
             .collect();
         let time_range = |column: &str| {
             let i = time_columns
@@ -690,6 +707,38 @@ mod tests {
         assert_eq!((&time.min_value, &time.max_value), (&nanos(8), &nanos(15)));
         assert_eq!(time.null_count, Precision::Exact(0));
         assert_eq!(statistics.column_statistics[1].min_value, Precision::Absent);
+    }
+
+    /// A file without the table's timestamp column, or with a column of that name that holds
+    /// no timestamps, gives no bounds for it (an `Int64`'s statistics are not nanoseconds),
+    /// and its ranges still list every timestamp column of the table, in the table's order.
+    #[test]
+    fn a_file_without_the_timestamp_column_gives_no_bounds() {
+        let file_schema = Arc::new(Schema::new(vec![Field::new("ts", DataType::Int64, false)]));
+        let batch = RecordBatch::try_new(
+            file_schema.clone(),
+            vec![Arc::new(Int64Array::from_iter_values(0..4))],
+        )
+        .unwrap();
+        let mut bytes = Vec::new();
+        let mut writer = ArrowWriter::try_new(&mut bytes, file_schema, None).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        let reader = SerializedFileReader::new(bytes::Bytes::from(bytes)).unwrap();
+        let nanos = DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into()));
+        let table = Schema::new(vec![
+            Field::new("other", nanos.clone(), true),
+            Field::new("ts", nanos, true),
+        ]);
+        let ranges = scan_ranges(reader.metadata(), &table, &[], u64::MAX);
+        assert_eq!(ranges.len(), 1);
+        assert_eq!(ranges[0].times, [(0, None), (1, None)]);
+        // Nor does a filter on it prune anything.
+        let past_all = [col("ts").gt(at(1_000))];
+        assert_eq!(
+            scan_ranges(reader.metadata(), &table, &past_all, u64::MAX).len(),
+            1
+        );
     }
 
     /// A range with a row group of nulls only has no bounds for that column (the chunk's
