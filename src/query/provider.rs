@@ -207,8 +207,6 @@ impl TableProvider for SluiceTable {
             let partitions = state.config().target_partitions().max(1);
             let range_bytes = (total / (4 * partitions as u64)).max(MIN_RANGE_BYTES);
             let mut ranges = Vec::new();
-            // The timestamp columns' bounds over every range.
-            let mut times: Option<Vec<(usize, Option<TimeStatistics>)>> = None;
             for f in files {
                 let file = PartitionedFile::new(f.path.clone(), f.bytes);
                 // Footers come from (and stay in) the runtime's cache; a file whose footer
@@ -225,17 +223,6 @@ impl TableProvider for SluiceTable {
                 for range in scan_ranges(&metadata, &self.schema, filters, range_bytes) {
                     let (start, end) = (range.start, range.end);
                     let statistics = range.statistics(&self.schema);
-                    times = Some(match times {
-                        None => range.times,
-                        Some(all) => all
-                            .into_iter()
-                            .zip(range.times)
-                            .map(|((column, all), (other, this))| {
-                                let merged = all.zip(this).map(|(a, t)| a.merge(t));
-                                (column, merged.filter(|_| column == other))
-                            })
-                            .collect(),
-                    });
                     let range = file
                         .clone()
                         .with_range(start as i64, end as i64)
@@ -245,26 +232,13 @@ impl TableProvider for SluiceTable {
             }
             // The manifest's row counts: with no filter every row of every file is read, so
             // the count is exact and `count(*)` is answered from it without reading a page.
-            // So are the timestamp columns' bounds over all the row groups: `min(time)` and
-            // `max(time)` are answered from the footers.
-            let exact = readable && filters.is_empty();
-            let statistics = match times {
-                Some(times) if exact => ScanRange {
-                    start: 0,
-                    end: total,
-                    rows,
-                    times,
-                }
-                .statistics(&self.schema),
-                _ => {
-                    let mut statistics = datafusion::common::Statistics::new_unknown(&self.schema);
-                    statistics.num_rows = match usize::try_from(rows) {
-                        Ok(rows) if exact => Precision::Exact(rows),
-                        Ok(rows) => Precision::Inexact(rows),
-                        Err(_) => Precision::Absent,
-                    };
-                    statistics
-                }
+            // (Not the footers' bounds of timestamp columns for `min(time)`: DataFusion
+            // carries exact bounds through any cast, and a time of day's are not a cast's.)
+            let mut statistics = datafusion::common::Statistics::new_unknown(&self.schema);
+            statistics.num_rows = match usize::try_from(rows) {
+                Ok(rows) if readable && filters.is_empty() => Precision::Exact(rows),
+                Ok(rows) => Precision::Inexact(rows),
+                Err(_) => Precision::Absent,
             };
             builder = builder.with_statistics(statistics);
             // No range: no row group of any file may match.
@@ -424,17 +398,22 @@ impl TimeStatistics {
 }
 
 impl ScanRange {
-    /// DataFusion's statistics of the range, over the whole table schema: its timestamp
-    /// columns' exact bounds and null counts, nothing of the other columns.
+    /// DataFusion's statistics of the range, over the whole table schema: its exact row
+    /// count, and its timestamp columns' bounds and null counts, marked inexact; nothing of
+    /// the other columns.
     ///
     /// With them, a top-N query on a timestamp column (`ORDER BY time DESC LIMIT 20`, the
     /// most common question asked of logs) reads the most promising ranges first: the scan
     /// hands its ranges to the partitions from one queue, ordered by these minimums, and
-    /// prunes a range whole once the top-N's threshold is past its bounds. Without them the
-    /// ranges came oldest first, and the threshold tightened only as the newest data came.
+    /// each range opened once the top-N's threshold is past its row groups skips them.
+    /// Without them the ranges came oldest first, and the threshold tightened only as the
+    /// newest data came.
     ///
-    /// The bounds must hold every value of the range (DataFusion prunes on them), and so
-    /// they do: they are the row groups' own statistics, and a range is whole row groups.
+    /// The bounds are exact (the row groups' own statistics; a range is whole row groups),
+    /// but are given as inexact so that DataFusion does not prune ranges or answer
+    /// aggregates with them: it carries exact bounds through any cast, and the bounds of
+    /// `CAST(time AS TIME)` are not the cast bounds (a range from 23:00 one day to 01:00 the
+    /// next was pruned for `CAST(time AS TIME) > '12:00'`). Ordering only needs inexact ones.
     fn statistics(&self, schema: &Schema) -> datafusion::common::Statistics {
         let mut statistics = datafusion::common::Statistics::new_unknown(schema);
         statistics.num_rows =
@@ -447,12 +426,12 @@ impl ScanRange {
                 continue;
             };
             let at =
-                |v: i64| Precision::Exact(ScalarValue::TimestampNanosecond(Some(v), tz.clone()));
+                |v: i64| Precision::Inexact(ScalarValue::TimestampNanosecond(Some(v), tz.clone()));
             let c = &mut statistics.column_statistics[column];
             c.min_value = at(bounds.min);
             c.max_value = at(bounds.max);
             c.null_count =
-                usize::try_from(bounds.nulls).map_or(Precision::Absent, Precision::Exact);
+                usize::try_from(bounds.nulls).map_or(Precision::Absent, Precision::Inexact);
         }
         statistics
     }
@@ -694,18 +673,19 @@ mod tests {
                 .collect::<Vec<_>>(),
             [(8, times(0, 7)), (8, times(8, 15)), (4, times(16, 19))]
         );
-        // As DataFusion's statistics: exact bounds of `time`, nothing of `n`.
+        // As DataFusion's statistics: the bounds of `time` (inexact, so that nothing is
+        // pruned by them), nothing of `n`.
         let statistics = cut[1].statistics(&schema);
         assert_eq!(statistics.num_rows, Precision::Exact(8));
         let time = &statistics.column_statistics[0];
         let nanos = |v| {
-            Precision::Exact(ScalarValue::TimestampNanosecond(
+            Precision::Inexact(ScalarValue::TimestampNanosecond(
                 Some(v),
                 Some("UTC".into()),
             ))
         };
         assert_eq!((&time.min_value, &time.max_value), (&nanos(8), &nanos(15)));
-        assert_eq!(time.null_count, Precision::Exact(0));
+        assert_eq!(time.null_count, Precision::Inexact(0));
         assert_eq!(statistics.column_statistics[1].min_value, Precision::Absent);
     }
 

@@ -16,6 +16,13 @@
 //!
 //! The added predicates only ever keep more rows than the conjunct they come from, so the
 //! answer does not change: they serve pruning, and rows are still filtered by the plan.
+//!
+//! It also takes out of each scan's predicate the conjuncts that cast a value to a time of
+//! day or a boolean ([`casts_out_of_order`]). DataFusion prunes through a cast by casting a column's
+//! bounds, which holds only for casts that keep order; a timestamp's time of day does not
+//! (a row group from 23:00 one day to 01:00 the next has the cast bounds 23:00 and 01:00,
+//! and `CAST(time AS TIME) > '12:00'` dropped it with its rows at 23:00). The plan still
+//! filters by them (the table's filters are inexact, a top-N sorts what it is given).
 
 use std::fmt;
 use std::hash::Hash;
@@ -31,7 +38,7 @@ use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::Result;
 use datafusion::logical_expr::{ColumnarValue, Operator};
 use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_expr::expressions::{BinaryExpr, Column, Literal};
+use datafusion::physical_expr::expressions::{BinaryExpr, CastExpr, Column, Literal, TryCastExpr};
 use datafusion::physical_expr::utils::{collect_columns, conjunction, split_conjunction};
 use datafusion::physical_expr_common::physical_expr::snapshot_physical_expr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
@@ -62,8 +69,22 @@ impl PhysicalOptimizerRule for ColumnPruning {
             let Some(predicate) = parquet.filter() else {
                 return Ok(Transformed::no(node));
             };
+            let conjuncts = split_conjunction(&predicate);
+            let count = conjuncts.len();
+            let mut kept = Vec::with_capacity(count);
+            for conjunct in conjuncts {
+                if !casts_out_of_order(conjunct)? {
+                    kept.push(Arc::clone(conjunct));
+                }
+            }
+            let stripped = kept.len() != count;
+            let predicate = if stripped {
+                conjunction(kept)
+            } else {
+                predicate
+            };
             let implied = implied_conjuncts(&predicate)?;
-            if implied.is_empty() {
+            if implied.is_empty() && !stripped {
                 return Ok(Transformed::no(node));
             }
             let predicate = conjunction(std::iter::once(predicate).chain(implied));
@@ -82,6 +103,34 @@ impl PhysicalOptimizerRule for ColumnPruning {
     fn schema_check(&self) -> bool {
         true
     }
+}
+
+/// Whether pruning with `expr` may drop rows it matches: somewhere in it (or in the
+/// expressions a dynamic filter is built on) a value is cast to a time of day, which does
+/// not keep the order of the timestamps it comes from (see the module documentation), or to
+/// a boolean, which does not keep the order of numbers (-5 and 5 are both true, 0 between
+/// them false). The other casts DataFusion prunes through keep order, or make an
+/// out-of-range bound null, which prunes nothing; it does not prune through casts between
+/// strings and other types at all.
+fn casts_out_of_order(expr: &Arc<dyn PhysicalExpr>) -> Result<bool> {
+    let mut found = false;
+    expr.apply(|e| {
+        let target = if let Some(cast) = e.downcast_ref::<CastExpr>() {
+            Some(cast.cast_type())
+        } else {
+            e.downcast_ref::<TryCastExpr>().map(TryCastExpr::cast_type)
+        };
+        found = matches!(
+            target,
+            Some(DataType::Time32(_) | DataType::Time64(_) | DataType::Boolean)
+        );
+        Ok(if found {
+            TreeNodeRecursion::Stop
+        } else {
+            TreeNodeRecursion::Continue
+        })
+    })?;
+    Ok(found)
 }
 
 /// The single-column predicates implied by the multi-column conjuncts of `predicate`.
