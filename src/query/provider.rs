@@ -559,6 +559,21 @@ mod tests {
         ))
     }
 
+    /// `batch` written as a Parquet file in row groups of `rows_per_group` rows.
+    fn parquet_file(
+        batch: &RecordBatch,
+        rows_per_group: usize,
+    ) -> SerializedFileReader<bytes::Bytes> {
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(rows_per_group))
+            .build();
+        let mut bytes = Vec::new();
+        let mut writer = ArrowWriter::try_new(&mut bytes, batch.schema(), Some(props)).unwrap();
+        writer.write(batch).unwrap();
+        writer.close().unwrap();
+        SerializedFileReader::new(bytes::Bytes::from(bytes)).unwrap()
+    }
+
     /// Groups are consecutive, hold about equal bytes, and are never empty.
     #[test]
     fn contiguous_groups_share_bytes_in_order() {
@@ -609,14 +624,7 @@ mod tests {
             Arc::new(Int64Array::from_iter_values(0..20)),
         ];
         let batch = RecordBatch::try_new(schema.clone(), columns).unwrap();
-        let props = WriterProperties::builder()
-            .set_max_row_group_row_count(Some(4))
-            .build();
-        let mut bytes = Vec::new();
-        let mut writer = ArrowWriter::try_new(&mut bytes, schema.clone(), Some(props)).unwrap();
-        writer.write(&batch).unwrap();
-        writer.close().unwrap();
-        let reader = SerializedFileReader::new(bytes::Bytes::from(bytes)).unwrap();
+        let reader = parquet_file(&batch, 4);
         let metadata = reader.metadata();
         assert_eq!(metadata.num_row_groups(), 5);
         // A row group's two column chunks lie one after the other: `time`, then `n`.
@@ -700,11 +708,7 @@ mod tests {
             vec![Arc::new(Int64Array::from_iter_values(0..4))],
         )
         .unwrap();
-        let mut bytes = Vec::new();
-        let mut writer = ArrowWriter::try_new(&mut bytes, file_schema, None).unwrap();
-        writer.write(&batch).unwrap();
-        writer.close().unwrap();
-        let reader = SerializedFileReader::new(bytes::Bytes::from(bytes)).unwrap();
+        let reader = parquet_file(&batch, 1024);
         let nanos = DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into()));
         let table = Schema::new(vec![
             Field::new("other", nanos.clone(), true),
@@ -733,14 +737,7 @@ mod tests {
         let times =
             TimestampNanosecondArray::from(vec![Some(5), Some(6), None, None]).with_timezone("UTC");
         let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(times)]).unwrap();
-        let props = WriterProperties::builder()
-            .set_max_row_group_row_count(Some(2))
-            .build();
-        let mut bytes = Vec::new();
-        let mut writer = ArrowWriter::try_new(&mut bytes, schema.clone(), Some(props)).unwrap();
-        writer.write(&batch).unwrap();
-        writer.close().unwrap();
-        let reader = SerializedFileReader::new(bytes::Bytes::from(bytes)).unwrap();
+        let reader = parquet_file(&batch, 2);
         let whole = scan_ranges(reader.metadata(), &schema, &[], u64::MAX);
         assert_eq!(whole.len(), 1);
         assert_eq!(whole[0].times, [(0, None)]);

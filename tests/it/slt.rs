@@ -182,6 +182,18 @@ async fn ingest_t(db: &Database, body: String) {
     .unwrap();
 }
 
+/// The text of `EXPLAIN ANALYZE` of `sql`: the plan with each operator's metrics.
+async fn explain_analyze(db: &Database, sql: &str) -> String {
+    let plan = db.execute(&format!("EXPLAIN ANALYZE {sql}")).await.unwrap();
+    plan.rows
+        .iter()
+        .flatten()
+        .flatten()
+        .cloned()
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// A top-N query ordered by two columns over several Parquet files: the answer is the
 /// brute-force one, and the scan prunes pages with the top-N's threshold (DataFusion alone
 /// prunes pages only with single-column predicates, and the threshold names both columns).
@@ -233,15 +245,7 @@ async fn top_n_by_two_columns_prunes_pages_and_answers_right() {
         .collect();
     assert_eq!(got, want);
 
-    let plan = db.execute(&format!("EXPLAIN ANALYZE {sql}")).await.unwrap();
-    let text: String = plan
-        .rows
-        .iter()
-        .flatten()
-        .flatten()
-        .cloned()
-        .collect::<Vec<_>>()
-        .join("\n");
+    let text = explain_analyze(&db, sql).await;
     let pruned = text
         .split("page_index_rows_pruned=")
         .nth(1)
@@ -353,15 +357,7 @@ async fn latest_rows_read_the_newest_files_first_and_answer_right() {
     assert_eq!(with_unflushed[3].as_deref(), Some("160002"));
 
     let sql = "SELECT ts, k FROM t ORDER BY ts DESC NULLS LAST LIMIT 20";
-    let plan = db.execute(&format!("EXPLAIN ANALYZE {sql}")).await.unwrap();
-    let text: String = plan
-        .rows
-        .iter()
-        .flatten()
-        .flatten()
-        .cloned()
-        .collect::<Vec<_>>()
-        .join("\n");
+    let text = explain_analyze(&db, sql).await;
     let scan = text
         .lines()
         .find(|l| l.contains("DataSourceExec"))
