@@ -17,8 +17,8 @@
 //! The added predicates only ever keep more rows than the conjunct they come from, so the
 //! answer does not change: they serve pruning, and rows are still filtered by the plan.
 //!
-//! It also takes out of each scan's predicate the conjuncts that cast a value to a time of
-//! day or a boolean ([`casts_out_of_order`]). DataFusion prunes through a cast by casting a column's
+//! It also takes out of each scan's predicate the conjuncts with a cast not known to keep
+//! order ([`casts_out_of_order`]). DataFusion prunes through a cast by casting a column's
 //! bounds, which holds only for casts that keep order; a timestamp's time of day does not
 //! (a row group from 23:00 one day to 01:00 the next has the cast bounds 23:00 and 01:00,
 //! and `CAST(time AS TIME) > '12:00'` dropped it with its rows at 23:00). The plan still
@@ -69,11 +69,12 @@ impl PhysicalOptimizerRule for ColumnPruning {
             let Some(predicate) = parquet.filter() else {
                 return Ok(Transformed::no(node));
             };
+            let table_schema = parquet.table_schema().table_schema().as_ref();
             let conjuncts = split_conjunction(&predicate);
             let count = conjuncts.len();
             let mut kept = Vec::with_capacity(count);
             for conjunct in conjuncts {
-                if !casts_out_of_order(conjunct)? {
+                if !casts_out_of_order(conjunct, table_schema)? {
                     kept.push(Arc::clone(conjunct));
                 }
             }
@@ -106,24 +107,23 @@ impl PhysicalOptimizerRule for ColumnPruning {
 }
 
 /// Whether pruning with `expr` may drop rows it matches: somewhere in it (or in the
-/// expressions a dynamic filter is built on) a value is cast to a time of day, which does
-/// not keep the order of the timestamps it comes from (see the module documentation), or to
-/// a boolean, which does not keep the order of numbers (-5 and 5 are both true, 0 between
-/// them false). The other casts DataFusion prunes through keep order, or make an
-/// out-of-range bound null, which prunes nothing; it does not prune through casts between
-/// strings and other types at all.
-fn casts_out_of_order(expr: &Arc<dyn PhysicalExpr>) -> Result<bool> {
+/// expressions a dynamic filter is built on) a value is cast in a way not known to keep
+/// order ([`keeps_order`]; the types are those of `schema`, the scan's table schema, and a
+/// cast whose input type cannot be told counts as one that does not keep it).
+fn casts_out_of_order(expr: &Arc<dyn PhysicalExpr>, schema: &Schema) -> Result<bool> {
     let mut found = false;
     expr.apply(|e| {
-        let target = if let Some(cast) = e.downcast_ref::<CastExpr>() {
-            Some(cast.cast_type())
+        let cast = if let Some(cast) = e.downcast_ref::<CastExpr>() {
+            Some((cast.expr(), cast.cast_type()))
         } else {
-            e.downcast_ref::<TryCastExpr>().map(TryCastExpr::cast_type)
+            e.downcast_ref::<TryCastExpr>()
+                .map(|cast| (cast.expr(), cast.cast_type()))
         };
-        found = matches!(
-            target,
-            Some(DataType::Time32(_) | DataType::Time64(_) | DataType::Boolean)
-        );
+        if let Some((input, to)) = cast {
+            found = input
+                .data_type(schema)
+                .map_or(true, |from| !keeps_order(&from, to));
+        }
         Ok(if found {
             TreeNodeRecursion::Stop
         } else {
@@ -131,6 +131,37 @@ fn casts_out_of_order(expr: &Arc<dyn PhysicalExpr>) -> Result<bool> {
         })
     })?;
     Ok(found)
+}
+
+/// Whether a cast from `from` to `to` keeps the order of values, or makes those it cannot
+/// represent null (which prunes nothing): the casts DataFusion may prune through by casting
+/// a column's bounds. Not a time of day (23:00 one day, 01:00 the next), not a number as a
+/// boolean (-5 and 5 are true, 0 false), not a timestamp as a date in a named time zone (a
+/// local date goes back where clocks fall back across midnight), nor anything else not
+/// listed here.
+fn keeps_order(from: &DataType, to: &DataType) -> bool {
+    use DataType::*;
+    let utc_or_fixed = |tz: &Option<Arc<str>>| {
+        tz.as_deref().is_none_or(|tz| {
+            matches!(tz, "UTC" | "Z" | "Etc/UTC") || tz.starts_with('+') || tz.starts_with('-')
+        })
+    };
+    let integer = |t: &DataType| t.is_integer();
+    match (from, to) {
+        (Dictionary(_, from), to) => keeps_order(from, to),
+        (from, Dictionary(_, to)) => keeps_order(from, to),
+        _ if from == to => true,
+        (from, to) if from.is_numeric() && to.is_numeric() => true,
+        (Boolean, to) if to.is_numeric() => true,
+        (Timestamp(_, _), Timestamp(_, _)) => true,
+        (Timestamp(_, tz), Date32 | Date64) => utc_or_fixed(tz),
+        (Timestamp(_, _) | Date32 | Date64, Int64) => true,
+        (Date32 | Date64, Date32 | Date64 | Timestamp(_, _)) => true,
+        (from, Timestamp(_, _) | Date32 | Date64) if integer(from) => true,
+        (Utf8 | LargeUtf8 | Utf8View, Utf8 | LargeUtf8 | Utf8View) => true,
+        (Binary | LargeBinary | BinaryView, Binary | LargeBinary | BinaryView) => true,
+        _ => false,
+    }
 }
 
 /// The single-column predicates implied by the multi-column conjuncts of `predicate`.

@@ -384,7 +384,8 @@ async fn latest_rows_read_the_newest_files_first_and_answer_right() {
 /// answer as a scan with nothing pruned does: a time of day (rows at 23:00 on one day and
 /// 01:00 on the next, in one row group or in two of one range: the cast bounds are 23:00 and
 /// 01:00, and DataFusion pruned both away for `> 12:00`), text (`…00Z` sorts after
-/// `…00.5Z`), and a number as a boolean (-5 and 5 are true, 0 false).
+/// `…00.5Z`), a number as a boolean (-5 and 5 are true, 0 false), and a timestamp as a local
+/// date in a zone whose clocks fall back across midnight.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn casts_that_do_not_keep_order_prune_nothing() {
     for row_group_rows in [1, 1024] {
@@ -444,6 +445,31 @@ async fn casts_that_do_not_keep_order_prune_nothing() {
                 "{sql}, row groups of {row_group_rows} rows"
             );
         }
+        // A local date goes back where clocks fall back across midnight: St. John's, 00:01
+        // on 2005-10-30 became 23:01 on the 29th.
+        db.execute("CREATE TABLE z (ts timestamp, k int)")
+            .await
+            .unwrap();
+        db.ingest(
+            "scopedb",
+            "public",
+            "z",
+            bytes::Bytes::from(
+                "{\"ts\":\"2005-10-30T02:30:30Z\",\"k\":1}\n\
+                 {\"ts\":\"2005-10-30T02:31:30Z\",\"k\":2}\n",
+            ),
+            ContentEncoding::Identity,
+        )
+        .await
+        .unwrap();
+        db.tables().flush_due(true).await.unwrap();
+        let sql = "SELECT k FROM z \
+                   WHERE CAST(ts AT TIME ZONE 'America/St_Johns' AS DATE) = '2005-10-29'";
+        assert_eq!(
+            rows(sql).await,
+            [["2".to_owned()]],
+            "{sql}, row groups of {row_group_rows} rows"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
