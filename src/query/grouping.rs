@@ -1482,7 +1482,7 @@ fn hand_over(
 }
 
 /// Children replaced, and the plan's properties computed again from them.
-fn recompute() -> ReplaceChildrenOptions {
+pub(crate) fn recompute() -> ReplaceChildrenOptions {
     ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute)
 }
 

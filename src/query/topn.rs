@@ -3,7 +3,8 @@
 //! DataFusion's sort pushdown tells a Parquet scan under a top-N (`ORDER BY time DESC LIMIT
 //! 20`) the order asked for, and the scan then reads its ranges and row groups in the order of
 //! their statistics (see `provider::ScanRange::statistics`): the newest first, so the top-N's
-//! threshold is soon past every other range, which is pruned whole. The pushdown stops at a
+//! threshold is soon past every other range, whose row groups are skipped when it is opened.
+//! The pushdown stops at a
 //! union, and a table with unflushed rows is scanned as the union of its files and its
 //! batches; on a live table, the case people ask "what came in last" of, the files were read
 //! oldest first.
@@ -18,10 +19,11 @@ use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::Result;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::union::UnionExec;
 use datafusion::physical_plan::{ExecutionPlan, SortOrderPushdownResult};
+
+use super::grouping::recompute;
 
 /// The physical optimizer rule that passes a top-N's order through a union to the scans
 /// under it (see the module documentation).
@@ -65,7 +67,6 @@ impl PhysicalOptimizerRule for UnionTopN {
             if !changed {
                 return Ok(Transformed::no(node));
             }
-            let recompute = || ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute);
             let union = sort
                 .input()
                 .clone()
