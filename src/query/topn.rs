@@ -4,10 +4,9 @@
 //! 20`) the order asked for, and the scan then reads its ranges and row groups in the order of
 //! their statistics (see `provider::ScanRange::statistics`): the newest first, so the top-N's
 //! threshold is soon past every other range, whose row groups are skipped when it is opened.
-//! The pushdown stops at a
-//! union, and a table with unflushed rows is scanned as the union of its files and its
-//! batches; on a live table, the case people ask "what came in last" of, the files were read
-//! oldest first.
+//! The pushdown stops at a union, and a table with unflushed rows is scanned as the union of
+//! its files and its batches; on a live table, the case people ask "what came in last" of,
+//! the files were read oldest first.
 //!
 //! [`UnionTopN`] hands the order on to each scan under a top-N's union. The hint only orders
 //! what is read: the sort stays, so the answer is the same whatever the hint does.
