@@ -51,7 +51,11 @@ use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 
 use arrow_array::cast::AsArray;
-use arrow_array::{Array, ArrayRef, BinaryViewArray, Int64Array, RecordBatch, UInt32Array};
+use arrow_array::types::Int32Type;
+use arrow_array::{
+    Array, ArrayRef, BinaryViewArray, DictionaryArray, Int64Array, RecordBatch, StringArray,
+    UInt32Array,
+};
 use arrow_schema::{DataType, SchemaRef};
 use arrow_select::filter::{filter_record_batch, prep_null_mask_filter};
 use datafusion::arrow::array::ArrayData;
@@ -64,7 +68,9 @@ use datafusion::execution::TaskContext;
 use datafusion::logical_expr::{EmitTo, GroupsAccumulator};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
+use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::expressions::Literal;
+use datafusion::physical_expr::utils::collect_columns;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode, aggregate_expressions};
 use datafusion::physical_plan::execution_plan::{ChildrenPropertiesMode, ReplaceChildrenOptions};
@@ -79,6 +85,8 @@ use datafusion::physical_plan::{
     SendableRecordBatchStream,
 };
 use futures::stream::BoxStream;
+
+use super::dictionary_scan::dictionary_scan;
 use futures::{StreamExt, TryStreamExt};
 
 /// At most this many group columns: their value ids (`u32` each) pack into one `u128`.
@@ -142,7 +150,8 @@ impl PhysicalOptimizerRule for KeyedGrouping {
             if !keyed(agg)? {
                 return Ok(Transformed::no(node));
             }
-            let exec = KeyedPartialAggregateExec::new(Arc::new(agg.clone()), self.limits);
+            let exec = KeyedPartialAggregateExec::new(Arc::new(agg.clone()), self.limits)
+                .reading_dictionaries()?;
             Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>))
         })
         .map(|t| t.data)
@@ -305,6 +314,35 @@ macro_rules! raw_key {
 raw_key!(true => u8, u16, u32, u64);
 raw_key!(false => u128);
 
+/// A string column read as a dictionary (`dictionary_scan`): the array, and its values.
+fn as_dictionary(array: &ArrayRef) -> Result<(&DictionaryArray<Int32Type>, &StringArray)> {
+    let dictionary = array
+        .as_dictionary_opt::<Int32Type>()
+        .ok_or_else(|| mistyped(array.data_type()))?;
+    let strings = dictionary
+        .values()
+        .as_string_opt::<i32>()
+        .ok_or_else(|| mistyped(array.data_type()))?;
+    Ok((dictionary, strings))
+}
+
+/// Whether two string arrays are one: the same buffers, offset and length. Each batch a
+/// Parquet reader or a filter makes of one column chunk's dictionary has an array of its
+/// own, over the chunk's one copy of the values. (The first array is held while this is
+/// asked, so its buffers cannot have been freed and their addresses taken again.)
+fn same_strings(a: &ArrayRef, b: &ArrayRef) -> bool {
+    match (a.as_string_opt::<i32>(), b.as_string_opt::<i32>()) {
+        (Some(a), Some(b)) => {
+            a.len() == b.len()
+                && a.offsets().inner().inner().as_ptr() == b.offsets().inner().inner().as_ptr()
+                && a.values().as_ptr() == b.values().as_ptr()
+                && a.nulls().map(|n| n.buffer().as_ptr()) == b.nulls().map(|n| n.buffer().as_ptr())
+                && a.nulls().map(|n| n.offset()) == b.nulls().map(|n| n.offset())
+        }
+        _ => false,
+    }
+}
+
 fn mistyped(data_type: &DataType) -> DataFusionError {
     DataFusionError::Internal(format!(
         "keyed grouping planned for a column it cannot read ({data_type})"
@@ -465,6 +503,11 @@ struct KeyColumn {
     dense: Option<DenseIds>,
     /// The values have been too far apart for `dense`.
     sparse: bool,
+    /// For a column read as a dictionary (`dictionary_scan`): the last batch's dictionary
+    /// values and the id of each ([`DenseIds::ABSENT`] until a row uses it). The batches of
+    /// one Parquet column chunk share their dictionary's buffers ([`same_strings`]), so its
+    /// values are looked up once.
+    dictionary: Option<(ArrayRef, Vec<u32>)>,
 }
 
 /// The most slots [`DenseIds`] takes (256 KiB of ids).
@@ -526,6 +569,7 @@ impl KeyColumn {
             hasher: RandomState::with_seed(seed),
             dense: None,
             sparse: false,
+            dictionary: None,
         }
     }
 
@@ -534,6 +578,11 @@ impl KeyColumn {
         if let Some(&id) = self.ids.get(&value) {
             return Ok(id);
         }
+        self.insert(value)
+    }
+
+    /// Gives a value not in `ids` the next id.
+    fn insert(&mut self, value: ScalarValue) -> Result<u32> {
         let id = u32::try_from(self.values.len())
             .map_err(|_| DataFusionError::Internal("too many keyed groups".into()))?;
         // Kept twice: in `values`, and as a key of `ids`.
@@ -555,6 +604,9 @@ impl KeyColumn {
     ) -> Result<bool> {
         out.clear();
         out.resize(array.len(), 0);
+        if let DataType::Dictionary(..) = array.data_type() {
+            return self.dictionary_value_ids(array, out, new, max_new);
+        }
         let data = array.to_data();
         match self.kind.raw_keys(array, &data)? {
             RawKeys::U8(keys) => self.value_ids_of(array, keys, out, new, max_new),
@@ -562,6 +614,145 @@ impl KeyColumn {
             RawKeys::U32(keys) => self.value_ids_of(array, keys, out, new, max_new),
             RawKeys::U64(keys) => self.value_ids_of(array, keys, out, new, max_new),
             RawKeys::Wide(keys) => self.value_ids_of(array, keys, out, new, max_new),
+        }
+    }
+
+    /// [`KeyColumn::value_ids`] for a string column read as a dictionary: each dictionary
+    /// value a row uses is looked up once (as the `Utf8View` value the column's type has),
+    /// and each row's id is its key's.
+    fn dictionary_value_ids(
+        &mut self,
+        array: &ArrayRef,
+        out: &mut [u32],
+        new: &mut usize,
+        max_new: usize,
+    ) -> Result<bool> {
+        let (dictionary, strings) = as_dictionary(array)?;
+        let mut ids = self.dictionary_ids(dictionary.values());
+        let keys = dictionary.keys().values();
+        // Each row's id by its key, in a loop without branches; a row whose key has no id
+        // yet (the first batches of a dictionary) is found below.
+        let mut absent = false;
+        for (out, &key) in out.iter_mut().zip(keys.iter()) {
+            let slot = usize::try_from(key).unwrap_or(usize::MAX);
+            let id = ids.get(slot).copied().unwrap_or(DenseIds::ABSENT);
+            absent |= id == DenseIds::ABSENT;
+            *out = id;
+        }
+        let nulls = array.logical_nulls();
+        if absent {
+            for (row, (out, &key)) in out.iter_mut().zip(keys.iter()).enumerate() {
+                if *out != DenseIds::ABSENT || nulls.as_ref().is_some_and(|n| n.is_null(row)) {
+                    continue;
+                }
+                let slot = usize::try_from(key).map_err(|_| mistyped(array.data_type()))?;
+                match self.dictionary_id(&mut ids, strings, slot, new, max_new)? {
+                    Some(id) => *out = id,
+                    None => return Ok(false),
+                }
+            }
+        }
+        if let Some(nulls) = nulls.filter(|n| n.null_count() > 0) {
+            let null_id = self.null_id()?;
+            for row in (0..out.len()).filter(|&row| nulls.is_null(row)) {
+                out[row] = null_id;
+            }
+        }
+        self.dictionary = Some((Arc::clone(dictionary.values()), ids));
+        Ok(true)
+    }
+
+    /// For a column read as a dictionary, and only `count(*)` to compute: each group's rows
+    /// in `array`, counted by dictionary key (no id per row). None once the batch has
+    /// brought more than `max_new` new values.
+    fn dictionary_counts(
+        &mut self,
+        array: &ArrayRef,
+        by_key: &mut Vec<i64>,
+        new: &mut usize,
+        max_new: usize,
+    ) -> Result<Option<Vec<(u32, i64)>>> {
+        let (dictionary, strings) = as_dictionary(array)?;
+        let keys = dictionary.keys().values();
+        by_key.clear();
+        by_key.resize(strings.len(), 0);
+        count_rows(by_key, keys, |key| {
+            usize::try_from(key).unwrap_or(usize::MAX)
+        });
+        // A null row's key is counted above and taken back here.
+        let mut nulls = 0;
+        if let Some(n) = array.logical_nulls() {
+            for row in (0..keys.len()).filter(|&row| n.is_null(row)) {
+                nulls += 1;
+                let slot = keys.get(row).and_then(|&k| usize::try_from(k).ok());
+                if let Some(count) = slot.and_then(|slot| by_key.get_mut(slot)) {
+                    *count -= 1;
+                }
+            }
+        }
+        if by_key.iter().sum::<i64>() + nulls != keys.len() as i64 {
+            return Err(mistyped(array.data_type()));
+        }
+        let mut ids = self.dictionary_ids(dictionary.values());
+        let mut counted = Vec::new();
+        for (slot, &count) in by_key.iter().enumerate().filter(|(_, count)| **count > 0) {
+            match self.dictionary_id(&mut ids, strings, slot, new, max_new)? {
+                Some(id) => counted.push((id, count)),
+                None => return Ok(None),
+            }
+        }
+        if nulls > 0 {
+            counted.push((self.null_id()?, nulls));
+        }
+        self.dictionary = Some((Arc::clone(dictionary.values()), ids));
+        Ok(Some(counted))
+    }
+
+    /// The ids of `values`' entries known so far: kept from the last batch if it had the same
+    /// dictionary, else none ([`DenseIds::ABSENT`]).
+    fn dictionary_ids(&mut self, values: &ArrayRef) -> Vec<u32> {
+        match self.dictionary.take() {
+            Some((cached, ids)) if same_strings(&cached, values) => ids,
+            _ => vec![DenseIds::ABSENT; values.len()],
+        }
+    }
+
+    /// The id of dictionary entry `slot` of `strings`, found once per dictionary (`ids`);
+    /// None if it is new and the batch has brought more than `max_new` new values.
+    #[inline]
+    fn dictionary_id(
+        &mut self,
+        ids: &mut [u32],
+        strings: &StringArray,
+        slot: usize,
+        new: &mut usize,
+        max_new: usize,
+    ) -> Result<Option<u32>> {
+        let id = ids
+            .get_mut(slot)
+            .ok_or_else(|| mistyped(strings.data_type()))?;
+        if *id == DenseIds::ABSENT {
+            let value = ScalarValue::Utf8View(Some(strings.value(slot).to_owned()));
+            *id = match self.ids.get(&value) {
+                Some(&known) => known,
+                None => {
+                    *new += 1;
+                    if *new > max_new {
+                        return Ok(None);
+                    }
+                    self.insert(value)?
+                }
+            };
+        }
+        Ok(Some(*id))
+    }
+
+    /// The id of the null value of a string column read as a dictionary.
+    fn null_id(&mut self) -> Result<u32> {
+        let null = ScalarValue::Utf8View(None);
+        match self.ids.get(&null) {
+            Some(&id) => Ok(id),
+            None => self.insert(null),
         }
     }
 
@@ -778,6 +969,7 @@ impl KeyColumn {
     /// Forgets the values first seen in a batch that is handed over (the tables are not
     /// used again: after a hand-over, a grouping only emits).
     fn roll_back(&mut self) {
+        self.dictionary = None;
         let committed = self.committed;
         self.values.truncate(committed);
         self.ids.retain(|_, id| (*id as usize) < committed);
@@ -981,6 +1173,9 @@ struct Grouping {
     /// Each row's group id, when an aggregate needs them as `usize` (with one group column
     /// and only `count(*)`, rows are counted straight from `value_ids`).
     group_indices: Vec<usize>,
+    /// Rows by dictionary key, when `count(*)` is counted by key
+    /// ([`KeyColumn::dictionary_counts`]).
+    by_key: Vec<i64>,
     aggregates: Vec<Aggregate>,
     limits: Limits,
 }
@@ -1023,6 +1218,7 @@ impl Grouping {
             combos_given_up: false,
             group_count: 0,
             group_indices: Vec::new(),
+            by_key: Vec::new(),
             aggregates,
             limits,
         })
@@ -1036,6 +1232,31 @@ impl Grouping {
             .map(|e| e.evaluate(batch).and_then(|v| v.into_array(rows)))
             .collect::<Result<Vec<_>>>()?;
         let max_new = self.limits.new_values(rows);
+        if let ([column], [array]) = (self.columns.as_mut_slice(), keys.as_slice())
+            && let DataType::Dictionary(..) = array.data_type()
+            && (self.aggregates.iter()).all(|a| matches!(a, Aggregate::Rows(_)))
+        {
+            let mut new = 0;
+            let Some(counted) =
+                column.dictionary_counts(array, &mut self.by_key, &mut new, max_new)?
+            else {
+                column.roll_back();
+                return Ok(Step::HandOverThis);
+            };
+            self.group_count = column.values.len();
+            column.commit();
+            for aggregate in &mut self.aggregates {
+                if let Aggregate::Rows(counts) = aggregate {
+                    counts.resize(self.group_count, 0);
+                    for &(id, rows) in &counted {
+                        if let Some(count) = counts.get_mut(id as usize) {
+                            *count += rows;
+                        }
+                    }
+                }
+            }
+            return Ok(self.next_step());
+        }
         let mut new = 0;
         for ((column, array), ids) in self.columns.iter_mut().zip(&keys).zip(&mut self.value_ids) {
             if !column.value_ids(array, ids, &mut new, max_new)? {
@@ -1068,16 +1289,18 @@ impl Grouping {
             }
         }
         self.columns.iter_mut().for_each(KeyColumn::commit);
+        Ok(self.next_step())
+    }
+
+    /// What follows a batch that was aggregated: the next, or a hand-over once the groups
+    /// or their values pass their bounds.
+    fn next_step(&self) -> Step {
         let value_bytes: usize = self.columns.iter().map(|c| c.value_bytes).sum();
-        Ok(
-            if self.group_count > self.limits.max_groups
-                || value_bytes > self.limits.max_value_bytes
-            {
-                Step::HandOverNext
-            } else {
-                Step::Continue
-            },
-        )
+        if self.group_count > self.limits.max_groups || value_bytes > self.limits.max_value_bytes {
+            Step::HandOverNext
+        } else {
+            Step::Continue
+        }
     }
 
     /// Each row's group, with several group columns, through `groups`: the row's value ids
@@ -1252,6 +1475,9 @@ pub(crate) struct KeyedPartialAggregateExec {
     agg: Arc<AggregateExec>,
     /// The aggregate's input, when it is a filter this operator applies.
     filter: Option<Arc<FilterExec>>,
+    /// The source's Parquet scan with group columns read as dictionaries
+    /// ([`dictionary_scan`]), read in place of the source; and those columns' names.
+    scan: Option<(Arc<dyn ExecutionPlan>, Vec<String>)>,
     limits: Limits,
     metrics: ExecutionPlanMetricsSet,
 }
@@ -1267,18 +1493,103 @@ impl KeyedPartialAggregateExec {
         KeyedPartialAggregateExec {
             agg,
             filter,
+            scan: None,
             limits,
             metrics: ExecutionPlanMetricsSet::new(),
         }
     }
 
-    /// The plan whose batches this operator reads.
+    /// The plan that the aggregate (and its filter) read.
     fn source(&self) -> &Arc<dyn ExecutionPlan> {
         match &self.filter {
             Some(filter) => filter.input(),
             None => self.agg.input(),
         }
     }
+
+    /// The plan whose batches this operator reads: the source, or its dictionary scan.
+    fn input(&self) -> &Arc<dyn ExecutionPlan> {
+        match &self.scan {
+            Some((scan, _)) => scan,
+            None => self.source(),
+        }
+    }
+
+    /// This operator reading its string group columns as dictionaries where the source is a
+    /// Parquet scan that can give them so ([`dictionary_scan`]). A column qualifies if the
+    /// operator reads it only as a group key: no aggregate, aggregate filter or row filter
+    /// reads it.
+    fn reading_dictionaries(mut self) -> Result<Self> {
+        let input = self.agg.input().schema();
+        let mut read_otherwise: Vec<usize> = Vec::new();
+        for aggregate in self.agg.aggr_expr() {
+            for argument in aggregate.expressions() {
+                read_otherwise.extend(collect_columns(&argument).iter().map(Column::index));
+            }
+        }
+        for filter in self.agg.filter_expr().iter().flatten() {
+            read_otherwise.extend(collect_columns(filter).iter().map(Column::index));
+        }
+        let mut keys = Vec::new();
+        for (expr, _) in self.agg.group_expr().expr() {
+            match expr.downcast_ref::<Column>() {
+                Some(column) if expr.data_type(&input)? == DataType::Utf8View => {
+                    keys.push(column.index())
+                }
+                _ => read_otherwise.extend(collect_columns(expr).iter().map(Column::index)),
+            }
+        }
+        keys.retain(|k| !read_otherwise.contains(k));
+        // The keys' columns in the source's output: through the filter's projection, and not
+        // read by its predicate.
+        let mut columns = Vec::new();
+        let mut names = Vec::new();
+        for key in keys {
+            let column = match &self.filter {
+                Some(filter) => {
+                    let column = match filter.projection() {
+                        Some(projection) => projection.get(key).copied(),
+                        None => Some(key),
+                    };
+                    match column {
+                        Some(c)
+                            if !collect_columns(filter.predicate())
+                                .iter()
+                                .any(|p| p.index() == c) =>
+                        {
+                            c
+                        }
+                        _ => continue,
+                    }
+                }
+                None => key,
+            };
+            if !columns.contains(&column) {
+                columns.push(column);
+                names.push(input.field(key).name().clone());
+            }
+        }
+        if let Some(scan) = dictionary_scan(self.source(), &columns)? {
+            self.scan = Some((scan, names));
+        }
+        Ok(self)
+    }
+}
+
+/// `batch`, read by a dictionary scan, in the types of `schema` (the scan it replaced).
+fn as_source(batch: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
+    let columns = batch
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(
+            |(column, field)| match column.data_type() == field.data_type() {
+                true => Ok(Arc::clone(column)),
+                false => arrow_cast::cast(column, field.data_type()),
+            },
+        )
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
 }
 
 /// `agg` (and its input's `filter`, if it is applied with it) over another source.
@@ -1306,7 +1617,11 @@ impl DisplayAs for KeyedPartialAggregateExec {
             }
             return Ok(());
         }
-        write!(f, "KeyedPartialAggregateExec of ")?;
+        write!(f, "KeyedPartialAggregateExec")?;
+        if let Some((_, names)) = &self.scan {
+            write!(f, " reading dictionaries of [{}]", names.join(", "))?;
+        }
+        write!(f, " of ")?;
         self.agg.fmt_as(t, f)?;
         if let Some(filter) = &self.filter {
             write!(f, ", of ")?;
@@ -1326,7 +1641,7 @@ impl ExecutionPlan for KeyedPartialAggregateExec {
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![self.source()]
+        vec![self.input()]
     }
 
     fn apply_expressions(
@@ -1346,6 +1661,22 @@ impl ExecutionPlan for KeyedPartialAggregateExec {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let [source] = <[_; 1]>::try_from(children)
             .map_err(|_| DataFusionError::Internal("a keyed aggregate has one child".into()))?;
+        if let Some((scan, names)) = &self.scan {
+            // The dictionary scan, made anew (its state reset, say): the aggregate and filter
+            // stay as planned over the scan it replaced.
+            if source.schema() != scan.schema() {
+                return Err(DataFusionError::Internal(
+                    "a keyed aggregate's dictionary scan was replaced by another plan".into(),
+                ));
+            }
+            return Ok(Arc::new(KeyedPartialAggregateExec {
+                agg: Arc::clone(&self.agg),
+                filter: self.filter.clone(),
+                scan: Some((source, names.clone())),
+                limits: self.limits,
+                metrics: ExecutionPlanMetricsSet::new(),
+            }));
+        }
         let plan = over_source(&self.agg, self.filter.as_ref(), source)?;
         let Some(agg) = plan.downcast_ref::<AggregateExec>() else {
             return Err(DataFusionError::Internal(
@@ -1368,6 +1699,7 @@ impl ExecutionPlan for KeyedPartialAggregateExec {
         Ok(Arc::new(KeyedPartialAggregateExec {
             agg: Arc::new(agg.clone()),
             filter,
+            scan: None,
             limits: self.limits,
             metrics: ExecutionPlanMetricsSet::new(),
         }))
@@ -1382,7 +1714,9 @@ impl ExecutionPlan for KeyedPartialAggregateExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        let mut input = self.source().execute(partition, Arc::clone(&context))?;
+        let mut input = self.input().execute(partition, Arc::clone(&context))?;
+        // What the replaced operator reads, should the rest be handed over to it.
+        let source_schema = self.scan.as_ref().map(|_| self.source().schema());
         let schema = self.agg.schema();
         let batch_size = context.session_config().batch_size();
         let mut grouping = Grouping::new(&self.agg, self.limits)?;
@@ -1409,6 +1743,17 @@ impl ExecutionPlan for KeyedPartialAggregateExec {
                 let ours = grouping.emit(&output_schema, batch_size)?;
                 baseline.record_output(ours.iter().map(RecordBatch::num_rows).sum());
                 let first = (step == Step::HandOverThis).then_some(batch);
+                let (first, input) = match &source_schema {
+                    Some(schema) => {
+                        let first = first.map(|b| as_source(b, schema)).transpose()?;
+                        let restore = Arc::clone(schema);
+                        let restored = input.map(move |b| b.and_then(|b| as_source(b, &restore)));
+                        let input: SendableRecordBatchStream =
+                            Box::pin(RecordBatchStreamAdapter::new(Arc::clone(schema), restored));
+                        (first, input)
+                    }
+                    None => (first, input),
+                };
                 let rest = hand_over(&agg, filter.as_ref(), first, input, context)?;
                 // The rows of the handed-over part count as this operator's output too.
                 let counted = baseline.clone();

@@ -11,6 +11,7 @@
 //! the default, so `FROM events` works too.
 
 pub(crate) mod ddl;
+mod dictionary_scan;
 mod grouping;
 mod json_functions;
 mod lex;

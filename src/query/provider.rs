@@ -30,6 +30,7 @@ use parquet::basic::{LogicalType, TimestampType};
 use parquet::file::metadata::{ParquetMetaData, RowGroupMetaData};
 use parquet::file::statistics::Statistics;
 
+use crate::query::dictionary_scan::FileFooter;
 use crate::table::{DataFile, Tables};
 
 /// How a scan maps the table's columns to a file's: DataFusion's adapter, shown each file
@@ -223,10 +224,12 @@ impl TableProvider for SluiceTable {
                 for range in scan_ranges(&metadata, &self.schema, filters, range_bytes) {
                     let (start, end) = (range.start, range.end);
                     let statistics = range.statistics(&self.schema);
-                    let range = file
+                    let mut range = file
                         .clone()
                         .with_range(start as i64, end as i64)
                         .with_statistics(Arc::new(statistics));
+                    // For a grouping that reads strings as dictionaries (`dictionary_scan`).
+                    range.extensions.insert(FileFooter(Arc::clone(&metadata)));
                     ranges.push((range, end - start));
                 }
             }

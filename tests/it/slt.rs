@@ -537,3 +537,164 @@ async fn count_star_from_row_counts_agrees_with_a_scan() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Grouping by string columns read as Parquet dictionaries (`KeyedPartialAggregateExec
+/// reading dictionaries of [...]`) answers as the rows say: over files with dictionaries of
+/// their own, with nulls and empty strings, with a filter that drops every row of some
+/// values (no group may appear for them), with two keys and with aggregates of other
+/// columns, and for a column of 2,000 values that hands over to DataFusion mid-batch.
+/// A column read by the filter or an aggregate is not read as a dictionary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grouping_by_dictionaries_answers_as_the_rows_say() {
+    use std::collections::BTreeMap;
+    let (dir, db) = database_with_t("dictionaries", "k int, s string, u string, m string").await;
+    const FILES: i64 = 4;
+    const ROWS: i64 = 9_000;
+    // (k, s, u, m); s is null on every 11th row, and in file 1 its values differ.
+    let mut all: Vec<(i64, Option<String>, String, String)> = Vec::new();
+    for file in 0..FILES {
+        let mut body = String::new();
+        for i in 0..ROWS {
+            let k = file * ROWS + i;
+            let s = match (k % 11, file) {
+                (0, _) => None,
+                (1, _) => Some(String::new()),
+                // Rows with k % 5 == 4 are the only ones with "gone-..." values.
+                _ if k % 5 == 4 => Some(format!("gone-{}", k % 3)),
+                (_, 1) => Some(format!("fïle1-{}", k % 4)),
+                _ => Some(format!("s{}", k % 6)),
+            };
+            let u = format!("u{}", k % 3);
+            let m = format!("m{}", (k * 7919) % 2_000);
+            let mut row = serde_json::json!({ "k": k, "u": u, "m": m });
+            if let Some(s) = &s {
+                row["s"] = serde_json::json!(s);
+            }
+            body.push_str(&format!("{row}\n"));
+            all.push((k, s, u, m));
+        }
+        ingest_t(&db, body).await;
+        db.tables().flush_due(true).await.unwrap();
+    }
+    let rows = |sql: String| {
+        let db = &db;
+        async move {
+            let mut rows: Vec<String> = (db.execute(&sql).await.unwrap().rows.iter())
+                .map(|row| {
+                    row.iter()
+                        .map(|c| c.clone().unwrap_or_else(|| "NULL".into()))
+                        .collect::<Vec<_>>()
+                        .join("|")
+                })
+                .collect();
+            rows.sort();
+            rows
+        }
+    };
+    let text = |s: &Option<String>| s.clone().unwrap_or_else(|| "NULL".into());
+    let sorted = |map: BTreeMap<String, i64>| {
+        let mut rows: Vec<String> = map.into_iter().map(|(k, n)| format!("{k}|{n}")).collect();
+        rows.sort();
+        rows
+    };
+
+    let plan = explain_analyze(&db, "SELECT s, count(*) FROM t GROUP BY s").await;
+    assert!(plan.contains("reading dictionaries of [s]"), "{plan}");
+    let mut want = BTreeMap::new();
+    for (_, s, _, _) in &all {
+        *want.entry(text(s)).or_default() += 1;
+    }
+    assert_eq!(
+        rows("SELECT s, count(*) FROM t GROUP BY s".into()).await,
+        sorted(want)
+    );
+
+    // The filter drops every "gone-..." row: no group for them, not even of count 0.
+    let mut want = BTreeMap::new();
+    for (k, s, _, _) in &all {
+        if k % 5 != 4 {
+            *want.entry(text(s)).or_default() += 1;
+        }
+    }
+    let sql = "SELECT s, count(*) FROM t WHERE k % 5 <> 4 GROUP BY s";
+    assert!(
+        explain_analyze(&db, sql)
+            .await
+            .contains("reading dictionaries of [s]")
+    );
+    assert_eq!(rows(sql.into()).await, sorted(want));
+
+    // Two keys, a sum of another column, a filter.
+    let mut want: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+    for (k, s, u, _) in &all {
+        if k % 3 != 1 {
+            let entry = want.entry(format!("{}|{u}", text(s))).or_default();
+            entry.0 += 1;
+            entry.1 += k;
+        }
+    }
+    let want: Vec<String> = want
+        .into_iter()
+        .map(|(key, (n, sum))| format!("{key}|{n}|{sum}"))
+        .collect();
+    let sql = "SELECT s, u, count(*), sum(k) FROM t WHERE k % 3 <> 1 GROUP BY s, u";
+    assert!(
+        explain_analyze(&db, sql)
+            .await
+            .contains("reading dictionaries of [s, u]")
+    );
+    assert_eq!(rows(sql.into()).await, want);
+
+    // count(DISTINCT ...) groups by the column, with no aggregate.
+    let distinct: std::collections::HashSet<_> = all.iter().filter_map(|r| r.1.clone()).collect();
+    assert_eq!(
+        rows("SELECT count(DISTINCT s) FROM t".into()).await,
+        [distinct.len().to_string()]
+    );
+
+    // 2,000 values in each file's dictionary, in no order: a batch brings more new values
+    // than the operator keeps, and the rest goes to DataFusion, the dictionary cast back.
+    let mut want = BTreeMap::new();
+    let mut sums: BTreeMap<String, i64> = BTreeMap::new();
+    for (k, _, _, m) in &all {
+        *want.entry(m.clone()).or_default() += 1;
+        *sums.entry(m.clone()).or_default() += k;
+    }
+    let plan = explain_analyze(&db, "SELECT m, count(*) FROM t GROUP BY m").await;
+    assert!(plan.contains("reading dictionaries of [m]"), "{plan}");
+    assert!(!plan.contains("handed_over=0"), "{plan}");
+    assert_eq!(
+        rows("SELECT m, count(*) FROM t GROUP BY m".into()).await,
+        sorted(want)
+    );
+    assert_eq!(
+        rows("SELECT m, sum(k) FROM t GROUP BY m".into()).await,
+        sorted(sums)
+    );
+
+    // A key the filter or an aggregate reads is read as the table's type.
+    let plan = explain_analyze(&db, "SELECT s, count(*) FROM t WHERE s <> 's1' GROUP BY s").await;
+    assert!(!plan.contains("reading dictionaries"), "{plan}");
+    let sql = "SELECT u, count(s) FROM t GROUP BY u";
+    let plan = explain_analyze(&db, sql).await;
+    assert!(plan.contains("reading dictionaries of [u]"), "{plan}");
+    let mut want = BTreeMap::new();
+    for (_, s, u, _) in &all {
+        *want.entry(u.clone()).or_default() += i64::from(s.is_some());
+    }
+    assert_eq!(rows(sql.into()).await, sorted(want));
+
+    // With unflushed rows the table is a union of files and batches: no rewrite, same answer.
+    ingest_t(&db, "{\"k\":-1,\"s\":\"s1\"}\n{\"k\":-2}\n".into()).await;
+    let mut want = BTreeMap::new();
+    for (_, s, _, _) in &all {
+        *want.entry(text(s)).or_default() += 1;
+    }
+    *want.entry("s1".into()).or_default() += 1;
+    *want.entry("NULL".into()).or_default() += 1;
+    assert_eq!(
+        rows("SELECT s, count(*) FROM t GROUP BY s".into()).await,
+        sorted(want)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
