@@ -51,7 +51,9 @@ pub(crate) fn dictionary_type() -> DataType {
 
 /// `plan`, a table's Parquet scan, with its output columns `columns` read as
 /// [`dictionary_type`]; `None` when it is not such a scan or a column does not qualify (see
-/// the module documentation).
+/// the module documentation), or when a table column of `columns` is also projected to an
+/// output not in `columns` (the rewrite is by table column, and the caller reads only
+/// `columns` as dictionaries).
 pub(crate) fn dictionary_scan(
     plan: &Arc<dyn ExecutionPlan>,
     columns: &[usize],
@@ -99,6 +101,13 @@ pub(crate) fn dictionary_scan(
             return Ok(None);
         }
         chosen.insert(table.field(index).name().clone());
+    }
+    // A chosen column projected more than once (`SELECT s AS a, s AS b`) is read as a
+    // dictionary at every place: each must be one the caller asked for.
+    for (output, &index) in projected.iter().enumerate() {
+        if chosen.contains(table.field(index).name()) && !columns.contains(&output) {
+            return Ok(None);
+        }
     }
     // Every file's Arrow schema, with the chosen columns as dictionaries.
     let mut hints: HashMap<String, SchemaRef> = HashMap::new();

@@ -598,8 +598,19 @@ async fn grouping_by_dictionaries_answers_as_the_rows_say() {
         rows
     };
 
-    let plan = explain_analyze(&db, "SELECT s, count(*) FROM t GROUP BY s").await;
-    assert!(plan.contains("reading dictionaries of [s]"), "{plan}");
+    // With one core DataFusion plans a single aggregate, not a partial one, and nothing is
+    // rewritten; the answers are checked all the same.
+    let rewrites = std::thread::available_parallelism().map_or(1, usize::from) > 1;
+    let read_as_dictionaries = |sql: &'static str, columns: &'static str| {
+        let db = &db;
+        async move {
+            let plan = explain_analyze(db, sql).await;
+            let wanted = format!("reading dictionaries of [{columns}]");
+            assert!(!rewrites || plan.contains(&wanted), "{sql}: {plan}");
+            plan
+        }
+    };
+    read_as_dictionaries("SELECT s, count(*) FROM t GROUP BY s", "s").await;
     let mut want = BTreeMap::new();
     for (_, s, _, _) in &all {
         *want.entry(text(s)).or_default() += 1;
@@ -617,11 +628,7 @@ async fn grouping_by_dictionaries_answers_as_the_rows_say() {
         }
     }
     let sql = "SELECT s, count(*) FROM t WHERE k % 5 <> 4 GROUP BY s";
-    assert!(
-        explain_analyze(&db, sql)
-            .await
-            .contains("reading dictionaries of [s]")
-    );
+    read_as_dictionaries(sql, "s").await;
     assert_eq!(rows(sql.into()).await, sorted(want));
 
     // Two keys, a sum of another column, a filter.
@@ -638,11 +645,7 @@ async fn grouping_by_dictionaries_answers_as_the_rows_say() {
         .map(|(key, (n, sum))| format!("{key}|{n}|{sum}"))
         .collect();
     let sql = "SELECT s, u, count(*), sum(k) FROM t WHERE k % 3 <> 1 GROUP BY s, u";
-    assert!(
-        explain_analyze(&db, sql)
-            .await
-            .contains("reading dictionaries of [s, u]")
-    );
+    read_as_dictionaries(sql, "s, u").await;
     assert_eq!(rows(sql.into()).await, want);
 
     // count(DISTINCT ...) groups by the column, with no aggregate.
@@ -660,9 +663,8 @@ async fn grouping_by_dictionaries_answers_as_the_rows_say() {
         *want.entry(m.clone()).or_default() += 1;
         *sums.entry(m.clone()).or_default() += k;
     }
-    let plan = explain_analyze(&db, "SELECT m, count(*) FROM t GROUP BY m").await;
-    assert!(plan.contains("reading dictionaries of [m]"), "{plan}");
-    assert!(!plan.contains("handed_over=0"), "{plan}");
+    let plan = read_as_dictionaries("SELECT m, count(*) FROM t GROUP BY m", "m").await;
+    assert!(!rewrites || !plan.contains("handed_over=0"), "{plan}");
     assert_eq!(
         rows("SELECT m, count(*) FROM t GROUP BY m".into()).await,
         sorted(want)
@@ -676,12 +678,29 @@ async fn grouping_by_dictionaries_answers_as_the_rows_say() {
     let plan = explain_analyze(&db, "SELECT s, count(*) FROM t WHERE s <> 's1' GROUP BY s").await;
     assert!(!plan.contains("reading dictionaries"), "{plan}");
     let sql = "SELECT u, count(s) FROM t GROUP BY u";
-    let plan = explain_analyze(&db, sql).await;
-    assert!(plan.contains("reading dictionaries of [u]"), "{plan}");
+    read_as_dictionaries(sql, "u").await;
     let mut want = BTreeMap::new();
     for (_, s, u, _) in &all {
         *want.entry(u.clone()).or_default() += i64::from(s.is_some());
     }
+    assert_eq!(rows(sql.into()).await, sorted(want));
+
+    // One column under two names, one a key and one read by an aggregate (found by review:
+    // the scan read both as dictionaries, and the FILTER compared a dictionary to a view).
+    let mut want = BTreeMap::new();
+    for (_, s, _, _) in &all {
+        *want.entry(text(s)).or_default() += i64::from(s.as_deref() == Some("s1"));
+    }
+    let sql = "SELECT a, count(*) FILTER (WHERE b = 's1') FROM (SELECT s AS a, s AS b FROM t) x GROUP BY a";
+    let plan = explain_analyze(&db, sql).await;
+    assert!(!plan.contains("reading dictionaries"), "{plan}");
+    assert_eq!(rows(sql.into()).await, sorted(want));
+    let mut want = BTreeMap::new();
+    for (_, s, _, _) in &all {
+        *want.entry(text(s)).or_default() += s.as_ref().map_or(0, |s| s.chars().count() as i64);
+    }
+    let sql =
+        "SELECT a, coalesce(sum(length(b)), 0) FROM (SELECT s AS a, s AS b FROM t) x GROUP BY a";
     assert_eq!(rows(sql.into()).await, sorted(want));
 
     // With unflushed rows the table is a union of files and batches: no rewrite, same answer.
