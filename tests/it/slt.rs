@@ -104,16 +104,7 @@ async fn run_file(path: &Path) -> Vec<String> {
             ["query", mode @ ..] => match db.execute(&statement).await {
                 Err(e) => failures.push(format!("{at}: query failed: {e}")),
                 Ok(result) => {
-                    let mut got: Vec<String> = result
-                        .rows
-                        .iter()
-                        .map(|row| {
-                            row.iter()
-                                .map(|c| c.clone().unwrap_or_else(|| "NULL".into()))
-                                .collect::<Vec<_>>()
-                                .join("|")
-                        })
-                        .collect();
+                    let mut got: Vec<String> = result.rows.iter().map(|r| row_text(r)).collect();
                     let mut want = block.expected.clone().unwrap_or_default();
                     if mode == ["rowsort"] {
                         got.sort();
@@ -152,6 +143,14 @@ async fn query_files() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// A result row as the sqllogictest files write it: cells joined by `|`, null as `NULL`.
+fn row_text(row: &[Option<String>]) -> String {
+    row.iter()
+        .map(|c| c.clone().unwrap_or_else(|| "NULL".into()))
+        .collect::<Vec<_>>()
+        .join("|")
 }
 
 /// A fresh database in a scratch directory named after `name`, with a table `t` of
@@ -579,14 +578,8 @@ async fn grouping_by_dictionaries_answers_as_the_rows_say() {
     let rows = |sql: String| {
         let db = &db;
         async move {
-            let mut rows: Vec<String> = (db.execute(&sql).await.unwrap().rows.iter())
-                .map(|row| {
-                    row.iter()
-                        .map(|c| c.clone().unwrap_or_else(|| "NULL".into()))
-                        .collect::<Vec<_>>()
-                        .join("|")
-                })
-                .collect();
+            let result = db.execute(&sql).await.unwrap();
+            let mut rows: Vec<String> = result.rows.iter().map(|r| row_text(r)).collect();
             rows.sort();
             rows
         }
