@@ -20,6 +20,10 @@
 //!     view repeats), is found by a seeded hash of its bytes, checked against the value;
 //!   - a value found by neither is new, and gets its id from the column's interner, which
 //!     maps each value to its id and is the only word on it;
+//!   - a string column that the operator's Parquet scan reads as a dictionary
+//!     ([`dictionary_scan`], for keys nothing else reads) maps each dictionary value a row
+//!     uses to its id once per dictionary, and each row through its key; a `count(*)` by one
+//!     such column counts rows by key;
 //! - with several group columns, maps each row's tuple of value ids to a group id: through
 //!   a dense array indexed by the ids in mixed radix ([`Combos`]) while the columns' value
 //!   counts multiply to at most [`DENSE_SLOTS`], else through a second [`RawKeyTable`] of
