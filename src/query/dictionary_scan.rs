@@ -14,11 +14,12 @@
 //! that operator still sees the table's types.
 //!
 //! Invariants:
-//! - A column is read as a dictionary only if, in every file the scan reads, every data page
-//!   of its every column chunk is dictionary-encoded (a chunk whose dictionary overflowed
-//!   into plain pages would make the reader build a dictionary by hashing each value), and
-//!   only if the scan's predicate does not read it (the predicate was planned against
-//!   `Utf8View`).
+//! - A column is read as a dictionary only if, in every file the scan reads, every column
+//!   chunk of it looks dictionary-encoded ([`all_pages_dictionary`]: by its encoding
+//!   statistics, or else by a small dictionary page), and only if the scan's predicate does
+//!   not read it (the predicate was planned against `Utf8View`). This is for speed: a chunk
+//!   whose dictionary overflowed into plain pages makes the reader build a dictionary by
+//!   hashing each value, and the answer is the same either way.
 //! - The rewritten scan reads the same files, ranges, rows and predicate; only the chosen
 //!   columns' types differ. Each file's Arrow schema is given to the reader (from its footer,
 //!   [`FileFooter`]) with those columns as dictionaries.
@@ -45,7 +46,7 @@ use parquet::file::metadata::{ColumnChunkMetaData, ParquetMetaData};
 pub(crate) struct FileFooter(pub(crate) Arc<ParquetMetaData>);
 
 /// The type a dictionary-read string column has.
-pub(crate) fn dictionary_type() -> DataType {
+fn dictionary_type() -> DataType {
     DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8))
 }
 
@@ -200,8 +201,7 @@ fn file_schema(footer: &ParquetMetaData, chosen: &HashSet<String>) -> Option<Sch
 const SMALL_DICTIONARY_PAGE: i64 = 64 << 10;
 
 /// Whether every data page of `column` is dictionary-encoded, as its encoding statistics
-/// say. sluice's files have none (its writer assembles column chunks itself); for them, a
-/// chunk counts as dictionary-encoded if its dictionary page is small. A Parquet writer
+/// say. sluice's files, as written, carry none; for them, a chunk counts as dictionary-encoded if its dictionary page is small. A Parquet writer
 /// falls back to plain pages only once the dictionary has grown to its page size limit
 /// (1 MiB), so a chunk with a page of at most [`SMALL_DICTIONARY_PAGE`] stored bytes fell
 /// back only if the dictionary compressed more than 16 times. Getting this wrong costs

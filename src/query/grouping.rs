@@ -91,6 +91,7 @@ use datafusion::physical_plan::{
 use futures::stream::BoxStream;
 
 use super::dictionary_scan::dictionary_scan;
+use super::provider::cast_to;
 use futures::{StreamExt, TryStreamExt};
 
 /// At most this many group columns: their value ids (`u32` each) pack into one `u128`.
@@ -1580,22 +1581,6 @@ impl KeyedPartialAggregateExec {
     }
 }
 
-/// `batch`, read by a dictionary scan, in the types of `schema` (the scan it replaced).
-fn as_source(batch: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
-    let columns = batch
-        .columns()
-        .iter()
-        .zip(schema.fields())
-        .map(
-            |(column, field)| match column.data_type() == field.data_type() {
-                true => Ok(Arc::clone(column)),
-                false => arrow_cast::cast(column, field.data_type()),
-            },
-        )
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
-}
-
 /// `agg` (and its input's `filter`, if it is applied with it) over another source.
 fn over_source(
     agg: &Arc<AggregateExec>,
@@ -1749,9 +1734,9 @@ impl ExecutionPlan for KeyedPartialAggregateExec {
                 let first = (step == Step::HandOverThis).then_some(batch);
                 let (first, input) = match &source_schema {
                     Some(schema) => {
-                        let first = first.map(|b| as_source(b, schema)).transpose()?;
+                        let first = first.map(|b| cast_to(&b, schema)).transpose()?;
                         let restore = Arc::clone(schema);
-                        let restored = input.map(move |b| b.and_then(|b| as_source(b, &restore)));
+                        let restored = input.map(move |b| b.and_then(|b| cast_to(&b, &restore)));
                         let input: SendableRecordBatchStream =
                             Box::pin(RecordBatchStreamAdapter::new(Arc::clone(schema), restored));
                         (first, input)

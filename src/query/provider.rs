@@ -91,7 +91,7 @@ impl SluiceTable {
     /// Queries see string and binary columns as views (`Utf8View`, `BinaryView`): the
     /// Parquet reader then points into each page's dictionary instead of copying every
     /// value out of it, and grouping and comparing short strings works on the 16-byte views.
-    /// Unflushed batches are cast to match when scanned.
+    /// Unflushed batches are cast to match when scanned ([`cast_to`]).
     pub(crate) fn new(id: String, stored: &SchemaRef, tables: Arc<Tables>) -> Self {
         let fields: Vec<Field> = stored
             .fields()
@@ -111,23 +111,23 @@ impl SluiceTable {
             tables,
         }
     }
+}
 
-    /// An unflushed batch (stored types) in the query schema.
-    fn as_views(&self, batch: &RecordBatch) -> Result<RecordBatch> {
-        let columns = batch
-            .columns()
-            .iter()
-            .zip(self.schema.fields())
-            .map(|(column, field)| {
-                if column.data_type() == field.data_type() {
-                    Ok(column.clone())
-                } else {
-                    Ok(arrow_cast::cast(column, field.data_type())?)
-                }
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
-    }
+/// `batch` with each column cast to the type `schema` gives it (an unflushed batch's stored
+/// types to the query's views; a dictionary scan's batch back to the scan it replaced).
+pub(crate) fn cast_to(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
+    let columns = batch
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(
+            |(column, field)| match column.data_type() == field.data_type() {
+                true => Ok(Arc::clone(column)),
+                false => arrow_cast::cast(column, field.data_type()),
+            },
+        )
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
 }
 
 #[async_trait]
@@ -254,7 +254,7 @@ impl TableProvider for SluiceTable {
             let batches = snapshot
                 .batches
                 .iter()
-                .map(|b| self.as_views(b))
+                .map(|b| cast_to(b, &self.schema))
                 .collect::<Result<Vec<_>>>()?;
             inputs.push(MemorySourceConfig::try_new_exec(
                 &[batches],
