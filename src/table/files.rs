@@ -319,6 +319,12 @@ fn leaf_count(data_type: &DataType) -> usize {
 /// bench data 4.0 bytes a value against 5.8) and zstd finds nothing left in them. Pages hold
 /// at most 8,192 rows, so the page index can narrow a point lookup to a few thousand rows
 /// per column rather than the ~25,000 a 1 MiB page of timestamps holds.
+///
+/// Binary values are written `DELTA_LENGTH_BYTE_ARRAY`: their lengths delta-packed ahead of
+/// their bytes, where `PLAIN` puts four bytes of length before every value. Binary columns
+/// tend to hold ids and hashes of one length, whose lengths then pack to nothing, and whose
+/// bytes zstd cannot shrink: on the bench's `trace` (nine random bytes a row) the column
+/// took 41.8 MiB plain and zstd-compressed, and about its 35.7 MiB of raw bytes this way.
 fn writer_properties(
     schema: Option<&SchemaRef>,
     row_group_rows: usize,
@@ -344,6 +350,9 @@ fn writer_properties(
             builder = builder
                 .set_column_encoding(path(), Encoding::DELTA_BINARY_PACKED)
                 .set_column_compression(path(), Compression::UNCOMPRESSED);
+        }
+        if matches!(field.data_type(), DataType::Binary) {
+            builder = builder.set_column_encoding(path(), Encoding::DELTA_LENGTH_BYTE_ARRAY);
         }
         let json = field
             .metadata()
