@@ -5,7 +5,8 @@
 //! (`ScalarUDFImpl::placement` answers `MoveTowardsLeafNodes` for `f(column, literal...)`),
 //! so `... WHERE status = 500 GROUP BY json_get_str(var, 'region')` parsed the JSON of every
 //! row, five times the rows the filter keeps (`cargo bench --bench queries`: 139 ms). Wrapped
-//! here, they keep the placement of any other function and run on the rows that pass.
+//! here, they keep the placement of any other function and run on the rows that pass, and
+//! once per distinct text in a batch where the texts repeat ([`OncePerValue`]).
 
 use std::sync::Arc;
 
@@ -13,7 +14,7 @@ use datafusion::error::Result;
 use datafusion::logical_expr::ScalarUDF;
 use datafusion::prelude::SessionContext;
 
-use super::wrapped_udf::{AsIs, Wrapped};
+use super::wrapped_udf::{OncePerValue, Wrapped};
 
 /// Registers the JSON functions (and their operator rewrites) on `ctx`, each evaluated in
 /// place.
@@ -29,7 +30,7 @@ pub(super) fn register(ctx: &mut SessionContext) -> Result<()> {
     for inner in json {
         ctx.register_udf(ScalarUDF::new_from_impl(Wrapped {
             inner,
-            invoke: AsIs,
+            invoke: OncePerValue,
         }));
     }
     Ok(())
@@ -77,5 +78,54 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(text.contains("| apac   | 2 |"), "{text}");
+    }
+
+    /// Texts read as the views of a Parquet dictionary's values (evaluated once per value)
+    /// answer as the same texts in a plain column (evaluated row by row).
+    #[tokio::test]
+    async fn repeated_texts_answer_as_each_row_would() {
+        use arrow_array::cast::AsArray as _;
+        use arrow_array::{ArrayRef, DictionaryArray, types::Int32Type};
+        let texts = StringArray::from(vec![
+            r#"{"region":"apac","attempt":1,"gateway":"credit_card"}"#,
+            r#"{"region":"eu"}"#,
+            r#"{"attempt":3,"gateway":"credit_card","region":null}"#,
+            "{}",
+            "not json at all, long enough not to be inline",
+        ]);
+        let keys: Vec<Option<i32>> = (0..3000).map(|i| (i % 11 != 5).then_some(i % 5)).collect();
+        let dictionary =
+            DictionaryArray::<Int32Type>::try_new(keys.into_iter().collect(), Arc::new(texts))
+                .unwrap();
+        let views: ArrayRef = arrow_cast::cast(&dictionary, &DataType::Utf8View).unwrap();
+        let plain: ArrayRef = arrow_cast::cast(&dictionary, &DataType::Utf8).unwrap();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("v", DataType::Utf8View, true),
+            Field::new("u", DataType::Utf8, true),
+        ]));
+        let batch = RecordBatch::try_new(schema.clone(), vec![views, plain]).unwrap();
+        let mut ctx = SessionContext::new();
+        register(&mut ctx).unwrap();
+        let table = MemTable::try_new(schema, vec![vec![batch]]).unwrap();
+        ctx.register_table("t", Arc::new(table)).unwrap();
+        let sql = "SELECT json_get_str(v, 'region'), json_get_str(u, 'region'), \
+                   json_get_int(v, 'attempt'), json_get_int(u, 'attempt'), \
+                   json_length(v), json_length(u), v ->> 'gateway', u ->> 'gateway' FROM t";
+        let batches = ctx.sql(sql).await.unwrap().collect().await.unwrap();
+        let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+        assert_eq!(rows, 3000);
+        let mut seen = 0;
+        for batch in &batches {
+            for pair in batch.columns().chunks(2) {
+                let text = |a: &ArrayRef| arrow_cast::cast(a, &DataType::Utf8).unwrap();
+                assert_eq!(
+                    text(&pair[0]).as_string::<i32>(),
+                    text(&pair[1]).as_string::<i32>()
+                );
+                seen += pair[0].len() - pair[0].null_count();
+            }
+        }
+        // Not all null: the functions found what the texts hold.
+        assert!(seen > 3000, "{seen}");
     }
 }
