@@ -190,6 +190,73 @@ mod tests {
         }
     }
 
+    /// Records the rows it is given, answers its first argument.
+    #[derive(Debug, PartialEq, Eq, Hash)]
+    struct Probe {
+        signature: Signature,
+    }
+
+    static PROBED_ROWS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+    impl ScalarUDFImpl for Probe {
+        fn name(&self) -> &str {
+            "probe"
+        }
+
+        fn signature(&self) -> &Signature {
+            &self.signature
+        }
+
+        fn return_type(&self, _: &[DataType]) -> Result<DataType> {
+            Ok(DataType::Utf8View)
+        }
+
+        fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+            PROBED_ROWS.store(args.number_rows, std::sync::atomic::Ordering::SeqCst);
+            Ok(args.args[0].clone())
+        }
+    }
+
+    /// The inner function sees one row per class and every row gets its class's answer;
+    /// with a second argument that is a column, it sees every row.
+    #[test]
+    fn the_function_runs_once_per_class() {
+        use arrow_schema::Field;
+        use datafusion::common::ScalarValue;
+        use datafusion::config::ConfigOptions;
+        use datafusion::logical_expr::Volatility;
+        let probe = ScalarUDF::new_from_impl(Probe {
+            signature: Signature::variadic_any(Volatility::Immutable),
+        });
+        let keys: Vec<Option<i32>> = (0..3000).map(|i| (i % 11 != 5).then_some(i % 4)).collect();
+        let views: ArrayRef = Arc::new(dictionary_views(&keys));
+        let call = |second: ColumnarValue| {
+            let field = |t: DataType| Arc::new(Field::new("a", t, true));
+            OncePerValue
+                .invoke(
+                    &probe,
+                    ScalarFunctionArgs {
+                        args: vec![ColumnarValue::Array(Arc::clone(&views)), second],
+                        arg_fields: vec![field(DataType::Utf8View), field(DataType::Utf8View)],
+                        number_rows: views.len(),
+                        return_field: field(DataType::Utf8View),
+                        config_options: Arc::new(ConfigOptions::default()),
+                    },
+                )
+                .unwrap()
+                .into_array(views.len())
+                .unwrap()
+        };
+        let answer = call(ColumnarValue::Scalar(ScalarValue::Utf8View(Some(
+            "k".into(),
+        ))));
+        assert_eq!(PROBED_ROWS.load(std::sync::atomic::Ordering::SeqCst), 5);
+        assert_eq!(answer.as_string_view(), views.as_string_view());
+        let answer = call(ColumnarValue::Array(Arc::clone(&views)));
+        assert_eq!(PROBED_ROWS.load(std::sync::atomic::Ordering::SeqCst), 3000);
+        assert_eq!(answer.as_string_view(), views.as_string_view());
+    }
+
     #[test]
     fn many_distinct_values_are_evaluated_row_by_row() {
         let texts: ArrayRef = Arc::new(StringViewArray::from_iter_values(
