@@ -342,6 +342,12 @@ impl Cache {
     }
 }
 
+/// How many bytes [`encode_chunk`] appends for `records`.
+fn chunk_len(records: &[(u64, u64, Bytes)]) -> usize {
+    let data: usize = records.iter().map(|(_, _, d)| d.len()).sum();
+    4 + 8 + 8 * records.len() + data
+}
+
 /// Appends one chunk (a run of consecutive records) to `out`.
 fn encode_chunk(out: &mut Vec<u8>, records: &[(u64, u64, Bytes)]) {
     out.extend_from_slice(&(records.len() as u32).to_le_bytes());
@@ -502,23 +508,35 @@ pub(super) async fn checkpoint(streams: &Streams, force: bool) -> Result<bool, S
     for (_, _, state) in &captured {
         sealable.push(with_rewrites(cold, &state.chunks, &rewrite).await?);
     }
-    let mut object = Vec::new();
-    let mut sealed: Vec<Vec<ColdExtent>> = Vec::with_capacity(captured.len());
-    for chunks in &sealable {
-        let mut extents = Vec::new();
-        for run in hot_runs(chunks) {
-            let pos = object.len() as u64;
-            encode_chunk(&mut object, &run);
-            extents.push(ColdExtent {
-                key: key.clone(),
-                pos,
-                len: object.len() as u64 - pos,
-                start: run.first().map_or(0, |r| r.0),
-                end: run.last().map_or(0, |r| r.1),
-            });
+    // Copying tens of MiB is CPU work: off the runtime's threads, into a buffer of the
+    // object's size (grown by doubling, it was copied again at every step, each time into
+    // fresh pages).
+    let runs: Vec<Vec<Vec<(u64, u64, Bytes)>>> =
+        sealable.iter().map(|chunks| hot_runs(chunks)).collect();
+    let object_key = key.clone();
+    let (object, sealed) = tokio::task::spawn_blocking(move || {
+        let size = runs.iter().flatten().map(|run| chunk_len(run)).sum();
+        let mut object = Vec::with_capacity(size);
+        let mut sealed: Vec<Vec<ColdExtent>> = Vec::with_capacity(runs.len());
+        for stream_runs in &runs {
+            let mut extents = Vec::with_capacity(stream_runs.len());
+            for run in stream_runs {
+                let pos = object.len() as u64;
+                encode_chunk(&mut object, run);
+                extents.push(ColdExtent {
+                    key: object_key.clone(),
+                    pos,
+                    len: object.len() as u64 - pos,
+                    start: run.first().map_or(0, |r| r.0),
+                    end: run.last().map_or(0, |r| r.1),
+                });
+            }
+            sealed.push(extents);
         }
-        sealed.push(extents);
-    }
+        (object, sealed)
+    })
+    .await
+    .map_err(|e| StreamError::Storage(format!("the checkpoint's encoding stopped: {e}")))?;
     let store = cold.storage.store();
     if !object.is_empty() {
         store
@@ -752,6 +770,7 @@ mod tests {
         ];
         let mut out = Vec::new();
         encode_chunk(&mut out, &records);
+        assert_eq!(out.len(), chunk_len(&records));
         let bytes = Bytes::from(out);
         assert_eq!(decode_chunk(&bytes).unwrap(), records);
         for cut in 0..bytes.len() {
