@@ -163,6 +163,8 @@ impl Classify for LogError {
             },
             LogError::Closed => ErrorClass::retry("ShuttingDown"),
             LogError::LeaseExpired => ErrorClass::retry("LeaseExpired"),
+            // Refused unwritten: its premise, an earlier write, failed.
+            LogError::EarlierFailed => ErrorClass::retry("EarlierWriteFailed"),
             LogError::LeaseLapsed => ErrorClass::unknown(Kind::Unavailable),
             LogError::Fenced => ErrorClass {
                 retry_after: None,

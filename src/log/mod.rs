@@ -269,6 +269,10 @@ pub enum LogError {
         "this node's lease ran out while the write was in flight; it may or may not have been applied"
     )]
     LeaseLapsed,
+    /// The record was submitted after another of its [`Chain`] that the log failed to
+    /// write, and was admitted against that one's effects: it was not written either.
+    #[error("an earlier write this one depends on failed; nothing was written")]
+    EarlierFailed,
     /// Another process (or another open log in this one) uses the directory.
     #[error("commit log {0} is in use by another sluice process")]
     Locked(PathBuf),
@@ -317,11 +321,60 @@ impl LogStats {
 /// Work to run on the writer thread once a record is durable, before it is acknowledged.
 pub(crate) type ApplyFn = Box<dyn FnOnce(Lsn) + Send>;
 
+/// Records that were decided one after another, each against the effects of the ones before
+/// it, and submitted before those were durable (a stream's pipelined appends). Once the log
+/// fails one of them (does not write it, or cannot tell whether it counts), it writes none
+/// of the later ones: they fail with [`LogError::EarlierFailed`], so the log never holds a
+/// record whose premise it lacks.
+///
+/// The writer takes records in the order they were submitted, so by the time it reaches a
+/// record, every record of its chain submitted before it has been written (and applied) or
+/// has broken the chain.
+#[derive(Debug, Default)]
+pub(crate) struct Chain {
+    broken: AtomicBool,
+}
+
+impl Chain {
+    /// Whether a record of the chain failed: nothing submitted on it since will be written.
+    pub(crate) fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::Acquire)
+    }
+}
+
+/// A record handed to the writer: [`Submitted::durable`] waits for its outcome.
+#[derive(Debug)]
+pub(crate) struct Submitted(oneshot::Receiver<Result<Lsn, LogError>>);
+
+impl Submitted {
+    /// Waits until the record is durable (and applied); returns its LSN.
+    pub(crate) async fn durable(self) -> Result<Lsn, LogError> {
+        self.0.await.map_err(|_| LogError::WriterGone)?
+    }
+}
+
 struct Append {
     kind: RecordKind,
     payload: Vec<u8>,
     apply: Option<ApplyFn>,
+    chain: Option<Arc<Chain>>,
     done: oneshot::Sender<Result<Lsn, LogError>>,
+}
+
+impl Append {
+    /// Whether an earlier record of its chain failed.
+    fn chain_broken(&self) -> bool {
+        self.chain.as_deref().is_some_and(Chain::is_broken)
+    }
+
+    /// Answers `error`: the record is not acknowledged (not written, or not known to count).
+    /// No later record of its chain is written.
+    fn fail(self, error: LogError) {
+        if let Some(chain) = &self.chain {
+            chain.broken.store(true, Ordering::Release);
+        }
+        let _ = self.done.send(Err(error));
+    }
 }
 
 enum Msg {
@@ -507,8 +560,7 @@ impl CommitLog {
     /// sync answers an error for every append of its group: those records may or may not be in
     /// the log after a restart, but none is half-written.
     pub async fn append(&self, kind: RecordKind, payload: Vec<u8>) -> Result<Lsn, LogError> {
-        let done = self.submit(kind, payload, None)?;
-        done.await.map_err(|_| LogError::WriterGone)?
+        self.submit(kind, payload, None, None)?.durable().await
     }
 
     /// Appends one record and, once it is durable, runs `apply` with its LSN on the writer
@@ -523,14 +575,31 @@ impl CommitLog {
         payload: Vec<u8>,
         apply: impl FnOnce(Lsn) + Send + 'static,
     ) -> Result<Lsn, LogError> {
-        let done = self.submit(kind, payload, Some(Box::new(apply)))?;
-        done.await.map_err(|_| LogError::WriterGone)?
+        self.submit(kind, payload, Some(Box::new(apply)), None)?
+            .durable()
+            .await
+    }
+
+    /// [`CommitLog::append_applied`] in two steps: hands the record to the writer now, on
+    /// `chain` (see [`Chain`]), and returns what waits for its outcome. Records are written
+    /// in the order of their submissions, so a caller that submits under a lock orders its
+    /// records by that lock without holding it until they are durable.
+    pub(crate) fn submit_chained(
+        &self,
+        kind: RecordKind,
+        payload: Vec<u8>,
+        apply: impl FnOnce(Lsn) + Send + 'static,
+        chain: Arc<Chain>,
+    ) -> Result<Submitted, LogError> {
+        self.submit(kind, payload, Some(Box::new(apply)), Some(chain))
     }
 
     /// Blocking [`CommitLog::append`], for callers outside an async runtime.
     pub fn append_blocking(&self, kind: RecordKind, payload: Vec<u8>) -> Result<Lsn, LogError> {
-        let done = self.submit(kind, payload, None)?;
-        done.blocking_recv().map_err(|_| LogError::WriterGone)?
+        self.submit(kind, payload, None, None)?
+            .0
+            .blocking_recv()
+            .map_err(|_| LogError::WriterGone)?
     }
 
     fn submit(
@@ -538,7 +607,8 @@ impl CommitLog {
         kind: RecordKind,
         payload: Vec<u8>,
         apply: Option<ApplyFn>,
-    ) -> Result<oneshot::Receiver<Result<Lsn, LogError>>, LogError> {
+        chain: Option<Arc<Chain>>,
+    ) -> Result<Submitted, LogError> {
         if payload.len() > MAX_RECORD_BYTES {
             return Err(LogError::RecordTooLarge(payload.len()));
         }
@@ -564,10 +634,11 @@ impl CommitLog {
                 kind,
                 payload,
                 apply,
+                chain,
                 done,
             }))
             .map_err(|_| LogError::Closed)?;
-        Ok(rx)
+        Ok(Submitted(rx))
     }
 
     /// The handle of a consumer declared in [`LogConfig::consumers`]. Segments are deleted
@@ -861,9 +932,22 @@ fn write_and_answer(
     group: &mut Vec<Append>,
     next_lsn: &mut Lsn,
 ) {
+    if group.iter().any(Append::chain_broken) {
+        // Decided against records the log failed to write: not written either.
+        for append in std::mem::take(group) {
+            if append.chain_broken() {
+                append.fail(LogError::EarlierFailed);
+            } else {
+                group.push(append);
+            }
+        }
+        if group.is_empty() {
+            return;
+        }
+    }
     if shared.poisoned.load(Ordering::Acquire) {
         for append in group.drain(..) {
-            let _ = append.done.send(Err(LogError::Poisoned));
+            append.fail(LogError::Poisoned);
         }
         return;
     }
@@ -879,11 +963,11 @@ fn write_and_answer(
         let fenced = shared.fenced.load(Ordering::Acquire);
         if fenced || now() >= shared.lease_until.load(Ordering::Acquire) {
             for append in group.drain(..) {
-                let _ = append.done.send(Err(if fenced {
+                append.fail(if fenced {
                     LogError::Fenced
                 } else {
                     LogError::LeaseExpired
-                }));
+                });
             }
             return;
         }
@@ -893,25 +977,26 @@ fn write_and_answer(
             // The lease may have run out while the group was written to the store (a pause
             // longer than the rest of the lease): a taker may have fenced the log and
             // collected the fence since, so the group's fate is unknown. It is in this
-            // log, so it is applied here like any other; it is just not acknowledged.
+            // log, so it is applied here like any other; it is just not acknowledged, and
+            // no later record of its chains is written (their premise is as uncertain).
             let lapsed = shared.remote.get().is_some()
                 && now()
                     >= shared
                         .lease_until
                         .load(Ordering::Acquire)
                         .saturating_add(shared.lease_slack.load(Ordering::Acquire));
-            for append in group.drain(..) {
+            for mut append in group.drain(..) {
                 let lsn = *next_lsn;
-                if let Some(apply) = append.apply {
+                if let Some(apply) = append.apply.take() {
                     apply(lsn);
                 }
                 shared.last_lsn.store(lsn, Ordering::Release);
-                let _ = append.done.send(if lapsed {
-                    Err(LogError::LeaseLapsed)
-                } else {
-                    Ok(lsn)
-                });
                 *next_lsn += 1;
+                if lapsed {
+                    append.fail(LogError::LeaseLapsed);
+                } else {
+                    let _ = append.done.send(Ok(lsn));
+                }
             }
         }
         Err(LogError::Fenced) => {
@@ -920,7 +1005,7 @@ fn write_and_answer(
             shared.fenced.store(true, Ordering::Release);
             shared.poisoned.store(true, Ordering::Release);
             for append in group.drain(..) {
-                let _ = append.done.send(Err(LogError::Fenced));
+                append.fail(LogError::Fenced);
             }
         }
         Err(e) => {
@@ -928,10 +1013,10 @@ fn write_and_answer(
             shared.poisoned.store(true, Ordering::Release);
             let message = e.to_string();
             for append in group.drain(..) {
-                let _ = append.done.send(Err(LogError::Io {
+                append.fail(LogError::Io {
                     path: active.path().to_owned(),
                     source: io::Error::other(message.clone()),
-                }));
+                });
             }
         }
     }

@@ -485,4 +485,83 @@ mod tests {
         .await
         .unwrap();
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_record_chained_to_one_the_log_refused_is_not_written() {
+        use crate::log::{Chain, CommitLog, Durability, LogConfig, LogError};
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let dir = std::env::temp_dir().join(format!("sluice-chain-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut config = LogConfig::new(dir.join("log"));
+        config.durability = Durability::ObjectStore;
+        let (log, _) = CommitLog::open(config).unwrap();
+        log.advance_to(lsn_base(1)).await.unwrap();
+        let (remote, _) = recover(store, "n", 1).await.unwrap();
+        let lease = std::time::Duration::from_millis(200);
+        log.attach_remote(remote, lease);
+        let chain = Arc::new(Chain::default());
+        let first = log
+            .submit_chained(RecordKind::StreamAppend, vec![1], |_| {}, chain.clone())
+            .unwrap()
+            .durable()
+            .await
+            .unwrap();
+        assert!(!chain.is_broken());
+        // The lease runs out: the next record of the chain is refused, nothing written (a
+        // refusal that leaves the log usable)...
+        tokio::time::sleep(lease * 2).await;
+        let refused = log
+            .submit_chained(RecordKind::StreamAppend, vec![2], |_| {}, chain.clone())
+            .unwrap();
+        // ...and one submitted behind it, decided against it, is not written once the lease
+        // is back either, while a record of another chain is.
+        let behind = log
+            .submit_chained(RecordKind::StreamAppend, vec![3], |_| {}, chain.clone())
+            .unwrap();
+        let refused = refused.durable().await;
+        assert!(
+            matches!(refused, Err(LogError::LeaseExpired)),
+            "{refused:?}"
+        );
+        assert!(chain.is_broken());
+        log.renew_lease(std::time::Instant::now() + lease * 10);
+        let applied = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let later = {
+            let applied = applied.clone();
+            log.submit_chained(
+                RecordKind::StreamAppend,
+                vec![4],
+                move |_| applied.store(true, std::sync::atomic::Ordering::SeqCst),
+                chain.clone(),
+            )
+            .unwrap()
+        };
+        let other = log
+            .submit_chained(
+                RecordKind::StreamAppend,
+                vec![5],
+                |_| {},
+                Arc::new(Chain::default()),
+            )
+            .unwrap();
+        let behind = behind.durable().await;
+        assert!(
+            matches!(
+                behind,
+                Err(LogError::LeaseExpired | LogError::EarlierFailed)
+            ),
+            "{behind:?}"
+        );
+        let later = later.durable().await;
+        assert!(matches!(later, Err(LogError::EarlierFailed)), "{later:?}");
+        assert!(!applied.load(std::sync::atomic::Ordering::SeqCst));
+        assert_eq!(other.durable().await.unwrap(), first + 1);
+        assert_eq!(
+            log.last_lsn(),
+            first + 1,
+            "only the other chain's record was written"
+        );
+        log.close();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -4,10 +4,115 @@
 //! a deleted stream, the incarnation precondition, an empty body, then a closed stream (where
 //! a producer's retry is still answered as a duplicate and a fenced producer still learns its
 //! epoch is stale), the content type, the producer's sequence, and `Stream-Seq`.
+//!
+//! Appends are pipelined: the next one is admitted while those before it wait for their
+//! sync. The state it is admitted against ([`View`]) is the applied state with [`Pending`]
+//! over it: the tail, closedness, `Stream-Seq` and producers that the appends in flight
+//! will leave. Only a [`Admission::Commit`] may be decided against pending appends (its
+//! record is chained to theirs in the log, so it is written only if they are); an answer or
+//! a refusal must stand on durable state, so the caller decides those again once nothing is
+//! in flight.
 
-use super::codec::Op;
-use super::state::{ProducerCheck, StreamState};
+use std::collections::HashMap;
+
+use super::codec::{Op, ProducerTuple};
+use super::state::{ProducerCheck, ProducerState, StreamState};
 use super::{AppendOutcome, AppendRequest, StreamError, encode_body};
+
+/// What the appends in flight (admitted, not yet applied) make of a stream, over its applied
+/// state.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Pending {
+    tail: u64,
+    closed: bool,
+    stream_seq: Option<String>,
+    /// The producers the appends in flight name, as they will be.
+    producers: HashMap<String, ProducerState>,
+}
+
+impl Pending {
+    /// Nothing in flight over `applied`.
+    pub(super) fn over(applied: &StreamState) -> Self {
+        Pending {
+            tail: applied.tail,
+            closed: applied.closed,
+            stream_seq: applied.stream_seq.clone(),
+            producers: HashMap::new(),
+        }
+    }
+
+    /// Adds an admitted append's effect (as [`StreamState::apply_append`] will apply it):
+    /// `bytes` stored, a close, its producer and `Stream-Seq`. Returns the tail after it.
+    pub(super) fn add(
+        &mut self,
+        applied: &StreamState,
+        bytes: u64,
+        close: bool,
+        producer: Option<&ProducerTuple>,
+        stream_seq: Option<&String>,
+    ) -> u64 {
+        self.tail += bytes;
+        if let Some(p) = producer {
+            let tail = self.tail;
+            self.producers
+                .entry(p.id.clone())
+                .or_insert_with(|| applied.producers.get(&p.id).cloned().unwrap_or_default())
+                .record(p, tail);
+        }
+        if let Some(seq) = stream_seq {
+            self.stream_seq = Some(seq.clone());
+        }
+        self.closed |= close;
+        self.tail
+    }
+
+    /// Whether the stream is closed once the appends in flight are applied.
+    pub(super) fn closed(&self) -> bool {
+        self.closed
+    }
+}
+
+/// The state an append is admitted against: the applied state, and what the appends in
+/// flight make of it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct View<'a> {
+    pub(super) applied: &'a StreamState,
+    pub(super) pending: Option<&'a Pending>,
+}
+
+impl View<'_> {
+    fn tail(&self) -> u64 {
+        self.pending.map_or(self.applied.tail, |p| p.tail)
+    }
+
+    fn closed(&self) -> bool {
+        self.pending.map_or(self.applied.closed, |p| p.closed)
+    }
+
+    fn stream_seq(&self) -> Option<&String> {
+        match self.pending {
+            Some(p) => p.stream_seq.as_ref(),
+            None => self.applied.stream_seq.as_ref(),
+        }
+    }
+
+    fn producer(&self, id: &str) -> Option<&ProducerState> {
+        self.pending
+            .and_then(|p| p.producers.get(id))
+            .or_else(|| self.applied.producers.get(id))
+    }
+
+    /// How many producers the stream has, counting those only appends in flight name.
+    fn producer_count(&self) -> usize {
+        let added = self.pending.map_or(0, |p| {
+            p.producers
+                .keys()
+                .filter(|id| !self.applied.producers.contains_key(*id))
+                .count()
+        });
+        self.applied.producers.len() + added
+    }
+}
 
 /// What an append comes to.
 #[derive(Debug, Clone, PartialEq)]
@@ -20,10 +125,11 @@ pub(super) enum Admission {
 
 /// Decides an append against the stream's state; see the module docs.
 pub(super) fn append(
-    s: &StreamState,
+    view: &View<'_>,
     req: &AppendRequest,
     max_producers: usize,
 ) -> Result<Admission, StreamError> {
+    let s = view.applied;
     if s.gone {
         return Err(StreamError::NotFound);
     }
@@ -43,20 +149,24 @@ pub(super) fn append(
         ));
     }
     // The producer's standing, decided once.
-    let producer = req.producer.as_ref().map(|p| (p, s.check_producer(p)));
+    let (closed, tail) = (view.closed(), view.tail());
+    let producer = req
+        .producer
+        .as_ref()
+        .map(|p| (p, ProducerState::check(view.producer(&p.id), p)));
     let duplicate = |last_seq: u64, next: Option<u64>, epoch: u64| {
         Admission::Answer(AppendOutcome::Duplicate {
             next,
-            closed: s.closed,
+            closed,
             epoch,
             last_seq,
             incarnation: s.incarnation.clone(),
         })
     };
-    if s.closed {
+    if closed {
         match &producer {
             Some((p, ProducerCheck::Duplicate { last_seq, next })) => {
-                return Ok(duplicate(*last_seq, next.or(Some(s.tail)), p.epoch));
+                return Ok(duplicate(*last_seq, next.or(Some(tail)), p.epoch));
             }
             Some((_, ProducerCheck::StaleEpoch { current })) => {
                 return Err(StreamError::StaleEpoch { current: *current });
@@ -66,14 +176,14 @@ pub(super) fn append(
         if req.body.is_empty() && req.producer.is_none() {
             // Closing a closed stream again is idempotent.
             return Ok(Admission::Answer(AppendOutcome::Appended {
-                next: s.tail,
+                next: tail,
                 closed: true,
                 closed_now: false,
                 producer: None,
                 incarnation: s.incarnation.clone(),
             }));
         }
-        return Err(StreamError::Closed { tail: s.tail });
+        return Err(StreamError::Closed { tail });
     }
     if !req.body.is_empty() {
         let Some(ct) = &req.content_type else {
@@ -85,13 +195,13 @@ pub(super) fn append(
             return Err(StreamError::ContentTypeMismatch {
                 given: ct.clone(),
                 expected: s.content_type.clone(),
-                tail: s.tail,
+                tail,
             });
         }
     }
     match producer {
         Some((p, ProducerCheck::Accept))
-            if !s.producers.contains_key(&p.id) && s.producers.len() >= max_producers =>
+            if view.producer(&p.id).is_none() && view.producer_count() >= max_producers =>
         {
             return Err(StreamError::TooManyProducers(max_producers));
         }
@@ -109,13 +219,13 @@ pub(super) fn append(
         }
         Some((_, ProducerCheck::Accept)) | None => {}
     }
-    if let (Some(given), Some(last)) = (&req.stream_seq, &s.stream_seq)
+    if let (Some(given), Some(last)) = (&req.stream_seq, view.stream_seq())
         && given.as_bytes() <= last.as_bytes()
     {
         return Err(StreamError::StreamSeqConflict {
             given: given.clone(),
             last: last.clone(),
-            tail: s.tail,
+            tail,
         });
     }
     let data = if req.body.is_empty() {
@@ -170,8 +280,20 @@ mod tests {
         })
     }
 
+    fn decide(
+        s: &StreamState,
+        r: &AppendRequest,
+        max_producers: usize,
+    ) -> Result<Admission, StreamError> {
+        let view = View {
+            applied: s,
+            pending: None,
+        };
+        append(&view, r, max_producers)
+    }
+
     fn commit(s: &mut StreamState, r: &AppendRequest) {
-        match append(s, r, 10).unwrap() {
+        match decide(s, r, 10).unwrap() {
             Admission::Commit(Op::Append {
                 data,
                 close,
@@ -188,38 +310,38 @@ mod tests {
         let mut s = stream();
         let mut r = req("");
         assert!(matches!(
-            append(&s, &r, 10),
+            decide(&s, &r, 10),
             Err(StreamError::BadRequest(_))
         ));
         r.incarnation = Some("other".into());
         assert!(matches!(
-            append(&s, &r, 10),
+            decide(&s, &r, 10),
             Err(StreamError::IncarnationMismatch { .. })
         ));
         let mut r = req("x");
         r.content_type = Some("application/json".into());
         assert!(matches!(
-            append(&s, &r, 10),
+            decide(&s, &r, 10),
             Err(StreamError::ContentTypeMismatch { .. })
         ));
         // Closed beats content type.
         s.closed = true;
         assert!(matches!(
-            append(&s, &r, 10),
+            decide(&s, &r, 10),
             Err(StreamError::Closed { .. })
         ));
         // Closing again is answered, not written.
         let mut close = req("");
         close.close = true;
         assert!(matches!(
-            append(&s, &close, 10),
+            decide(&s, &close, 10),
             Ok(Admission::Answer(AppendOutcome::Appended {
                 closed_now: false,
                 ..
             }))
         ));
         s.gone = true;
-        assert!(matches!(append(&s, &close, 10), Err(StreamError::NotFound)));
+        assert!(matches!(decide(&s, &close, 10), Err(StreamError::NotFound)));
     }
 
     #[test]
@@ -230,19 +352,19 @@ mod tests {
         commit(&mut s, &r);
         // A retry is a duplicate, open or closed; an older epoch is stale, open or closed.
         assert!(matches!(
-            append(&s, &r, 10),
+            decide(&s, &r, 10),
             Ok(Admission::Answer(AppendOutcome::Duplicate { .. }))
         ));
         let mut stale = req("b");
         stale.producer = producer(0, 0);
         assert!(matches!(
-            append(&s, &stale, 10),
+            decide(&s, &stale, 10),
             Err(StreamError::StaleEpoch { current: 1 })
         ));
         let mut gap = req("c");
         gap.producer = producer(1, 5);
         assert!(matches!(
-            append(&s, &gap, 10),
+            decide(&s, &gap, 10),
             Err(StreamError::SequenceGap {
                 expected: 1,
                 received: 5
@@ -251,23 +373,23 @@ mod tests {
         let mut new_epoch = req("d");
         new_epoch.producer = producer(2, 3);
         assert!(matches!(
-            append(&s, &new_epoch, 10),
+            decide(&s, &new_epoch, 10),
             Err(StreamError::NewEpochNotAtZero)
         ));
         s.closed = true;
         assert!(matches!(
-            append(&s, &r, 10),
+            decide(&s, &r, 10),
             Ok(Admission::Answer(AppendOutcome::Duplicate {
                 closed: true,
                 ..
             }))
         ));
         assert!(matches!(
-            append(&s, &stale, 10),
+            decide(&s, &stale, 10),
             Err(StreamError::StaleEpoch { .. })
         ));
         assert!(matches!(
-            append(&s, &gap, 10),
+            decide(&s, &gap, 10),
             Err(StreamError::Closed { .. })
         ));
         // A new producer past the cap is refused.
@@ -275,7 +397,7 @@ mod tests {
         let mut other = req("e");
         other.producer = producer(0, 0);
         assert!(matches!(
-            append(&s, &other, 0),
+            decide(&s, &other, 0),
             Err(StreamError::TooManyProducers(0))
         ));
     }
@@ -287,10 +409,94 @@ mod tests {
         r.stream_seq = Some("b".into());
         commit(&mut s, &r);
         assert!(matches!(
-            append(&s, &r, 10),
+            decide(&s, &r, 10),
             Err(StreamError::StreamSeqConflict { .. })
         ));
         r.stream_seq = Some("c".into());
-        assert!(matches!(append(&s, &r, 10), Ok(Admission::Commit(_))));
+        assert!(matches!(decide(&s, &r, 10), Ok(Admission::Commit(_))));
+    }
+
+    #[test]
+    fn appends_in_flight_are_admitted_against_what_they_leave() {
+        let mut applied = stream();
+        let mut first = req("ab");
+        first.producer = producer(0, 0);
+        first.stream_seq = Some("a".into());
+        let mut pending = Pending::over(&applied);
+        let next = pending.add(
+            &applied,
+            2,
+            false,
+            first.producer.as_ref(),
+            first.stream_seq.as_ref(),
+        );
+        assert_eq!(next, 2);
+        let view = View {
+            applied: &applied,
+            pending: Some(&pending),
+        };
+        // The producer's next sequence number is admitted, its retry is a duplicate that
+        // answers the offset the first append will have, and a gap counts from it.
+        let mut second = req("cd");
+        second.producer = producer(0, 1);
+        assert!(matches!(
+            append(&view, &second, 10),
+            Ok(Admission::Commit(_))
+        ));
+        assert!(matches!(
+            append(&view, &first, 10),
+            Ok(Admission::Answer(AppendOutcome::Duplicate {
+                next: Some(2),
+                last_seq: 0,
+                ..
+            }))
+        ));
+        let mut gap = req("x");
+        gap.producer = producer(0, 2);
+        assert!(matches!(
+            append(&view, &gap, 10),
+            Err(StreamError::SequenceGap {
+                expected: 1,
+                received: 2
+            })
+        ));
+        // Stream-Seq must grow past the one in flight.
+        let mut seq = req("x");
+        seq.stream_seq = Some("a".into());
+        assert!(matches!(
+            append(&view, &seq, 10),
+            Err(StreamError::StreamSeqConflict { tail: 2, .. })
+        ));
+        // The producer cap counts the producers only appends in flight name.
+        let mut other = req("y");
+        other.producer = Some(ProducerTuple {
+            id: "q".into(),
+            epoch: 0,
+            seq: 0,
+        });
+        assert!(matches!(
+            append(&view, &other, 1),
+            Err(StreamError::TooManyProducers(1))
+        ));
+        assert!(matches!(append(&view, &other, 2), Ok(Admission::Commit(_))));
+        // A close in flight closes the stream for what comes after it.
+        let mut closing = pending.clone();
+        closing.add(&applied, 0, true, None, None);
+        let view = View {
+            applied: &applied,
+            pending: Some(&closing),
+        };
+        assert!(matches!(
+            append(&view, &second, 10),
+            Err(StreamError::Closed { tail: 2 })
+        ));
+        // Nothing of it touched the applied state; once the first append is applied, the
+        // two agree.
+        assert_eq!(applied.tail, 0);
+        assert!(applied.producers.is_empty());
+        commit(&mut applied, &first);
+        assert_eq!(applied.tail, pending.tail);
+        assert_eq!(applied.stream_seq, pending.stream_seq);
+        assert_eq!(applied.producers.get("p"), pending.producers.get("p"));
     }
 }

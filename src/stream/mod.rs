@@ -4,7 +4,13 @@
 //! in-memory state on the log's writer thread once the `fsync` covering it is done, and only
 //! then acknowledged. Producer state and `Stream-Seq` ride in the same record as the data they
 //! admit, so they commit atomically with it. Appends to one stream are admitted one at a time
-//! (each stream has its own admission lock); different streams share group commits.
+//! (each stream has its own admission lock), but the lock is not held while a record waits
+//! for its sync: the next append is admitted against what the appends in flight will leave
+//! (`admit::Pending`), and its record is chained to theirs ([`crate::log::Chain`]), so the
+//! log writes it only if it wrote them. Many appends to one stream thus share a group
+//! commit, as appends to different streams do. An answer or refusal that the appends in
+//! flight would decide (a producer's duplicate, a closed stream) waits until they are
+//! durable and is decided on the applied state.
 //!
 //! Readers look at the applied state only and never take the admission lock; long-poll and
 //! SSE readers wait on a per-stream version counter that each apply bumps.
@@ -28,7 +34,7 @@ pub mod json;
 mod state;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -45,7 +51,7 @@ use cold::ColdStore;
 pub(crate) use json::JsonTextError;
 use state::{Chunk, StreamState};
 
-use crate::log::{CommitLog, LogConsumer, Lsn, Record, RecordKind};
+use crate::log::{Chain, CommitLog, LogConsumer, Lsn, Record, RecordKind};
 use crate::node::Node;
 use crate::storage::Storage;
 
@@ -91,8 +97,13 @@ impl Default for StreamsConfig {
 pub struct Stream {
     name: String,
     state: RwLock<StreamState>,
-    /// Admission lock: one append (or delete) at a time.
-    admit: tokio::sync::Mutex<()>,
+    /// Admission lock: one append (or delete) decided at a time, against the applied state
+    /// and what the appends in flight leave.
+    admit: tokio::sync::Mutex<Pipeline>,
+    /// Appends submitted to the log and not yet answered.
+    in_flight: AtomicUsize,
+    /// Told when `in_flight` falls to zero.
+    drained: tokio::sync::Notify,
     /// Bumped by every apply; readers wait on it.
     version: watch::Sender<u64>,
     /// When it was last read or written (for sliding TTLs), in ms since the epoch.
@@ -104,10 +115,33 @@ impl Stream {
         Arc::new(Stream {
             name,
             state: RwLock::new(state),
-            admit: tokio::sync::Mutex::new(()),
+            admit: tokio::sync::Mutex::new(Pipeline::default()),
+            in_flight: AtomicUsize::new(0),
+            drained: tokio::sync::Notify::new(),
             version: watch::channel(0).0,
             last_access_ms: AtomicI64::new(now_ms()),
         })
+    }
+
+    /// Waits until no append is in flight. The caller holds the admission lock, so none
+    /// starts meanwhile.
+    async fn drain(&self) {
+        loop {
+            let drained = self.drained.notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            if self.in_flight.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            drained.await;
+        }
+    }
+
+    /// Counts an append answered; the last one in flight wakes [`Stream::drain`].
+    fn landed(&self) {
+        if self.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.drained.notify_waiters();
+        }
     }
 
     fn read_state(&self) -> std::sync::RwLockReadGuard<'_, StreamState> {
@@ -214,6 +248,48 @@ struct Inner {
     closing: watch::Sender<bool>,
     /// This node's ownership of its id, checked before every snapshot.
     node: Arc<Node>,
+}
+
+/// What admission decided for an append.
+// Made once per append and taken apart at once: boxing the commit would only add an
+// allocation to every append.
+#[allow(clippy::large_enum_variant)]
+enum Admitted {
+    /// Commit `op` (encoded as `payload`); once it is durable, the stream ends at `next`
+    /// and is `closed` or not.
+    Commit {
+        op: Op,
+        payload: Vec<u8>,
+        next: u64,
+        closed: bool,
+        incarnation: String,
+    },
+    /// Answer without writing.
+    Answer(AppendOutcome),
+}
+
+/// A stream's appends in flight, as admission sees them (held under its admission lock).
+#[derive(Debug, Default)]
+struct Pipeline {
+    /// The log chain the records in flight are on.
+    chain: Arc<Chain>,
+    /// What they leave; `None` when the applied state is all there is.
+    pending: Option<admit::Pending>,
+}
+
+impl Pipeline {
+    /// Forgets what is in flight when it no longer matters: when nothing is (the applied
+    /// state holds it all), or when a record of the chain failed (the log writes none of the
+    /// later ones, so the applied state is all there will be; later records go on a new
+    /// chain).
+    fn settle(&mut self, in_flight: usize) {
+        if self.chain.is_broken() {
+            self.chain = Arc::new(Chain::default());
+            self.pending = None;
+        } else if in_flight == 0 {
+            self.pending = None;
+        }
+    }
 }
 
 /// The stream engine. Cheap to clone.
@@ -356,10 +432,12 @@ fn remove_stream(registry: &mut Registry, name: &str) {
 }
 
 /// Runs a mutation to its end even when its caller stops waiting (a client that hung up,
-/// a request timeout): the mutation holds its stream's lock until its record is applied or
-/// has failed. Were it cancelled while its record was in flight, the lock would be free
-/// with the record still unapplied, and a retry of the same idempotent append would be
-/// admitted against the old producer state and logged a second time.
+/// a request timeout). A create or delete holds its lock until its record is applied or has
+/// failed; an append counts itself in flight (`Stream::in_flight`) until its record is
+/// applied or has failed, and the next decision on its stream stands on what it leaves
+/// (`Pipeline`) until then. Were either cancelled while its record was in flight, the
+/// record could still be applied after the next decision was made without it: a retry of
+/// the same idempotent append would be admitted again and logged a second time.
 async fn to_completion<T: Send + 'static>(
     mutation: impl std::future::Future<Output = Result<T, StreamError>> + Send + 'static,
 ) -> Result<T, StreamError> {
@@ -731,20 +809,55 @@ impl Streams {
 
     async fn append_now(&self, req: AppendRequest) -> Result<AppendOutcome, StreamError> {
         let stream = self.get(&req.name).await?;
-        let _admit = stream.admit.lock().await;
+        let mut pipeline = stream.admit.lock().await;
         stream.touch();
-        let op = {
-            let s = stream.read_state();
-            match admit::append(&s, &req, self.inner.config.max_producers_per_stream)? {
-                admit::Admission::Commit(op) => op,
-                admit::Admission::Answer(outcome) => return Ok(outcome),
-            }
+        pipeline.settle(stream.in_flight.load(Ordering::Acquire));
+        let mut decided = self.admit_append(&stream, &mut pipeline, &req);
+        if !matches!(decided, Ok(Admitted::Commit { .. })) && pipeline.pending.is_some() {
+            // An answer or a refusal must not stand on appends that may yet fail: wait for
+            // them, and decide on what is durable.
+            stream.drain().await;
+            pipeline.settle(0);
+            decided = self.admit_append(&stream, &mut pipeline, &req);
+        }
+        let (op, payload, next, closed, incarnation) = match decided? {
+            Admitted::Commit {
+                op,
+                payload,
+                next,
+                closed,
+                incarnation,
+            } => (op, payload, next, closed, incarnation),
+            Admitted::Answer(outcome) => return Ok(outcome),
         };
         let stored = match &op {
             Op::Append { data: Some(d), .. } => d.len() as u64,
             _ => 0,
         };
-        self.commit(RecordKind::StreamAppend, op).await?;
+        let inner = self.inner.clone();
+        let submitted = match self.inner.log.submit_chained(
+            RecordKind::StreamAppend,
+            payload,
+            move |lsn| inner.apply(lsn, op),
+            pipeline.chain.clone(),
+        ) {
+            Ok(submitted) => submitted,
+            Err(e) => {
+                // Not submitted, but already counted in what the pipeline leaves: forget
+                // that once what is in flight has landed.
+                stream.drain().await;
+                pipeline.pending = None;
+                return Err(e.into());
+            }
+        };
+        // Counted until it lands. This runs under `to_completion`, never dropped midway: an
+        // append uncounted while its record could still be written would let the next
+        // decision stand on a state without it.
+        stream.in_flight.fetch_add(1, Ordering::AcqRel);
+        drop(pipeline);
+        let durable = submitted.durable().await;
+        stream.landed();
+        durable?;
         if stored > 0 {
             let _ = self.inner.changes.send(req.name.clone());
             self.inner.stats.appends.fetch_add(1, Ordering::Relaxed);
@@ -753,13 +866,56 @@ impl Streams {
                 .append_bytes
                 .fetch_add(stored, Ordering::Relaxed);
         }
-        let s = stream.read_state();
         Ok(AppendOutcome::Appended {
-            next: s.tail,
-            closed: s.closed,
+            next,
+            closed,
             closed_now: req.close,
             producer: req.producer,
+            incarnation,
+        })
+    }
+
+    /// Decides an append against the stream's applied state and its pipeline; a commit is
+    /// added to what the pipeline leaves (the caller submits it, or forgets the pipeline).
+    fn admit_append(
+        &self,
+        stream: &Stream,
+        pipeline: &mut Pipeline,
+        req: &AppendRequest,
+    ) -> Result<Admitted, StreamError> {
+        let s = stream.read_state();
+        let view = admit::View {
+            applied: &s,
+            pending: pipeline.pending.as_ref(),
+        };
+        let op = match admit::append(&view, req, self.inner.config.max_producers_per_stream)? {
+            admit::Admission::Commit(op) => op,
+            admit::Admission::Answer(outcome) => return Ok(Admitted::Answer(outcome)),
+        };
+        let Op::Append {
+            data,
+            close,
+            producer,
+            stream_seq,
+            ..
+        } = &op
+        else {
+            return Err(StreamError::BadRequest("not an append".into()));
+        };
+        // Encoded before it counts as pending: from here on nothing may stop the caller
+        // from submitting it.
+        let payload = op.encode();
+        let pending = pipeline
+            .pending
+            .get_or_insert_with(|| admit::Pending::over(&s));
+        let bytes = data.as_ref().map_or(0, |d| d.len() as u64);
+        let next = pending.add(&s, bytes, *close, producer.as_ref(), stream_seq.as_ref());
+        Ok(Admitted::Commit {
+            next,
+            closed: pending.closed(),
             incarnation: s.incarnation.clone(),
+            op,
+            payload,
         })
     }
 

@@ -60,6 +60,67 @@ pub(crate) struct ProducerState {
     pub(crate) receipts: VecDeque<(u64, u64)>,
 }
 
+impl ProducerState {
+    /// What a producer's tuple means against its stored state (`None`: a producer not seen
+    /// on the stream).
+    pub(crate) fn check(state: Option<&ProducerState>, p: &ProducerTuple) -> ProducerCheck {
+        let Some(state) = state else {
+            return if p.seq == 0 {
+                ProducerCheck::Accept
+            } else {
+                ProducerCheck::Gap {
+                    expected: 0,
+                    received: p.seq,
+                }
+            };
+        };
+        if p.epoch < state.epoch {
+            return ProducerCheck::StaleEpoch {
+                current: state.epoch,
+            };
+        }
+        if p.epoch > state.epoch {
+            return if p.seq == 0 {
+                ProducerCheck::Accept
+            } else {
+                ProducerCheck::NewEpochNotAtZero
+            };
+        }
+        if p.seq <= state.last_seq {
+            let next = state
+                .receipts
+                .iter()
+                .find(|(seq, _)| *seq == p.seq)
+                .map(|(_, next)| *next);
+            return ProducerCheck::Duplicate {
+                last_seq: state.last_seq,
+                next,
+            };
+        }
+        if p.seq == state.last_seq + 1 {
+            ProducerCheck::Accept
+        } else {
+            ProducerCheck::Gap {
+                expected: state.last_seq + 1,
+                received: p.seq,
+            }
+        }
+    }
+
+    /// Records an admitted append of `p` that ends the stream at `next`.
+    pub(crate) fn record(&mut self, p: &ProducerTuple, next: u64) {
+        if self.epoch != p.epoch {
+            self.receipts.clear();
+        }
+        self.epoch = p.epoch;
+        self.last_seq = p.seq;
+        self.receipts.push_back((p.seq, next));
+        while self.receipts.len() > RECEIPT_WINDOW {
+            self.receipts.pop_front();
+        }
+    }
+}
+
 /// What a producer's `(epoch, seq)` means against the stored state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum ProducerCheck {
@@ -165,51 +226,6 @@ impl StreamState {
         out
     }
 
-    /// Checks a producer's tuple without changing anything.
-    pub(crate) fn check_producer(&self, p: &ProducerTuple) -> ProducerCheck {
-        let Some(state) = self.producers.get(&p.id) else {
-            return if p.seq == 0 {
-                ProducerCheck::Accept
-            } else {
-                ProducerCheck::Gap {
-                    expected: 0,
-                    received: p.seq,
-                }
-            };
-        };
-        if p.epoch < state.epoch {
-            return ProducerCheck::StaleEpoch {
-                current: state.epoch,
-            };
-        }
-        if p.epoch > state.epoch {
-            return if p.seq == 0 {
-                ProducerCheck::Accept
-            } else {
-                ProducerCheck::NewEpochNotAtZero
-            };
-        }
-        if p.seq <= state.last_seq {
-            let next = state
-                .receipts
-                .iter()
-                .find(|(seq, _)| *seq == p.seq)
-                .map(|(_, next)| *next);
-            return ProducerCheck::Duplicate {
-                last_seq: state.last_seq,
-                next,
-            };
-        }
-        if p.seq == state.last_seq + 1 {
-            ProducerCheck::Accept
-        } else {
-            ProducerCheck::Gap {
-                expected: state.last_seq + 1,
-                received: p.seq,
-            }
-        }
-    }
-
     /// Applies an admitted append (or close).
     pub(crate) fn apply_append(
         &mut self,
@@ -223,16 +239,11 @@ impl StreamState {
             self.push(data);
         }
         if let Some(p) = &producer {
-            let state = self.producers.entry(p.id.clone()).or_default();
-            if state.epoch != p.epoch {
-                state.receipts.clear();
-            }
-            state.epoch = p.epoch;
-            state.last_seq = p.seq;
-            state.receipts.push_back((p.seq, self.tail));
-            while state.receipts.len() > RECEIPT_WINDOW {
-                state.receipts.pop_front();
-            }
+            let tail = self.tail;
+            self.producers
+                .entry(p.id.clone())
+                .or_default()
+                .record(p, tail);
         }
         if let Some(seq) = stream_seq {
             self.stream_seq = Some(seq);
@@ -248,6 +259,10 @@ impl StreamState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn check(s: &StreamState, p: &ProducerTuple) -> ProducerCheck {
+        ProducerState::check(s.producers.get(&p.id), p)
+    }
 
     fn tuple(epoch: u64, seq: u64) -> ProducerTuple {
         ProducerTuple {
@@ -267,13 +282,13 @@ mod tests {
             1,
         );
         assert_eq!(
-            s.check_producer(&tuple(0, 1)),
+            check(&s, &tuple(0, 1)),
             ProducerCheck::Gap {
                 expected: 0,
                 received: 1
             }
         );
-        assert_eq!(s.check_producer(&tuple(0, 0)), ProducerCheck::Accept);
+        assert_eq!(check(&s, &tuple(0, 0)), ProducerCheck::Accept);
         s.apply_append(
             2,
             Some(Bytes::from_static(b"ab")),
@@ -289,23 +304,20 @@ mod tests {
             None,
         );
         assert_eq!(
-            s.check_producer(&tuple(0, 0)),
+            check(&s, &tuple(0, 0)),
             ProducerCheck::Duplicate {
                 last_seq: 1,
                 next: Some(2)
             }
         );
         assert_eq!(
-            s.check_producer(&tuple(0, 3)),
+            check(&s, &tuple(0, 3)),
             ProducerCheck::Gap {
                 expected: 2,
                 received: 3
             }
         );
-        assert_eq!(
-            s.check_producer(&tuple(1, 1)),
-            ProducerCheck::NewEpochNotAtZero
-        );
+        assert_eq!(check(&s, &tuple(1, 1)), ProducerCheck::NewEpochNotAtZero);
         s.apply_append(
             4,
             Some(Bytes::from_static(b"e")),
@@ -314,7 +326,7 @@ mod tests {
             None,
         );
         assert_eq!(
-            s.check_producer(&tuple(0, 2)),
+            check(&s, &tuple(0, 2)),
             ProducerCheck::StaleEpoch { current: 1 }
         );
         assert_eq!(s.tail, 5);

@@ -8,6 +8,7 @@ use std::io::{BufRead as _, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -593,24 +594,13 @@ async fn json_nesting_is_limited_to_127_levels() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_append_whose_caller_gave_up_is_not_doubled_by_its_retry() {
     let dir = common::temp_dir("stream-abandoned-append");
-    let slow = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut config = DbConfig::new(&dir);
-    let hook_slow = slow.clone();
-    config.log_fail_hook = Some(Arc::new(move |point| {
-        if point == sluice::log::FailPoint::BeforeSync
-            && hook_slow.load(std::sync::atomic::Ordering::SeqCst)
-        {
-            std::thread::sleep(Duration::from_millis(400));
-        }
-        None
-    }));
-    let db = Database::open(config).await.unwrap();
+    let (db, slow) = slow_syncing(&dir, 400).await;
     let streams = db.streams();
     streams.create(create("s", "text/plain")).await.unwrap();
     streams.append(produced("s", b"0;", 0, 0)).await.unwrap();
     // The client gives up on seq 1 while its record is being made durable (a timeout, a
     // hung-up connection), and sends it again at once.
-    slow.store(true, std::sync::atomic::Ordering::SeqCst);
+    slow.store(true, Ordering::SeqCst);
     let abandoned = tokio::time::timeout(
         Duration::from_millis(50),
         streams.append(produced("s", b"1;", 0, 1)),
@@ -622,8 +612,118 @@ async fn an_append_whose_caller_gave_up_is_not_doubled_by_its_retry() {
         matches!(retry, AppendOutcome::Duplicate { .. }),
         "the retry of an append that landed is a duplicate: {retry:?}"
     );
-    slow.store(false, std::sync::atomic::Ordering::SeqCst);
+    slow.store(false, Ordering::SeqCst);
     streams.append(produced("s", b"2;", 0, 2)).await.unwrap();
     assert_eq!(read_all(&db, "s").await, b"0;1;2;");
+    db.shutdown().await.unwrap();
+}
+
+/// A database whose log sleeps `sleep_ms` before each sync while the returned flag is set.
+async fn slow_syncing(dir: &std::path::Path, sleep_ms: u64) -> (Arc<Database>, Arc<AtomicBool>) {
+    let slow = Arc::new(AtomicBool::new(false));
+    let mut config = DbConfig::new(dir);
+    let hook_slow = slow.clone();
+    config.log_fail_hook = Some(Arc::new(move |point| {
+        if point == sluice::log::FailPoint::BeforeSync && hook_slow.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(sleep_ms));
+        }
+        None
+    }));
+    (Database::open(config).await.unwrap(), slow)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_to_one_stream_in_flight_together_share_syncs_and_each_lands_once() {
+    let dir = common::temp_dir("stream-pipelined");
+    let (db, slow) = slow_syncing(&dir, 100).await;
+    let streams = db.streams().clone();
+    streams.create(create("s", "text/plain")).await.unwrap();
+    slow.store(true, Ordering::SeqCst);
+    let groups = db.log().stats().groups.load(Ordering::Relaxed);
+    let tasks: Vec<_> = (0..32)
+        .map(|i| {
+            let streams = streams.clone();
+            tokio::spawn(async move {
+                let body = format!("{i:02};");
+                let outcome = streams.append(append("s", body.as_bytes())).await.unwrap();
+                (body, outcome)
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        match task.await.unwrap() {
+            (body, AppendOutcome::Appended { next, .. }) => answers.push((next, body)),
+            (_, other) => panic!("expected an append, got {other:?}"),
+        }
+    }
+    slow.store(false, Ordering::SeqCst);
+    // One at a time, each append would have waited for a sync of its own.
+    let syncs = db.log().stats().groups.load(Ordering::Relaxed) - groups;
+    assert!(syncs <= 8, "{syncs} syncs for 32 appends to one stream");
+    // Each answer names the end of its own record, and every record is there once.
+    let check = |data: &[u8]| {
+        assert_eq!(data.len(), 32 * 3);
+        for (next, body) in &answers {
+            let end = *next as usize;
+            assert_eq!(
+                &data[end - 3..end],
+                body.as_bytes(),
+                "the record ending at {end}"
+            );
+        }
+    };
+    let mut ends: Vec<u64> = answers.iter().map(|(next, _)| *next).collect();
+    ends.sort();
+    assert_eq!(ends, (1..=32).map(|i| i * 3).collect::<Vec<u64>>());
+    check(&read_all(&db, "s").await);
+    // The log replays them the same way.
+    db.shutdown().await.unwrap();
+    drop(db);
+    let db = Database::open(DbConfig::new(&dir)).await.unwrap();
+    check(&read_all(&db, "s").await);
+    db.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_of_an_append_in_flight_is_answered_once_that_append_is_durable() {
+    let dir = common::temp_dir("stream-retry-in-flight");
+    let (db, slow) = slow_syncing(&dir, 300).await;
+    let streams = db.streams().clone();
+    streams.create(create("s", "text/plain")).await.unwrap();
+    streams.append(produced("s", b"0;", 0, 0)).await.unwrap();
+    slow.store(true, Ordering::SeqCst);
+    let send = |delay: u64| {
+        let streams = streams.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            let outcome = streams.append(produced("s", b"1;", 0, 1)).await.unwrap();
+            // What is durable (and applied) when the answer comes.
+            let tail = streams.get("s").await.unwrap().info().tail;
+            (outcome, tail)
+        })
+    };
+    // The same append twice, the second while the first waits for its sync.
+    let (a, b) = (send(0), send(50));
+    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    slow.store(false, Ordering::SeqCst);
+    let ((appended, _), (duplicate, durable_then)) = match (&a.0, &b.0) {
+        (AppendOutcome::Duplicate { .. }, _) => (b, a),
+        _ => (a, b),
+    };
+    assert!(
+        matches!(appended, AppendOutcome::Appended { next: 4, .. }),
+        "{appended:?}"
+    );
+    // The duplicate's answer says the append is there: not before it is durable.
+    assert!(
+        matches!(duplicate, AppendOutcome::Duplicate { next: Some(4), .. }),
+        "{duplicate:?}"
+    );
+    assert_eq!(
+        durable_then, 4,
+        "the duplicate was answered before the append was durable"
+    );
+    assert_eq!(read_all(&db, "s").await, b"0;1;");
     db.shutdown().await.unwrap();
 }
