@@ -9,7 +9,11 @@
 //! After every restart: the server takes writes again (a server that refuses everything
 //! fails the test); every acknowledged row is queryable exactly once and nothing
 //! unacknowledged appears twice; every acknowledged stream message is readable once, at its
-//! acknowledged offset; a producer's retries of unacknowledged appends land at most once.
+//! acknowledged offset; a producer's retries of unacknowledged appends land at most once. The
+//! producer shares its stream with writers that append concurrently (no producer headers),
+//! so appends to the one stream are pipelined behind each other's syncs when the kill comes;
+//! each of their messages is there once if it was acknowledged, at most once if its answer
+//! was lost, and never if it was refused.
 //! During load every answer is 200/204, or a refusal that applied nothing (503 with
 //! `Retry-After` and `rejected`); any other answer fails the test.
 //!
@@ -108,6 +112,10 @@ struct Ledger {
     unknown_batches: BTreeSet<i64>,
     /// Producer sequence -> acknowledged Stream-Next-Offset (None for a duplicate answer).
     acked_messages: BTreeMap<u64, Option<u64>>,
+    /// A concurrent writer's message number -> its acknowledged Stream-Next-Offset.
+    acked_writes: BTreeMap<u64, u64>,
+    /// Writers' messages whose request got no answer.
+    unknown_writes: BTreeSet<u64>,
 }
 
 /// Refusals that applied nothing, by kind.
@@ -202,12 +210,7 @@ async fn produce_one(
         .await;
     match r {
         Ok(r) if r.status() == 200 || r.status() == 204 => {
-            let offset = r
-                .headers()
-                .get("stream-next-offset")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.split_once('_'))
-                .and_then(|(_, b)| b.parse().ok());
+            let offset = next_offset(&r);
             let duplicate = r.status() == 204;
             ledger
                 .lock()
@@ -240,6 +243,53 @@ async fn producer(
             Ok(true) => tokio::time::sleep(pause).await,
             Ok(false) => tokio::time::sleep(Duration::from_millis(20)).await,
             Err(()) => return,
+        }
+    }
+}
+
+/// The byte offset in a `Stream-Next-Offset` answer.
+fn next_offset(r: &reqwest::Response) -> Option<u64> {
+    r.headers()
+        .get("stream-next-offset")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once('_'))
+        .and_then(|(_, b)| b.parse().ok())
+}
+
+/// Appends `{"w": n}` for a fresh number `n` each time, with no producer headers, to the
+/// producer's stream, alongside the other writers and the producer.
+async fn writer(
+    base: String,
+    client: reqwest::Client,
+    next_write: Arc<AtomicI64>,
+    ledger: Arc<Mutex<Ledger>>,
+    refusals: Arc<Refusals>,
+    stop: Arc<AtomicBool>,
+    pause: Duration,
+) {
+    while !stop.load(Ordering::Relaxed) {
+        let n = next_write.fetch_add(1, Ordering::Relaxed) as u64;
+        let r = client
+            .post(format!("{base}/v1/stream/crash"))
+            .header("content-type", "application/json")
+            .body(json!({"w": n, "pad": "w".repeat(100)}).to_string())
+            .send()
+            .await;
+        match r {
+            Ok(r) if r.status() == 204 => {
+                let offset = next_offset(&r).expect("an append's answer names its offset");
+                ledger.lock().unwrap().acked_writes.insert(n, offset);
+                tokio::time::sleep(pause).await;
+            }
+            Ok(r) => {
+                refusal(&format!("write {n}"), r).await;
+                refusals.append_503.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(_) => {
+                ledger.lock().unwrap().unknown_writes.insert(n);
+                return;
+            }
         }
     }
 }
@@ -312,24 +362,54 @@ async fn verify(client: &reqwest::Client, base: &str, ledger: &Ledger, profile: 
     }
     let missing: Vec<&i64> = ledger.acked_batches.difference(&present).collect();
     assert!(missing.is_empty(), "acknowledged batches lost: {missing:?}");
-    // The stream, as stored: one message per line; its end offset is where the line ends.
-    let r = client
-        .get(format!("{base}/v1/stream/crash"))
-        .header("accept", "application/x-ndjson")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200, "the stream is gone");
-    let body = r.bytes().await.unwrap();
+    // The stream, as stored, read to its end a page at a time: one message per line; its
+    // end offset is where the line ends.
+    let mut body = Vec::new();
+    let mut offset = "-1".to_owned();
+    loop {
+        let r = client
+            .get(format!("{base}/v1/stream/crash?offset={offset}"))
+            .header("accept", "application/x-ndjson")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "the stream is gone");
+        let up_to_date = r.headers().contains_key("stream-up-to-date");
+        let next = r.headers()["stream-next-offset"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        body.extend_from_slice(&r.bytes().await.unwrap());
+        if up_to_date {
+            break;
+        }
+        offset = next;
+    }
     let mut at = 0u64;
     let mut seen = BTreeMap::new();
+    let mut written = BTreeMap::new();
     for line in body.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
         at += line.len() as u64 + 1;
         let m: Value = serde_json::from_slice(line).unwrap();
+        if let Some(n) = m["w"].as_u64() {
+            assert!(written.insert(n, at).is_none(), "write {n} landed twice");
+            assert!(
+                ledger.acked_writes.contains_key(&n) || ledger.unknown_writes.contains(&n),
+                "write {n} is there, but it was refused"
+            );
+            continue;
+        }
         let seq = m["s"].as_u64().unwrap();
         assert!(
             seen.insert(seq, at).is_none(),
             "producer append {seq} landed twice"
+        );
+    }
+    for (n, offset) in &ledger.acked_writes {
+        assert_eq!(
+            written.get(n),
+            Some(offset),
+            "acknowledged write {n} is lost or not at its acknowledged offset"
         );
     }
     for (seq, offset) in &ledger.acked_messages {
@@ -451,6 +531,7 @@ async fn killed_at_random_moments_it_loses_nothing_acknowledged() {
     let refusals = Arc::new(Refusals::default());
     let next_batch = Arc::new(AtomicI64::new(0));
     let next_seq = Arc::new(AtomicI64::new(0));
+    let next_write = Arc::new(AtomicI64::new(0));
     let mut totals: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut restarts = Vec::new();
     let mut double_restarts = 0;
@@ -500,6 +581,17 @@ async fn killed_at_random_moments_it_loses_nothing_acknowledged() {
             stop.clone(),
             profile.append_pause,
         )));
+        for _ in 0..3 {
+            tasks.push(tokio::spawn(writer(
+                base.clone(),
+                client.clone(),
+                next_write.clone(),
+                ledger.clone(),
+                refusals.clone(),
+                stop.clone(),
+                profile.append_pause,
+            )));
+        }
         let query_task = tokio::spawn(querier(base.clone(), client.clone(), stop.clone()));
         // Read the counters along the way: the last reading before the kill counts.
         let mut last = None;
@@ -535,10 +627,12 @@ async fn killed_at_random_moments_it_loses_nothing_acknowledged() {
         )
         .await;
         println!(
-            "cycle {cycle}: lived {life} ms; {} rows acknowledged, {} unknown, {} stream appends acknowledged",
+            "cycle {cycle}: lived {life} ms; {} rows acknowledged, {} unknown, {} stream appends \
+             and {} concurrent writes acknowledged",
             snapshot.acked_batches.len() as i64 * profile.batch,
             snapshot.unknown_batches.len() as i64 * profile.batch,
-            snapshot.acked_messages.len()
+            snapshot.acked_messages.len(),
+            snapshot.acked_writes.len()
         );
     }
     let l = ledger.lock().unwrap().clone();
@@ -556,6 +650,12 @@ async fn killed_at_random_moments_it_loses_nothing_acknowledged() {
     println!("between kills: {totals:?}");
     assert!(l.acked_batches.len() > cycles, "the load did not run");
     assert!(l.acked_messages.len() > cycles, "the producer did not run");
+    assert!(l.acked_writes.len() > cycles, "the writers did not run");
+    println!(
+        "{} concurrent writes acknowledged, {} unknown",
+        l.acked_writes.len(),
+        l.unknown_writes.len()
+    );
     for name in COUNTERS {
         assert!(
             totals.get(name).copied().unwrap_or(0) > 0,
