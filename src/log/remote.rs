@@ -429,24 +429,36 @@ mod tests {
         assert_eq!(records.len(), 4);
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_group_written_after_the_lease_ran_out_is_not_acknowledged() {
-        use crate::log::{CommitLog, Durability, LogConfig, LogError};
-        use crate::storage::probe::{Probe, ProbedStore};
-        let probe = Arc::new(Probe::default());
-        let store: Arc<dyn ObjectStore> = Arc::new(ProbedStore::new(
-            Arc::new(object_store::memory::InMemory::new()),
-            probe.clone(),
-        ));
-        let dir = std::env::temp_dir().join(format!("sluice-lapsed-{}", std::process::id()));
+    /// A log under [`crate::log::Durability::ObjectStore`] in a fresh directory named after
+    /// `name`, on epoch 1 of node "n" in `store`, with `lease` to acknowledge writes.
+    async fn leased_log(
+        store: Arc<dyn ObjectStore>,
+        name: &str,
+        lease: std::time::Duration,
+    ) -> (crate::log::CommitLog, std::path::PathBuf) {
+        use crate::log::{CommitLog, Durability, LogConfig};
+        let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let mut config = LogConfig::new(dir.join("log"));
         config.durability = Durability::ObjectStore;
         let (log, _) = CommitLog::open(config).unwrap();
         log.advance_to(lsn_base(1)).await.unwrap();
         let (remote, _) = recover(store, "n", 1).await.unwrap();
-        let lease = std::time::Duration::from_millis(300);
         log.attach_remote(remote, lease);
+        (log, dir)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_group_written_after_the_lease_ran_out_is_not_acknowledged() {
+        use crate::log::LogError;
+        use crate::storage::probe::{Probe, ProbedStore};
+        let probe = Arc::new(Probe::default());
+        let store: Arc<dyn ObjectStore> = Arc::new(ProbedStore::new(
+            Arc::new(object_store::memory::InMemory::new()),
+            probe.clone(),
+        ));
+        let lease = std::time::Duration::from_millis(300);
+        let (log, dir) = leased_log(store, "sluice-lapsed", lease).await;
         // Acknowledged while the lease holds.
         let first = log.append(RecordKind::Metadata, vec![1]).await.unwrap();
         // A write slower than the rest of the lease: written, applied, not acknowledged.
@@ -488,17 +500,10 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_record_chained_to_one_the_log_refused_is_not_written() {
-        use crate::log::{Chain, CommitLog, Durability, LogConfig, LogError};
+        use crate::log::{Chain, LogError};
         let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
-        let dir = std::env::temp_dir().join(format!("sluice-chain-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let mut config = LogConfig::new(dir.join("log"));
-        config.durability = Durability::ObjectStore;
-        let (log, _) = CommitLog::open(config).unwrap();
-        log.advance_to(lsn_base(1)).await.unwrap();
-        let (remote, _) = recover(store, "n", 1).await.unwrap();
         let lease = std::time::Duration::from_millis(200);
-        log.attach_remote(remote, lease);
+        let (log, dir) = leased_log(store, "sluice-chain", lease).await;
         let chain = Arc::new(Chain::default());
         let first = log
             .submit_chained(RecordKind::StreamAppend, vec![1], |_| {}, chain.clone())
