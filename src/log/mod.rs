@@ -269,8 +269,9 @@ pub enum LogError {
         "this node's lease ran out while the write was in flight; it may or may not have been applied"
     )]
     LeaseLapsed,
-    /// The record was submitted after another of its [`Chain`] that the log failed to
-    /// write, and was admitted against that one's effects: it was not written either.
+    /// The record was decided against the effects of an earlier record (of the same
+    /// stream) that the log failed to write, or cannot tell counts: it was not written
+    /// either. Nothing was applied; the request may be sent again.
     #[error("an earlier write this one depends on failed; nothing was written")]
     EarlierFailed,
     /// Another process (or another open log in this one) uses the directory.

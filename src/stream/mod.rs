@@ -6,7 +6,7 @@
 //! admit, so they commit atomically with it. Appends to one stream are admitted one at a time
 //! (each stream has its own admission lock), but the lock is not held while a record waits
 //! for its sync: the next append is admitted against what the appends in flight will leave
-//! (`admit::Pending`), and its record is chained to theirs ([`crate::log::Chain`]), so the
+//! (`admit::Pending`), and its record is chained to theirs (`log::Chain`), so the
 //! log writes it only if it wrote them. Many appends to one stream thus share a group
 //! commit, as appends to different streams do. An answer or refusal that the appends in
 //! flight would decide (a producer's duplicate, a closed stream) waits until they are
