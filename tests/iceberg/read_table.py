@@ -8,6 +8,7 @@ Usage: read_table.py CATALOG_URI NAMESPACE TABLE [--token KEY] [--s3-key ID SECR
 import argparse
 import base64
 import json
+import os
 import sys
 
 
@@ -83,3 +84,10 @@ def main():
 
 if __name__ == "__main__":
     main()
+    # Leave without finalizing the interpreter: a reader's native worker threads (pyarrow's,
+    # pyiceberg's pool) may still hold or release the GIL then, which CPython answers with
+    # a fatal error ("PyGILState_Release: thread state ... must be current", seen once in a
+    # full run) after everything was read and printed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
