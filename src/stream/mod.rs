@@ -260,6 +260,8 @@ enum Admitted {
     Commit {
         op: Op,
         payload: Vec<u8>,
+        /// Bytes it stores.
+        stored: u64,
         next: u64,
         closed: bool,
         incarnation: String,
@@ -820,19 +822,16 @@ impl Streams {
             pipeline.settle(0);
             decided = self.admit_append(&stream, &mut pipeline, &req);
         }
-        let (op, payload, next, closed, incarnation) = match decided? {
+        let (op, payload, stored, next, closed, incarnation) = match decided? {
             Admitted::Commit {
                 op,
                 payload,
+                stored,
                 next,
                 closed,
                 incarnation,
-            } => (op, payload, next, closed, incarnation),
+            } => (op, payload, stored, next, closed, incarnation),
             Admitted::Answer(outcome) => return Ok(outcome),
-        };
-        let stored = match &op {
-            Op::Append { data: Some(d), .. } => d.len() as u64,
-            _ => 0,
         };
         let inner = self.inner.clone();
         let submitted = match self.inner.log.submit_chained(
@@ -908,9 +907,10 @@ impl Streams {
         let pending = pipeline
             .pending
             .get_or_insert_with(|| admit::Pending::over(&s));
-        let bytes = data.as_ref().map_or(0, |d| d.len() as u64);
-        let next = pending.add(&s, bytes, *close, producer.as_ref(), stream_seq.as_ref());
+        let stored = data.as_ref().map_or(0, |d| d.len() as u64);
+        let next = pending.add(&s, stored, *close, producer.as_ref(), stream_seq.as_ref());
         Ok(Admitted::Commit {
+            stored,
             next,
             closed: pending.closed(),
             incarnation: s.incarnation.clone(),
