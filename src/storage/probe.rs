@@ -14,9 +14,11 @@
 //! # let _ = store;
 //! ```
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
+use bytes::Bytes;
 use futures::StreamExt as _;
 use futures::stream::BoxStream;
 use object_store::path::Path;
@@ -176,6 +178,24 @@ impl ProbedStore {
     }
 }
 
+impl ProbedStore {
+    /// What every read goes through first: an outage, and a read of an object whose create
+    /// answer was lost unverified.
+    async fn before_read(&self, location: &Path) -> Result<()> {
+        self.probe.before().await?;
+        let blind = self
+            .probe
+            .blind
+            .lock()
+            .map(|mut b| b.remove(location.as_ref()))
+            .unwrap_or(false);
+        if blind {
+            return Err(self.probe.injected("read timed out (injected fault)"));
+        }
+        Ok(())
+    }
+}
+
 impl std::fmt::Display for ProbedStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "ProbedStore({})", self.inner)
@@ -222,18 +242,18 @@ impl ObjectStore for ProbedStore {
     }
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
-        self.probe.before().await?;
-        let blind = self
-            .probe
-            .blind
-            .lock()
-            .map(|mut b| b.remove(location.as_ref()))
-            .unwrap_or(false);
-        if blind {
-            return Err(self.probe.injected("read timed out (injected fault)"));
-        }
+        self.before_read(location).await?;
         self.probe
             .record(self.inner.get_opts(location, options).await)
+    }
+
+    /// The inner store's, counted as one request: the trait's default would merge ranges
+    /// less than a megabyte apart and read each merged range with `get_opts`, so a Parquet
+    /// scan that wants a few pages of a local file would copy whole column chunks.
+    async fn get_ranges(&self, location: &Path, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
+        self.before_read(location).await?;
+        self.probe
+            .record(self.inner.get_ranges(location, ranges).await)
     }
 
     fn delete_stream(
@@ -269,5 +289,40 @@ impl ObjectStore for ProbedStore {
         self.probe.before().await?;
         self.probe
             .record(self.inner.copy_opts(from, to, options).await)
+    }
+}
+
+#[cfg(all(test, feature = "testing"))]
+mod tests {
+    use object_store::ObjectStoreExt as _;
+    use object_store::memory::InMemory;
+
+    use super::*;
+
+    /// Ranges far apart are read in one request, each range on its own (the trait's default
+    /// would send one read per range more than a megabyte from the next), and an outage
+    /// fails them as it fails every read.
+    #[tokio::test]
+    async fn ranges_are_one_request_that_an_outage_fails() {
+        let probe = Arc::new(Probe::default());
+        let store = ProbedStore::new(Arc::new(InMemory::new()), probe.clone());
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        let path = Path::from("t/data.parquet");
+        store
+            .put(&path, PutPayload::from(data.clone()))
+            .await
+            .unwrap();
+        let ranges = [0..10u64, 1_500_000..1_500_010, 2_999_990..3_000_000];
+        let (before, _) = probe.counts();
+        let read = store.get_ranges(&path, &ranges).await.unwrap();
+        assert_eq!(probe.counts().0 - before, 1);
+        for (range, bytes) in ranges.iter().zip(&read) {
+            let (start, end) = (range.start as usize, range.end as usize);
+            assert_eq!(bytes.as_ref(), &data[start..end]);
+        }
+        probe.set_down(true);
+        assert!(store.get_ranges(&path, &ranges).await.is_err());
+        probe.set_down(false);
+        assert_eq!(store.get_ranges(&path, &ranges).await.unwrap(), read);
     }
 }
