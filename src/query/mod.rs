@@ -376,6 +376,8 @@ fn base_session(env: Arc<RuntimeEnv>) -> Result<SessionState, QueryError> {
         .with_runtime_env(env)
         .with_default_features()
         .with_physical_optimizer_rule(Arc::new(topn::UnionTopN))
+        // After `UnionTopN`, which looks for a union right under the sort.
+        .with_physical_optimizer_rule(Arc::new(topn::BatchTopN))
         .with_physical_optimizer_rule(Arc::new(pruning::ColumnPruning))
         .with_physical_optimizer_rule(Arc::new(grouping::KeyedGrouping::new(
             grouping::Limits::DEFAULT,

@@ -6,8 +6,8 @@ use arrow_array::RecordBatch;
 use arrow_schema::{DataType, Field, FieldRef, Schema, SchemaRef, TimeUnit};
 use async_trait::async_trait;
 use datafusion::catalog::Session;
+use datafusion::common::ScalarValue;
 use datafusion::common::stats::Precision;
-use datafusion::common::{DFSchema, ScalarValue};
 use datafusion::datasource::TableProvider;
 use datafusion::datasource::TableType;
 use datafusion::datasource::listing::PartitionedFile;
@@ -18,7 +18,6 @@ use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, Pa
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::object_store::ObjectStoreUrl;
-use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::{BinaryExpr, Expr, Operator, TableProviderFilterPushDown};
 use datafusion::physical_expr_adapter::{
     DefaultPhysicalExprAdapterFactory, PhysicalExprAdapter, PhysicalExprAdapterFactory,
@@ -177,23 +176,21 @@ impl TableProvider for SluiceTable {
             // Footers and page indexes come from the runtime's cache. Filters are not pushed
             // into the Parquet reader: on the query bench, row-level pushdown made the
             // typical filters (a quarter or a fifth of the rows) 1.5 to 2 times slower, and
-            // helped only the JSON extraction.
+            // helped only the JSON extraction. The scan's predicate (which prunes row groups
+            // and pages) is not set here: DataFusion's physical filter pushdown gives the
+            // scan the conjuncts of the filter above it, and a predicate set here as well
+            // was evaluated twice in every pruning step.
             let store = state
                 .runtime_env()
                 .object_store(ObjectStoreUrl::parse(STORE_URL)?)?;
             let footers = state.runtime_env().cache_manager.get_file_metadata_cache();
-            let mut source = ParquetSource::new(self.schema.clone())
+            let source = ParquetSource::new(self.schema.clone())
                 .with_parquet_file_reader_factory(Arc::new(CachedParquetFileReaderFactory::new(
                     store.clone(),
                     footers.clone(),
                 )))
                 // sluice writes no bloom filters: looking for them is wasted work per row group.
                 .with_bloom_filter_on_read(false);
-            if let Some(predicate) = conjunction(filters.iter().cloned()) {
-                let df_schema = DFSchema::try_from(self.schema.as_ref().clone())?;
-                let physical = state.create_physical_expr(predicate, &df_schema)?;
-                source = source.with_predicate(physical);
-            }
             let mut builder =
                 FileScanConfigBuilder::new(ObjectStoreUrl::parse(STORE_URL)?, Arc::new(source))
                     .with_projection_indices(projection.cloned())?

@@ -252,6 +252,8 @@ async fn top_n_by_two_columns_prunes_pages_and_answers_right() {
         .expect("the scan reports page pruning");
     let (total, matched) = pruned.split_once(" total → ").expect("N total → M matched");
     assert_ne!(total, matched, "no page was pruned: {pruned}\n{text}");
+    // Each batch reaches the top-N thinned to its own top 10 by latency (and ties).
+    assert!(text.contains("BatchTopNExec: fetch=10"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -471,6 +473,44 @@ async fn casts_that_do_not_keep_order_prune_nothing() {
         );
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// A filter reaches the scan once: the scan's predicate, which prunes row groups and
+/// pages, holds each of its conjuncts once (it held them twice, from the table's filters and
+/// from DataFusion's pushdown of the filter above, and every pruning step evaluated both),
+/// and it still prunes pages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filter_prunes_the_scan_once() {
+    let (dir, db) = database_with_t("filter-once", "k int, s string").await;
+    let body: String = (0..20_000)
+        .map(|k| format!("{{\"k\":{k},\"s\":\"v{}\"}}\n", k % 3))
+        .collect();
+    ingest_t(&db, body).await;
+    db.tables().flush_due(true).await.unwrap();
+    let sql = "SELECT k FROM t WHERE k >= 19990 AND s = 'v1' ORDER BY k";
+    let result = db.execute(sql).await.unwrap();
+    let got: Vec<String> = result.rows.iter().map(|r| row_text(r)).collect();
+    let want: Vec<String> = (19_990..20_000)
+        .filter(|k| k % 3 == 1)
+        .map(|k| k.to_string())
+        .collect();
+    assert_eq!(got, want);
+    let text = explain_analyze(&db, sql).await;
+    let predicate = text
+        .split(" predicate=")
+        .nth(1)
+        .and_then(|rest| rest.split(", pruning_predicate=").next())
+        .expect("the scan has a predicate");
+    assert_eq!(predicate.matches(">= 19990").count(), 1, "{predicate}");
+    assert_eq!(predicate.matches("= v1").count(), 1, "{predicate}");
+    let pruned = text
+        .split("page_index_rows_pruned=")
+        .nth(1)
+        .and_then(|rest| rest.split(" matched").next())
+        .expect("the scan reports page pruning");
+    let (total, matched) = pruned.split_once(" total → ").expect("N total → M matched");
+    assert_ne!(total, matched, "no page was pruned: {pruned}\n{text}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `count(*)` without a filter is answered from the manifest's row counts and the unflushed
