@@ -3,9 +3,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use arrow_array::RecordBatch;
 use arrow_array::cast::AsArray;
 use arrow_array::types::TimestampNanosecondType;
+use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::{DataType, SchemaRef};
 use bytes::Bytes;
 use parquet::arrow::ArrowWriter;
@@ -58,7 +58,8 @@ pub(super) fn decode_record(payload: &[u8]) -> Result<(String, RecordBatch), Tab
 }
 
 /// Writes batches as one Parquet file (zstd, page statistics, `row_group_rows` per group,
-/// the Arrow schema with sluice's field metadata embedded). Returns the bytes and the file's
+/// each group's rows in time order ([`time_order`]), the Arrow schema with sluice's field
+/// metadata embedded). Returns the bytes and the file's
 /// manifest entry for `path`.
 ///
 /// Columns are encoded in parallel: a flush is otherwise one core's work while ingest waits
@@ -75,8 +76,13 @@ pub(super) fn write_parquet(
         .and_then(ArrowWriter::into_serialized_writer)
         .map_err(encoding)?;
     let groups = row_groups(batches, row_group_rows.max(1));
+    let time = time_column(schema);
+    let orders: Vec<Option<Vec<(usize, usize)>>> = groups
+        .iter()
+        .map(|group| time.and_then(|time| time_order(group, time)))
+        .collect();
     let mut jobs = Vec::with_capacity(groups.len() * schema.fields().len());
-    for (index, group) in groups.iter().enumerate() {
+    for (index, (group, order)) in groups.iter().zip(&orders).enumerate() {
         let mut writers = factory
             .create_column_writers(index)
             .map_err(encoding)?
@@ -85,6 +91,7 @@ pub(super) fn write_parquet(
             let leaves = leaf_count(field.data_type());
             jobs.push(ColumnJob {
                 group,
+                order: order.as_deref(),
                 column,
                 writers: writers.by_ref().take(leaves).collect(),
             });
@@ -191,9 +198,15 @@ fn file_column(column: &arrow_array::ArrayRef) -> Result<arrow_array::ArrayRef, 
 /// column's Parquet leaves (one for every flat column).
 struct ColumnJob<'a> {
     group: &'a [RecordBatch],
+    /// The order to write the group's rows in ([`time_order`]), if not the order they have.
+    order: Option<&'a [(usize, usize)]>,
     column: usize,
     writers: Vec<ArrowColumnWriter>,
 }
+
+/// How many rows of a column [`encode_columns`] gathers into time order at a time: a page's
+/// worth (see [`writer_properties`]).
+const GATHER_ROWS: usize = 8192;
 
 /// A job's encoded chunks, or why it failed.
 type EncodedColumn = Result<Vec<ArrowColumnChunk>, TableError>;
@@ -207,8 +220,22 @@ fn encode_columns(
     let encode = |job: ColumnJob<'_>| -> Result<Vec<ArrowColumnChunk>, TableError> {
         let field = schema.field(job.column);
         let mut writers = job.writers;
-        for batch in job.group {
-            let column = file_column(batch.column(job.column))?;
+        let columns = job
+            .group
+            .iter()
+            .map(|batch| file_column(batch.column(job.column)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let pieces: Box<dyn Iterator<Item = Result<ArrayRef, TableError>>> = match job.order {
+            None => Box::new(columns.iter().cloned().map(Ok)),
+            Some(order) => {
+                let sources: Vec<&dyn Array> = columns.iter().map(AsRef::as_ref).collect();
+                Box::new(order.chunks(GATHER_ROWS).map(move |rows| {
+                    arrow_select::interleave::interleave(&sources, rows).map_err(encoding)
+                }))
+            }
+        };
+        for column in pieces {
+            let column = column?;
             let leaves = compute_leaves(field, &column).map_err(encoding)?;
             if leaves.len() != writers.len() {
                 return Err(TableError::Encoding(format!(
@@ -264,6 +291,49 @@ fn encode_columns(
                 .unwrap_or_else(|| Err(TableError::Encoding("a column was not encoded".into())))
         })
         .collect()
+}
+
+/// The column a table's files keep their rows ordered by within each row group: its first
+/// timestamp column, if it has one.
+fn time_column(schema: &SchemaRef) -> Option<usize> {
+    schema
+        .fields()
+        .iter()
+        .position(|f| matches!(f.data_type(), DataType::Timestamp(_, _)))
+}
+
+/// The order to write a row group's rows in: by the time column (nulls first, rows of one
+/// time in the order they came), as (batch, row) positions in `group`; `None` when they are
+/// in that order already (or the column is not nanoseconds, which no table has).
+///
+/// Why: rows reach a flush in commit order, and concurrent loaders interleave stretches of
+/// different times, so a page of an unsorted group spans the time between two stretches
+/// and the page index cannot narrow a time filter to it. In time order each page covers a
+/// narrow time range: a one-second lookup on the 1 GiB bench decoded 42,310 rows of each
+/// column for 6 before, and 16,384 (two pages) after. Only row order within a group changes:
+/// the file's rows, row groups and time range stay the same. Each column is gathered in this
+/// order by the job that encodes it ([`encode_columns`]), a page's worth at a time, so the
+/// gathering runs on the encoders' threads and holds no second copy of the group.
+fn time_order(group: &[RecordBatch], time: usize) -> Option<Vec<(usize, usize)>> {
+    let mut keys = Vec::with_capacity(group.iter().map(RecordBatch::num_rows).sum());
+    for (b, batch) in group.iter().enumerate() {
+        let column = batch
+            .column(time)
+            .as_primitive_opt::<TimestampNanosecondType>()?;
+        keys.extend(
+            column
+                .iter()
+                .enumerate()
+                .map(|(row, value)| (value, b, row)),
+        );
+    }
+    if keys.is_sorted_by_key(|(value, _, _)| *value) {
+        return None;
+    }
+    // Stable: rows of one time keep their commit order. Runs already in order (each loaded
+    // stretch) make this close to a merge.
+    keys.sort_by_key(|(value, _, _)| *value);
+    Some(keys.into_iter().map(|(_, b, row)| (b, row)).collect())
 }
 
 /// The batches cut into row groups of `rows` rows (the last may be shorter); slices share
@@ -536,5 +606,118 @@ mod tests {
         let read = arrow_select::concat::concat_batches(&schema, &read).expect("concat");
         let expected = arrow_select::concat::concat_batches(&schema, &batches).expect("concat");
         assert_eq!(read, expected);
+    }
+
+    /// Rows that reach a flush out of time order are written in time order within each row
+    /// group (nulls first, rows of one time in the order they came), and every row is kept:
+    /// the groups hold the same rows as before, and the file's time range is unchanged.
+    #[test]
+    fn each_row_group_is_written_in_time_order() {
+        let schema: SchemaRef = Arc::new(Schema::new(vec![
+            Field::new(
+                "time",
+                DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into())),
+                true,
+            ),
+            Field::new("id", DataType::Int64, false),
+        ]));
+        let make = |times: &[Option<i64>], from: i64| {
+            let ids: Vec<i64> = (from..from + times.len() as i64).collect();
+            RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    Arc::new(TimestampNanosecondArray::from(times.to_vec()).with_timezone("UTC")),
+                    Arc::new(Int64Array::from(ids)),
+                ],
+            )
+            .expect("batch")
+        };
+        // Two loaders' stretches interleaved, a tie across batches, a null; groups of 4.
+        let batches = vec![
+            make(&[Some(50), Some(60), Some(70)], 0),
+            make(&[Some(50), Some(20), Some(60), None, Some(30)], 3),
+            make(&[Some(5), Some(5)], 8),
+        ];
+        let (bytes, file) =
+            write_parquet(&schema, &batches, 4, "t/data/x.parquet".into()).expect("written");
+        assert_eq!(file.rows, 10);
+        assert_eq!(file.time_ranges.get("time"), Some(&(5, 70)));
+        let read = read_parquet(&[bytes]).expect("read back");
+        let read = arrow_select::concat::concat_batches(&schema, &read).expect("concat");
+        let times: Vec<Option<i64>> = read
+            .column(0)
+            .as_primitive::<TimestampNanosecondType>()
+            .iter()
+            .collect();
+        let ids: Vec<i64> = read
+            .column(1)
+            .as_primitive::<arrow_array::types::Int64Type>()
+            .values()
+            .to_vec();
+        // Group 1: ids 0..4 (50, 60, 70, 50: the tie keeps id 0 first); group 2: ids 4..8
+        // (20, 60, null, 30); group 3: ids 8, 9 (5, 5), already in order.
+        assert_eq!(
+            times,
+            vec![
+                Some(50),
+                Some(50),
+                Some(60),
+                Some(70),
+                None,
+                Some(20),
+                Some(30),
+                Some(60),
+                Some(5),
+                Some(5),
+            ]
+        );
+        assert_eq!(ids, vec![0, 3, 1, 2, 6, 4, 7, 5, 8, 9]);
+    }
+
+    /// A group whose batches hold an interval column as `Duration` (the table's type) and as
+    /// `Int64` (the file type, as compaction reads newer files back) is put in time order as
+    /// well: each batch's column becomes its file type before the rows are gathered.
+    #[test]
+    fn rows_of_mixed_interval_types_are_put_in_time_order() {
+        use arrow_array::DurationNanosecondArray;
+        let time = Field::new(
+            "time",
+            DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into())),
+            false,
+        );
+        let table: SchemaRef = Arc::new(Schema::new(vec![
+            time.clone(),
+            Field::new("took", DataType::Duration(TimeUnit::Nanosecond), false),
+        ]));
+        let times = |t: Vec<i64>| -> ArrayRef {
+            Arc::new(TimestampNanosecondArray::from(t).with_timezone("UTC"))
+        };
+        let old = RecordBatch::try_new(
+            table.clone(),
+            vec![
+                times(vec![30, 10]),
+                Arc::new(DurationNanosecondArray::from(vec![3, 1])),
+            ],
+        )
+        .expect("batch");
+        let as_file = Arc::new(Schema::new(vec![
+            time,
+            Field::new("took", DataType::Int64, false),
+        ]));
+        let new = RecordBatch::try_new(
+            as_file,
+            vec![times(vec![20]), Arc::new(Int64Array::from(vec![2]))],
+        )
+        .expect("batch");
+        let (bytes, _) =
+            write_parquet(&table, &[old, new], 8, "t/data/x.parquet".into()).expect("written");
+        let read = read_parquet(&[bytes]).expect("read back");
+        let read = arrow_select::concat::concat_batches(&read[0].schema(), &read).expect("concat");
+        let took: Vec<i64> = read
+            .column(1)
+            .as_primitive::<arrow_array::types::Int64Type>()
+            .values()
+            .to_vec();
+        assert_eq!(took, vec![1, 2, 3]);
     }
 }

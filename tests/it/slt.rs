@@ -513,6 +513,51 @@ async fn a_filter_prunes_the_scan_once() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Rows that arrive with two stretches of time interleaved (two loaders, say) are written in
+/// time order within their row group, so a one-second window reads the one page of its time:
+/// in arrival order each page spans both stretches, and the page index kept two of the three.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_time_window_reads_the_pages_of_its_time() {
+    let (dir, db) = database_with_t("time-order", "ts timestamp, k int").await;
+    let at = |s: i64| {
+        format!(
+            "2026-01-01T{:02}:{:02}:{:02}Z",
+            s / 3_600,
+            s / 60 % 60,
+            s % 60
+        )
+    };
+    // Row k: second k / 2 of the first stretch (even k) or of one 40,000 s later (odd k).
+    let body: String = (0..20_000i64)
+        .map(|k| {
+            let second = k / 2 + if k % 2 == 1 { 40_000 } else { 0 };
+            format!("{{\"ts\":\"{}\",\"k\":{k}}}\n", at(second))
+        })
+        .collect();
+    ingest_t(&db, body).await;
+    db.tables().flush_due(true).await.unwrap();
+    let sql = format!(
+        "SELECT k FROM t WHERE ts >= '{}' AND ts < '{}' ORDER BY k",
+        at(5_000),
+        at(5_001)
+    );
+    let result = db.execute(&sql).await.unwrap();
+    let got: Vec<String> = result.rows.iter().map(|r| row_text(r)).collect();
+    assert_eq!(got, vec!["10000".to_owned()]);
+    let text = explain_analyze(&db, &sql).await;
+    let pruned = text
+        .split("page_index_rows_pruned=")
+        .nth(1)
+        .and_then(|rest| rest.split(" matched").next())
+        .expect("the scan reports page pruning");
+    let (_, matched) = pruned.split_once(" total → ").expect("N total → M matched");
+    assert_eq!(
+        matched, "8.19 K",
+        "one page of 8,192 rows: {pruned}\n{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `count(*)` without a filter is answered from the manifest's row counts and the unflushed
 /// batches, with no scan, and agrees with a scan; with a filter, or counting a column, it
 /// scans. Rows come from two flushed files and unflushed batches, then from three files.
