@@ -5,6 +5,7 @@ use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
+use futures::StreamExt as _;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -25,31 +26,70 @@ const NDJSON_TYPES: &[&str] = &[
 ];
 
 /// Reads a request body of at most `limit` bytes, answering 413 past it.
+///
+/// Past the limit the rest of the body, up to [`MAX_DRAIN_BYTES`] more, is read and dropped
+/// before the 413 goes out. A client sends its whole body before it reads the answer; had the
+/// server answered and closed mid-body, the client's next write failed (a broken pipe) and
+/// it never saw the 413. The body's deadline bounds the draining as it bounds the reading.
 pub(super) async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, ApiError> {
-    axum::body::to_bytes(body, limit).await.map_err(|e| {
-        // The cause can sit several wrappers deep (axum's error, the limit's, the body's).
-        let chain = std::iter::successors(std::error::Error::source(&e), |s| s.source());
-        let mut too_large = false;
-        let mut deadline = None;
-        for cause in chain {
-            too_large |= cause.is::<http_body_util::LengthLimitError>();
-            deadline = deadline.or(cause.downcast_ref::<super::deadline::BodyDeadline>());
+    let mut frames = body.into_data_stream();
+    let mut parts: Vec<bytes::Bytes> = Vec::new();
+    let mut length = 0usize;
+    while let Some(frame) = frames.next().await {
+        let frame = frame.map_err(|e| body_error(&e, limit))?;
+        length = length.saturating_add(frame.len());
+        if length > limit {
+            let mut dropped = 0usize;
+            while dropped < MAX_DRAIN_BYTES.min(limit) {
+                match frames.next().await {
+                    Some(Ok(more)) => dropped = dropped.saturating_add(more.len()),
+                    _ => break,
+                }
+            }
+            return Err(ApiError::payload_too_large(format!(
+                "request body is larger than {limit} bytes"
+            ))
+            .outcome(Outcome::Rejected));
         }
-        if let Some(deadline) = deadline {
-            ApiError::new(
-                StatusCode::REQUEST_TIMEOUT,
-                "request_timeout",
-                deadline.to_string(),
-            )
-            .outcome(Outcome::Rejected)
-        } else if too_large {
-            ApiError::payload_too_large(format!("request body is larger than {limit} bytes"))
-                .outcome(Outcome::Rejected)
-        } else {
-            ApiError::bad_request(format!("could not read the request body: {e}"))
-                .outcome(Outcome::Rejected)
-        }
+        parts.push(frame);
+    }
+    Ok(match parts.len() {
+        0 | 1 => parts.pop().unwrap_or_default(),
+        _ => parts.concat().into(),
     })
+}
+
+/// At most this many bytes past its limit are read of a body refused as too large (and at
+/// most its limit's worth): enough for a client to finish a body somewhat over the limit and
+/// read the 413, not a way to make the server read without end.
+const MAX_DRAIN_BYTES: usize = 64 << 20;
+
+/// The answer to a body that could not be read: 408 past its deadline, else 400.
+fn body_error(e: &axum::Error, limit: usize) -> ApiError {
+    // The cause can sit several wrappers deep (axum's error, the body's).
+    let chain = std::iter::successors(Some(e as &(dyn std::error::Error + 'static)), |s| {
+        s.source()
+    });
+    let mut too_large = false;
+    let mut deadline = None;
+    for cause in chain {
+        too_large |= cause.is::<http_body_util::LengthLimitError>();
+        deadline = deadline.or(cause.downcast_ref::<super::deadline::BodyDeadline>());
+    }
+    if let Some(deadline) = deadline {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            deadline.to_string(),
+        )
+        .outcome(Outcome::Rejected)
+    } else if too_large {
+        ApiError::payload_too_large(format!("request body is larger than {limit} bytes"))
+            .outcome(Outcome::Rejected)
+    } else {
+        ApiError::bad_request(format!("could not read the request body: {e}"))
+            .outcome(Outcome::Rejected)
+    }
 }
 
 /// What a body will take once read and decompressed, for ingest admission: its length when
