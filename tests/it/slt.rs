@@ -123,6 +123,18 @@ async fn run_file(path: &Path) -> Vec<String> {
     failures
 }
 
+/// The scan's page pruning in `EXPLAIN ANALYZE` text: the metric's text, and the rows before
+/// and after the page index ("N total → M matched").
+fn page_rows(text: &str) -> (&str, &str, &str) {
+    let pruned = text
+        .split("page_index_rows_pruned=")
+        .nth(1)
+        .and_then(|rest| rest.split(" matched").next())
+        .expect("the scan reports page pruning");
+    let (total, matched) = pruned.split_once(" total → ").expect("N total → M matched");
+    (pruned, total, matched)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn query_files() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/queries");
@@ -245,12 +257,7 @@ async fn top_n_by_two_columns_prunes_pages_and_answers_right() {
     assert_eq!(got, want);
 
     let text = explain_analyze(&db, sql).await;
-    let pruned = text
-        .split("page_index_rows_pruned=")
-        .nth(1)
-        .and_then(|rest| rest.split(" matched").next())
-        .expect("the scan reports page pruning");
-    let (total, matched) = pruned.split_once(" total → ").expect("N total → M matched");
+    let (pruned, total, matched) = page_rows(&text);
     assert_ne!(total, matched, "no page was pruned: {pruned}\n{text}");
     // Each batch reaches the top-N thinned to its own top 10 by latency (and ties).
     assert!(text.contains("BatchTopNExec: fetch=10"), "{text}");
@@ -503,12 +510,7 @@ async fn a_filter_prunes_the_scan_once() {
         .expect("the scan has a predicate");
     assert_eq!(predicate.matches(">= 19990").count(), 1, "{predicate}");
     assert_eq!(predicate.matches("= v1").count(), 1, "{predicate}");
-    let pruned = text
-        .split("page_index_rows_pruned=")
-        .nth(1)
-        .and_then(|rest| rest.split(" matched").next())
-        .expect("the scan reports page pruning");
-    let (total, matched) = pruned.split_once(" total → ").expect("N total → M matched");
+    let (pruned, total, matched) = page_rows(&text);
     assert_ne!(total, matched, "no page was pruned: {pruned}\n{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -545,12 +547,7 @@ async fn a_time_window_reads_the_pages_of_its_time() {
     let got: Vec<String> = result.rows.iter().map(|r| row_text(r)).collect();
     assert_eq!(got, vec!["10000".to_owned()]);
     let text = explain_analyze(&db, &sql).await;
-    let pruned = text
-        .split("page_index_rows_pruned=")
-        .nth(1)
-        .and_then(|rest| rest.split(" matched").next())
-        .expect("the scan reports page pruning");
-    let (_, matched) = pruned.split_once(" total → ").expect("N total → M matched");
+    let (pruned, _, matched) = page_rows(&text);
     assert_eq!(
         matched, "8.19 K",
         "one page of 8,192 rows: {pruned}\n{text}"
