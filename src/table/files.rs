@@ -59,8 +59,7 @@ pub(super) fn decode_record(payload: &[u8]) -> Result<(String, RecordBatch), Tab
 
 /// Writes batches as one Parquet file (zstd, page statistics, `row_group_rows` per group,
 /// each group's rows in time order ([`time_order`]), the Arrow schema with sluice's field
-/// metadata embedded). Returns the bytes and the file's
-/// manifest entry for `path`.
+/// metadata embedded). Returns the bytes and the file's manifest entry for `path`.
 ///
 /// Columns are encoded in parallel: a flush is otherwise one core's work while ingest waits
 /// on it for memory headroom, so the encoder, not the decoder, would set the ingest rate.
