@@ -270,7 +270,8 @@ fn batch_top(
 
 impl DisplayAs for BatchTopNExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        let field = self.input.schema().field(self.column).name().clone();
+        let schema = self.input.schema();
+        let field = schema.field(self.column).name();
         match t {
             DisplayFormatType::TreeRender => {
                 write!(f, "key={field} {}\nfetch={}", self.options, self.fetch)

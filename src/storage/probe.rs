@@ -176,9 +176,7 @@ impl ProbedStore {
     pub fn new(inner: Arc<dyn ObjectStore>, probe: Arc<Probe>) -> Self {
         ProbedStore { inner, probe }
     }
-}
 
-impl ProbedStore {
     /// What every read goes through first: an outage, and a read of an object whose create
     /// answer was lost unverified.
     async fn before_read(&self, location: &Path) -> Result<()> {
