@@ -37,8 +37,9 @@ use datafusion::physical_expr::utils::collect_columns;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::expressions::Column;
 use parquet::arrow::parquet_to_arrow_schema;
-use parquet::basic::{Encoding, PageType};
 use parquet::file::metadata::{ColumnChunkMetaData, ParquetMetaData};
+
+use crate::table::dictionary_pages_only;
 
 /// A scanned file's footer, attached to its ranges by the table provider, so that a rewrite
 /// can tell how each column was encoded and what Arrow schema the file has.
@@ -207,22 +208,12 @@ const SMALL_DICTIONARY_PAGE: i64 = 64 << 10;
 /// back only if the dictionary compressed more than 16 times. Getting this wrong costs
 /// speed, never an answer: the reader builds a dictionary for plain pages too.
 fn all_pages_dictionary(column: &ColumnChunkMetaData) -> bool {
-    let dictionary =
-        |e: Encoding| matches!(e, Encoding::PLAIN_DICTIONARY | Encoding::RLE_DICTIONARY);
+    if let Some(only) = dictionary_pages_only(column) {
+        return only;
+    }
     let Some(dictionary_page) = column.dictionary_page_offset() else {
         return false;
     };
-    if let Some(mask) = column.page_encoding_stats_mask() {
-        return mask.is_only(Encoding::PLAIN_DICTIONARY) || mask.is_only(Encoding::RLE_DICTIONARY);
-    }
-    match column.page_encoding_stats() {
-        Some(stats) => stats
-            .iter()
-            .filter(|s| matches!(s.page_type, PageType::DATA_PAGE | PageType::DATA_PAGE_V2))
-            .all(|s| dictionary(s.encoding)),
-        None => {
-            let stored = column.data_page_offset() - dictionary_page;
-            (0..=SMALL_DICTIONARY_PAGE).contains(&stored)
-        }
-    }
+    let stored = column.data_page_offset() - dictionary_page;
+    (0..=SMALL_DICTIONARY_PAGE).contains(&stored)
 }

@@ -1,6 +1,7 @@
 //! Table data encodings: log records (table id + Arrow IPC) and Parquet files.
 
 use std::collections::BTreeMap;
+use std::hash::BuildHasher as _;
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
@@ -11,7 +12,8 @@ use bytes::Bytes;
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::arrow_writer::{ArrowColumnChunk, ArrowColumnWriter, compute_leaves};
-use parquet::basic::{Compression, Encoding, ZstdLevel};
+use parquet::basic::{Compression, Encoding, PageType, ZstdLevel};
+use parquet::file::metadata::ColumnChunkMetaData;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
@@ -69,9 +71,15 @@ pub(super) fn write_parquet(
     row_group_rows: usize,
     path: String,
 ) -> Result<(Bytes, DataFile), TableError> {
-    let props = writer_properties(Some(schema), row_group_rows)?;
+    let props = writer_properties(Some(schema), row_group_rows, zstd()?)?;
     let file_schema = file_schema(schema);
     let (mut file, factory) = ArrowWriter::try_new(Vec::new(), file_schema.clone(), Some(props))
+        .and_then(ArrowWriter::into_serialized_writer)
+        .map_err(encoding)?;
+    // Writers of the same columns that compress nothing, for chunks of few values
+    // ([`few_values`]); their own file (an empty buffer) is dropped unwritten.
+    let plain = writer_properties(Some(schema), row_group_rows, Compression::UNCOMPRESSED)?;
+    let (_, plain_factory) = ArrowWriter::try_new(Vec::new(), file_schema.clone(), Some(plain))
         .and_then(ArrowWriter::into_serialized_writer)
         .map_err(encoding)?;
     let groups = row_groups(batches, row_group_rows.max(1));
@@ -86,13 +94,19 @@ pub(super) fn write_parquet(
             .create_column_writers(index)
             .map_err(encoding)?
             .into_iter();
+        let mut plain_writers = plain_factory
+            .create_column_writers(index)
+            .map_err(encoding)?
+            .into_iter();
         for (column, field) in schema.fields().iter().enumerate() {
             let leaves = leaf_count(field.data_type());
+            let plain: Vec<ArrowColumnWriter> = plain_writers.by_ref().take(leaves).collect();
             jobs.push(ColumnJob {
                 group,
                 order: order.as_deref(),
                 column,
                 writers: writers.by_ref().take(leaves).collect(),
+                uncompressed: dictionary_candidate(field.data_type()).then_some(plain),
             });
         }
     }
@@ -201,11 +215,155 @@ struct ColumnJob<'a> {
     order: Option<&'a [(usize, usize)]>,
     column: usize,
     writers: Vec<ArrowColumnWriter>,
+    /// Writers of the column's leaf that compress nothing, for a column that may be written
+    /// so ([`dictionary_candidate`], [`few_values`]).
+    uncompressed: Option<Vec<ArrowColumnWriter>>,
 }
 
 /// How many rows of a column [`encode_columns`] gathers into time order at a time: a page's
 /// worth (see [`writer_properties`]).
 const GATHER_ROWS: usize = 8192;
+
+/// `columns` (a row group's pieces of one column, as file columns) written by `writers`
+/// (one for each of the column's Parquet leaves), in `order` if given; the closed chunks.
+fn write_chunks(
+    field: &arrow_schema::Field,
+    mut writers: Vec<ArrowColumnWriter>,
+    columns: &[ArrayRef],
+    order: Option<&[(usize, usize)]>,
+) -> Result<Vec<ArrowColumnChunk>, TableError> {
+    let pieces: Box<dyn Iterator<Item = Result<ArrayRef, TableError>>> = match order {
+        None => Box::new(columns.iter().cloned().map(Ok)),
+        Some(order) => {
+            let sources: Vec<&dyn Array> = columns.iter().map(AsRef::as_ref).collect();
+            Box::new(order.chunks(GATHER_ROWS).map(move |rows| {
+                arrow_select::interleave::interleave(&sources, rows).map_err(encoding)
+            }))
+        }
+    };
+    for column in pieces {
+        let column = column?;
+        let leaves = compute_leaves(field, &column).map_err(encoding)?;
+        if leaves.len() != writers.len() {
+            return Err(TableError::Encoding(format!(
+                "column {} has {} Parquet leaves, the writer expected {}",
+                field.name(),
+                leaves.len(),
+                writers.len()
+            )));
+        }
+        for (writer, leaf) in writers.iter_mut().zip(&leaves) {
+            writer.write(leaf).map_err(encoding)?;
+        }
+    }
+    writers
+        .into_iter()
+        .map(|w| w.close().map_err(encoding))
+        .collect()
+}
+
+/// Whether a column of this (file) type is dictionary-encoded by [`writer_properties`] and
+/// one leaf, so that it may be written uncompressed ([`few_values`]).
+fn dictionary_candidate(data_type: &DataType) -> bool {
+    use DataType::*;
+    matches!(
+        data_type,
+        Utf8 | LargeUtf8
+            | Utf8View
+            | Int8
+            | Int16
+            | Int32
+            | Int64
+            | UInt8
+            | UInt16
+            | UInt32
+            | UInt64
+            | Date32
+            | Date64
+    )
+}
+
+/// A column chunk with at most this many distinct values in its sample ([`few_values`]) is
+/// written uncompressed: its data pages are dictionary indices of at most 8 bits.
+const FEW_VALUES: usize = 256;
+
+/// About how many rows of a column chunk [`few_values`] looks at.
+const SAMPLED_ROWS: usize = 4096;
+
+/// Whether a row group's column (its pieces, as file columns) looks to hold few distinct
+/// values: at most [`FEW_VALUES`] among about [`SAMPLED_ROWS`] rows spread evenly over it
+/// (nulls are not values). Such a chunk is written dictionary-encoded and uncompressed.
+///
+/// Why: its data pages are then runs and bit-packed indices of a few bits, which zstd
+/// barely shrinks (the bench's service and name columns: 3 bits a row, and 0.4 % more file
+/// bytes for three such columns uncompressed), while a query pays a zstd frame, with its
+/// tables, for every page of 8,192 rows it reads: about a fifth of the time of a count
+/// grouped by such a column. A sample can miss values; the writer checks that every page
+/// came out dictionary-encoded (see `encode_columns`), and the bytes a wrong guess costs
+/// are bounded by the dictionary's own limit.
+fn few_values(columns: &[ArrayRef]) -> bool {
+    let rows: usize = columns.iter().map(|c| c.len()).sum();
+    let step = (rows / SAMPLED_ROWS).max(1);
+    // Keyed, so that values chosen to collide cannot pass for few.
+    let hasher = std::hash::RandomState::new();
+    let mut seen = std::collections::HashSet::with_capacity(FEW_VALUES + 1);
+    // The sampled row's index in the next piece.
+    let mut next = 0;
+    for column in columns {
+        let data = column.to_data();
+        let width = column.data_type().primitive_width();
+        while next < column.len() {
+            let row = next;
+            next += step;
+            if column.is_null(row) {
+                continue;
+            }
+            let hash = match column.data_type() {
+                DataType::Utf8 => hasher.hash_one(column.as_string::<i32>().value(row)),
+                DataType::LargeUtf8 => hasher.hash_one(column.as_string::<i64>().value(row)),
+                DataType::Utf8View => hasher.hash_one(column.as_string_view().value(row)),
+                _ => {
+                    let (Some(width), Some(values)) = (width, data.buffers().first()) else {
+                        return false;
+                    };
+                    let start = (data.offset() + row) * width;
+                    match values.as_slice().get(start..start + width) {
+                        Some(bytes) => hasher.hash_one(bytes),
+                        None => return false,
+                    }
+                }
+            };
+            seen.insert(hash);
+            if seen.len() > FEW_VALUES {
+                return false;
+            }
+        }
+        next -= column.len();
+    }
+    true
+}
+
+/// Whether every data page of a column chunk is dictionary-encoded, by the chunk's page
+/// encoding statistics (which sluice's writer records); `None` when the chunk has none.
+/// `false` for a chunk with no dictionary page.
+pub(crate) fn dictionary_pages_only(column: &ColumnChunkMetaData) -> Option<bool> {
+    let dictionary =
+        |e: Encoding| matches!(e, Encoding::PLAIN_DICTIONARY | Encoding::RLE_DICTIONARY);
+    if column.dictionary_page_offset().is_none() {
+        return Some(false);
+    }
+    if let Some(mask) = column.page_encoding_stats_mask() {
+        return Some(
+            mask.is_only(Encoding::PLAIN_DICTIONARY) || mask.is_only(Encoding::RLE_DICTIONARY),
+        );
+    }
+    column.page_encoding_stats().map(|stats| {
+        stats
+            .iter()
+            .filter(|s| matches!(s.page_type, PageType::DATA_PAGE | PageType::DATA_PAGE_V2))
+            .all(|s| dictionary(s.encoding))
+    })
+}
 
 /// A job's encoded chunks, or why it failed.
 type EncodedColumn = Result<Vec<ArrowColumnChunk>, TableError>;
@@ -218,40 +376,25 @@ fn encode_columns(
 ) -> Result<Vec<Vec<ArrowColumnChunk>>, TableError> {
     let encode = |job: ColumnJob<'_>| -> Result<Vec<ArrowColumnChunk>, TableError> {
         let field = schema.field(job.column);
-        let mut writers = job.writers;
         let columns = job
             .group
             .iter()
             .map(|batch| file_column(batch.column(job.column)))
             .collect::<Result<Vec<_>, _>>()?;
-        let pieces: Box<dyn Iterator<Item = Result<ArrayRef, TableError>>> = match job.order {
-            None => Box::new(columns.iter().cloned().map(Ok)),
-            Some(order) => {
-                let sources: Vec<&dyn Array> = columns.iter().map(AsRef::as_ref).collect();
-                Box::new(order.chunks(GATHER_ROWS).map(move |rows| {
-                    arrow_select::interleave::interleave(&sources, rows).map_err(encoding)
-                }))
-            }
-        };
-        for column in pieces {
-            let column = column?;
-            let leaves = compute_leaves(field, &column).map_err(encoding)?;
-            if leaves.len() != writers.len() {
-                return Err(TableError::Encoding(format!(
-                    "column {} has {} Parquet leaves, the writer expected {}",
-                    field.name(),
-                    leaves.len(),
-                    writers.len()
-                )));
-            }
-            for (writer, leaf) in writers.iter_mut().zip(&leaves) {
-                writer.write(leaf).map_err(encoding)?;
+        if let Some(plain) = job.uncompressed
+            && few_values(&columns)
+        {
+            let chunks = write_chunks(field, plain, &columns, job.order)?;
+            // The sample may have missed values: a chunk whose dictionary overflowed into
+            // plain pages is written again, compressed.
+            if chunks
+                .iter()
+                .all(|c| dictionary_pages_only(&c.close().metadata) == Some(true))
+            {
+                return Ok(chunks);
             }
         }
-        writers
-            .into_iter()
-            .map(|w| w.close().map_err(encoding))
-            .collect()
+        write_chunks(field, job.writers, &columns, job.order)
     };
     let threads = std::thread::available_parallelism()
         .map_or(1, usize::from)
@@ -375,8 +518,14 @@ fn leaf_count(data_type: &DataType) -> usize {
     }
 }
 
-/// The writer settings of every Parquet file sluice writes. zstd level 1: on event data it
-/// costs about half the CPU of level 3 for files a few percent larger. Dictionary encoding
+/// The compression of Parquet files: zstd at level 1, which on event data costs about half
+/// the CPU of level 3 for files a few percent larger.
+fn zstd() -> Result<Compression, TableError> {
+    Ok(Compression::ZSTD(ZstdLevel::try_new(1).map_err(encoding)?))
+}
+
+/// The writer settings of every Parquet file sluice writes, with `compression` (see [`zstd`],
+/// and [`few_values`] for chunks written uncompressed). Dictionary encoding
 /// is off for types whose values rarely repeat (timestamps, floats, durations, binary):
 /// the writer would hash a whole dictionary page's worth of them in every row group only to
 /// fall back to plain encoding. Binary and JSON columns get no min/max statistics: no filter
@@ -397,9 +546,10 @@ fn leaf_count(data_type: &DataType) -> usize {
 fn writer_properties(
     schema: Option<&SchemaRef>,
     row_group_rows: usize,
+    compression: Compression,
 ) -> Result<WriterProperties, TableError> {
     let mut builder = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).map_err(encoding)?))
+        .set_compression(compression)
         .set_statistics_enabled(EnabledStatistics::Page)
         .set_max_row_group_row_count(Some(row_group_rows.max(1)))
         .set_data_page_row_count_limit(8192);
@@ -482,7 +632,7 @@ impl Splicer {
                 let mut writer = SerializedFileWriter::new(
                     Vec::with_capacity(self.capacity),
                     schema.root_schema_ptr(),
-                    std::sync::Arc::new(writer_properties(None, usize::MAX)?),
+                    std::sync::Arc::new(writer_properties(None, usize::MAX, zstd()?)?),
                 )
                 .map_err(encoding)?;
                 for kv in kv.iter().flatten() {
@@ -671,6 +821,65 @@ mod tests {
             ]
         );
         assert_eq!(ids, vec![0, 3, 1, 2, 6, 4, 7, 5, 8, 9]);
+    }
+
+    /// Columns of few values are written dictionary-encoded and uncompressed, the others
+    /// compressed; a column whose sampled rows hold few values but whose other rows overflow
+    /// the dictionary is written again, compressed. Every value reads back either way.
+    #[test]
+    fn chunks_of_few_values_are_written_uncompressed() {
+        let schema: SchemaRef = Arc::new(Schema::new(vec![
+            Field::new("level", DataType::Utf8, true),
+            Field::new("status", DataType::Int64, false),
+            Field::new("text", DataType::Utf8, false),
+            Field::new("tricky", DataType::Utf8, false),
+        ]));
+        let rows = 100_000;
+        let step = rows / SAMPLED_ROWS;
+        let level = StringArray::from_iter(
+            (0..rows).map(|i| (i % 7 != 0).then(|| ["debug", "info", "warn"][i % 3])),
+        );
+        let status = Int64Array::from_iter_values((0..rows).map(|i| [200, 404, 500][i % 3]));
+        let text = StringArray::from_iter_values((0..rows).map(|i| format!("event {i:08}")));
+        // One value on every sampled row, and distinct long values (4 MiB of them, past the
+        // dictionary's 1 MiB) between them.
+        let tricky = StringArray::from_iter_values((0..rows).map(|i| {
+            if i % step == 0 {
+                "same".to_owned()
+            } else {
+                format!("{i:040}")
+            }
+        }));
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(level),
+            Arc::new(status),
+            Arc::new(text),
+            Arc::new(tricky),
+        ];
+        let batch = RecordBatch::try_new(schema.clone(), columns).expect("batch");
+        let batches = vec![batch.slice(0, 30_000), batch.slice(30_000, rows - 30_000)];
+        let (bytes, _) =
+            write_parquet(&schema, &batches, rows, "t/data/x.parquet".into()).expect("written");
+
+        let reader = SerializedFileReader::new(bytes.clone()).expect("parquet");
+        let group = reader.metadata().row_group(0);
+        let written: Vec<(Compression, Option<bool>)> = group
+            .columns()
+            .iter()
+            .map(|c| (c.compression(), dictionary_pages_only(c)))
+            .collect();
+        assert_eq!(
+            written,
+            vec![
+                (Compression::UNCOMPRESSED, Some(true)),
+                (Compression::UNCOMPRESSED, Some(true)),
+                (zstd().expect("zstd"), Some(false)),
+                (zstd().expect("zstd"), Some(false)),
+            ]
+        );
+        let read = read_parquet(&[bytes]).expect("read back");
+        let read = arrow_select::concat::concat_batches(&schema, &read).expect("concat");
+        assert_eq!(read, batch);
     }
 
     /// A group whose batches hold an interval column as `Duration` (the table's type) and as

@@ -37,6 +37,7 @@ use crate::log::{CommitLog, LogConsumer, LogError, Lsn, Record, RecordKind};
 use crate::node::{Node, NodeError};
 use crate::storage::{Storage, paths};
 use crate::types::{Column, arrow_schema};
+pub(crate) use files::dictionary_pages_only;
 use manifest::{Change, Manifest};
 pub(crate) use manifest::{DataFile, ManifestState};
 
