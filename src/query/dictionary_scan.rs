@@ -202,11 +202,12 @@ fn file_schema(footer: &ParquetMetaData, chosen: &HashSet<String>) -> Option<Sch
 const SMALL_DICTIONARY_PAGE: i64 = 64 << 10;
 
 /// Whether every data page of `column` is dictionary-encoded, as its encoding statistics
-/// say. sluice's files, as written, carry none; for them, a chunk counts as dictionary-encoded if its dictionary page is small. A Parquet writer
-/// falls back to plain pages only once the dictionary has grown to its page size limit
-/// (1 MiB), so a chunk with a page of at most [`SMALL_DICTIONARY_PAGE`] stored bytes fell
-/// back only if the dictionary compressed more than 16 times. Getting this wrong costs
-/// speed, never an answer: the reader builds a dictionary for plain pages too.
+/// say. Files that compaction merged carry none (their footers are rebuilt without them);
+/// for them, a chunk counts as dictionary-encoded if its dictionary page is small. A
+/// Parquet writer falls back to plain pages only once the dictionary has grown to its page
+/// size limit (1 MiB), so a chunk with a page of at most [`SMALL_DICTIONARY_PAGE`] stored
+/// bytes fell back only if the dictionary compressed more than 16 times. Getting this
+/// wrong costs speed, never an answer: the reader builds a dictionary for plain pages too.
 fn all_pages_dictionary(column: &ColumnChunkMetaData) -> bool {
     if let Some(only) = dictionary_pages_only(column) {
         return only;

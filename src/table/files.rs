@@ -59,7 +59,8 @@ pub(super) fn decode_record(payload: &[u8]) -> Result<(String, RecordBatch), Tab
     Ok((id.to_owned(), batch))
 }
 
-/// Writes batches as one Parquet file (zstd, page statistics, `row_group_rows` per group,
+/// Writes batches as one Parquet file (zstd, or none for chunks of few values
+/// ([`few_values`]); page statistics, `row_group_rows` per group,
 /// each group's rows in time order ([`time_order`]), the Arrow schema with sluice's field
 /// metadata embedded). Returns the bytes and the file's manifest entry for `path`.
 ///
@@ -284,57 +285,68 @@ fn dictionary_candidate(data_type: &DataType) -> bool {
 }
 
 /// A column chunk with at most this many distinct values in its sample ([`few_values`]) is
-/// written uncompressed: its data pages are dictionary indices of at most 8 bits.
-const FEW_VALUES: usize = 256;
+/// written uncompressed: its data pages are then dictionary indices of at most 5 bits.
+const FEW_VALUES: usize = 32;
+
+/// The most bytes of distinct values, and of dictionary page, that a column chunk written
+/// uncompressed may have ([`few_values`], [`small_uncompressed`]).
+const SMALL_DICTIONARY: usize = 16 << 10;
 
 /// About how many rows of a column chunk [`few_values`] looks at.
 const SAMPLED_ROWS: usize = 4096;
 
-/// Whether a row group's column (its pieces, as file columns) looks to hold few distinct
-/// values: at most [`FEW_VALUES`] among about [`SAMPLED_ROWS`] rows spread evenly over it
-/// (nulls are not values). Such a chunk is written dictionary-encoded and uncompressed.
+/// Whether a row group's column (its pieces, as file columns) looks to hold few and short
+/// distinct values: at most [`FEW_VALUES`] among about [`SAMPLED_ROWS`] rows spread evenly
+/// over it (nulls are not values), of at most [`SMALL_DICTIONARY`] bytes together. Such a
+/// chunk is written dictionary-encoded and uncompressed, and kept so if it came out small
+/// ([`small_uncompressed`]); else it is written again, compressed.
 ///
 /// Why: its data pages are then runs and bit-packed indices of a few bits, which zstd
-/// barely shrinks (the bench's service and name columns: 3 bits a row, and 0.4 % more file
-/// bytes for three such columns uncompressed), while a query pays a zstd frame, with its
+/// barely shrinks (the bench's service and name columns: 3 bits a row; 0.4 % more file
+/// bytes for its four such columns uncompressed), while a query pays a zstd frame, with its
 /// tables, for every page of 8,192 rows it reads: about a fifth of the time of a count
-/// grouped by such a column. A sample can miss values; the writer checks that every page
-/// came out dictionary-encoded (see `encode_columns`), and the bytes a wrong guess costs
-/// are bounded by the dictionary's own limit.
+/// grouped by such a column. What zstd would still have saved is bounded by the check
+/// after writing: a byte a row and the small dictionary page. A sample that missed values
+/// costs a second encoding of the chunk, not bytes.
 fn few_values(columns: &[ArrayRef]) -> bool {
     let rows: usize = columns.iter().map(|c| c.len()).sum();
     let step = (rows / SAMPLED_ROWS).max(1);
     // Keyed, so that values chosen to collide cannot pass for few.
     let hasher = std::hash::RandomState::new();
     let mut seen = std::collections::HashSet::with_capacity(FEW_VALUES + 1);
+    let mut value_bytes = 0;
     // The sampled row's index in the next piece.
     let mut next = 0;
     for column in columns {
-        let data = column.to_data();
-        let width = column.data_type().primitive_width();
+        // A primitive column's values, read as bytes (only if a row of it is sampled).
+        let mut data = None;
         while next < column.len() {
             let row = next;
             next += step;
             if column.is_null(row) {
                 continue;
             }
-            let hash = match column.data_type() {
-                DataType::Utf8 => hasher.hash_one(column.as_string::<i32>().value(row)),
-                DataType::LargeUtf8 => hasher.hash_one(column.as_string::<i64>().value(row)),
-                DataType::Utf8View => hasher.hash_one(column.as_string_view().value(row)),
-                _ => {
-                    let (Some(width), Some(values)) = (width, data.buffers().first()) else {
+            let value: &[u8] = match column.data_type() {
+                DataType::Utf8 => column.as_string::<i32>().value(row).as_bytes(),
+                DataType::LargeUtf8 => column.as_string::<i64>().value(row).as_bytes(),
+                DataType::Utf8View => column.as_string_view().value(row).as_bytes(),
+                data_type => {
+                    let Some(width) = data_type.primitive_width() else {
                         return false;
                     };
+                    let data = data.get_or_insert_with(|| column.to_data());
                     let start = (data.offset() + row) * width;
-                    match values.as_slice().get(start..start + width) {
-                        Some(bytes) => hasher.hash_one(bytes),
-                        None => return false,
-                    }
+                    let bytes = (data.buffers().first()).and_then(|b| b.get(start..start + width));
+                    let Some(bytes) = bytes else {
+                        return false;
+                    };
+                    bytes
                 }
             };
-            seen.insert(hash);
-            if seen.len() > FEW_VALUES {
+            if seen.insert(hasher.hash_one(value)) {
+                value_bytes += value.len();
+            }
+            if seen.len() > FEW_VALUES || value_bytes > SMALL_DICTIONARY {
                 return false;
             }
         }
@@ -343,9 +355,30 @@ fn few_values(columns: &[ArrayRef]) -> bool {
     true
 }
 
+/// Whether a chunk written uncompressed for [`few_values`] is kept: every data page
+/// dictionary-encoded, a dictionary page of at most [`SMALL_DICTIONARY`] bytes, and at
+/// most a byte a row in its data pages (indices of a few bits, their levels and page
+/// headers). A sample that missed values gives a chunk that fails this.
+fn small_uncompressed(chunk: &ArrowColumnChunk) -> bool {
+    let close = chunk.close();
+    if dictionary_pages_only(&close.metadata) != Some(true) {
+        return false;
+    }
+    let Some(pages) = &close.offset_index else {
+        return false;
+    };
+    let data: i64 = (pages.page_locations().iter())
+        .map(|p| i64::from(p.compressed_page_size))
+        .sum();
+    let dictionary = close.metadata.compressed_size() - data;
+    let rows = i64::try_from(close.rows_written).unwrap_or(i64::MAX);
+    (0..=SMALL_DICTIONARY as i64).contains(&dictionary) && data <= rows
+}
+
 /// Whether every data page of a column chunk is dictionary-encoded, by the chunk's page
-/// encoding statistics (which sluice's writer records); `None` when the chunk has none.
-/// `false` for a chunk with no dictionary page.
+/// encoding statistics; `None` when the chunk has none. `false` for a chunk with no
+/// dictionary page. The chunks [`write_parquet`] encodes carry these statistics; the footer
+/// of a file [`Splicer`] merged does not.
 pub(crate) fn dictionary_pages_only(column: &ColumnChunkMetaData) -> Option<bool> {
     let dictionary =
         |e: Encoding| matches!(e, Encoding::PLAIN_DICTIONARY | Encoding::RLE_DICTIONARY);
@@ -385,12 +418,7 @@ fn encode_columns(
             && few_values(&columns)
         {
             let chunks = write_chunks(field, plain, &columns, job.order)?;
-            // The sample may have missed values: a chunk whose dictionary overflowed into
-            // plain pages is written again, compressed.
-            if chunks
-                .iter()
-                .all(|c| dictionary_pages_only(&c.close().metadata) == Some(true))
-            {
+            if chunks.iter().all(small_uncompressed) {
                 return Ok(chunks);
             }
         }
@@ -823,17 +851,25 @@ mod tests {
         assert_eq!(ids, vec![0, 3, 1, 2, 6, 4, 7, 5, 8, 9]);
     }
 
-    /// Columns of few values are written dictionary-encoded and uncompressed, the others
-    /// compressed; a column whose sampled rows hold few values but whose other rows overflow
-    /// the dictionary is written again, compressed. Every value reads back either way.
+    /// Columns of few short values are written dictionary-encoded and uncompressed, the
+    /// others compressed; so is a column whose sampled rows hold few values but whose
+    /// other rows overflow the dictionary, or need wide indices. Every value reads back.
     #[test]
     fn chunks_of_few_values_are_written_uncompressed() {
-        let schema: SchemaRef = Arc::new(Schema::new(vec![
-            Field::new("level", DataType::Utf8, true),
-            Field::new("status", DataType::Int64, false),
-            Field::new("text", DataType::Utf8, false),
-            Field::new("tricky", DataType::Utf8, false),
-        ]));
+        let names = ["level", "status", "text", "long", "overflow", "wide"];
+        let types = [
+            DataType::Utf8,
+            DataType::Int64,
+            DataType::Utf8,
+            DataType::Utf8,
+            DataType::Utf8,
+            DataType::Utf8View,
+        ];
+        let schema: SchemaRef = Arc::new(Schema::new(
+            (names.iter().zip(types))
+                .map(|(name, data_type)| Field::new(*name, data_type, true))
+                .collect::<Vec<_>>(),
+        ));
         let rows = 100_000;
         let step = rows / SAMPLED_ROWS;
         let level = StringArray::from_iter(
@@ -841,20 +877,29 @@ mod tests {
         );
         let status = Int64Array::from_iter_values((0..rows).map(|i| [200, 404, 500][i % 3]));
         let text = StringArray::from_iter_values((0..rows).map(|i| format!("event {i:08}")));
-        // One value on every sampled row, and distinct long values (4 MiB of them, past the
-        // dictionary's 1 MiB) between them.
-        let tricky = StringArray::from_iter_values((0..rows).map(|i| {
-            if i % step == 0 {
-                "same".to_owned()
+        // Ten values, but 20 KiB of them.
+        let long = StringArray::from_iter_values((0..rows).map(|i| format!("{:02048}", i % 10)));
+        // One value on every sampled row; between them, distinct values past the dictionary
+        // page's limit (1 MiB), or 1,500 short ones (a small dictionary, 11-bit indices).
+        let sampled = |i: usize, other: String| {
+            if i.is_multiple_of(step) {
+                "same".into()
             } else {
-                format!("{i:040}")
+                other
             }
-        }));
+        };
+        let overflow =
+            StringArray::from_iter_values((0..rows).map(|i| sampled(i, format!("{i:040}"))));
+        let wide = arrow_array::StringViewArray::from_iter_values(
+            (0..rows).map(|i| sampled(i, format!("{:04}", i % 1500))),
+        );
         let columns: Vec<ArrayRef> = vec![
             Arc::new(level),
             Arc::new(status),
             Arc::new(text),
-            Arc::new(tricky),
+            Arc::new(long),
+            Arc::new(overflow),
+            Arc::new(wide),
         ];
         let batch = RecordBatch::try_new(schema.clone(), columns).expect("batch");
         let batches = vec![batch.slice(0, 30_000), batch.slice(30_000, rows - 30_000)];
@@ -863,18 +908,21 @@ mod tests {
 
         let reader = SerializedFileReader::new(bytes.clone()).expect("parquet");
         let group = reader.metadata().row_group(0);
-        let written: Vec<(Compression, Option<bool>)> = group
-            .columns()
+        let written: Vec<(&str, Compression)> = names
             .iter()
-            .map(|c| (c.compression(), dictionary_pages_only(c)))
+            .zip(group.columns())
+            .map(|(name, c)| (*name, c.compression()))
             .collect();
+        let zstd = zstd().expect("zstd");
         assert_eq!(
             written,
             vec![
-                (Compression::UNCOMPRESSED, Some(true)),
-                (Compression::UNCOMPRESSED, Some(true)),
-                (zstd().expect("zstd"), Some(false)),
-                (zstd().expect("zstd"), Some(false)),
+                ("level", Compression::UNCOMPRESSED),
+                ("status", Compression::UNCOMPRESSED),
+                ("text", zstd),
+                ("long", zstd),
+                ("overflow", zstd),
+                ("wide", zstd),
             ]
         );
         let read = read_parquet(&[bytes]).expect("read back");
