@@ -285,7 +285,8 @@ fn dictionary_candidate(data_type: &DataType) -> bool {
 }
 
 /// A column chunk with at most this many distinct values in its sample ([`few_values`]) is
-/// written uncompressed: its data pages are then dictionary indices of at most 5 bits.
+/// written uncompressed: its data pages are then dictionary indices of a few bits (at most
+/// 5 if the sample saw every value; [`small_uncompressed`] bounds them if it did not).
 const FEW_VALUES: usize = 32;
 
 /// The most bytes of distinct values, and of dictionary page, that a column chunk written
@@ -306,11 +307,12 @@ const SAMPLED_ROWS: usize = 4096;
 /// bytes for its four such columns uncompressed), while a query pays a zstd frame, with its
 /// tables, for every page of 8,192 rows it reads: about a fifth of the time of a count
 /// grouped by such a column. What zstd would still have saved is bounded by the check
-/// after writing: a byte a row and the small dictionary page. A sample that missed values
-/// costs a second encoding of the chunk, not bytes.
+/// after writing: a byte a row in all. A sample that missed values costs a second encoding
+/// of the chunk, or bytes within that bound.
 fn few_values(columns: &[ArrayRef]) -> bool {
     let rows: usize = columns.iter().map(|c| c.len()).sum();
-    let step = (rows / SAMPLED_ROWS).max(1);
+    // Odd, so that values repeating with a period of a power of two are all seen.
+    let step = (rows / SAMPLED_ROWS) | 1;
     // Keyed, so that values chosen to collide cannot pass for few.
     let hasher = std::hash::RandomState::new();
     let mut seen = std::collections::HashSet::with_capacity(FEW_VALUES + 1);
@@ -356,9 +358,10 @@ fn few_values(columns: &[ArrayRef]) -> bool {
 }
 
 /// Whether a chunk written uncompressed for [`few_values`] is kept: every data page
-/// dictionary-encoded, a dictionary page of at most [`SMALL_DICTIONARY`] bytes, and at
-/// most a byte a row in its data pages (indices of a few bits, their levels and page
-/// headers). A sample that missed values gives a chunk that fails this.
+/// dictionary-encoded, a dictionary page of at most [`SMALL_DICTIONARY`] bytes, and at most
+/// a byte a row in all (dictionary, indices, levels and page headers), so that a small row
+/// group keeps no large dictionary uncompressed. A sample that missed values gives a chunk
+/// that fails this unless it is still that small.
 fn small_uncompressed(chunk: &ArrowColumnChunk) -> bool {
     let close = chunk.close();
     if dictionary_pages_only(&close.metadata) != Some(true) {
@@ -372,7 +375,7 @@ fn small_uncompressed(chunk: &ArrowColumnChunk) -> bool {
         .sum();
     let dictionary = close.metadata.compressed_size() - data;
     let rows = i64::try_from(close.rows_written).unwrap_or(i64::MAX);
-    (0..=SMALL_DICTIONARY as i64).contains(&dictionary) && data <= rows
+    (0..=SMALL_DICTIONARY as i64).contains(&dictionary) && close.metadata.compressed_size() <= rows
 }
 
 /// Whether every data page of a column chunk is dictionary-encoded, by the chunk's page
@@ -871,7 +874,7 @@ mod tests {
                 .collect::<Vec<_>>(),
         ));
         let rows = 100_000;
-        let step = rows / SAMPLED_ROWS;
+        let step = (rows / SAMPLED_ROWS) | 1;
         let level = StringArray::from_iter(
             (0..rows).map(|i| (i % 7 != 0).then(|| ["debug", "info", "warn"][i % 3])),
         );
@@ -925,6 +928,18 @@ mod tests {
                 ("wide", zstd),
             ]
         );
+        let read = read_parquet(&[bytes]).expect("read back");
+        let read = arrow_select::concat::concat_batches(&schema, &read).expect("concat");
+        assert_eq!(read, batch);
+
+        // A small row group: 32 values of 400 bytes are few, but more than a byte a row.
+        let schema: SchemaRef = Arc::new(Schema::new(vec![Field::new("v", DataType::Utf8, false)]));
+        let values = StringArray::from_iter_values((0..500).map(|i| format!("{:0400}", i % 32)));
+        let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(values)]).expect("batch");
+        let (bytes, _) = write_parquet(&schema, std::slice::from_ref(&batch), 500, "t/x".into())
+            .expect("written");
+        let reader = SerializedFileReader::new(bytes.clone()).expect("parquet");
+        assert_eq!(reader.metadata().row_group(0).column(0).compression(), zstd);
         let read = read_parquet(&[bytes]).expect("read back");
         let read = arrow_select::concat::concat_batches(&schema, &read).expect("concat");
         assert_eq!(read, batch);
