@@ -263,8 +263,9 @@ fn write_chunks(
         .collect()
 }
 
-/// Whether a column of this (file) type is dictionary-encoded by [`writer_properties`] and
-/// one leaf, so that it may be written uncompressed ([`few_values`]).
+/// Whether a table column of this type is one Parquet leaf that [`writer_properties`]
+/// dictionary-encodes (not a `Duration`, whose file type is `Int64`: its dictionary is
+/// off), so that it may be written uncompressed ([`few_values`]).
 fn dictionary_candidate(data_type: &DataType) -> bool {
     use DataType::*;
     matches!(
@@ -373,9 +374,9 @@ fn small_uncompressed(chunk: &ArrowColumnChunk) -> bool {
     let data: i64 = (pages.page_locations().iter())
         .map(|p| i64::from(p.compressed_page_size))
         .sum();
-    let dictionary = close.metadata.compressed_size() - data;
+    let bytes = close.metadata.compressed_size();
     let rows = i64::try_from(close.rows_written).unwrap_or(i64::MAX);
-    (0..=SMALL_DICTIONARY as i64).contains(&dictionary) && close.metadata.compressed_size() <= rows
+    (0..=SMALL_DICTIONARY as i64).contains(&(bytes - data)) && bytes <= rows
 }
 
 /// Whether every data page of a column chunk is dictionary-encoded, by the chunk's page
