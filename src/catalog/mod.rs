@@ -449,6 +449,53 @@ fn diff(before: &RootDef, after: &RootDef) -> Result<Vec<String>, CatalogError> 
     Ok(dropped)
 }
 
+/// One version's databases, schemas and tables (see [`Catalog::listing`]).
+#[derive(Debug)]
+pub(crate) struct CatalogListing {
+    /// The catalog version listed.
+    pub(crate) version: u64,
+    /// The databases and, for each, its schemas.
+    pub(crate) schemas: Vec<(String, Vec<String>)>,
+    /// Every table, resolved.
+    pub(crate) tables: Vec<ResolvedTable>,
+}
+
+fn resolved_tables(current: &CatalogVersion) -> Vec<ResolvedTable> {
+    let mut out = Vec::new();
+    for d in &current.root.databases {
+        for s in &d.schemas {
+            for t in &s.tables {
+                if let Some(id) = current
+                    .table_ids
+                    .get(&format!("{}.{}.{}", d.name, s.name, t.name))
+                {
+                    out.push(ResolvedTable {
+                        database: d.name.clone(),
+                        schema: s.name.clone(),
+                        def: t.clone(),
+                        id: id.clone(),
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+fn schema_names(current: &CatalogVersion) -> Vec<(String, Vec<String>)> {
+    current
+        .root
+        .databases
+        .iter()
+        .map(|d| {
+            (
+                d.name.clone(),
+                d.schemas.iter().map(|s| s.name.clone()).collect(),
+            )
+        })
+        .collect()
+}
+
 /// The catalog of one sluice database (bucket).
 #[derive(Debug)]
 pub struct Catalog {
@@ -684,42 +731,28 @@ impl Catalog {
 
     /// Every table, resolved.
     pub(crate) async fn tables(&self) -> Vec<ResolvedTable> {
-        let current = self.current.read().await;
-        let mut out = Vec::new();
-        for d in &current.root.databases {
-            for s in &d.schemas {
-                for t in &s.tables {
-                    if let Some(id) = current
-                        .table_ids
-                        .get(&format!("{}.{}.{}", d.name, s.name, t.name))
-                    {
-                        out.push(ResolvedTable {
-                            database: d.name.clone(),
-                            schema: s.name.clone(),
-                            def: t.clone(),
-                            id: id.clone(),
-                        });
-                    }
-                }
-            }
-        }
-        out
+        resolved_tables(&*self.current.read().await)
     }
 
     /// The databases and, for each, its schemas.
     pub(crate) async fn schemas(&self) -> Vec<(String, Vec<String>)> {
+        schema_names(&*self.current.read().await)
+    }
+
+    /// The version this node holds, with its schemas and tables (as [`Catalog::schemas`] and
+    /// [`Catalog::tables`] give them), read together: the version names this content.
+    pub(crate) async fn listing(&self) -> CatalogListing {
         let current = self.current.read().await;
-        current
-            .root
-            .databases
-            .iter()
-            .map(|d| {
-                (
-                    d.name.clone(),
-                    d.schemas.iter().map(|s| s.name.clone()).collect(),
-                )
-            })
-            .collect()
+        CatalogListing {
+            version: current.version,
+            schemas: schema_names(&current),
+            tables: resolved_tables(&current),
+        }
+    }
+
+    /// The version this node holds: it changes whenever the content does.
+    pub(crate) async fn version(&self) -> u64 {
+        self.current.read().await.version
     }
 
     /// Replaces the subtree at `path` with `value` (`None` deletes it).

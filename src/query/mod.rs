@@ -20,6 +20,7 @@ mod provider;
 mod pruning;
 mod runtime;
 mod scopeql;
+mod sessions;
 pub(crate) mod statements;
 mod time_functions;
 mod topn;
@@ -33,8 +34,10 @@ use datafusion::catalog::{
     CatalogProvider, MemoryCatalogProvider, MemoryCatalogProviderList, MemorySchemaProvider,
 };
 use datafusion::error::DataFusionError;
+use datafusion::execution::TaskContext;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
+use datafusion::physical_plan::execute_stream;
 use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
 use datafusion::sql::parser::Statement as DfStatement;
 use futures::StreamExt as _;
@@ -401,6 +404,8 @@ pub(crate) struct QueryEngine {
     /// them again). Building it registers some hundreds of functions; a statement clones it
     /// instead, which costs a fraction of that.
     base: Arc<SessionState>,
+    /// The session of the newest catalog version, with its plans (see [`sessions`]).
+    sessions: Arc<sessions::Sessions>,
     runtime: Arc<StatementRuntime>,
     limits: QueryLimits,
 }
@@ -430,6 +435,7 @@ impl QueryEngine {
             catalog,
             tables,
             base,
+            sessions: Arc::new(sessions::Sessions::default()),
             runtime: Arc::new(runtime),
             limits,
         })
@@ -450,29 +456,40 @@ impl QueryEngine {
         self.runtime.in_flight()
     }
 
-    /// A DataFusion session that sees every table of the catalog as it is now.
-    async fn session(&self) -> Result<SessionContext, QueryError> {
+    /// A DataFusion session that sees every table of the catalog as it is now: the kept
+    /// one while the catalog has not changed (see [`sessions`]).
+    async fn session(&self) -> Result<Arc<sessions::CatalogSession>, QueryError> {
+        if let Some(kept) = self.sessions.get(self.catalog.version().await) {
+            return Ok(kept);
+        }
+        let listing = self.catalog.listing().await;
         let mut state = self.base.as_ref().clone();
-        // The base's catalogs are shared by its clones: each statement gets its own.
+        // The base's catalogs are shared by its clones: each session gets its own.
         state.register_catalog_list(Arc::new(MemoryCatalogProviderList::new()));
         let ctx = SessionContext::new_with_state(state);
         // The default database answers "no such table" even when the catalog has none.
         let default = Arc::new(MemoryCatalogProvider::new());
         default.register_schema(DEFAULT_SCHEMA, Arc::new(MemorySchemaProvider::new()))?;
         ctx.register_catalog(DEFAULT_DATABASE, default);
-        for (db, schemas) in self.catalog.schemas().await {
+        for (db, schemas) in listing.schemas {
             let catalog = Arc::new(MemoryCatalogProvider::new());
             for s in schemas {
                 catalog.register_schema(&s, Arc::new(MemorySchemaProvider::new()))?;
             }
             ctx.register_catalog(&db, catalog);
         }
-        for t in self.catalog.tables().await {
+        // Whether every table's storage exists (its schema is then the stored one for the
+        // table's life): only then may the session be kept.
+        let mut keep = true;
+        for t in listing.tables {
             // A table in the catalog whose storage does not exist yet reads as empty; a query
             // never creates storage.
             let schema = match self.tables.schema(&t.id).await {
                 Ok(s) => s,
-                Err(TableError::NotFound(_)) => crate::types::arrow_schema(&t.columns()?),
+                Err(TableError::NotFound(_)) => {
+                    keep = false;
+                    crate::types::arrow_schema(&t.columns()?)
+                }
                 Err(e) => return Err(e.into()),
             };
             let table = Arc::new(provider::SluiceTable::new(
@@ -484,7 +501,11 @@ impl QueryEngine {
                 s.register_table(t.def.name.clone(), table)?;
             }
         }
-        Ok(ctx)
+        let session = Arc::new(sessions::CatalogSession::new(listing.version, ctx.state()));
+        if keep {
+            self.sessions.keep(Arc::clone(&session));
+        }
+        Ok(session)
     }
 
     /// Runs a read-only query to completion, within the statement limits.
@@ -504,13 +525,25 @@ impl QueryEngine {
     }
 
     async fn query_inner(&self, statement: DfStatement) -> Result<StatementOutput, QueryError> {
-        let ctx = self.session().await?;
-        let state = ctx.state();
-        let plan = state.statement_to_plan(statement).await?;
-        read_only().verify_plan(&plan)?;
-        let df = ctx.execute_logical_plan(plan).await?;
-        let schema = df.schema().as_arrow().clone();
-        let mut stream = df.execute_stream().await?;
+        let session = self.session().await?;
+        let state = session.state();
+        let plan = match session.plan(&statement) {
+            Some(plan) => plan,
+            None => {
+                let planned = state.statement_to_plan(statement.clone()).await?;
+                read_only().verify_plan(&planned)?;
+                let optimized = state.optimize(&planned)?;
+                session.keep(&statement, &planned, &optimized);
+                optimized
+            }
+        };
+        let schema = plan.schema().as_arrow().clone();
+        // What `SessionState::create_physical_plan` does after optimizing.
+        let physical = state
+            .query_planner()
+            .create_physical_plan(&plan, &state)
+            .await?;
+        let mut stream = execute_stream(physical, Arc::new(TaskContext::from(&state)))?;
         let mut batches = Vec::new();
         let (mut rows, mut bytes) = (0usize, 0usize);
         while let Some(batch) = stream.next().await {

@@ -792,3 +792,46 @@ async fn grouping_by_dictionaries_answers_as_the_rows_say() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A statement sent again reuses its plan while the catalog is unchanged: the reused plan
+/// reads the files and batches the table has when it runs (flushed, compacted, unflushed),
+/// and `now()` is the time the statement runs, not the time it was first planned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_plan_answers_for_when_it_runs() {
+    let (dir, db) = database_with_t("reuse", "ts timestamp, k int").await;
+    let count = "SELECT count(*), sum(k) FROM t WHERE k >= 0";
+    let answer = |db: std::sync::Arc<Database>| async move {
+        let r = db.execute(count).await.unwrap();
+        r.rows[0].clone()
+    };
+    let mut want = (0i64, 0i64);
+    for round in 0..4i64 {
+        let body: String = (0..1000)
+            .map(|i| {
+                format!(
+                    "{{\"ts\":\"2026-10-23T09:00:00Z\",\"k\":{}}}\n",
+                    round * 1000 + i
+                )
+            })
+            .collect();
+        ingest_t(&db, body).await;
+        want.0 += 1000;
+        want.1 += (0..1000).map(|i| round * 1000 + i).sum::<i64>();
+        let expected = vec![Some(want.0.to_string()), Some(want.1.to_string())];
+        // Unflushed, then flushed: the same text each time.
+        assert_eq!(
+            answer(db.clone()).await,
+            expected,
+            "round {round}, unflushed"
+        );
+        db.tables().flush_due(true).await.unwrap();
+        assert_eq!(answer(db.clone()).await, expected, "round {round}, flushed");
+    }
+
+    let now = "SELECT CAST(now() AS BIGINT)";
+    let first = db.execute(now).await.unwrap().rows[0][0].clone();
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let second = db.execute(now).await.unwrap().rows[0][0].clone();
+    assert_ne!(first, second, "now() was frozen into a reused plan");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,269 @@
+//! Sessions and query plans reused across statements.
+//!
+//! A statement needs a DataFusion session that sees every table of the catalog, and a plan:
+//! parsed, analyzed and optimized. Both cost more than a small query's scan (a session
+//! registers each database, schema and table; the logical optimizer runs some thirty rules),
+//! and both depend only on the catalog's content, so they are kept per catalog version:
+//!
+//! - **The session** of the newest catalog version this node has planned for. A statement
+//!   starts from a clone of it (cloning shares the catalogs, the functions and the runtime
+//!   environment). A new catalog version builds a new session and drops the old one, with
+//!   its plans. A session in which some table has no storage yet (it reads as empty, with
+//!   the catalog's columns) is not kept: the storage can appear without a catalog change.
+//! - **Optimized logical plans** of `SELECT` statements, keyed by the parsed statement (its
+//!   syntax tree, compared whole), at most [`MAX_PLANS`] per session. A plan is kept only if
+//!   it calls no function whose result may change between calls (`now()`, `random()`):
+//!   the optimizer folds those into constants. Plans hold no data: each run plans its scans
+//!   afresh (files, unflushed batches and pruning are read at physical planning), so a kept
+//!   plan answers with the rows committed when it runs.
+//!
+//! Invariants: a kept plan was checked read-only ([`super::read_only`]) before it was kept,
+//! and was planned in the session it is kept with (its tables are that session's). The
+//! number of kept plans is bounded whatever statements clients send.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::execution::session_state::SessionState;
+use datafusion::logical_expr::{Expr, LogicalPlan, Volatility};
+use datafusion::sql::parser::Statement as DfStatement;
+use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
+
+/// The most plans kept for one session: about the distinct statements a dashboard sends.
+pub(super) const MAX_PLANS: usize = 256;
+
+/// The session of the newest catalog version planned for (see the module docs).
+#[derive(Debug, Default)]
+pub(super) struct Sessions {
+    current: Mutex<Option<Arc<CatalogSession>>>,
+}
+
+impl Sessions {
+    /// The kept session of catalog version `version`, if it is the one kept.
+    pub(super) fn get(&self, version: u64) -> Option<Arc<CatalogSession>> {
+        let current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        current.as_ref().filter(|s| s.version == version).cloned()
+    }
+
+    /// Keeps `session` unless a session of a newer catalog version is kept already.
+    pub(super) fn keep(&self, session: Arc<CatalogSession>) {
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if current.as_ref().is_none_or(|s| s.version < session.version) {
+            *current = Some(session);
+        }
+    }
+}
+
+/// A session that sees one catalog version, and the plans made in it.
+#[derive(Debug)]
+pub(super) struct CatalogSession {
+    version: u64,
+    state: SessionState,
+    plans: Mutex<Plans>,
+}
+
+#[derive(Debug, Default)]
+struct Plans {
+    by_statement: HashMap<SqlStatement, KeptPlan>,
+    /// Counts lookups, to find the least recently used plan.
+    clock: u64,
+}
+
+#[derive(Debug)]
+struct KeptPlan {
+    plan: LogicalPlan,
+    used: u64,
+}
+
+impl CatalogSession {
+    /// A session of catalog version `version`.
+    pub(super) fn new(version: u64, state: SessionState) -> Self {
+        CatalogSession {
+            version,
+            state,
+            plans: Mutex::new(Plans::default()),
+        }
+    }
+
+    /// The state a statement starts from: a clone, marked as starting now (`now()`).
+    pub(super) fn state(&self) -> SessionState {
+        let mut state = self.state.clone();
+        state.mark_start_execution();
+        state
+    }
+
+    /// The kept plan of `statement`, if any.
+    pub(super) fn plan(&self, statement: &DfStatement) -> Option<LogicalPlan> {
+        let DfStatement::Statement(statement) = statement else {
+            return None;
+        };
+        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        plans.clock += 1;
+        let clock = plans.clock;
+        let kept = plans.by_statement.get_mut(statement.as_ref())?;
+        kept.used = clock;
+        Some(kept.plan.clone())
+    }
+
+    /// Keeps `optimized`, the read-only checked and optimized plan of `statement` whose
+    /// plan before optimization was `planned`, if it may be reused (see the module docs).
+    pub(super) fn keep(
+        &self,
+        statement: &DfStatement,
+        planned: &LogicalPlan,
+        optimized: &LogicalPlan,
+    ) {
+        let DfStatement::Statement(statement) = statement else {
+            return;
+        };
+        if !matches!(statement.as_ref(), SqlStatement::Query(_)) || !reusable(planned) {
+            return;
+        }
+        let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        if plans.by_statement.len() >= MAX_PLANS
+            && !plans.by_statement.contains_key(statement.as_ref())
+        {
+            let oldest = plans
+                .by_statement
+                .iter()
+                .min_by_key(|(_, kept)| kept.used)
+                .map(|(statement, _)| statement.clone());
+            if let Some(oldest) = oldest {
+                plans.by_statement.remove(&oldest);
+            }
+        }
+        plans.clock += 1;
+        let used = plans.clock;
+        plans.by_statement.insert(
+            statement.as_ref().clone(),
+            KeptPlan {
+                plan: optimized.clone(),
+                used,
+            },
+        );
+    }
+
+    /// How many plans are kept.
+    #[cfg(test)]
+    pub(super) fn plans(&self) -> usize {
+        let plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        plans.by_statement.len()
+    }
+}
+
+/// Whether a plan (before optimization) gives the same optimized plan whenever it runs: it
+/// calls only functions whose result depends on their arguments alone, in every node and
+/// every subquery. (`now()` is stable, not immutable: the optimizer folds it into the
+/// statement's start time.)
+fn reusable(plan: &LogicalPlan) -> bool {
+    let mut immutable = true;
+    let visited = plan.apply_with_subqueries(|node| {
+        node.apply_expressions(|expr| {
+            expr.apply(|e| {
+                let volatility = match e {
+                    Expr::ScalarFunction(f) => Some(f.func.signature().volatility),
+                    Expr::AggregateFunction(f) => Some(f.func.signature().volatility),
+                    Expr::WindowFunction(f) => Some(f.fun.signature().volatility),
+                    _ => None,
+                };
+                if volatility.is_some_and(|v| v != Volatility::Immutable) {
+                    immutable = false;
+                    return Ok(TreeNodeRecursion::Stop);
+                }
+                Ok(TreeNodeRecursion::Continue)
+            })
+        })?;
+        Ok(match immutable {
+            true => TreeNodeRecursion::Continue,
+            false => TreeNodeRecursion::Stop,
+        })
+    });
+    visited.is_ok() && immutable
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::execution::session_state::SessionStateBuilder;
+    use datafusion::sql::parser::DFParser;
+
+    use super::*;
+
+    fn session() -> CatalogSession {
+        let state = SessionStateBuilder::new().with_default_features().build();
+        CatalogSession::new(1, state)
+    }
+
+    async fn planned(session: &CatalogSession, sql: &str) -> (DfStatement, LogicalPlan) {
+        let mut parsed = DFParser::parse_sql(sql).unwrap();
+        let statement = parsed.pop_front().unwrap();
+        let plan = session
+            .state()
+            .statement_to_plan(statement.clone())
+            .await
+            .unwrap();
+        (statement, plan)
+    }
+
+    #[tokio::test]
+    async fn plans_calling_functions_of_the_moment_are_not_kept() {
+        let s = session();
+        for sql in [
+            "SELECT now()",
+            "SELECT random() AS r",
+            "SELECT 1 WHERE 1 IN (SELECT CAST(extract(year FROM now()) AS INT))",
+            "SELECT x FROM (SELECT current_date AS x) AS d",
+            "SELECT count(*) FROM (VALUES (1), (2)) AS v(a) HAVING max(a) > random()",
+        ] {
+            let (statement, plan) = planned(&s, sql).await;
+            assert!(!reusable(&plan), "{sql}");
+            s.keep(&statement, &plan, &plan);
+            assert!(s.plan(&statement).is_none(), "{sql}");
+        }
+        let (statement, plan) = planned(&s, "SELECT abs(-1) + 1, upper('a')").await;
+        assert!(reusable(&plan));
+        s.keep(&statement, &plan, &plan);
+        assert!(s.plan(&statement).is_some());
+    }
+
+    #[tokio::test]
+    async fn only_queries_are_kept() {
+        let s = session();
+        let (statement, plan) = planned(&s, "EXPLAIN SELECT 1").await;
+        s.keep(&statement, &plan, &plan);
+        assert!(s.plan(&statement).is_none());
+        assert_eq!(s.plans(), 0);
+    }
+
+    #[tokio::test]
+    async fn kept_plans_are_bounded_and_the_least_recently_used_goes() {
+        let s = session();
+        let (first, plan) = planned(&s, "SELECT 0").await;
+        s.keep(&first, &plan, &plan);
+        for i in 1..MAX_PLANS + 50 {
+            // The first statement stays in use; the others are sent once each.
+            assert!(s.plan(&first).is_some(), "statement 0 went at {i}");
+            let (statement, plan) = planned(&s, &format!("SELECT {i}")).await;
+            s.keep(&statement, &plan, &plan);
+            assert!(s.plans() <= MAX_PLANS);
+        }
+        assert_eq!(s.plans(), MAX_PLANS);
+        let (gone, _) = planned(&s, "SELECT 1").await;
+        assert!(s.plan(&gone).is_none());
+        let (newest, _) = planned(&s, &format!("SELECT {}", MAX_PLANS + 49)).await;
+        assert!(s.plan(&newest).is_some());
+    }
+
+    #[test]
+    fn only_a_newer_session_replaces_the_kept_one() {
+        let sessions = Sessions::default();
+        let state = || SessionStateBuilder::new().build();
+        sessions.keep(Arc::new(CatalogSession::new(5, state())));
+        sessions.keep(Arc::new(CatalogSession::new(4, state())));
+        assert!(sessions.get(5).is_some());
+        assert!(sessions.get(4).is_none());
+        sessions.keep(Arc::new(CatalogSession::new(6, state())));
+        assert!(sessions.get(5).is_none());
+        assert!(sessions.get(6).is_some());
+    }
+}
