@@ -23,6 +23,13 @@
 //! (a row group from 23:00 one day to 01:00 the next has the cast bounds 23:00 and 01:00,
 //! and `CAST(time AS TIME) > '12:00'` dropped it with its rows at 23:00). The plan still
 //! filters by them (the table's filters are inexact, a top-N sorts what it is given).
+//!
+//! And it drops the statistics of a scan's ranges when the scan's predicate does not change
+//! while the query runs. They are there for top-N scans (`provider::ScanRange::statistics`);
+//! with a fixed predicate their use was a pruning predicate DataFusion built, at some
+//! tens of microseconds, each time it opened a range, to test the range's time bounds,
+//! which the table's scan had tested when it chose the ranges. Row groups and pages are
+//! still pruned with the file's own statistics.
 
 use std::fmt;
 use std::hash::Hash;
@@ -33,7 +40,7 @@ use arrow_schema::{DataType, Schema};
 use datafusion::common::ScalarValue;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::config::ConfigOptions;
-use datafusion::datasource::physical_plan::{FileScanConfig, FileSource, ParquetSource};
+use datafusion::datasource::physical_plan::{FileGroup, FileScanConfig, FileSource, ParquetSource};
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::Result;
 use datafusion::logical_expr::{ColumnarValue, Operator};
@@ -85,11 +92,28 @@ impl PhysicalOptimizerRule for ColumnPruning {
                 predicate
             };
             let implied = implied_conjuncts(&predicate)?;
-            if implied.is_empty() && !stripped {
+            // Statistics of ranges serve a scan whose predicate changes as it runs (a
+            // top-N's: see `provider::ScanRange::statistics`). Under a predicate that does
+            // not, they only make each range's opening build a pruning predicate to test
+            // the range's time bounds, which the table's scan tested already.
+            let static_statistics = !is_dynamic(&predicate)?
+                && (config.file_groups.iter()).any(|g| g.iter().any(|f| f.statistics.is_some()));
+            if implied.is_empty() && !stripped && !static_statistics {
                 return Ok(Transformed::no(node));
             }
             let predicate = conjunction(std::iter::once(predicate).chain(implied));
             let mut config = config.clone();
+            if static_statistics {
+                config.file_groups = (config.file_groups.iter())
+                    .map(|group| {
+                        let files = group.iter().cloned().map(|mut file| {
+                            file.statistics = None;
+                            file
+                        });
+                        FileGroup::new(files.collect())
+                    })
+                    .collect();
+            }
             config.file_source = Arc::new(parquet.with_predicate(predicate));
             let exec = exec.clone().with_data_source(Arc::new(config));
             Ok(Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>))
@@ -473,5 +497,71 @@ mod tests {
         let implied = implied_conjuncts(&top_n_filter(&s)).unwrap();
         assert_eq!(implied.len(), 1);
         assert!(implied[0].downcast_ref::<ImpliedOn>().is_none());
+    }
+}
+
+#[cfg(test)]
+mod statistics_tests {
+    use arrow_schema::Field;
+    use datafusion::common::Statistics;
+    use datafusion::datasource::listing::PartitionedFile;
+    use datafusion::datasource::physical_plan::FileScanConfigBuilder;
+    use datafusion::execution::object_store::ObjectStoreUrl;
+    use datafusion::physical_expr::expressions::{col, lit};
+    use datafusion::physical_plan::expressions::DynamicFilterPhysicalExpr;
+
+    use super::*;
+
+    /// A Parquet scan of two ranges that carry statistics, with `predicate`.
+    fn scan(predicate: Arc<dyn PhysicalExpr>) -> Arc<dyn ExecutionPlan> {
+        let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, true)]));
+        let range = |name: &str| {
+            let mut statistics = Statistics::new_unknown(&schema);
+            statistics.column_statistics[0].min_value =
+                datafusion::common::stats::Precision::Inexact(ScalarValue::Int64(Some(1)));
+            PartitionedFile::new(name, 100).with_statistics(Arc::new(statistics))
+        };
+        let source = ParquetSource::new(Arc::clone(&schema)).with_predicate(predicate);
+        let config = FileScanConfigBuilder::new(
+            ObjectStoreUrl::parse("sluice://").unwrap(),
+            Arc::new(source),
+        )
+        .with_file_groups(vec![FileGroup::new(vec![range("a"), range("b")])])
+        .build();
+        DataSourceExec::from_data_source(config)
+    }
+
+    /// Whether every range of the scan in `plan` still has its statistics (`None` when
+    /// none has).
+    fn statistics_kept(plan: &Arc<dyn ExecutionPlan>) -> Option<bool> {
+        let exec = plan.downcast_ref::<DataSourceExec>().unwrap();
+        let config = exec.data_source().downcast_ref::<FileScanConfig>().unwrap();
+        let files: Vec<_> = config.file_groups.iter().flat_map(|g| g.iter()).collect();
+        assert_eq!(files.len(), 2);
+        let with = files.iter().filter(|f| f.statistics.is_some()).count();
+        match with {
+            0 => None,
+            2 => Some(true),
+            _ => panic!("{with} of 2 ranges kept their statistics"),
+        }
+    }
+
+    #[test]
+    fn ranges_keep_statistics_only_under_a_changing_predicate() {
+        let schema = Schema::new(vec![Field::new("k", DataType::Int64, true)]);
+        let k = col("k", &schema).unwrap();
+        let fixed: Arc<dyn PhysicalExpr> =
+            Arc::new(BinaryExpr::new(Arc::clone(&k), Operator::Gt, lit(5i64)));
+        let optimized = ColumnPruning
+            .optimize(scan(fixed), &ConfigOptions::default())
+            .unwrap();
+        assert_eq!(statistics_kept(&optimized), None);
+
+        let dynamic: Arc<dyn PhysicalExpr> =
+            Arc::new(DynamicFilterPhysicalExpr::new(vec![k], lit(true)));
+        let optimized = ColumnPruning
+            .optimize(scan(dynamic), &ConfigOptions::default())
+            .unwrap();
+        assert_eq!(statistics_kept(&optimized), Some(true));
     }
 }
