@@ -532,16 +532,18 @@ impl QueryEngine {
             None => {
                 let planned = state.statement_to_plan(statement.clone()).await?;
                 read_only().verify_plan(&planned)?;
-                let optimized = state.optimize(&planned)?;
-                session.keep(&statement, &planned, &optimized);
-                optimized
+                let plan = sessions::ReusedPlan {
+                    optimized: state.optimize(&planned)?,
+                    schema: Arc::new(planned.schema().as_arrow().clone()),
+                };
+                session.keep(&statement, &planned, &plan);
+                plan
             }
         };
-        let schema = plan.schema().as_arrow().clone();
         // What `SessionState::create_physical_plan` does after optimizing.
         let physical = state
             .query_planner()
-            .create_physical_plan(&plan, &state)
+            .create_physical_plan(&plan.optimized, &state)
             .await?;
         let mut stream = execute_stream(physical, Arc::new(TaskContext::from(&state)))?;
         let mut batches = Vec::new();
@@ -565,7 +567,7 @@ impl QueryEngine {
             batches.push(batch);
         }
         Ok(StatementOutput {
-            schema: Arc::new(schema),
+            schema: plan.schema,
             batches,
         })
     }

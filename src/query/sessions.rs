@@ -11,20 +11,26 @@
 //!   its plans. A session in which some table has no storage yet (it reads as empty, with
 //!   the catalog's columns) is not kept: the storage can appear without a catalog change.
 //! - **Optimized logical plans** of `SELECT` statements, keyed by the parsed statement (its
-//!   syntax tree, compared whole), at most [`MAX_PLANS`] per session. A plan is kept only if
-//!   it calls no function whose result may change between calls (`now()`, `random()`):
-//!   the optimizer folds those into constants. Plans hold no data: each run plans its scans
-//!   afresh (files, unflushed batches and pruning are read at physical planning), so a kept
-//!   plan answers with the rows committed when it runs.
+//!   syntax tree, compared whole), with the schema of the plan before optimization (the
+//!   answer's columns and their sluice types, as without reuse). A plan is kept only if it
+//!   calls no function whose result may change between calls (`now()`, `random()`: the
+//!   optimizer folds those into constants) and reads only sluice tables (a table function's
+//!   arguments are evaluated while planning, `now()` included). Plans hold no data: each run
+//!   plans its scans afresh (files, unflushed batches and pruning are read at physical
+//!   planning), so a kept plan answers with the rows committed when it runs.
 //!
 //! Invariants: a kept plan was checked read-only ([`super::read_only`]) before it was kept,
-//! and was planned in the session it is kept with (its tables are that session's). The
-//! number of kept plans is bounded whatever statements clients send.
+//! and was planned in the session it is kept with (its tables are that session's). What is
+//! kept is bounded whatever statements clients send: at most [`MAX_PLANS`] plans, of
+//! statements of at most [`MAX_KEPT_STATEMENT_BYTES`] (as printed), together at most
+//! [`MAX_KEPT_BYTES`]; a plan takes a few hundred times its statement's bytes when the
+//! statement is a long list of values. The least recently used plans go first.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::datasource::source_as_provider;
 use datafusion::execution::session_state::SessionState;
 use datafusion::logical_expr::{Expr, LogicalPlan, Volatility};
 use datafusion::sql::parser::Statement as DfStatement;
@@ -32,6 +38,12 @@ use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
 
 /// The most plans kept for one session: about the distinct statements a dashboard sends.
 pub(super) const MAX_PLANS: usize = 256;
+
+/// The longest statement (as printed) whose plan is kept: a dashboard's queries are shorter.
+pub(super) const MAX_KEPT_STATEMENT_BYTES: usize = 2 << 10;
+
+/// The most statement bytes (as printed) whose plans one session keeps together.
+pub(super) const MAX_KEPT_BYTES: usize = 64 << 10;
 
 /// The session of the newest catalog version planned for (see the module docs).
 #[derive(Debug, Default)]
@@ -66,14 +78,28 @@ pub(super) struct CatalogSession {
 #[derive(Debug, Default)]
 struct Plans {
     by_statement: HashMap<SqlStatement, KeptPlan>,
+    /// The statement bytes of the plans kept.
+    bytes: usize,
     /// Counts lookups, to find the least recently used plan.
     clock: u64,
 }
 
 #[derive(Debug)]
 struct KeptPlan {
-    plan: LogicalPlan,
+    plan: ReusedPlan,
+    bytes: usize,
     used: u64,
+}
+
+/// A statement's plan, optimized, and the schema of its answer.
+#[derive(Debug, Clone)]
+pub(super) struct ReusedPlan {
+    /// The optimized plan.
+    pub(super) optimized: LogicalPlan,
+    /// The schema of the plan before optimization: the answer's columns with their field
+    /// metadata (sluice's types), which the optimizer may not keep (a union's fields carry
+    /// its first input's).
+    pub(super) schema: arrow_schema::SchemaRef,
 }
 
 impl CatalogSession {
@@ -94,7 +120,7 @@ impl CatalogSession {
     }
 
     /// The kept plan of `statement`, if any.
-    pub(super) fn plan(&self, statement: &DfStatement) -> Option<LogicalPlan> {
+    pub(super) fn plan(&self, statement: &DfStatement) -> Option<ReusedPlan> {
         let DfStatement::Statement(statement) = statement else {
             return None;
         };
@@ -106,59 +132,72 @@ impl CatalogSession {
         Some(kept.plan.clone())
     }
 
-    /// Keeps `optimized`, the read-only checked and optimized plan of `statement` whose
-    /// plan before optimization was `planned`, if it may be reused (see the module docs).
-    pub(super) fn keep(
-        &self,
-        statement: &DfStatement,
-        planned: &LogicalPlan,
-        optimized: &LogicalPlan,
-    ) {
+    /// Keeps `plan`, the read-only checked and optimized plan of `statement` whose plan
+    /// before optimization was `planned`, if it may be reused (see the module docs).
+    pub(super) fn keep(&self, statement: &DfStatement, planned: &LogicalPlan, plan: &ReusedPlan) {
         let DfStatement::Statement(statement) = statement else {
             return;
         };
         if !matches!(statement.as_ref(), SqlStatement::Query(_)) || !reusable(planned) {
             return;
         }
+        let bytes = statement.to_string().len();
+        if bytes > MAX_KEPT_STATEMENT_BYTES {
+            return;
+        }
         let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
-        if plans.by_statement.len() >= MAX_PLANS
-            && !plans.by_statement.contains_key(statement.as_ref())
-        {
+        if let Some(kept) = plans.by_statement.remove(statement.as_ref()) {
+            plans.bytes -= kept.bytes;
+        }
+        while plans.by_statement.len() >= MAX_PLANS || plans.bytes + bytes > MAX_KEPT_BYTES {
             let oldest = plans
                 .by_statement
                 .iter()
                 .min_by_key(|(_, kept)| kept.used)
                 .map(|(statement, _)| statement.clone());
-            if let Some(oldest) = oldest {
-                plans.by_statement.remove(&oldest);
-            }
+            let Some(kept) = oldest.and_then(|oldest| plans.by_statement.remove(&oldest)) else {
+                break;
+            };
+            plans.bytes -= kept.bytes;
         }
         plans.clock += 1;
         let used = plans.clock;
+        plans.bytes += bytes;
         plans.by_statement.insert(
             statement.as_ref().clone(),
             KeptPlan {
-                plan: optimized.clone(),
+                plan: plan.clone(),
+                bytes,
                 used,
             },
         );
     }
 
-    /// How many plans are kept.
+    /// How many plans are kept, and their statements' bytes.
     #[cfg(test)]
-    pub(super) fn plans(&self) -> usize {
+    pub(super) fn plans(&self) -> (usize, usize) {
         let plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
-        plans.by_statement.len()
+        (plans.by_statement.len(), plans.bytes)
     }
 }
 
 /// Whether a plan (before optimization) gives the same optimized plan whenever it runs: it
 /// calls only functions whose result depends on their arguments alone, in every node and
-/// every subquery. (`now()` is stable, not immutable: the optimizer folds it into the
-/// statement's start time.)
+/// every subquery, and reads only sluice's tables. (`now()` is stable, not immutable: the
+/// optimizer folds it into the statement's start time. A table function, such as
+/// `generate_series(now(), ...)`, has its arguments evaluated while the statement is
+/// planned, so its scan holds their values.)
 fn reusable(plan: &LogicalPlan) -> bool {
     let mut immutable = true;
     let visited = plan.apply_with_subqueries(|node| {
+        if let LogicalPlan::TableScan(scan) = node {
+            let sluice = source_as_provider(&scan.source)
+                .is_ok_and(|p| p.downcast_ref::<super::provider::SluiceTable>().is_some());
+            if !sluice {
+                immutable = false;
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
         node.apply_expressions(|expr| {
             expr.apply(|e| {
                 let volatility = match e {
@@ -205,6 +244,19 @@ mod tests {
         (statement, plan)
     }
 
+    fn reused(plan: &LogicalPlan) -> ReusedPlan {
+        ReusedPlan {
+            optimized: plan.clone(),
+            schema: Arc::new(plan.schema().as_arrow().clone()),
+        }
+    }
+
+    async fn keep(s: &CatalogSession, sql: &str) -> DfStatement {
+        let (statement, plan) = planned(s, sql).await;
+        s.keep(&statement, &plan, &reused(&plan));
+        statement
+    }
+
     #[tokio::test]
     async fn plans_calling_functions_of_the_moment_are_not_kept() {
         let s = session();
@@ -214,44 +266,69 @@ mod tests {
             "SELECT 1 WHERE 1 IN (SELECT CAST(extract(year FROM now()) AS INT))",
             "SELECT x FROM (SELECT current_date AS x) AS d",
             "SELECT count(*) FROM (VALUES (1), (2)) AS v(a) HAVING max(a) > random()",
+            // The arguments of a table function are evaluated while planning.
+            "SELECT value FROM generate_series(now(), now(), INTERVAL '1 second')",
+            "SELECT value FROM range(1, 3)",
         ] {
             let (statement, plan) = planned(&s, sql).await;
             assert!(!reusable(&plan), "{sql}");
-            s.keep(&statement, &plan, &plan);
+            s.keep(&statement, &plan, &reused(&plan));
             assert!(s.plan(&statement).is_none(), "{sql}");
         }
-        let (statement, plan) = planned(&s, "SELECT abs(-1) + 1, upper('a')").await;
-        assert!(reusable(&plan));
-        s.keep(&statement, &plan, &plan);
+        let statement = keep(&s, "SELECT abs(-1) + 1, upper('a')").await;
         assert!(s.plan(&statement).is_some());
     }
 
     #[tokio::test]
     async fn only_queries_are_kept() {
         let s = session();
-        let (statement, plan) = planned(&s, "EXPLAIN SELECT 1").await;
-        s.keep(&statement, &plan, &plan);
+        let statement = keep(&s, "EXPLAIN SELECT 1").await;
         assert!(s.plan(&statement).is_none());
-        assert_eq!(s.plans(), 0);
+        assert_eq!(s.plans(), (0, 0));
     }
 
     #[tokio::test]
     async fn kept_plans_are_bounded_and_the_least_recently_used_goes() {
         let s = session();
-        let (first, plan) = planned(&s, "SELECT 0").await;
-        s.keep(&first, &plan, &plan);
+        let first = keep(&s, "SELECT 0").await;
         for i in 1..MAX_PLANS + 50 {
             // The first statement stays in use; the others are sent once each.
             assert!(s.plan(&first).is_some(), "statement 0 went at {i}");
-            let (statement, plan) = planned(&s, &format!("SELECT {i}")).await;
-            s.keep(&statement, &plan, &plan);
-            assert!(s.plans() <= MAX_PLANS);
+            keep(&s, &format!("SELECT {i}")).await;
+            assert!(s.plans().0 <= MAX_PLANS);
         }
-        assert_eq!(s.plans(), MAX_PLANS);
+        assert_eq!(s.plans().0, MAX_PLANS);
         let (gone, _) = planned(&s, "SELECT 1").await;
         assert!(s.plan(&gone).is_none());
         let (newest, _) = planned(&s, &format!("SELECT {}", MAX_PLANS + 49)).await;
         assert!(s.plan(&newest).is_some());
+    }
+
+    #[tokio::test]
+    async fn kept_statements_are_bounded_in_bytes() {
+        let s = session();
+        // Statements of about 1 KiB: fewer fit than MAX_PLANS.
+        let long = |i: usize| format!("SELECT '{}' AS x, {i} AS i", "x".repeat(1000));
+        let first = keep(&s, &long(0)).await;
+        for i in 1..200 {
+            assert!(s.plan(&first).is_some(), "statement 0 went at {i}");
+            keep(&s, &long(i)).await;
+            let (count, bytes) = s.plans();
+            assert!(bytes <= MAX_KEPT_BYTES, "{bytes} bytes in {count} plans");
+        }
+        let (count, _) = s.plans();
+        assert!(
+            count < MAX_KEPT_BYTES / 1000 && count > MAX_KEPT_BYTES / 1100,
+            "{count}"
+        );
+        // Sent again, a kept statement is not counted twice.
+        let (_, before) = s.plans();
+        keep(&s, &long(0)).await;
+        assert_eq!(s.plans().1, before);
+        // A statement longer than the bound is not kept.
+        let longer = format!("SELECT '{}' AS x", "x".repeat(MAX_KEPT_STATEMENT_BYTES));
+        let statement = keep(&s, &longer).await;
+        assert!(s.plan(&statement).is_none());
     }
 
     #[test]

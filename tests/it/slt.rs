@@ -828,10 +828,42 @@ async fn a_reused_plan_answers_for_when_it_runs() {
         assert_eq!(answer(db.clone()).await, expected, "round {round}, flushed");
     }
 
-    let now = "SELECT CAST(now() AS BIGINT)";
-    let first = db.execute(now).await.unwrap().rows[0][0].clone();
-    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    let second = db.execute(now).await.unwrap().rows[0][0].clone();
-    assert_ne!(first, second, "now() was frozen into a reused plan");
+    for now in [
+        "SELECT CAST(now() AS BIGINT)",
+        // A table function's arguments are evaluated while the statement is planned.
+        "SELECT CAST(value AS BIGINT) FROM generate_series(now(), now(), INTERVAL '1 second')",
+        "SELECT max(CAST(now() AS BIGINT) + k) FROM t WHERE k >= 0",
+    ] {
+        let first = db.execute(now).await.unwrap().rows[0][0].clone();
+        let mut changed = false;
+        for _ in 0..4 {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            changed |= db.execute(now).await.unwrap().rows[0][0] != first;
+        }
+        assert!(changed, "now() was frozen into a reused plan: {now}");
+    }
+
+    // The answer's column types are those of the statement as planned (field metadata the
+    // optimizer does not keep: a union's fields carry its first input's), first and reused.
+    db.execute("CREATE TABLE types (o object, s string)")
+        .await
+        .unwrap();
+    for (sql, want) in [
+        (
+            "SELECT s AS c FROM types UNION ALL SELECT o FROM types",
+            "string",
+        ),
+        (
+            "SELECT CASE WHEN false THEN s ELSE o END AS c FROM types",
+            "string",
+        ),
+        ("SELECT coalesce(o) AS c FROM types", "string"),
+        ("SELECT o AS c FROM types", "object"),
+    ] {
+        for run in ["first", "reused"] {
+            let fields = db.execute(sql).await.unwrap().fields;
+            assert_eq!(fields[0].data_type, want, "{sql} ({run})");
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
