@@ -10,7 +10,8 @@
 //!
 //! Run: `cargo bench --bench queries` (installs DuckDB into `.tools/venv` on first use).
 //! Settings: `BENCH_BYTES` (default 1 GiB), `BENCH_REPEAT` (9), `BENCH_SEED` (42),
-//! `BENCH_ROUNDS` (3: rounds alternate the two sides; each query's median ratio is the figure).
+//! `BENCH_ROUNDS` (5: in each round every query runs on both sides back to back, which side
+//! first alternating between rounds; each query's median ratio over the rounds is the figure).
 
 mod support;
 
@@ -202,46 +203,53 @@ fn main() {
         .iter()
         .map(|f| std::fs::metadata(f).expect("listed file exists").len())
         .sum();
-    // The machine's noise moves single measurements by 10-20 %: rounds alternate the two
-    // sides and each query's figure is its median ratio over the rounds.
-    let rounds = harness::env_or("BENCH_ROUNDS", 3).max(1);
+    // The machine's noise moves single measurements by 10-20 %: each query's figure is its
+    // median ratio over the rounds.
+    let rounds = harness::env_or("BENCH_ROUNDS", 5).max(1);
     println!(
         "queries: {rows} rows in {} Parquet files ({:.0} MiB); median of {repeat} runs after a warm-up, {rounds} rounds",
         files.len(),
         parquet as f64 / (1 << 20) as f64
     );
-    let spec = json!({
-        "files": files,
-        "repeat": repeat,
-        "queries": QUERIES
-            .iter()
-            .map(|q| json!({"name": q.name, "sql": with_times(q.duckdb, rows)}))
-            .collect::<Vec<_>>(),
-    });
     // Per query: (sluice ms, DuckDB ms) of every round.
     let mut timings: Vec<Vec<(f64, f64)>> = vec![Vec::new(); QUERIES.len()];
     let mut rows_answered = vec![0; QUERIES.len()];
-    for _ in 0..rounds {
-        let mut ours = Vec::new();
-        for q in QUERIES {
-            let sql = with_times(q.sluice, rows);
-            let (ms, answer) = runtime.block_on(async {
-                harness::statement(&client, &base, &sql).await;
-                let mut times = Vec::new();
-                let mut answer = Value::Null;
-                for _ in 0..repeat {
-                    let started = Instant::now();
-                    answer = harness::statement(&client, &base, &sql).await;
-                    times.push(started.elapsed().as_secs_f64() * 1e3);
-                }
-                times.sort_by(f64::total_cmp);
-                (times[times.len() / 2], answer["result_set"]["rows"].clone())
-            });
-            ours.push((ms, answer));
-        }
-        // The server is idle while DuckDB runs.
-        let theirs = harness::duckdb_peer(&["query"], &spec);
-        for (i, (q, (ms, answer))) in QUERIES.iter().zip(&ours).enumerate() {
+    for round in 0..rounds {
+        for (i, q) in QUERIES.iter().enumerate() {
+            // The two sides of a query run one right after the other (the server is idle
+            // while DuckDB runs), the first side alternating between rounds: a burst of the
+            // machine's noise then lands on both sides of one query, or on one side of one
+            // round, not on every query of one side.
+            let ours = || {
+                let sql = with_times(q.sluice, rows);
+                runtime.block_on(async {
+                    harness::statement(&client, &base, &sql).await;
+                    let mut times = Vec::new();
+                    let mut answer = Value::Null;
+                    for _ in 0..repeat {
+                        let started = Instant::now();
+                        answer = harness::statement(&client, &base, &sql).await;
+                        times.push(started.elapsed().as_secs_f64() * 1e3);
+                    }
+                    times.sort_by(f64::total_cmp);
+                    (times[times.len() / 2], answer["result_set"]["rows"].clone())
+                })
+            };
+            let theirs = || {
+                let spec = json!({
+                    "files": files,
+                    "repeat": repeat,
+                    "queries": [{"name": q.name, "sql": with_times(q.duckdb, rows)}],
+                });
+                harness::duckdb_peer(&["query"], &spec)
+            };
+            let ((ms, answer), theirs) = if round % 2 == 0 {
+                let ours = ours();
+                (ours, theirs())
+            } else {
+                let theirs = theirs();
+                (ours(), theirs)
+            };
             let duck = &theirs[q.name];
             let duck_ms = duck["median_ms"].as_f64().expect("median");
             let a = answer.as_array().expect("sluice rows");
@@ -257,7 +265,7 @@ fn main() {
                     );
                 }
             }
-            timings[i].push((*ms, duck_ms));
+            timings[i].push((ms, duck_ms));
             rows_answered[i] = a.len();
         }
     }
