@@ -22,11 +22,15 @@
 //! Invariants: a kept plan was checked read-only ([`super::read_only`]) before it was kept,
 //! and was planned in the session it is kept with (its tables are that session's). What is
 //! kept is bounded whatever statements clients send: at most [`MAX_PLANS`] plans, of
-//! statements of at most [`MAX_KEPT_STATEMENT_BYTES`] (as printed), together at most
-//! [`MAX_KEPT_BYTES`]; a plan takes a few hundred times its statement's bytes when the
-//! statement is a long list of values. The least recently used plans go first.
+//! statements of at most [`MAX_KEPT_STATEMENT_BYTES`] (as printed), each plan at most
+//! [`MAX_PLAN_WEIGHT`] and all at most [`MAX_KEPT_WEIGHT`] by an estimate of their bytes
+//! ([`plan_weight`]). A plan's size does not follow its statement's: a short statement can
+//! fold a function into a constant of any size (`repeat('x', 50000000)`), or copy a
+//! subquery into every place a chain of CTEs uses it, doubling at each link. The least
+//! recently used plans go first.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher as _, RandomState};
 use std::sync::{Arc, Mutex};
 
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
@@ -42,8 +46,12 @@ pub(super) const MAX_PLANS: usize = 256;
 /// The longest statement (as printed) whose plan is kept: a dashboard's queries are shorter.
 pub(super) const MAX_KEPT_STATEMENT_BYTES: usize = 2 << 10;
 
-/// The most statement bytes (as printed) whose plans one session keeps together.
-pub(super) const MAX_KEPT_BYTES: usize = 64 << 10;
+/// The largest plan kept, by [`plan_weight`]'s estimate of its bytes.
+pub(super) const MAX_PLAN_WEIGHT: usize = 1 << 20;
+
+/// The most bytes one session keeps in plans, by [`plan_weight`]'s estimate (plus the
+/// statements, which are kept as keys).
+pub(super) const MAX_KEPT_WEIGHT: usize = 16 << 20;
 
 /// The session of the newest catalog version planned for (see the module docs).
 #[derive(Debug, Default)]
@@ -72,23 +80,61 @@ impl Sessions {
 pub(super) struct CatalogSession {
     version: u64,
     state: SessionState,
+    /// Hashes statements for `plans` (random keys: statements are clients' input).
+    hasher: RandomState,
     plans: Mutex<Plans>,
 }
 
 #[derive(Debug, Default)]
 struct Plans {
-    by_statement: HashMap<SqlStatement, KeptPlan>,
-    /// The statement bytes of the plans kept.
-    bytes: usize,
+    /// Kept plans by the hash of their statement (computed outside the lock: a statement can
+    /// be a megabyte long), then by the statement.
+    by_hash: HashMap<u64, Vec<KeptPlan>>,
+    /// How many plans are kept.
+    count: usize,
+    /// The estimated bytes of the plans kept ([`plan_weight`] and the statements' text).
+    weight: usize,
     /// Counts lookups, to find the least recently used plan.
     clock: u64,
 }
 
 #[derive(Debug)]
 struct KeptPlan {
+    statement: SqlStatement,
     plan: ReusedPlan,
-    bytes: usize,
+    weight: usize,
     used: u64,
+}
+
+impl Plans {
+    /// Removes the least recently used plan; false when none is kept.
+    fn evict_oldest(&mut self) -> bool {
+        let oldest = (self.by_hash.iter())
+            .flat_map(|(&hash, bucket)| {
+                bucket
+                    .iter()
+                    .enumerate()
+                    .map(move |(i, k)| (k.used, hash, i))
+            })
+            .min();
+        let Some((_, hash, i)) = oldest else {
+            return false;
+        };
+        self.remove(hash, i);
+        true
+    }
+
+    fn remove(&mut self, hash: u64, index: usize) {
+        let Some(bucket) = self.by_hash.get_mut(&hash) else {
+            return;
+        };
+        let kept = bucket.swap_remove(index);
+        if bucket.is_empty() {
+            self.by_hash.remove(&hash);
+        }
+        self.count -= 1;
+        self.weight -= kept.weight;
+    }
 }
 
 /// A statement's plan, optimized, and the schema of its answer.
@@ -108,6 +154,7 @@ impl CatalogSession {
         CatalogSession {
             version,
             state,
+            hasher: RandomState::new(),
             plans: Mutex::new(Plans::default()),
         }
     }
@@ -124,10 +171,14 @@ impl CatalogSession {
         let DfStatement::Statement(statement) = statement else {
             return None;
         };
+        let hash = self.hasher.hash_one(statement.as_ref());
         let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
         plans.clock += 1;
         let clock = plans.clock;
-        let kept = plans.by_statement.get_mut(statement.as_ref())?;
+        let bucket = plans.by_hash.get_mut(&hash)?;
+        let kept = bucket
+            .iter_mut()
+            .find(|k| k.statement == *statement.as_ref())?;
         kept.used = clock;
         Some(kept.plan.clone())
     }
@@ -141,44 +192,81 @@ impl CatalogSession {
         if !matches!(statement.as_ref(), SqlStatement::Query(_)) || !reusable(planned) {
             return;
         }
-        let bytes = statement.to_string().len();
-        if bytes > MAX_KEPT_STATEMENT_BYTES {
+        let Some(plan_weight) = plan_weight(plan, MAX_PLAN_WEIGHT) else {
+            return;
+        };
+        let text = statement.to_string().len();
+        if text > MAX_KEPT_STATEMENT_BYTES {
             return;
         }
+        // The syntax tree kept as the key takes some times its text.
+        let weight = plan_weight + 16 * text;
+        let hash = self.hasher.hash_one(statement.as_ref());
         let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(kept) = plans.by_statement.remove(statement.as_ref()) {
-            plans.bytes -= kept.bytes;
-        }
-        while plans.by_statement.len() >= MAX_PLANS || plans.bytes + bytes > MAX_KEPT_BYTES {
-            let oldest = plans
-                .by_statement
+        let same = (plans.by_hash.get(&hash)).and_then(|bucket| {
+            bucket
                 .iter()
-                .min_by_key(|(_, kept)| kept.used)
-                .map(|(statement, _)| statement.clone());
-            let Some(kept) = oldest.and_then(|oldest| plans.by_statement.remove(&oldest)) else {
+                .position(|k| k.statement == *statement.as_ref())
+        });
+        if let Some(i) = same {
+            plans.remove(hash, i);
+        }
+        while plans.count >= MAX_PLANS || plans.weight + weight > MAX_KEPT_WEIGHT {
+            if !plans.evict_oldest() {
                 break;
-            };
-            plans.bytes -= kept.bytes;
+            }
         }
         plans.clock += 1;
         let used = plans.clock;
-        plans.bytes += bytes;
-        plans.by_statement.insert(
-            statement.as_ref().clone(),
-            KeptPlan {
-                plan: plan.clone(),
-                bytes,
-                used,
-            },
-        );
+        plans.count += 1;
+        plans.weight += weight;
+        plans.by_hash.entry(hash).or_default().push(KeptPlan {
+            statement: statement.as_ref().clone(),
+            plan: plan.clone(),
+            weight,
+            used,
+        });
     }
 
-    /// How many plans are kept, and their statements' bytes.
+    /// How many plans are kept, and their estimated bytes.
     #[cfg(test)]
     pub(super) fn plans(&self) -> (usize, usize) {
         let plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
-        (plans.by_statement.len(), plans.bytes)
+        (plans.count, plans.weight)
     }
+}
+
+/// An estimate of the bytes `plan` holds, or `None` once it passes `limit` (the walk stops
+/// there: a plan can have a hundred thousand nodes). Each node counts a kilobyte and its
+/// schema's fields with their names, each expression 128 bytes and its constants' sizes
+/// (`repeat('x', 50000000)` is folded into a 50 MB constant), the answer's schema its
+/// fields. Shared subplans count once for each place they appear.
+fn plan_weight(plan: &ReusedPlan, limit: usize) -> Option<usize> {
+    let fields = |schema: &arrow_schema::Schema| {
+        (schema.fields().iter())
+            .map(|f| 128 + f.name().len())
+            .sum::<usize>()
+    };
+    let mut weight = fields(&plan.schema);
+    let visited = plan.optimized.apply_with_subqueries(|node| {
+        weight += 1024 + fields(node.schema().as_arrow());
+        if weight > limit {
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        node.apply_expressions(|expr| {
+            expr.apply(|e| {
+                weight += 128;
+                if let Expr::Literal(value, _) = e {
+                    weight += value.size();
+                }
+                Ok(match weight > limit {
+                    true => TreeNodeRecursion::Stop,
+                    false => TreeNodeRecursion::Continue,
+                })
+            })
+        })
+    });
+    (visited.is_ok() && weight <= limit).then_some(weight)
 }
 
 /// Whether a plan (before optimization) gives the same optimized plan whenever it runs: it
@@ -304,31 +392,57 @@ mod tests {
         assert!(s.plan(&newest).is_some());
     }
 
+    /// `sql` planned and optimized, as the engine keeps it.
+    async fn optimized(s: &CatalogSession, sql: &str) -> (DfStatement, LogicalPlan, ReusedPlan) {
+        let (statement, planned) = planned(s, sql).await;
+        let plan = ReusedPlan {
+            optimized: s.state().optimize(&planned).unwrap(),
+            schema: Arc::new(planned.schema().as_arrow().clone()),
+        };
+        (statement, planned, plan)
+    }
+
     #[tokio::test]
-    async fn kept_statements_are_bounded_in_bytes() {
+    async fn kept_plans_are_bounded_in_bytes_whatever_their_text() {
         let s = session();
-        // Statements of about 1 KiB: fewer fit than MAX_PLANS.
-        let long = |i: usize| format!("SELECT '{}' AS x, {i} AS i", "x".repeat(1000));
-        let first = keep(&s, &long(0)).await;
+        // Short statements whose plans hold a 200 KB constant: fewer fit than MAX_PLANS.
+        let large = |i: usize| format!("SELECT repeat('x', 200000) || '{i}' AS x");
+        let (first, planned, plan) = optimized(&s, &large(0)).await;
+        s.keep(&first, &planned, &plan);
         for i in 1..200 {
             assert!(s.plan(&first).is_some(), "statement 0 went at {i}");
-            keep(&s, &long(i)).await;
-            let (count, bytes) = s.plans();
-            assert!(bytes <= MAX_KEPT_BYTES, "{bytes} bytes in {count} plans");
+            let (statement, planned, plan) = optimized(&s, &large(i)).await;
+            s.keep(&statement, &planned, &plan);
+            let (count, weight) = s.plans();
+            assert!(weight <= MAX_KEPT_WEIGHT, "{weight} bytes in {count} plans");
         }
-        let (count, _) = s.plans();
-        assert!(
-            count < MAX_KEPT_BYTES / 1000 && count > MAX_KEPT_BYTES / 1100,
-            "{count}"
-        );
+        let (count, weight) = s.plans();
+        assert!(count > 50 && count < 100, "{count} plans of {weight} bytes");
         // Sent again, a kept statement is not counted twice.
-        let (_, before) = s.plans();
-        keep(&s, &long(0)).await;
-        assert_eq!(s.plans().1, before);
-        // A statement longer than the bound is not kept.
-        let longer = format!("SELECT '{}' AS x", "x".repeat(MAX_KEPT_STATEMENT_BYTES));
-        let statement = keep(&s, &longer).await;
-        assert!(s.plan(&statement).is_none());
+        let (statement, planned, plan) = optimized(&s, &large(0)).await;
+        s.keep(&statement, &planned, &plan);
+        assert_eq!(s.plans(), (count, weight));
+
+        // Not kept: a constant over the bound, a subquery copied into every use of a chain
+        // of CTEs (2^11 copies from 600 bytes of text), a statement over its bound.
+        let chain = (1..12)
+            .map(|i| {
+                format!(
+                    "c{i} AS (SELECT * FROM c{0} UNION ALL SELECT * FROM c{0})",
+                    i - 1
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        for sql in [
+            "SELECT repeat('x', 5000000) || 'y' AS x".to_string(),
+            format!("WITH c0 AS (SELECT 1 AS a), {chain} SELECT count(*) FROM c11"),
+            format!("SELECT '{}' AS x", "x".repeat(MAX_KEPT_STATEMENT_BYTES)),
+        ] {
+            let (statement, planned, plan) = optimized(&s, &sql).await;
+            s.keep(&statement, &planned, &plan);
+            assert!(s.plan(&statement).is_none(), "{}", &sql[..60]);
+        }
     }
 
     #[test]
