@@ -33,6 +33,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher as _, RandomState};
 use std::sync::{Arc, Mutex};
 
+use arrow_schema::DataType;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::datasource::source_as_provider;
 use datafusion::execution::session_state::SessionState;
@@ -199,8 +200,9 @@ impl CatalogSession {
         if text > MAX_KEPT_STATEMENT_BYTES {
             return;
         }
-        // The syntax tree kept as the key takes some times its text.
-        let weight = plan_weight + 16 * text;
+        // The syntax tree kept as the key: some hundred bytes a node, a node every few
+        // bytes of text (`IN (1,1,1,...)`).
+        let weight = plan_weight + 128 * text;
         let hash = self.hasher.hash_one(statement.as_ref());
         let mut plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
         let same = (plans.by_hash.get(&hash)).and_then(|bucket| {
@@ -236,21 +238,31 @@ impl CatalogSession {
     }
 }
 
-/// An estimate of the bytes `plan` holds, or `None` once it passes `limit` (the walk stops
-/// there: a plan can have a hundred thousand nodes). Each node counts a kilobyte and its
-/// schema's fields with their names, each expression 128 bytes and its constants' sizes
-/// (`repeat('x', 50000000)` is folded into a 50 MB constant), the answer's schema its
-/// fields. Shared subplans count once for each place they appear.
+/// An estimate of the bytes `plan` holds, or `None` once it passes `limit` (every walk stops
+/// there: a plan can have a hundred thousand nodes, and a type built as `struct(s, s)` k
+/// times over has 2^k fields to visit). Each node counts a kilobyte, its schema's fields
+/// with their names and nested fields, and its functional dependencies; each expression
+/// 128 bytes and its constants' sizes (`repeat('x', 50000000)` is folded into a 50 MB
+/// constant); the answer's schema its fields. A subplan or type shared by several places
+/// counts once for each.
 fn plan_weight(plan: &ReusedPlan, limit: usize) -> Option<usize> {
-    let fields = |schema: &arrow_schema::Schema| {
-        (schema.fields().iter())
-            .map(|f| 128 + f.name().len())
-            .sum::<usize>()
-    };
-    let mut weight = fields(&plan.schema);
+    let mut weight = 0;
+    if !add_fields(
+        &mut weight,
+        plan.schema.fields().iter().map(|f| f.as_ref()),
+        limit,
+    ) {
+        return None;
+    }
     let visited = plan.optimized.apply_with_subqueries(|node| {
-        weight += 1024 + fields(node.schema().as_arrow());
-        if weight > limit {
+        weight += 1024;
+        let schema = node.schema();
+        let dependencies: usize = (schema.functional_dependencies().iter())
+            .map(|d| 8 * (d.source_indices.len() + d.target_indices.len()))
+            .sum();
+        weight += dependencies;
+        let fields = schema.fields().iter().map(|f| f.as_ref());
+        if !add_fields(&mut weight, fields, limit) {
             return Ok(TreeNodeRecursion::Stop);
         }
         node.apply_expressions(|expr| {
@@ -267,6 +279,45 @@ fn plan_weight(plan: &ReusedPlan, limit: usize) -> Option<usize> {
         })
     });
     (visited.is_ok() && weight <= limit).then_some(weight)
+}
+
+/// Adds to `weight` 128 bytes, the name and the metadata of each of `fields` and of every
+/// field nested in their types; false (and stops) once `weight` passes `limit`.
+fn add_fields<'a>(
+    weight: &mut usize,
+    fields: impl Iterator<Item = &'a arrow_schema::Field>,
+    limit: usize,
+) -> bool {
+    let mut stack: Vec<&arrow_schema::Field> = fields.collect();
+    while let Some(field) = stack.pop() {
+        *weight += 128 + field.name().len();
+        *weight += (field.metadata().iter())
+            .map(|(k, v)| 64 + k.len() + v.len())
+            .sum::<usize>();
+        if *weight > limit {
+            return false;
+        }
+        match field.data_type() {
+            DataType::Struct(children) => stack.extend(children.iter().map(|f| f.as_ref())),
+            DataType::Union(children, _) => stack.extend(children.iter().map(|(_, f)| f.as_ref())),
+            DataType::List(child)
+            | DataType::LargeList(child)
+            | DataType::ListView(child)
+            | DataType::LargeListView(child)
+            | DataType::FixedSizeList(child, _)
+            | DataType::Map(child, _)
+            | DataType::RunEndEncoded(_, child) => stack.push(child.as_ref()),
+            DataType::Dictionary(_, value) => {
+                // A value type's fields, without a field of its own: count it as one.
+                let inner = arrow_schema::Field::new("", value.as_ref().clone(), true);
+                if !add_fields(weight, std::iter::once(&inner), limit) {
+                    return false;
+                }
+            }
+            _ => {}
+        }
+    }
+    true
 }
 
 /// Whether a plan (before optimization) gives the same optimized plan whenever it runs: it
@@ -434,7 +485,19 @@ mod tests {
             })
             .collect::<Vec<_>>()
             .join(", ");
+        // A wide struct type in every copy of a CTE chain: 2^7 projections of 600 fields.
+        let fields = vec!["1"; 600].join(",");
+        let wide = (1..8)
+            .map(|i| {
+                format!(
+                    "c{i} AS (SELECT * FROM c{0} UNION ALL SELECT * FROM c{0})",
+                    i - 1
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
         for sql in [
+            format!("WITH c0 AS (SELECT struct({fields}) AS s), {wide} SELECT * FROM c7"),
             "SELECT repeat('x', 5000000) || 'y' AS x".to_string(),
             format!("WITH c0 AS (SELECT 1 AS a), {chain} SELECT count(*) FROM c11"),
             format!("SELECT '{}' AS x", "x".repeat(MAX_KEPT_STATEMENT_BYTES)),
