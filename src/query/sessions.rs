@@ -509,6 +509,29 @@ mod tests {
     }
 
     #[test]
+    fn nested_fields_are_weighed_and_the_walk_stops_at_the_bound() {
+        use arrow_schema::{Field, Fields};
+        let leaf = Field::new("leaf", DataType::Int64, true);
+        let wide = Field::new_struct("wide", vec![leaf.clone(); 600], true);
+        let mut weight = 0;
+        assert!(add_fields(&mut weight, std::iter::once(&wide), usize::MAX));
+        assert!(weight > 600 * 128, "{weight}");
+        // struct(s, s) nested 60 deep: 2^60 fields to visit, weighed up to the bound only.
+        let mut shared = leaf;
+        for _ in 0..60 {
+            let child = Arc::new(shared);
+            shared = Field::new(
+                "s",
+                DataType::Struct(Fields::from(vec![child.clone(), child])),
+                true,
+            );
+        }
+        let mut weight = 0;
+        assert!(!add_fields(&mut weight, std::iter::once(&shared), 1 << 20));
+        assert!(weight <= (1 << 20) + 256, "{weight}");
+    }
+
+    #[test]
     fn only_a_newer_session_replaces_the_kept_one() {
         let sessions = Sessions::default();
         let state = || SessionStateBuilder::new().build();
