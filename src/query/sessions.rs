@@ -476,26 +476,21 @@ mod tests {
 
         // Not kept: a constant over the bound, a subquery copied into every use of a chain
         // of CTEs (2^11 copies from 600 bytes of text), a statement over its bound.
-        let chain = (1..12)
-            .map(|i| {
-                format!(
-                    "c{i} AS (SELECT * FROM c{0} UNION ALL SELECT * FROM c{0})",
-                    i - 1
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
+        // CTEs c1..c{links}, each the union of two copies of the one before.
+        let chain = |links: usize| {
+            (1..=links)
+                .map(|i| {
+                    format!(
+                        "c{i} AS (SELECT * FROM c{0} UNION ALL SELECT * FROM c{0})",
+                        i - 1
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let (wide, chain) = (chain(7), chain(11));
         // A wide struct type in every copy of a CTE chain: 2^7 projections of 600 fields.
         let fields = vec!["1"; 600].join(",");
-        let wide = (1..8)
-            .map(|i| {
-                format!(
-                    "c{i} AS (SELECT * FROM c{0} UNION ALL SELECT * FROM c{0})",
-                    i - 1
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
         for sql in [
             format!("WITH c0 AS (SELECT struct({fields}) AS s), {wide} SELECT * FROM c7"),
             "SELECT repeat('x', 5000000) || 'y' AS x".to_string(),
