@@ -401,8 +401,8 @@ pub(crate) struct QueryEngine {
     /// The session every statement starts from: configuration, optimizer rules, functions
     /// (sluice's included) and the runtime environment, which holds the object store and
     /// the cache of Parquet footers and page indexes (so a query does not fetch and parse
-    /// them again). Building it registers some hundreds of functions; a statement clones it
-    /// instead, which costs a fraction of that.
+    /// them again). Building it registers some hundreds of functions; the session of each
+    /// catalog version clones it instead, which costs a fraction of that.
     base: Arc<SessionState>,
     /// The session of the newest catalog version, with its plans (see [`sessions`]).
     sessions: Arc<sessions::Sessions>,
