@@ -214,6 +214,7 @@ enum LogFormat {
 }
 
 fn main() -> ExitCode {
+    no_transparent_huge_pages();
     let cli = Cli::parse();
     match cli.command {
         Command::Ingest(args) => {
@@ -404,6 +405,24 @@ async fn tables(args: ClientArgs) -> Result<ExitCode, String> {
         .map_err(|e| e.to_string())?;
     print!("{list}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Turns transparent huge pages off for this process. mimalloc asks for them (`MADV_HUGEPAGE`)
+/// on its segments and gives freed memory back after a few milliseconds, so memory that
+/// cycles (request buffers, a stream's records until its checkpoint, ingest's batches) was
+/// faulted in again as whole 2 MiB pages, each zeroed first: `clear_page_erms` under
+/// `do_huge_pmd_anonymous_page` was 11 % of the server's CPU at 256 connections of appends,
+/// and ingest used 12.7-14.0 core-seconds per GB with them against 8.8-9.7 without (see
+/// benches/README.md, "Transparent huge pages off"). Databases commonly run without them for
+/// the same reasons (latency of the zeroing, memory held by partly used huge pages).
+fn no_transparent_huge_pages() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: `PR_SET_THP_DISABLE` takes integer arguments only and sets a flag of this
+    // process's memory map; a refusal (an old kernel) leaves huge pages as they were, which
+    // costs speed only, so its result is not needed.
+    unsafe {
+        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+    }
 }
 
 /// Holds glibc's malloc to two arenas. By default it opens up to eight per core, and each
