@@ -440,12 +440,59 @@ fn remove_stream(registry: &mut Registry, name: &str) {
 /// (`Pipeline`) until then. Were either cancelled while its record was in flight, the
 /// record could still be applied after the next decision was made without it: a retry of
 /// the same idempotent append would be admitted again and logged a second time.
+///
+/// The mutation runs on the caller's task, and moves to a task of its own only if the
+/// caller stops waiting ([`Finish`]): a task per append (its cell, its scheduling and the
+/// wake of the waiting handler) was about 5 % of the server's CPU at 256 connections.
 async fn to_completion<T: Send + 'static>(
     mutation: impl std::future::Future<Output = Result<T, StreamError>> + Send + 'static,
 ) -> Result<T, StreamError> {
-    tokio::spawn(mutation)
-        .await
-        .unwrap_or(Err(StreamError::Log(crate::log::LogError::WriterGone)))
+    Finish(Some(Box::pin(mutation))).await
+}
+
+/// A future that, dropped before it is done, is finished on a task of its own (or dropped
+/// with the runtime, when that is what is stopping).
+struct Finish<F>(Option<std::pin::Pin<Box<F>>>)
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static;
+
+impl<F> std::future::Future for Finish<F>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    type Output = F::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        // Out while it is polled: one that panics is dropped in the unwinding, not finished
+        // later.
+        let Some(mut mutation) = self.0.take() else {
+            return std::task::Poll::Pending;
+        };
+        let polled = mutation.as_mut().poll(cx);
+        if polled.is_pending() {
+            self.0 = Some(mutation);
+        }
+        polled
+    }
+}
+
+impl<F> Drop for Finish<F>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn drop(&mut self) {
+        if let Some(rest) = self.0.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(rest);
+        }
+    }
 }
 
 impl Streams {
