@@ -1079,6 +1079,7 @@ fn write_group(
         let started = Instant::now();
         active.sync_data(journal)?;
         shared.stats.count_sync(started);
+        active.uncache_synced();
     }
     if let Some(remote) = shared.remote.get() {
         let started = Instant::now();
