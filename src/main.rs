@@ -416,7 +416,7 @@ async fn tables(args: ClientArgs) -> Result<ExitCode, String> {
 /// benches/README.md, "Transparent huge pages off"). Databases commonly run without them for
 /// the same reasons (latency of the zeroing, memory held by partly used huge pages).
 fn no_transparent_huge_pages() {
-    #[cfg(target_os = "linux")]
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: `PR_SET_THP_DISABLE` takes integer arguments only and sets a flag of this
     // process's memory map; a refusal (an old kernel) leaves huge pages as they were, which
     // costs speed only, so its result is not needed.

@@ -999,6 +999,10 @@ fn write_and_answer(
                     let _ = append.done.send(Ok(lsn));
                 }
             }
+            if shared.config.durability == Durability::Fsync {
+                // After the answers, which need not wait for it.
+                active.uncache_synced();
+            }
         }
         Err(LogError::Fenced) => {
             // Another process fenced this epoch's log in the object store: the group was
@@ -1079,7 +1083,6 @@ fn write_group(
         let started = Instant::now();
         active.sync_data(journal)?;
         shared.stats.count_sync(started);
-        active.uncache_synced();
     }
     if let Some(remote) = shared.remote.get() {
         let started = Instant::now();

@@ -254,7 +254,8 @@ pub(super) struct Segment {
     path: PathBuf,
     first_lsn: Lsn,
     len: u64,
-    /// Bytes before this offset were dropped from the page cache ([`Segment::uncache_synced`]).
+    /// Where the last range dropped from the page cache ended ([`Segment::uncache_synced`]);
+    /// after a reopen, the length it reopened at.
     uncached: u64,
 }
 
@@ -262,7 +263,15 @@ pub(super) struct Segment {
 /// `posix_fadvise` for a megabyte of records, none for a small group.
 const UNCACHE_BYTES: u64 = 1 << 20;
 
-/// The page size `posix_fadvise` ranges are rounded to (a partly written last page stays).
+/// The newest bytes are kept: the kernel may still hold their pages in per-CPU batches, and a
+/// drop that meets such a page drains every CPU's batches and walks its range again.
+const UNCACHE_LAG_BYTES: u64 = 256 << 10;
+
+/// Each drop starts this far before the last one ended, so that a page group (folio) larger
+/// than a page that straddled that end, which the kernel skips, is dropped with the next.
+const UNCACHE_OVERLAP_BYTES: u64 = 2 << 20;
+
+/// Ranges are rounded down to this (the kernel rounds to its own page size inside them).
 const PAGE_BYTES: u64 = 4096;
 
 /// Reserves the first `bytes` of `file` on disk (extending its size, reading as zeros), and
@@ -299,6 +308,31 @@ fn preallocate(
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     let _ = (file, path, bytes, journal);
     Ok(())
+}
+
+/// Drops the clean cached pages of `len` bytes of `file` from `from` (`POSIX_FADV_DONTNEED`);
+/// whether the kernel took the advice.
+fn drop_cached(file: &File, from: u64, len: u64) -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        use std::os::fd::AsRawFd as _;
+        let (Ok(from), Ok(len)) = (libc::off64_t::try_from(from), libc::off64_t::try_from(len))
+        else {
+            return false;
+        };
+        // SAFETY: `posix_fadvise64` on a descriptor borrowed from a live `File`, for a byte
+        // range of it; no memory is passed, and `POSIX_FADV_DONTNEED` only drops clean cached
+        // pages (the file's contents are unchanged).
+        let rc = unsafe {
+            libc::posix_fadvise64(file.as_raw_fd(), from, len, libc::POSIX_FADV_DONTNEED)
+        };
+        rc == 0
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        let _ = (file, from, len);
+        false
+    }
 }
 
 impl Segment {
@@ -419,38 +453,26 @@ impl Segment {
         Ok(())
     }
 
-    /// Drops the synced records' pages from the page cache, once a megabyte has gathered.
+    /// Drops the synced records' pages from the page cache, once a megabyte has gathered,
+    /// but for the newest quarter megabyte. Returns whether a range was dropped.
     ///
     /// Nothing reads a segment while it is written (the writer answers from memory; replay
-    /// and repair read it after a restart), so its pages were only kept until memory ran
-    /// short, and each write took a page the system had not used lately: on the VMs these
-    /// benches run on, the copy into such pages was 15 % of the server's CPU during bulk
-    /// ingest (`copy_folio_from_iter_atomic` under the log's `writev`; benches/README.md,
-    /// "The log's pages dropped once synced"). Dropped, they are freed and reused by the next
-    /// writes. Only clean pages are dropped, so this is called after a sync; a failure costs
-    /// speed only.
-    pub(super) fn uncache_synced(&mut self) {
-        let end = self.len - self.len % PAGE_BYTES;
+    /// and repair read it after a restart, from disk now rather than the page cache), so its
+    /// pages were only kept until memory ran short, and each write took a page the system
+    /// had not used lately: on the VMs these benches run on, the copy into such pages was
+    /// 15 % of the server's CPU during bulk ingest (`copy_folio_from_iter_atomic` under the
+    /// log's `writev`; benches/README.md, "The log's pages dropped once synced"). Dropped,
+    /// they are freed and reused by the next writes. Only clean pages are dropped, so this is
+    /// called after a sync; a failure costs speed only.
+    pub(super) fn uncache_synced(&mut self) -> bool {
+        let end = self.len.saturating_sub(UNCACHE_LAG_BYTES);
+        let end = end - end % PAGE_BYTES;
         if end < self.uncached.saturating_add(UNCACHE_BYTES) {
-            return;
+            return false;
         }
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::fd::AsRawFd as _;
-            let (Ok(from), Ok(len)) = (
-                libc::off_t::try_from(self.uncached),
-                libc::off_t::try_from(end - self.uncached),
-            ) else {
-                return;
-            };
-            // SAFETY: `posix_fadvise` on a descriptor borrowed from a live `File`, for a byte
-            // range of it; no memory is passed, and `POSIX_FADV_DONTNEED` only drops clean
-            // cached pages (the file's contents are unchanged).
-            let _ = unsafe {
-                libc::posix_fadvise(self.file.as_raw_fd(), from, len, libc::POSIX_FADV_DONTNEED)
-            };
-        }
+        let from = self.uncached.saturating_sub(UNCACHE_OVERLAP_BYTES);
         self.uncached = end;
+        drop_cached(&self.file, from, end - from)
     }
 
     pub(super) fn path(&self) -> &Path {
@@ -466,48 +488,111 @@ impl Segment {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, target_os = "linux", target_env = "gnu"))]
 mod tests {
     use super::*;
 
+    /// A scratch directory on a file system that keeps a page cache (not tmpfs, whose pages
+    /// are the files themselves and are never dropped).
+    fn scratch_dir() -> PathBuf {
+        let name = format!("sluice-uncache-{}", std::process::id());
+        let tmp = std::env::temp_dir();
+        let on_tmpfs = {
+            use std::os::unix::ffi::OsStrExt as _;
+            let path = std::ffi::CString::new(tmp.as_os_str().as_bytes()).unwrap();
+            let mut stat = std::mem::MaybeUninit::<libc::statfs>::zeroed();
+            // SAFETY: `statfs` writes a `struct statfs` into the buffer it is given, which is
+            // one, for a NUL-terminated path that lives across the call.
+            let rc = unsafe { libc::statfs(path.as_ptr(), stat.as_mut_ptr()) };
+            // SAFETY: on success `statfs` filled the struct (and it was zeroed before).
+            rc == 0 && unsafe { stat.assume_init() }.f_type == libc::TMPFS_MAGIC
+        };
+        let base = if on_tmpfs {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target")
+        } else {
+            tmp
+        };
+        base.join(name)
+    }
+
+    /// Which pages of the first `len` bytes of `file` are in the page cache.
+    fn resident(file: &File, len: u64) -> Vec<bool> {
+        use std::os::fd::AsRawFd as _;
+        let len = usize::try_from(len).unwrap();
+        // SAFETY: `sysconf` reads a constant.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap();
+        let mut pages = vec![0u8; len.div_ceil(page)];
+        // SAFETY: a read-only shared mapping of `len` bytes of a live file, whose memory is
+        // never read: `mincore` only reports which of its pages are cached, into a vector of
+        // one byte per page, and the mapping is unmapped before returning.
+        unsafe {
+            let addr = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            );
+            assert_ne!(addr, libc::MAP_FAILED, "{}", io::Error::last_os_error());
+            let rc = libc::mincore(addr, len, pages.as_mut_ptr());
+            libc::munmap(addr, len);
+            assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+        }
+        pages.iter().map(|p| p & 1 == 1).collect()
+    }
+
     #[test]
-    fn synced_pages_are_dropped_a_megabyte_at_a_time_and_the_records_stay() {
-        let dir = std::env::temp_dir().join(format!("sluice-uncache-{}", std::process::id()));
+    fn synced_pages_are_dropped_a_megabyte_at_a_time_but_the_newest() {
+        let dir = scratch_dir();
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
-        let mut segment = Segment::create(&dir, 1, 4 << 20, None).unwrap();
-        let mut written = Vec::new();
-        let mut write = |segment: &mut Segment, bytes: usize, fill: u8| {
+        let mut segment = Segment::create(&dir, 1, 8 << 20, None).unwrap();
+        let write = |segment: &mut Segment, bytes: usize, fill: u8| {
             let chunk = vec![fill; bytes];
             segment
                 .write_all_vectored(&mut [IoSlice::new(&chunk)])
                 .unwrap();
             segment.sync_data(None).unwrap();
-            segment.uncache_synced();
-            written.extend_from_slice(&chunk);
+            segment.uncache_synced()
         };
-        // Less than a megabyte synced: nothing dropped yet.
-        write(&mut segment, 700_000, 1);
+        // Under a megabyte past the newest quarter megabyte: nothing dropped.
+        assert!(!write(&mut segment, 1_200_000, 1));
         assert_eq!(segment.uncached, 0);
-        // Past it: dropped up to the last whole page, the partly written one kept.
-        write(&mut segment, 700_001, 2);
-        assert_eq!(segment.uncached, 1_400_001 - 1_400_001 % PAGE_BYTES);
+        // Past it: dropped up to a page boundary a quarter megabyte before the end.
+        assert!(
+            write(&mut segment, 200_001, 2),
+            "the kernel took the advice"
+        );
+        let end = 1_400_001 - UNCACHE_LAG_BYTES;
+        assert_eq!(segment.uncached, end - end % PAGE_BYTES);
         let before = segment.uncached;
-        write(&mut segment, 5_000, 3);
+        assert!(!write(&mut segment, 5_000, 3));
         assert_eq!(
             segment.uncached, before,
             "under a megabyte since the last drop"
         );
-        write(&mut segment, 2 << 20, 4);
-        assert_eq!(segment.uncached, segment.len - segment.len % PAGE_BYTES);
-        // What was dropped reads back as written.
-        let on_disk = fs::read(segment.path()).unwrap();
-        assert_eq!(&on_disk[..written.len()], &written[..]);
-        // Reopened, the pages before the end's page count as dropped.
+        assert!(write(&mut segment, 3 << 20, 4));
+        let end = segment.len - UNCACHE_LAG_BYTES;
+        assert_eq!(segment.uncached, end - end % PAGE_BYTES);
+        // The dropped range is out of the page cache, the newest bytes are still in it.
+        let cached = resident(&segment.file, segment.len);
+        let page = segment.len.div_ceil(cached.len() as u64);
+        let dropped = (segment.uncached / page) as usize;
+        let still = cached[..dropped].iter().filter(|c| **c).count();
+        assert!(
+            still * 20 < dropped,
+            "{still} of {dropped} dropped pages still cached"
+        );
+        assert!(
+            cached[dropped..].iter().any(|c| *c),
+            "the newest pages are cached"
+        );
+        // Reopened, the segment drops nothing before the length it reopened at.
         let len = segment.len;
         let path = segment.path().to_owned();
         drop(segment);
-        let reopened = Segment::open_append(&path, 1, len, 4 << 20, None).unwrap();
+        let reopened = Segment::open_append(&path, 1, len, 8 << 20, None).unwrap();
         assert_eq!(reopened.uncached, len - len % PAGE_BYTES);
         let _ = fs::remove_dir_all(&dir);
     }
