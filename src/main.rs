@@ -417,11 +417,14 @@ async fn tables(args: ClientArgs) -> Result<ExitCode, String> {
 /// the same reasons (latency of the zeroing, memory held by partly used huge pages).
 fn no_transparent_huge_pages() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: `PR_SET_THP_DISABLE` takes integer arguments only and sets a flag of this
-    // process's memory map; a refusal (an old kernel) leaves huge pages as they were, which
-    // costs speed only, so its result is not needed.
+    // SAFETY: `PR_SET_THP_DISABLE` takes integer arguments only (passed as the `unsigned long`
+    // the kernel reads) and sets a flag of this process's memory map, which children inherit
+    // (the server starts none). A refusal leaves huge pages as they were, which costs speed
+    // only, so its result is not needed; so does a kernel before 5.0, where the flag covers
+    // only mappings made without `MADV_HUGEPAGE`.
     unsafe {
-        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+        let (on, unused) = (1 as libc::c_ulong, 0 as libc::c_ulong);
+        libc::prctl(libc::PR_SET_THP_DISABLE, on, unused, unused, unused);
     }
 }
 

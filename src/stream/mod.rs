@@ -443,16 +443,26 @@ fn remove_stream(registry: &mut Registry, name: &str) {
 ///
 /// The mutation runs on the caller's task, and moves to a task of its own only if the
 /// caller stops waiting ([`Finish`]): a task per append (its cell, its scheduling and the
-/// wake of the waiting handler) was about 5 % of the server's CPU at 256 connections.
+/// wake of the waiting handler) was about 5 % of the server's CPU at 256 connections. As
+/// when it was a task, a mutation that panics answers [`LogError::WriterGone`] rather than
+/// unwinding its caller (an HTTP connection, the subscriptions' watcher).
+///
+/// [`LogError::WriterGone`]: crate::log::LogError::WriterGone
 async fn to_completion<T: Send + 'static>(
     mutation: impl std::future::Future<Output = Result<T, StreamError>> + Send + 'static,
 ) -> Result<T, StreamError> {
-    Finish(Some(Box::pin(mutation))).await
+    use futures::FutureExt as _;
+    let mutation = std::panic::AssertUnwindSafe(mutation).catch_unwind();
+    // The runtime is the one polling this, taken now: a caller dropped on a thread outside
+    // it still has the rest finished there.
+    Finish(Some(Box::pin(mutation)), tokio::runtime::Handle::current())
+        .await
+        .unwrap_or(Err(StreamError::Log(crate::log::LogError::WriterGone)))
 }
 
-/// A future that, dropped before it is done, is finished on a task of its own (or dropped
-/// with the runtime, when that is what is stopping).
-struct Finish<F>(Option<std::pin::Pin<Box<F>>>)
+/// A future that, dropped before it is done, is finished on a task of its own on the
+/// runtime it was made on (or dropped with that runtime, when that is what is stopping).
+struct Finish<F>(Option<std::pin::Pin<Box<F>>>, tokio::runtime::Handle)
 where
     F: std::future::Future + Send + 'static,
     F::Output: Send + 'static;
@@ -487,10 +497,8 @@ where
     F::Output: Send + 'static,
 {
     fn drop(&mut self) {
-        if let Some(rest) = self.0.take()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            runtime.spawn(rest);
+        if let Some(rest) = self.0.take() {
+            self.1.spawn(rest);
         }
     }
 }

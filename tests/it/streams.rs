@@ -727,3 +727,83 @@ async fn a_retry_of_an_append_in_flight_is_answered_once_that_append_is_durable(
     assert_eq!(read_all(&db, "s").await, b"0;1;");
     db.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_whose_caller_gave_up_holds_its_lock_until_applied() {
+    let dir = common::temp_dir("stream-abandoned-create");
+    let (db, slow) = slow_syncing(&dir, 400).await;
+    let streams = db.streams();
+    slow.store(true, Ordering::SeqCst);
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(50),
+        streams.create(create("s", "text/plain")),
+    )
+    .await;
+    assert!(abandoned.is_err(), "the create was still in flight");
+    // A delete sent at once waits for the create's lock, so it finds the stream.
+    let deleted = streams.delete("s", None).await;
+    assert!(deleted.is_ok(), "{deleted:?}");
+    slow.store(false, Ordering::SeqCst);
+    assert!(matches!(streams.get("s").await, Err(StreamError::NotFound)));
+    db.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_whose_caller_gave_up_holds_its_lock_until_applied() {
+    let dir = common::temp_dir("stream-abandoned-delete");
+    let (db, slow) = slow_syncing(&dir, 400).await;
+    let streams = db.streams();
+    streams.create(create("s", "text/plain")).await.unwrap();
+    streams.append(append("s", b"a;")).await.unwrap();
+    slow.store(true, Ordering::SeqCst);
+    let abandoned =
+        tokio::time::timeout(Duration::from_millis(50), streams.delete("s", None)).await;
+    assert!(abandoned.is_err(), "the delete was still in flight");
+    // An append sent at once waits for the delete's admission lock: it must not be
+    // acknowledged into a stream that the delete then removes.
+    let after = streams.append(append("s", b"b;")).await;
+    assert!(matches!(after, Err(StreamError::NotFound)), "{after:?}");
+    slow.store(false, Ordering::SeqCst);
+    db.shutdown().await.unwrap();
+}
+
+/// The rest of an append whose caller gave up is finished on the runtime it started on, even
+/// when the caller is dropped on a thread with no runtime: dropped midway, it would stay
+/// counted in flight and its stream's next decisions would wait for it for ever.
+#[test]
+fn an_append_dropped_off_the_runtime_is_still_finished() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = common::temp_dir("stream-dropped-off-runtime");
+    let (db, slow) = rt.block_on(slow_syncing(&dir, 400));
+    let streams = db.streams().clone();
+    rt.block_on(async {
+        streams.create(create("s", "text/plain")).await.unwrap();
+        streams.append(produced("s", b"0;", 0, 0)).await.unwrap();
+    });
+    slow.store(true, Ordering::SeqCst);
+    let mut first = Box::pin(streams.append(produced("s", b"1;", 0, 1)));
+    let polled =
+        rt.block_on(async { tokio::time::timeout(Duration::from_millis(50), &mut first).await });
+    assert!(polled.is_err(), "the first attempt was still in flight");
+    // Dropped where no runtime is current (a plain thread).
+    std::thread::scope(|scope| {
+        scope.spawn(move || drop(first));
+    });
+    let retry = rt.block_on(async {
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            streams.append(produced("s", b"1;", 0, 1)),
+        )
+        .await
+    });
+    slow.store(false, Ordering::SeqCst);
+    assert!(
+        retry.is_ok(),
+        "the retry hung: the dropped append stays counted in flight for ever"
+    );
+    rt.block_on(async { db.shutdown().await.unwrap() });
+}
