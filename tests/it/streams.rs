@@ -601,12 +601,11 @@ async fn an_append_whose_caller_gave_up_is_not_doubled_by_its_retry() {
     // The client gives up on seq 1 while its record is being made durable (a timeout, a
     // hung-up connection), and sends it again at once.
     slow.store(true, Ordering::SeqCst);
-    let abandoned = tokio::time::timeout(
-        Duration::from_millis(50),
+    give_up_on(
         streams.append(produced("s", b"1;", 0, 1)),
+        "the first attempt",
     )
     .await;
-    assert!(abandoned.is_err(), "the first attempt was still in flight");
     let retry = streams.append(produced("s", b"1;", 0, 1)).await.unwrap();
     assert!(
         matches!(retry, AppendOutcome::Duplicate { .. }),
@@ -616,6 +615,13 @@ async fn an_append_whose_caller_gave_up_is_not_doubled_by_its_retry() {
     streams.append(produced("s", b"2;", 0, 2)).await.unwrap();
     assert_eq!(read_all(&db, "s").await, b"0;1;2;");
     db.shutdown().await.unwrap();
+}
+
+/// Gives up on `mutation` after 50 ms, as a client that times out or hangs up does, and
+/// checks that it was still in flight then (its sync made slow by [`slow_syncing`]).
+async fn give_up_on<T>(mutation: impl std::future::Future<Output = T>, what: &str) {
+    let abandoned = tokio::time::timeout(Duration::from_millis(50), mutation).await;
+    assert!(abandoned.is_err(), "{what} was still in flight");
 }
 
 /// A database whose log sleeps `sleep_ms` before each sync while the returned flag is set.
@@ -734,12 +740,7 @@ async fn a_create_whose_caller_gave_up_holds_its_lock_until_applied() {
     let (db, slow) = slow_syncing(&dir, 400).await;
     let streams = db.streams();
     slow.store(true, Ordering::SeqCst);
-    let abandoned = tokio::time::timeout(
-        Duration::from_millis(50),
-        streams.create(create("s", "text/plain")),
-    )
-    .await;
-    assert!(abandoned.is_err(), "the create was still in flight");
+    give_up_on(streams.create(create("s", "text/plain")), "the create").await;
     // A delete sent at once waits for the create's lock, so it finds the stream.
     let deleted = streams.delete("s", None).await;
     assert!(deleted.is_ok(), "{deleted:?}");
@@ -756,9 +757,7 @@ async fn a_delete_whose_caller_gave_up_holds_its_lock_until_applied() {
     streams.create(create("s", "text/plain")).await.unwrap();
     streams.append(append("s", b"a;")).await.unwrap();
     slow.store(true, Ordering::SeqCst);
-    let abandoned =
-        tokio::time::timeout(Duration::from_millis(50), streams.delete("s", None)).await;
-    assert!(abandoned.is_err(), "the delete was still in flight");
+    give_up_on(streams.delete("s", None), "the delete").await;
     // An append sent at once waits for the delete's admission lock: it must not be
     // acknowledged into a stream that the delete then removes.
     let after = streams.append(append("s", b"b;")).await;
