@@ -243,6 +243,12 @@ impl Collector for StateCollector {
         )?;
         counter(
             &mut encoder,
+            "log_groups_held",
+            "Group commits held back (about 1 ms at most) while the runtime's workers were behind",
+            log.groups_held.load(Ordering::Relaxed),
+        )?;
+        counter(
+            &mut encoder,
             "log_syncs",
             "fdatasync calls of the commit log",
             log.syncs.load(Ordering::Relaxed),

@@ -6,7 +6,10 @@
 //! them with one `fdatasync` (group commit); an append returns its LSN only after the sync that
 //! covers it. Under [`Durability::ObjectStore`] the group is instead written to the object
 //! store as one object (`log::remote`) before any append in it returns, and the local segments are
-//! only a cache.
+//! only a cache. If tasks woken from outside the workers of the runtime that opened the log
+//! are still queued when a sync ends (the workers are behind), the next group is held back
+//! until they are taken, for about a millisecond at most, so that groups grow with load
+//! instead of costing a sync per few appends (`hold_while_workers_are_behind`).
 //!
 //! On open, the log is scanned from its first segment. A record that is torn or fails its
 //! checksum is a torn tail, and is cut off, only when nothing acknowledged can follow it: it
@@ -306,6 +309,8 @@ pub struct LogStats {
     pub segments_rolled: AtomicU64,
     /// Segments deleted once every consumer released them.
     pub segments_deleted: AtomicU64,
+    /// Groups held back while the runtime's workers were behind.
+    pub groups_held: AtomicU64,
 }
 
 impl LogStats {
@@ -542,7 +547,13 @@ impl CommitLog {
         let writer_shared = shared.clone();
         let writer = thread::Builder::new()
             .name("sluice-log-writer".into())
-            .spawn(move || writer_loop(writer_shared, rx, active, next_lsn))
+            .spawn({
+                // The runtime the log is opened on runs the tasks that append to it.
+                let runtime = tokio::runtime::Handle::try_current()
+                    .ok()
+                    .map(|handle| handle.metrics());
+                move || writer_loop(writer_shared, rx, active, next_lsn, runtime)
+            })
             .map_err(|e| LogError::io(&shared.config.dir, e))?;
         Ok((
             CommitLog {
@@ -843,13 +854,22 @@ fn writer_loop(
     mut rx: mpsc::UnboundedReceiver<Msg>,
     mut active: Segment,
     mut next_lsn: Lsn,
+    runtime: Option<tokio::runtime::RuntimeMetrics>,
 ) {
     let mut group: Vec<Append> = Vec::new();
     let mut stop = false;
+    let pace = runtime.filter(|_| shared.config.durability != Durability::None);
+    // Whether tasks were still queued for the runtime's workers when the last group's sync
+    // ended (see `hold_while_workers_are_behind`).
+    let mut behind = false;
     while !stop {
         let Some(first) = rx.blocking_recv() else {
             break;
         };
+        if behind && let Some(runtime) = &pace {
+            hold_while_workers_are_behind(&shared, runtime);
+        }
+        behind = false;
         let mut next = Some(first);
         let mut advance_to = None;
         while let Some(msg) = next.take().or_else(|| rx.try_recv().ok()) {
@@ -867,7 +887,13 @@ fn writer_loop(
             }
         }
         if !group.is_empty() {
-            write_and_answer(&shared, &mut active, &mut group, &mut next_lsn);
+            behind = write_and_answer(
+                &shared,
+                &mut active,
+                &mut group,
+                &mut next_lsn,
+                pace.as_ref(),
+            );
         }
         if let Some((lsn, done)) = advance_to {
             let _ = done.send(advance(&shared, &mut active, &mut next_lsn, lsn));
@@ -876,6 +902,39 @@ fn writer_loop(
     // A clean stop leaves the segment as long as its records (the next open preallocates
     // again).
     trim_last(&active);
+}
+
+/// How long a group is held back for the runtime's workers at most
+/// ([`hold_while_workers_are_behind`]).
+const HOLD_LIMIT: Duration = Duration::from_millis(1);
+
+/// How often a held group looks at the runtime's queue again.
+const HOLD_STEP: Duration = Duration::from_micros(200);
+
+/// Holds the next group back, for at most about [`HOLD_LIMIT`], until no task woken from
+/// outside the runtime's workers waits for one (its injection queue is empty). Called only if
+/// tasks were still queued when the last group's sync ended.
+///
+/// Why: the writer answers each group from its own thread, so the handlers it wakes go to
+/// that queue, as do tasks other threads wake. Tasks still queued after a whole write and
+/// sync mean the workers are behind: the clients whose next appends would join the next group
+/// are still waiting for a worker, and a sync started now would carry the few appends that
+/// made it. Each sync costs a device round trip and tens of microseconds of CPU (the VM's
+/// exits, the completion's interrupt, the wakes), so holding the group while the queue drains
+/// lets groups grow with load instead of shrinking as clients are added. When the workers
+/// keep up, the queue is empty long before a sync ends, nothing is held, and commit latency
+/// stays one sync. A group is never held much longer than [`HOLD_LIMIT`], whatever the queue
+/// does.
+fn hold_while_workers_are_behind(shared: &Shared, runtime: &tokio::runtime::RuntimeMetrics) {
+    shared.stats.groups_held.fetch_add(1, Ordering::Relaxed);
+    let started = Instant::now();
+    while runtime.global_queue_depth() > 0 {
+        let left = HOLD_LIMIT.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            break;
+        }
+        thread::sleep(left.min(HOLD_STEP));
+    }
 }
 
 /// Starts a new segment at `lsn` (if the log is not there yet) and continues from it.
@@ -926,13 +985,15 @@ fn trim_last(segment: &Segment) {
     }
 }
 
-/// Writes a group, syncs it, applies and answers every append in it.
+/// Writes a group, syncs it, applies and answers every append in it. Returns whether
+/// tasks were queued for `runtime`'s workers when the sync ended.
 fn write_and_answer(
     shared: &Shared,
     active: &mut Segment,
     group: &mut Vec<Append>,
     next_lsn: &mut Lsn,
-) {
+    runtime: Option<&tokio::runtime::RuntimeMetrics>,
+) -> bool {
     if group.iter().any(Append::chain_broken) {
         // Decided against records the log failed to write: not written either.
         for append in std::mem::take(group) {
@@ -943,14 +1004,14 @@ fn write_and_answer(
             }
         }
         if group.is_empty() {
-            return;
+            return false;
         }
     }
     if shared.poisoned.load(Ordering::Acquire) {
         for append in group.drain(..) {
             append.fail(LogError::Poisoned);
         }
-        return;
+        return false;
     }
     let now = || {
         Instant::now()
@@ -970,11 +1031,13 @@ fn write_and_answer(
                     LogError::LeaseExpired
                 });
             }
-            return;
+            return false;
         }
     }
     match write_group(shared, active, group, *next_lsn) {
         Ok(()) => {
+            // Looked at before this group's answers add to the queue.
+            let behind = runtime.is_some_and(|r| r.global_queue_depth() > 0);
             // The lease may have run out while the group was written to the store (a pause
             // longer than the rest of the lease): a taker may have fenced the log and
             // collected the fence since, so the group's fate is unknown. It is in this
@@ -1003,6 +1066,7 @@ fn write_and_answer(
                 // After the answers, which need not wait for it.
                 active.uncache_synced();
             }
+            behind
         }
         Err(LogError::Fenced) => {
             // Another process fenced this epoch's log in the object store: the group was
@@ -1012,6 +1076,7 @@ fn write_and_answer(
             for append in group.drain(..) {
                 append.fail(LogError::Fenced);
             }
+            false
         }
         Err(e) => {
             // After a failed write or sync, the file's state is unknown: stop appending.
@@ -1023,6 +1088,7 @@ fn write_and_answer(
                     source: io::Error::other(message.clone()),
                 });
             }
+            false
         }
     }
 }

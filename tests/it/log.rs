@@ -81,6 +81,79 @@ async fn concurrent_appends_are_group_committed_and_survive_reopen() {
     }
 }
 
+/// A group is held back only if tasks woken from outside the workers of the runtime that
+/// opened the log were still queued when the last sync ended, and never for long: on an idle
+/// runtime no group is held; with the only worker blocked and tasks queued behind it, every
+/// append after the first is held, and each is still acknowledged within seconds.
+#[test]
+fn groups_are_held_only_while_the_runtime_is_behind_and_never_for_long() {
+    /// Unblocks the worker however the test ends: a runtime's drop waits for its workers.
+    struct Release(Arc<AtomicBool>);
+    impl Drop for Release {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Release);
+        }
+    }
+
+    let dir = temp_dir("hold");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let release = Release(Arc::new(AtomicBool::new(false)));
+    let (log, _) = runtime
+        .block_on(async { CommitLog::open(LogConfig::new(&dir)) })
+        .unwrap();
+    // Appends are awaited from a thread of their own, outside the log's runtime.
+    let caller = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let append = |i: u64| {
+        let acked = caller.block_on(async {
+            let append = log.append(RecordKind::TableBatch, payload(i));
+            tokio::time::timeout(std::time::Duration::from_secs(10), append).await
+        });
+        acked
+            .unwrap_or_else(|_| panic!("append {i} not acknowledged in 10 s"))
+            .unwrap();
+    };
+    let held = || log.stats().groups_held.load(Ordering::Relaxed);
+    for i in 0..20 {
+        append(i);
+    }
+    assert_eq!(held(), 0, "groups held on an idle runtime");
+
+    let (running_tx, running_rx) = std::sync::mpsc::channel();
+    runtime.spawn({
+        let release = release.0.clone();
+        async move {
+            running_tx.send(()).unwrap();
+            // Blocks the only worker, as a long computation would.
+            while !release.load(Ordering::Acquire) {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+    });
+    running_rx.recv().unwrap();
+    // Spawned from outside the runtime, these wait in its queue behind the blocked worker.
+    for _ in 0..4 {
+        runtime.spawn(async {});
+    }
+    for i in 20..40 {
+        append(i);
+    }
+    // The first append's group found the queue empty before it; every later one was held.
+    assert_eq!(held(), 19, "groups held behind a busy runtime");
+    drop(release);
+    log.close();
+
+    let (_log, replay) = CommitLog::open(LogConfig::new(&dir)).unwrap();
+    let payloads: Vec<Vec<u8>> = replay.into_iter().map(|r| r.payload).collect();
+    assert_eq!(payloads, (0..40).map(payload).collect::<Vec<_>>());
+}
+
 #[test]
 fn appends_continue_after_reopen_and_kinds_round_trip() {
     let dir = temp_dir("reopen");
