@@ -6,10 +6,11 @@
 //! them with one `fdatasync` (group commit); an append returns its LSN only after the sync that
 //! covers it. Under [`Durability::ObjectStore`] the group is instead written to the object
 //! store as one object (`log::remote`) before any append in it returns, and the local segments are
-//! only a cache. If tasks woken from outside the workers of the runtime that opened the log
-//! are still queued when a sync ends (the workers are behind), the next group is held back
-//! until they are taken, for about a millisecond at most, so that groups grow with load
-//! instead of costing a sync per few appends (`hold_while_workers_are_behind`).
+//! only a cache. Under [`Durability::Fsync`], if tasks woken from outside the workers of the
+//! runtime that opened the log are still queued when a sync ends (the workers are behind), the
+//! next group is held back until they are taken, for about a millisecond at most, so that
+//! groups grow with load instead of costing a sync per few appends
+//! (`hold_while_workers_are_behind`).
 //!
 //! On open, the log is scanned from its first segment. A record that is torn or fails its
 //! checksum is a torn tail, and is cut off, only when nothing acknowledged can follow it: it
@@ -858,7 +859,9 @@ fn writer_loop(
 ) {
     let mut group: Vec<Append> = Vec::new();
     let mut stop = false;
-    let pace = runtime.filter(|_| shared.config.durability != Durability::None);
+    // Only syncs are held for: an object-store group's put dwarfs a millisecond, and its
+    // client's own tasks are woken from this thread into the queue looked at.
+    let pace = runtime.filter(|_| shared.config.durability == Durability::Fsync);
     // Whether tasks were still queued for the runtime's workers when the last group's sync
     // ended (see `hold_while_workers_are_behind`).
     let mut behind = false;
@@ -866,7 +869,10 @@ fn writer_loop(
         let Some(first) = rx.blocking_recv() else {
             break;
         };
-        if behind && let Some(runtime) = &pace {
+        if behind
+            && matches!(first, Msg::Append(_))
+            && let Some(runtime) = &pace
+        {
             hold_while_workers_are_behind(&shared, runtime);
         }
         behind = false;
@@ -911,29 +917,37 @@ const HOLD_LIMIT: Duration = Duration::from_millis(1);
 /// How often a held group looks at the runtime's queue again.
 const HOLD_STEP: Duration = Duration::from_micros(200);
 
-/// Holds the next group back, for at most about [`HOLD_LIMIT`], until no task woken from
-/// outside the runtime's workers waits for one (its injection queue is empty). Called only if
-/// tasks were still queued when the last group's sync ended.
+/// Holds the next group back until no task woken from outside the runtime's workers waits
+/// for one (the multi-thread runtime's injection queue is empty), for [`HOLD_LIMIT`] at most
+/// plus one step's scheduling delay. Called under [`Durability::Fsync`] only, for a group that
+/// starts with an append, if tasks were still queued when the last group's sync ended.
 ///
 /// Why: the writer answers each group from its own thread, so the handlers it wakes go to
-/// that queue, as do tasks other threads wake. Tasks still queued after a whole write and
-/// sync mean the workers are behind: the clients whose next appends would join the next group
-/// are still waiting for a worker, and a sync started now would carry the few appends that
-/// made it. Each sync costs a device round trip and tens of microseconds of CPU (the VM's
-/// exits, the completion's interrupt, the wakes), so holding the group while the queue drains
-/// lets groups grow with load instead of shrinking as clients are added. When the workers
-/// keep up, the queue is empty long before a sync ends, nothing is held, and commit latency
-/// stays one sync. A group is never held much longer than [`HOLD_LIMIT`], whatever the queue
-/// does.
+/// that queue, as do tasks other threads wake (wakes on the workers themselves, from I/O and
+/// timers, do not show there). Tasks still queued after a whole write and sync mean the
+/// workers are behind: clients whose next appends would join the next group are still
+/// waiting for a worker, and a sync started now would carry the few appends that made it.
+/// Each sync costs a device round trip and tens of microseconds of CPU (the VM's exits, the
+/// completion's interrupt, the wakes), so holding the group while the queue drains lets
+/// groups grow with load instead of shrinking as clients are added. When the workers keep
+/// up, the queue is empty long before a sync ends, nothing is held, and commit latency stays
+/// one sync. Only holds that find the queue not yet empty are counted
+/// ([`LogStats::groups_held`]).
 fn hold_while_workers_are_behind(shared: &Shared, runtime: &tokio::runtime::RuntimeMetrics) {
+    if runtime.global_queue_depth() == 0 {
+        return;
+    }
     shared.stats.groups_held.fetch_add(1, Ordering::Relaxed);
     let started = Instant::now();
-    while runtime.global_queue_depth() > 0 {
+    loop {
         let left = HOLD_LIMIT.saturating_sub(started.elapsed());
         if left.is_zero() {
             break;
         }
         thread::sleep(left.min(HOLD_STEP));
+        if runtime.global_queue_depth() == 0 {
+            break;
+        }
     }
 }
 
