@@ -110,7 +110,7 @@ impl DbConfig {
             streams: StreamsConfig::default(),
             #[cfg(feature = "testing")]
             log_fail_hook: None,
-            ingest_inflight_bytes: 48 << 20,
+            ingest_inflight_bytes: 32 << 20,
             query: QueryLimits::default(),
             node_lease: Duration::from_secs(10),
             advertise_url: None,

@@ -123,7 +123,7 @@ impl Default for TableConfig {
         TableConfig {
             flush_bytes: 32 << 20,
             flush_interval: Duration::from_secs(10),
-            max_unflushed_bytes: 96 << 20,
+            max_unflushed_bytes: 64 << 20,
             headroom_wait: Duration::from_secs(10),
             row_group_rows: 128 * 1024,
             compact_min_files: 8,
