@@ -648,6 +648,9 @@ impl Tables {
                     .delete(&Path::from(file.path.as_str()))
                     .await;
                 self.refresh(id).await?;
+                // The refresh dropped the batches the other commit holds: appends waiting
+                // for headroom look again.
+                self.flushed.notify_waiters();
                 tracing::info!(table = %id, %reason, "flush superseded; rows already in files");
                 return Ok(None);
             }
