@@ -536,8 +536,11 @@ impl Tables {
             .refresh(self.storage.store().as_ref(), &mut manifest, check_floor)
             .await?
         {
-            // Our own flush, committed with its answer lost, takes its rows out of memory here.
+            // Our own flush, committed with its answer lost, takes its rows out of memory here
+            // (as does a flush superseded by that commit): appends waiting for headroom look
+            // again.
             table.lock().install(manifest, self.node.id());
+            self.flushed.notify_waiters();
         }
         Ok(())
     }
@@ -648,9 +651,6 @@ impl Tables {
                     .delete(&Path::from(file.path.as_str()))
                     .await;
                 self.refresh(id).await?;
-                // The refresh dropped the batches the other commit holds: appends waiting
-                // for headroom look again.
-                self.flushed.notify_waiters();
                 tracing::info!(table = %id, %reason, "flush superseded; rows already in files");
                 return Ok(None);
             }
