@@ -5,7 +5,8 @@
 //! before it is renamed (or, for a conditional create, linked) into place, so its name never
 //! stands for data that is not durable, and then the directories on its path are synced (its
 //! own, and those above it up to the store's root the first time it sees them). A failed sync
-//! fails the write. Reads, listings and deletes go to `LocalFileSystem`.
+//! fails the write. Reads, listings and deletes go to `LocalFileSystem`. A synced object of a
+//! megabyte or more has its pages dropped from the page cache (see `page_cache`).
 //!
 //! With durability `none` it syncs nothing, like the log. Every write reports to the
 //! [`SyncJournal`] when one is set (simulated power loss in tests).
@@ -26,6 +27,14 @@ use object_store::{
 };
 
 use super::journal::SyncJournal;
+use super::page_cache::drop_cached;
+
+/// Objects at least this large have their pages dropped from the page cache once synced
+/// (`page_cache`): Parquet files and checkpoints, read back at most once soon after (by
+/// compaction or a cold query), whose writes into pages the system had not used lately cost
+/// more CPU than the rest of a flush's I/O. Smaller objects (manifests, read at once and
+/// often) keep theirs.
+const UNCACHE_MIN_BYTES: u64 = 1 << 20;
 
 /// A local directory store whose writes are durable when they return.
 #[derive(Debug)]
@@ -73,7 +82,11 @@ impl Syncer {
                 file.write_all(chunk)?;
             }
             file.sync_all()?;
-            Ok::<u64, std::io::Error>(file.metadata()?.len())
+            let len = file.metadata()?.len();
+            if len >= UNCACHE_MIN_BYTES {
+                drop_cached(&file, 0, len);
+            }
+            Ok::<u64, std::io::Error>(len)
         })();
         let len = match written {
             Ok(len) => len,
@@ -121,8 +134,12 @@ impl Syncer {
         }
         let file = std::fs::File::open(path)?;
         file.sync_all()?;
+        let len = file.metadata()?.len();
         if let Some(journal) = &self.journal {
-            journal.synced(path, file.metadata()?.len());
+            journal.synced(path, len);
+        }
+        if len >= UNCACHE_MIN_BYTES {
+            drop_cached(&file, 0, len);
         }
         drop(file);
         let Some(dir) = path.parent() else {
@@ -367,6 +384,74 @@ mod tests {
                 .is_ok();
             assert_eq!(survived, sync, "sync {sync}");
         }
+    }
+
+    /// A synced object of a megabyte or more leaves the page cache; a smaller one (a
+    /// manifest, read at once) stays in it, as does a large one written without syncs.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[tokio::test]
+    async fn large_synced_objects_leave_the_page_cache() {
+        use crate::storage::page_cache::testing::{resident, scratch_dir};
+        let dir = scratch_dir("sluice-store-uncache");
+        let _ = std::fs::remove_dir_all(&dir);
+        let cached_share = |path: &FsPath| {
+            let file = std::fs::File::open(path).unwrap();
+            let pages = resident(&file, file.metadata().unwrap().len());
+            pages.iter().filter(|p| **p).count() as f64 / pages.len() as f64
+        };
+        for (sync, mode, bytes, dropped) in [
+            (true, PutMode::Overwrite, 2 << 20, true),
+            (true, PutMode::Create, 2 << 20, true),
+            (true, PutMode::Overwrite, (1 << 20) - 1, false),
+            (false, PutMode::Overwrite, 2 << 20, false),
+        ] {
+            let root = dir.join(format!("{sync}-{bytes}-{mode:?}"));
+            let store = DurableLocalStore::new(&root, sync, None).unwrap();
+            let location = Path::from("t/data.parquet");
+            let data = vec![7u8; bytes];
+            store
+                .put_opts(
+                    &location,
+                    PutPayload::from(data.clone()),
+                    mode.clone().into(),
+                )
+                .await
+                .unwrap();
+            let path = store.inner.path_to_filesystem(&location).unwrap();
+            let share = cached_share(&path);
+            if dropped {
+                assert!(share < 0.05, "{share} of {bytes} bytes still cached");
+            } else {
+                // Loose: the clean pages of a kept object may be reclaimed under memory
+                // pressure, but not most of them within the test.
+                assert!(share > 0.5, "only {share} of {bytes} bytes cached");
+            }
+            // Dropped or not, the object reads back whole.
+            let read = store.get(&location).await.unwrap().bytes().await.unwrap();
+            assert_eq!(
+                read.as_ref(),
+                &data[..],
+                "sync {sync}, {bytes} bytes, {mode:?}"
+            );
+        }
+        // A multipart upload's object, synced when it completes, leaves it too.
+        let store = DurableLocalStore::new(&dir.join("multipart"), true, None).unwrap();
+        let location = Path::from("t/parts.parquet");
+        let mut upload = store.put_multipart(&location).await.unwrap();
+        for part in 0..2u8 {
+            upload
+                .put_part(PutPayload::from(vec![part; 3 << 20]))
+                .await
+                .unwrap();
+        }
+        upload.complete().await.unwrap();
+        let path = store.inner.path_to_filesystem(&location).unwrap();
+        let share = cached_share(&path);
+        assert!(share < 0.05, "{share} of a multipart object still cached");
+        let read = store.get(&location).await.unwrap().bytes().await.unwrap();
+        assert_eq!(read.len(), 6 << 20);
+        assert!(read[..3 << 20].iter().all(|b| *b == 0) && read[3 << 20..].iter().all(|b| *b == 1));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// Ranges are read from the file as asked: each its own bytes, in order, however far

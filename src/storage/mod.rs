@@ -47,6 +47,7 @@ pub mod journal {
     }
 }
 mod local;
+pub(crate) mod page_cache;
 pub(crate) mod paths;
 pub mod probe;
 pub(crate) mod versioned;
