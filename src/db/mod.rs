@@ -237,6 +237,22 @@ pub struct Database {
 /// Ingest admission permits count KiB, so a `u32` covers any budget.
 const ADMISSION_UNIT: usize = 1024;
 
+/// A request body's share of [`DbConfig::ingest_inflight_bytes`], held while it is read and
+/// decoded.
+#[derive(Debug)]
+pub(crate) struct IngestAdmission {
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    granted_bytes: usize,
+}
+
+impl IngestAdmission {
+    /// How many of the bytes asked for the budget counted: all of them, unless the body is
+    /// larger than the whole budget.
+    pub(crate) fn granted_bytes(&self) -> usize {
+        self.granted_bytes
+    }
+}
+
 /// The admission semaphore's permits; no request asks for more, so none waits for ever.
 fn admission_budget(config: &DbConfig) -> usize {
     config
@@ -678,20 +694,28 @@ impl Database {
     }
 
     /// Waits until a request body of up to `bytes` may be read and decoded, within
-    /// [`DbConfig::ingest_inflight_bytes`]; the permit releases its share when dropped.
-    pub(crate) async fn admit_ingest(
-        &self,
-        bytes: usize,
-    ) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    /// [`DbConfig::ingest_inflight_bytes`]; the admission releases its share when dropped.
+    /// A body larger than the whole budget is granted the whole budget (so it waits for
+    /// every other, and none waits for ever); [`IngestAdmission::granted_bytes`] says what
+    /// was counted.
+    pub(crate) async fn admit_ingest(&self, bytes: usize) -> IngestAdmission {
         let units = bytes
             .div_ceil(ADMISSION_UNIT)
             .clamp(1, admission_budget(&self.config));
         let units = u32::try_from(units).unwrap_or(u32::MAX);
-        self.ingest_admission
+        let permit = self
+            .ingest_admission
             .clone()
             .acquire_many_owned(units)
             .await
-            .ok()
+            .ok();
+        IngestAdmission {
+            _permit: permit,
+            granted_bytes: usize::try_from(units)
+                .unwrap_or(usize::MAX)
+                .saturating_mul(ADMISSION_UNIT)
+                .min(bytes),
+        }
     }
 
     /// Finds a table by name, looking at the shared catalog again when this node does not know

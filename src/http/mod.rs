@@ -198,7 +198,7 @@ pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
         return Err(not_json());
     }
     let encoding = ingest::encoding(headers)?;
-    let raw = ingest::read_body(body, MAX_JSON_BODY_BYTES).await?;
+    let raw = ingest::read_body(body, MAX_JSON_BODY_BYTES, 0).await?;
     let plain = crate::ingest::decompress(&raw, encoding, MAX_JSON_BODY_BYTES)
         .map_err(|e| ApiError::from(crate::db::IngestFailure::Input(e)))?;
     serde_json::from_slice(&plain)

@@ -389,7 +389,7 @@ fn fork(headers: &HeaderMap) -> Result<Option<ForkRequest>, ApiError> {
 }
 
 async fn body_bytes(body: Body) -> Result<Bytes, ApiError> {
-    super::ingest::read_body(body, MAX_APPEND_BYTES).await
+    super::ingest::read_body(body, MAX_APPEND_BYTES, 0).await
 }
 
 fn set(headers: &mut HeaderMap, name: &'static str, value: impl AsRef<str>) {
