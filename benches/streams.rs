@@ -15,7 +15,9 @@
 //! Run: `cargo bench --bench streams` (installs the reference server with `npm ci` into
 //! `benches/reference-server/node_modules` on first use). Settings by environment:
 //! `BENCH_CONNECTIONS` (default `32,256,1024`), `BENCH_SECONDS` (default 10),
-//! `BENCH_STREAMS` (100), `BENCH_INGEST_CONNECTIONS` (default `32,256`).
+//! `BENCH_STREAMS` (100), `BENCH_INGEST_CONNECTIONS` (default `32,256`), `BENCH_ROUNDS` (3:
+//! each round starts the three servers afresh, one after another, sluice first in odd rounds
+//! and last in even ones; the ratios printed are medians over the rounds, with each round's).
 
 mod support;
 
@@ -320,6 +322,18 @@ fn report(name: &str, unit: &str, rows_per_request: usize, m: &Measured) {
     );
 }
 
+/// `values`' median, then each value, as "1.23x (1.20x, 1.23x, 1.31x)".
+fn median_of(values: &[f64], unit: &str) -> String {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let each: Vec<String> = values.iter().map(|v| format!("{v:.2}{unit}")).collect();
+    format!(
+        "{:.2}{unit} ({})",
+        sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN),
+        each.join(", ")
+    )
+}
+
 fn connection_counts(name: &str, default: &str) -> Vec<usize> {
     std::env::var(name)
         .unwrap_or_else(|_| default.to_owned())
@@ -351,58 +365,102 @@ fn main() {
         .collect();
     let message = vec![vec![b'x'; MESSAGE_BYTES]];
 
-    let mut results: Vec<(&'static str, Vec<Measured>)> = Vec::new();
-    for start in [
-        (|| start_sluice()) as fn() -> Server,
+    // The machine's noise (other tenants, the disk) moves one run by 20-40 %: rounds start
+    // every server afresh, alternate which side goes first, and the figures are the medians
+    // over the rounds, printed with every round's.
+    let rounds = env_or("BENCH_ROUNDS", 3).max(1);
+    let starters: [fn() -> Server; 3] = [
+        start_sluice,
         || start_reference(false),
         || start_reference(true),
-    ] {
-        let server = start();
-        runtime.block_on(create_streams(&server.base, streams));
-        let requests = Arc::new(posts(
-            &server.base,
-            &paths,
-            "application/octet-stream",
-            &message,
-        ));
-        let addr = address(&server.base);
-        let name = if server.name == "sluice" {
-            "sluice (fsync per group)"
-        } else {
-            server.name
-        };
-        println!("{name}:");
-        let mut runs = Vec::new();
-        for &connections in &counts {
-            let m = runtime.block_on(blast(
-                addr,
-                server.child.id(),
-                requests.clone(),
-                connections,
-                seconds,
+    ];
+    // Per server: its name and, per round, one measurement per connection count.
+    let mut results: Vec<(&'static str, Vec<Vec<Measured>>)> = Vec::new();
+    for round in 1..=rounds {
+        println!("round {round} of {rounds}");
+        let order: [usize; 3] = if round % 2 == 1 { [0, 1, 2] } else { [1, 2, 0] };
+        let mut measured: Vec<Option<(&'static str, Vec<Measured>)>> = vec![None, None, None];
+        for which in order {
+            let server = starters[which]();
+            runtime.block_on(create_streams(&server.base, streams));
+            let requests = Arc::new(posts(
+                &server.base,
+                &paths,
+                "application/octet-stream",
+                &message,
             ));
-            report(&format!("{connections} connections"), "appends", 1, &m);
-            runs.push(m);
+            let addr = address(&server.base);
+            let name = if server.name == "sluice" {
+                "sluice (fsync per group)"
+            } else {
+                server.name
+            };
+            println!("{name}:");
+            let mut runs = Vec::new();
+            for &connections in &counts {
+                let m = runtime.block_on(blast(
+                    addr,
+                    server.child.id(),
+                    requests.clone(),
+                    connections,
+                    seconds,
+                ));
+                report(&format!("{connections} connections"), "appends", 1, &m);
+                runs.push(m);
+            }
+            measured[which] = Some((name, runs));
         }
-        results.push((name, runs));
+        for (which, m) in measured.into_iter().enumerate() {
+            let Some((name, runs)) = m else { continue };
+            match results.get_mut(which) {
+                Some((_, all)) => all.push(runs),
+                None => results.push((name, vec![runs])),
+            }
+        }
     }
-    println!("ratios (sluice's appends/s over the peer's; p99 over sluice's):");
     let ours = &results[0].1;
+    println!("ratios over {rounds} rounds (median, then each round's):");
     for (name, theirs) in &results[1..] {
-        for ((connections, o), t) in counts.iter().zip(ours).zip(theirs) {
+        for (i, connections) in counts.iter().enumerate() {
+            let rates: Vec<f64> = ours
+                .iter()
+                .zip(theirs)
+                .map(|(o, t)| o[i].rate() / t[i].rate().max(1e-9))
+                .collect();
+            let p99s: Vec<f64> = ours
+                .iter()
+                .zip(theirs)
+                .map(|(o, t)| {
+                    t[i].quantile(0.99).as_secs_f64() / o[i].quantile(0.99).as_secs_f64().max(1e-9)
+                })
+                .collect();
             println!(
-                "  {connections:>5} connections: {:>6.2}x {name}'s appends/s, its p99 {:.2}x sluice's",
-                o.rate() / t.rate().max(1e-9),
-                t.quantile(0.99).as_secs_f64() / o.quantile(0.99).as_secs_f64().max(1e-9),
+                "  {connections:>5} connections: sluice {} {name}'s appends/s; its p99 {} sluice's",
+                median_of(&rates, "x"),
+                median_of(&p99s, "x"),
             );
         }
     }
-    if let (Some(first), Some(last)) = (counts.iter().position(|&c| c == 256), ours.last()) {
+    if let (Some(at_256), Some(last)) = (
+        counts.iter().position(|&c| c == 256),
+        counts.len().checked_sub(1),
+    ) {
+        let scaling: Vec<f64> = ours
+            .iter()
+            .map(|runs| runs[last].rate() / runs[at_256].rate().max(1e-9))
+            .collect();
         println!(
-            "sluice at {} connections: {:.2}x its rate at 256",
-            counts.last().copied().unwrap_or(0),
-            last.rate() / ours[first].rate().max(1e-9)
+            "sluice at {} connections: {} its rate at 256",
+            counts[last],
+            median_of(&scaling, "x"),
         );
+    }
+    if let Some(at_32) = counts.iter().position(|&c| c == 32) {
+        let p99s: Vec<f64> = ours
+            .iter()
+            .map(|runs| runs[at_32].quantile(0.99).as_secs_f64() * 1e3)
+            .collect();
+        println!("sluice p99 at 32 connections: {}", median_of(&p99s, " ms"));
     }
 
     // Small table-ingest requests, as apps send them.
