@@ -253,6 +253,19 @@ impl IngestAdmission {
     }
 }
 
+/// The permits a body of `bytes` asks of a budget of `budget` permits, and the bytes they
+/// count: at least one permit, at most the whole budget (a larger body waits for every other
+/// and then runs alone, so none waits for ever).
+fn admission_grant(bytes: usize, budget: usize) -> (u32, usize) {
+    let units = bytes.div_ceil(ADMISSION_UNIT).clamp(1, budget.max(1));
+    let units = u32::try_from(units).unwrap_or(u32::MAX);
+    let granted = usize::try_from(units)
+        .unwrap_or(usize::MAX)
+        .saturating_mul(ADMISSION_UNIT)
+        .min(bytes);
+    (units, granted)
+}
+
 /// The admission semaphore's permits; no request asks for more, so none waits for ever.
 fn admission_budget(config: &DbConfig) -> usize {
     config
@@ -699,10 +712,7 @@ impl Database {
     /// every other, and none waits for ever); [`IngestAdmission::granted_bytes`] says what
     /// was counted.
     pub(crate) async fn admit_ingest(&self, bytes: usize) -> IngestAdmission {
-        let units = bytes
-            .div_ceil(ADMISSION_UNIT)
-            .clamp(1, admission_budget(&self.config));
-        let units = u32::try_from(units).unwrap_or(u32::MAX);
+        let (units, granted_bytes) = admission_grant(bytes, admission_budget(&self.config));
         let permit = self
             .ingest_admission
             .clone()
@@ -710,11 +720,9 @@ impl Database {
             .await
             .ok();
         IngestAdmission {
+            // A closed semaphore (none is closed today) counted nothing.
+            granted_bytes: if permit.is_some() { granted_bytes } else { 0 },
             _permit: permit,
-            granted_bytes: usize::try_from(units)
-                .unwrap_or(usize::MAX)
-                .saturating_mul(ADMISSION_UNIT)
-                .min(bytes),
         }
     }
 
@@ -1037,5 +1045,32 @@ impl IngestPlan {
                 message: e.to_string(),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body is counted whole when the budget holds it, as the whole budget when it does
+    /// not, and never as nothing.
+    #[test]
+    fn admission_counts_a_body_within_the_budget() {
+        let budget_units = (32 << 20) / ADMISSION_UNIT;
+        assert_eq!(
+            admission_grant(16 << 20, budget_units),
+            (16 * 1024, 16 << 20)
+        );
+        // Partial units round up in permits; the bytes counted are the body's.
+        assert_eq!(admission_grant(1500, budget_units), (2, 1500));
+        // An empty body still takes a permit.
+        assert_eq!(admission_grant(0, budget_units), (1, 0));
+        // Larger than the budget: the whole budget, and only its bytes are counted.
+        assert_eq!(
+            admission_grant(64 << 20, budget_units),
+            (32 * 1024, 32 << 20)
+        );
+        // A budget configured as 0 is one permit.
+        assert_eq!(admission_grant(16 << 20, 0), (1, ADMISSION_UNIT));
     }
 }

@@ -37,11 +37,7 @@ const NDJSON_TYPES: &[&str] = &[
 /// Frames are copied into one buffer as they come: kept as they came, a body sent in
 /// one-byte chunks held a 32-byte handle (and a share of a read buffer) for every byte.
 ///
-/// The buffer is reserved up front for the declared length, up to 1 MiB or up to `budgeted`
-/// bytes, whichever is more: what ingest admission has granted this body of its budget
-/// ([`IngestAdmission::granted_bytes`](crate::db::IngestAdmission::granted_bytes)). Past that it grows as bytes come, so a client that declares much and sends
-/// little holds little beyond what was budgeted. (Grown by doubling from 1 MiB, a 16 MiB body
-/// was copied 15 MiB over, and held 24 MiB at its last growth.)
+/// The buffer is reserved up front as [`body_reservation`] says.
 pub(super) async fn read_body(
     body: Body,
     limit: usize,
@@ -53,13 +49,7 @@ pub(super) async fn read_body(
         return Err(body_too_large(limit));
     }
     let mut frames = body.into_data_stream();
-    // A body declared past its limit gets its 413 once it is drained: nothing is reserved.
-    let reserve = if declared > limit {
-        0
-    } else {
-        declared.min(budgeted.max(1 << 20))
-    };
-    let mut read = bytes::BytesMut::with_capacity(reserve);
+    let mut read = bytes::BytesMut::with_capacity(body_reservation(declared, limit, budgeted));
     while let Some(frame) = frames.next().await {
         let frame = frame.map_err(|e| body_error(&e))?;
         if read.len().saturating_add(frame.len()) > limit {
@@ -76,6 +66,22 @@ pub(super) async fn read_body(
         read.extend_from_slice(&frame);
     }
     Ok(read.freeze())
+}
+
+/// What a body buffer is reserved for before any byte arrives: the declared length, up to
+/// 1 MiB or up to `budgeted` bytes, whichever is more, where `budgeted` is what ingest
+/// admission granted the body of its budget
+/// ([`IngestAdmission::granted_bytes`](crate::db::IngestAdmission::granted_bytes)). Past that
+/// the buffer grows as bytes come, so a client that declares much and sends little holds
+/// little beyond what was budgeted. A body declared past its limit gets its 413 once drained:
+/// nothing is reserved. (Grown by doubling from 1 MiB, a 16 MiB body was copied 15 MiB over,
+/// and held 24 MiB at its last growth.)
+fn body_reservation(declared: usize, limit: usize, budgeted: usize) -> usize {
+    if declared > limit {
+        0
+    } else {
+        declared.min(budgeted.max(1 << 20))
+    }
 }
 
 /// At most this many bytes past its limit are read of a body refused as too large: enough
@@ -260,6 +266,27 @@ pub(super) async fn ingest_statement(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The reservation follows the declared length within what admission granted, never
+    /// less than a megabyte of it, and nothing for a body that will be refused.
+    #[test]
+    fn a_body_reserves_what_it_declares_within_what_was_granted() {
+        const MIB: usize = 1 << 20;
+        let limit = 16 * MIB;
+        // Granted its whole declared length: all of it, at once.
+        assert_eq!(body_reservation(16 * MIB, limit, 16 * MIB), 16 * MIB);
+        assert_eq!(body_reservation(5 * MIB, limit, 5 * MIB), 5 * MIB);
+        // Nothing granted (bodies outside ingest admission): the old megabyte at most.
+        assert_eq!(body_reservation(16 * MIB, limit, 0), MIB);
+        assert_eq!(body_reservation(1000, limit, 0), 1000);
+        // Granted less than it declares (a budget smaller than the body): what was granted.
+        assert_eq!(body_reservation(16 * MIB, limit, 4 * MIB), 4 * MIB);
+        // A chunked body declares nothing: nothing is reserved.
+        assert_eq!(body_reservation(0, limit, 16 * MIB), 0);
+        // Declared past the limit: it will be refused, nothing is reserved.
+        assert_eq!(body_reservation(limit + 1, limit, 16 * MIB), 0);
+        assert_eq!(body_reservation(usize::MAX, limit, usize::MAX), 0);
+    }
 
     /// A body in many frames (one byte each) comes back whole and in order; one byte past
     /// the limit, or a declared length past what would be drained, is a 413.

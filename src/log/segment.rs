@@ -467,13 +467,15 @@ impl Segment {
 #[cfg(all(test, target_os = "linux", target_env = "gnu"))]
 mod tests {
     use super::*;
-    use crate::storage::page_cache::testing::{resident, scratch_dir};
+    use crate::storage::page_cache::testing::{drops_pages_here, resident, scratch_dir};
 
     #[test]
     fn synced_pages_are_dropped_a_megabyte_at_a_time_but_the_newest() {
         let dir = scratch_dir("sluice-uncache");
         let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
+        if !drops_pages_here(&dir) {
+            return;
+        }
         let mut segment = Segment::create(&dir, 1, 8 << 20, None).unwrap();
         let write = |segment: &mut Segment, bytes: usize, fill: u8| {
             let chunk = vec![fill; bytes];

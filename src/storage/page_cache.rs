@@ -3,9 +3,9 @@
 //! On the VMs sluice is benchmarked on, a write into page-cache pages the system has not used
 //! lately costs many times a write into pages just freed: the host backs a guest page only
 //! when it is first touched, and takes back pages left free. A 64 MiB `write` into a new file
-//! took 0.3-0.5 s of system time there, into pages just freed 0.03 s. So files that nothing
-//! reads soon after they are written (the commit log's segments; large objects of the local
-//! store, which are read back at most once, by compaction or a cold query) have their pages
+//! took 0.3-0.5 s of system time there, into pages just freed 0.03 s. So the commit log's
+//! segments (read only by a restart's replay) and the local store's large objects (read next
+//! by compaction, a cold query or a cold stream read, from disk then) have their pages
 //! dropped once synced, and the next writes reuse those pages. Only clean pages are dropped,
 //! so a file's contents never change; a failure costs speed only.
 
@@ -64,6 +64,48 @@ pub(crate) mod testing {
             tmp
         };
         base.join(name)
+    }
+
+    /// Whether the file system under `dir` (created if missing) keeps written pages cached
+    /// and drops them when advised: a probe file is written, synced, checked cached, advised
+    /// away with `posix_fadvise` itself (not [`drop_cached`](super::drop_cached), which the
+    /// tests check) and checked gone. Where it does not (tmpfs under an overlay, 9p, ZFS),
+    /// a test of dropping has nothing to observe.
+    pub(crate) fn drops_pages_here(dir: &std::path::Path) -> bool {
+        use std::io::Write as _;
+        use std::os::fd::AsRawFd as _;
+        std::fs::create_dir_all(dir).unwrap();
+        let path = dir.join("page-cache-probe");
+        // Readable too: `resident` maps it.
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        file.write_all(&vec![1u8; 1 << 20]).unwrap();
+        file.sync_all().unwrap();
+        let share = |file: &File| {
+            let pages = resident(file, 1 << 20);
+            pages.iter().filter(|p| **p).count() as f64 / pages.len() as f64
+        };
+        let cached = share(&file);
+        // SAFETY: `posix_fadvise64` on a descriptor borrowed from a live `File`; no memory is
+        // passed, and `POSIX_FADV_DONTNEED` only drops clean cached pages.
+        let rc =
+            unsafe { libc::posix_fadvise64(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        let dropped = rc == 0 && share(&file) < 0.05;
+        drop(file);
+        let _ = std::fs::remove_file(&path);
+        let works = cached > 0.5 && dropped;
+        if !works {
+            eprintln!(
+                "{}: this file system does not drop cached pages when advised; nothing to test",
+                dir.display()
+            );
+        }
+        works
     }
 
     /// Which pages of the first `len` bytes of `file` are in the page cache.
