@@ -266,6 +266,33 @@ async fn blast(
     }
 }
 
+/// [`blast`] at each of `counts` connections in turn, each reported as it ends under
+/// `label(connections)`, in `unit`s (and rows, for more than one a request).
+async fn blast_each(
+    server: &Server,
+    requests: &Arc<Vec<Vec<u8>>>,
+    counts: &[usize],
+    seconds: u64,
+    label: impl Fn(usize) -> String,
+    unit: &str,
+    rows_per_request: usize,
+) -> Vec<Measured> {
+    let mut runs = Vec::with_capacity(counts.len());
+    for &connections in counts {
+        let m = blast(
+            address(&server.base),
+            server.child.id(),
+            requests.clone(),
+            connections,
+            seconds,
+        )
+        .await;
+        report(&label(connections), unit, rows_per_request, &m);
+        runs.push(m);
+    }
+    runs
+}
+
 fn address(base: &str) -> SocketAddr {
     base.trim_start_matches("http://")
         .parse()
@@ -389,25 +416,21 @@ fn main() {
                 "application/octet-stream",
                 &message,
             ));
-            let addr = address(&server.base);
             let name = if server.name == "sluice" {
                 "sluice (fsync per group)"
             } else {
                 server.name
             };
             println!("{name}:");
-            let mut runs = Vec::new();
-            for &connections in &counts {
-                let m = runtime.block_on(blast(
-                    addr,
-                    server.child.id(),
-                    requests.clone(),
-                    connections,
-                    seconds,
-                ));
-                report(&format!("{connections} connections"), "appends", 1, &m);
-                runs.push(m);
-            }
+            let runs = runtime.block_on(blast_each(
+                &server,
+                &requests,
+                &counts,
+                seconds,
+                |connections| format!("{connections} connections"),
+                "appends",
+                1,
+            ));
             measured[which] = Some((name, runs));
         }
         for (which, m) in measured.into_iter().enumerate() {
@@ -467,7 +490,6 @@ fn main() {
     let sluice = start_sluice();
     runtime.block_on(create_events_table(&reqwest::Client::new(), &sluice.base));
     let path = "/v1/catalog/databases/scopedb/schemas/public/tables/events/ingest".to_owned();
-    let addr = address(&sluice.base);
     println!("small ingest requests into sluice (events table, fsync per group):");
     for rows in [1usize, 10] {
         let mut rng = support::Rng::new(7);
@@ -486,20 +508,14 @@ fn main() {
             "application/x-ndjson",
             &bodies,
         ));
-        for &connections in &ingest_counts {
-            let m = runtime.block_on(blast(
-                addr,
-                sluice.child.id(),
-                requests.clone(),
-                connections,
-                seconds,
-            ));
-            report(
-                &format!("{rows} row(s), {connections} connections"),
-                "requests",
-                rows,
-                &m,
-            );
-        }
+        runtime.block_on(blast_each(
+            &sluice,
+            &requests,
+            &ingest_counts,
+            seconds,
+            |connections| format!("{rows} row(s), {connections} connections"),
+            "requests",
+            rows,
+        ));
     }
 }
