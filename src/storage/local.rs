@@ -36,6 +36,13 @@ use super::page_cache::drop_cached;
 /// from disk instead. Smaller objects (manifests, read at once and often) keep theirs.
 const UNCACHE_MIN_BYTES: u64 = 1 << 20;
 
+/// Drops the pages of `file`, synced and `len` bytes long, if it is large enough.
+fn uncache_if_large(file: &std::fs::File, len: u64) {
+    if len >= UNCACHE_MIN_BYTES {
+        drop_cached(file, 0, len);
+    }
+}
+
 /// A local directory store whose writes are durable when they return.
 #[derive(Debug)]
 pub(super) struct DurableLocalStore {
@@ -83,9 +90,7 @@ impl Syncer {
             }
             file.sync_all()?;
             let len = file.metadata()?.len();
-            if len >= UNCACHE_MIN_BYTES {
-                drop_cached(&file, 0, len);
-            }
+            uncache_if_large(&file, len);
             Ok::<u64, std::io::Error>(len)
         })();
         let len = match written {
@@ -138,9 +143,7 @@ impl Syncer {
         if let Some(journal) = &self.journal {
             journal.synced(path, len);
         }
-        if len >= UNCACHE_MIN_BYTES {
-            drop_cached(&file, 0, len);
-        }
+        uncache_if_large(&file, len);
         drop(file);
         let Some(dir) = path.parent() else {
             return Ok(());
