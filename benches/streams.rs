@@ -3,8 +3,10 @@
 //!
 //! Peers, in the same run on the same machine: the Durable Streams protocol's Node reference
 //! server in memory (one thread, nothing durable: the cost of the protocol alone) and with its
-//! durable file-backed store (fdatasync per append, coalesced). sluice runs its embedded
-//! defaults: fsync per group commit, every 204 durable.
+//! durable file-backed store (fdatasync per append, coalesced); and two floor servers
+//! (`support::floor`), which answer every request at once and store nothing, one over raw
+//! tokio sockets and one over hyper, to show what HTTP over loopback alone costs on the
+//! machine. sluice runs its embedded defaults: fsync per group commit, every 204 durable.
 //!
 //! The load comes from this process, on one thread, over raw sockets: each connection writes a
 //! prepared request and reads the whole answer before the next (no pipelining), so the load
@@ -16,10 +18,15 @@
 //! `benches/reference-server/node_modules` on first use). Settings by environment:
 //! `BENCH_CONNECTIONS` (default `32,256,1024`), `BENCH_SECONDS` (default 10),
 //! `BENCH_STREAMS` (100), `BENCH_INGEST_CONNECTIONS` (default `32,256`), `BENCH_ROUNDS` (3:
-//! each round starts the three servers afresh, one after another, sluice first in odd rounds
-//! and last in even ones; the ratios printed are medians over the rounds, with each round's).
+//! each round starts the five servers afresh, one after another, in one order in odd rounds
+//! (sluice first) and the reverse in even ones (sluice last); the ratios printed are medians
+//! over the rounds, with each round's).
 
 mod support;
+
+// sluice's allocator (`src/main.rs`), for the floor servers this executable also runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -38,6 +45,29 @@ use support::harness::{
 
 const MESSAGE_BYTES: usize = 256;
 const WARMUP: Duration = Duration::from_secs(2);
+
+/// A floor server (`support::floor`): this bench's executable run again as `kind`
+/// (`raw` or `hyper`).
+fn start_floor(kind: &str) -> Server {
+    let port = free_port();
+    let exe = std::env::current_exe().expect("the bench's own executable");
+    let child = Command::new(exe)
+        .env(support::floor::FLOOR_ENV, format!("{kind}:{port}"))
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("the floor server starts");
+    wait_ready(port);
+    Server {
+        name: if kind == "raw" {
+            "floor (raw tokio sockets, no HTTP library)"
+        } else {
+            "floor (hyper, no router or handler)"
+        },
+        child,
+        base: format!("http://127.0.0.1:{port}"),
+        dir: scratch(&format!("floor-{kind}")),
+    }
+}
 
 fn start_reference(durable: bool) -> Server {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/reference-server");
@@ -370,6 +400,9 @@ fn connection_counts(name: &str, default: &str) -> Vec<usize> {
 }
 
 fn main() {
+    if let Ok(spec) = std::env::var(support::floor::FLOOR_ENV) {
+        return support::floor::serve(&spec);
+    }
     // `cargo bench` passes --bench; a filter that does not name this bench skips it.
     if !selected("streams") {
         return;
@@ -396,17 +429,25 @@ fn main() {
     // every server afresh, alternate which side goes first, and the figures are the medians
     // over the rounds, printed with every round's.
     let rounds = env_or("BENCH_ROUNDS", 3).max(1);
-    let starters: [fn() -> Server; 3] = [
+    let starters: [fn() -> Server; 5] = [
         start_sluice,
         || start_reference(false),
         || start_reference(true),
+        || start_floor("raw"),
+        || start_floor("hyper"),
     ];
     // Per server: its name and, per round, one measurement per connection count.
     let mut results: Vec<(&'static str, Vec<Vec<Measured>>)> = Vec::new();
     for round in 1..=rounds {
         println!("round {round} of {rounds}");
-        let order: [usize; 3] = if round % 2 == 1 { [0, 1, 2] } else { [1, 2, 0] };
-        let mut measured: Vec<Option<(&'static str, Vec<Measured>)>> = vec![None, None, None];
+        // Odd rounds in the order of `starters`, even ones in reverse: sluice first, then
+        // last, and each peer's place (and distance from sluice) alternates too.
+        let mut order: Vec<usize> = (0..starters.len()).collect();
+        if round % 2 == 0 {
+            order.reverse();
+        }
+        let mut measured: Vec<Option<(&'static str, Vec<Measured>)>> =
+            (0..starters.len()).map(|_| None).collect();
         for which in order {
             let server = starters[which]();
             runtime.block_on(create_streams(&server.base, streams));
@@ -461,6 +502,23 @@ fn main() {
                 "  {connections:>5} connections: sluice {} {name}'s appends/s; its p99 {} sluice's",
                 median_of(&rates, "x"),
                 median_of(&p99s, "x"),
+            );
+        }
+    }
+    // The floors against the in-memory reference: the most that any server, doing no work
+    // at all, shows against it on this machine and with this load generator.
+    let reference = &results[1];
+    for (name, floor) in &results[3..] {
+        for (i, connections) in counts.iter().enumerate() {
+            let rates: Vec<f64> = floor
+                .iter()
+                .zip(&reference.1)
+                .map(|(f, r)| f[i].rate() / r[i].rate().max(1e-9))
+                .collect();
+            println!(
+                "  {connections:>5} connections: {name} {} {}'s appends/s",
+                median_of(&rates, "x"),
+                reference.0,
             );
         }
     }

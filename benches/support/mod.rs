@@ -4,6 +4,7 @@
 
 use sluice::types::{Column, ColumnType, encode_base64};
 
+pub mod floor;
 pub mod harness;
 
 /// A small, fast, seeded generator (xorshift64*), so every run sees the same bytes.
