@@ -441,7 +441,7 @@ fn main() {
     for round in 1..=rounds {
         println!("round {round} of {rounds}");
         // Odd rounds in the order of `starters`, even ones in reverse: sluice first, then
-        // last, and each peer's place (and distance from sluice) alternates too.
+        // last, and each peer's place alternates too (its distance from sluice stays).
         let mut order: Vec<usize> = (0..starters.len()).collect();
         if round % 2 == 0 {
             order.reverse();
@@ -505,8 +505,8 @@ fn main() {
             );
         }
     }
-    // The floors against the in-memory reference: the most that any server, doing no work
-    // at all, shows against it on this machine and with this load generator.
+    // The floors against the in-memory reference: what a server doing no work at all shows
+    // against it on this machine and with this load generator.
     let reference = &results[1];
     for (name, floor) in &results[3..] {
         for (i, connections) in counts.iter().enumerate() {

@@ -14,8 +14,9 @@
 //!   up (a header-read timeout on tokio's timer), each body read whole; no router, middleware,
 //!   authentication or storage.
 //!
-//! The bench executable uses sluice's allocator (mimalloc), so the floors allocate as sluice
-//! does.
+//! The bench executable uses sluice's allocator (mimalloc), and a floor server turns
+//! transparent huge pages off for itself as `sluice` does (`src/main.rs`), so the floors
+//! allocate as sluice does.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -36,6 +37,7 @@ const APPENDED: &[u8] =
 pub fn serve(spec: &str) {
     let (kind, port) = spec.split_once(':').expect("a floor spec is KIND:PORT");
     let port: u16 = port.parse().expect("a port number");
+    no_transparent_huge_pages();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -127,4 +129,15 @@ async fn serve_hyper(socket: TcpStream) {
         .header_read_timeout(Duration::from_secs(10))
         .serve_connection(hyper_util::rt::TokioIo::new(socket), service)
         .await;
+}
+
+/// What `sluice` does first (`src/main.rs`): no transparent huge pages for this process.
+fn no_transparent_huge_pages() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `PR_SET_THP_DISABLE` takes integer arguments only and sets a flag of this
+    // process's memory map; a refusal leaves huge pages as they were, which costs speed only.
+    unsafe {
+        let (on, unused) = (1 as libc::c_ulong, 0 as libc::c_ulong);
+        libc::prctl(libc::PR_SET_THP_DISABLE, on, unused, unused, unused);
+    }
 }
