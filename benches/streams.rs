@@ -391,6 +391,14 @@ fn median_of(values: &[f64], unit: &str) -> String {
     )
 }
 
+/// Per round, `ours`' rate over `theirs'` at the `i`th connection count.
+fn rate_ratios(ours: &[Vec<Measured>], theirs: &[Vec<Measured>], i: usize) -> Vec<f64> {
+    ours.iter()
+        .zip(theirs)
+        .map(|(o, t)| o[i].rate() / t[i].rate().max(1e-9))
+        .collect()
+}
+
 fn connection_counts(name: &str, default: &str) -> Vec<usize> {
     std::env::var(name)
         .unwrap_or_else(|_| default.to_owned())
@@ -486,11 +494,7 @@ fn main() {
     println!("ratios over {rounds} rounds (median, then each round's):");
     for (name, theirs) in &results[1..] {
         for (i, connections) in counts.iter().enumerate() {
-            let rates: Vec<f64> = ours
-                .iter()
-                .zip(theirs)
-                .map(|(o, t)| o[i].rate() / t[i].rate().max(1e-9))
-                .collect();
+            let rates = rate_ratios(ours, theirs, i);
             let p99s: Vec<f64> = ours
                 .iter()
                 .zip(theirs)
@@ -510,11 +514,7 @@ fn main() {
     let reference = &results[1];
     for (name, floor) in &results[3..] {
         for (i, connections) in counts.iter().enumerate() {
-            let rates: Vec<f64> = floor
-                .iter()
-                .zip(&reference.1)
-                .map(|(f, r)| f[i].rate() / r[i].rate().max(1e-9))
-                .collect();
+            let rates = rate_ratios(floor, &reference.1, i);
             println!(
                 "  {connections:>5} connections: {name} {} {}'s appends/s",
                 median_of(&rates, "x"),
