@@ -7,6 +7,12 @@
 //! Parquet, and reports MB/s, rows/s, the server's peak RSS and the Parquet bytes. DuckDB
 //! converts the same file to Parquet (zstd) with explicit column types.
 //!
+//! Every round also loads the file into two floor servers (`support::floor`), with the same
+//! loader: `receive` (bodies received and dropped) and `decode` (bodies decoded by sluice's own
+//! decoder, then dropped): what the load over loopback HTTP, and the load plus the checks the
+//! ingest contract asks for, cost on the machine of the run, before the commit log, the table
+//! and Parquet.
+//!
 //! Run: `cargo bench --bench ingest` (installs DuckDB into `.tools/venv` with pip on first use).
 //! Settings: `BENCH_BYTES` (default 1 GiB), `BENCH_CONNECTIONS` (4), `BENCH_BATCH_BYTES`
 //! (16 MiB), `BENCH_SEED` (42), `BENCH_ROUNDS` (3: rounds alternate the two sides; the median
@@ -14,11 +20,21 @@
 
 mod support;
 
+// sluice's allocator (`src/main.rs`), for the floor servers this executable also runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::time::{Duration, Instant};
 
 use support::harness::{self, RssSampler};
 
+/// The floor servers every round loads, in this order in odd rounds and the reverse in even ones.
+const FLOORS: [&str; 2] = ["receive", "decode"];
+
 fn main() {
+    if let Ok(spec) = std::env::var(support::floor::FLOOR_ENV) {
+        return support::floor::serve(&spec);
+    }
     if !harness::selected("ingest") {
         return;
     }
@@ -39,27 +55,76 @@ fn main() {
     // alternate the two sides and the median ratio is the figure.
     let rounds = harness::env_or("BENCH_ROUNDS", 3).max(1);
     let mut ratios = Vec::with_capacity(rounds);
+    let mut floor_ratios: Vec<Vec<f64>> = vec![Vec::with_capacity(rounds); FLOORS.len()];
     for round in 1..=rounds {
         println!("round {round} of {rounds}");
-        ratios.push(one_round(
-            &runtime,
-            &file,
-            file_bytes,
-            rows,
-            batch_bytes,
-            connections,
-        ));
+        let (ratio, duck_seconds) =
+            one_round(&runtime, &file, file_bytes, rows, batch_bytes, connections);
+        ratios.push(ratio);
+        let mut order: Vec<usize> = (0..FLOORS.len()).collect();
+        if round % 2 == 0 {
+            order.reverse();
+        }
+        for which in order {
+            let seconds = floor_round(
+                &runtime,
+                FLOORS[which],
+                &file,
+                rows,
+                batch_bytes,
+                connections,
+            );
+            floor_ratios[which].push(duck_seconds / seconds);
+        }
     }
-    ratios.sort_by(f64::total_cmp);
+    let median = |ratios: &mut Vec<f64>| {
+        ratios.sort_by(f64::total_cmp);
+        (ratios[rounds / 2], ratios[0], ratios[rounds - 1])
+    };
+    let (mid, min, max) = median(&mut ratios);
     println!(
-        "median ratio over {rounds} rounds: sluice {:.2}x DuckDB's throughput to acknowledged (min {:.2}x, max {:.2}x; goal: at least 1.5x)",
-        ratios[rounds / 2],
-        ratios[0],
-        ratios[rounds - 1],
+        "median ratio over {rounds} rounds: sluice {mid:.2}x DuckDB's throughput to acknowledged (min {min:.2}x, max {max:.2}x; goal: at least 1.5x)",
     );
+    for (kind, ratios) in FLOORS.iter().zip(&mut floor_ratios) {
+        let (mid, min, max) = median(ratios);
+        println!(
+            "median ratio over {rounds} rounds: floor {kind} {mid:.2}x DuckDB's throughput (min {min:.2}x, max {max:.2}x)",
+        );
+    }
 }
 
-/// One run of each side; returns sluice's throughput to acknowledged over DuckDB's.
+/// Loads the file into the floor server `kind` with the same loader as sluice's; prints and
+/// returns the seconds until the last batch was answered.
+fn floor_round(
+    runtime: &tokio::runtime::Runtime,
+    kind: &str,
+    file: &std::path::Path,
+    rows: u64,
+    batch_bytes: usize,
+    connections: usize,
+) -> f64 {
+    let server = support::floor::start(kind);
+    let client = reqwest::Client::new();
+    runtime.block_on(harness::create_events_table(&client, &server.base));
+    let pid = server.child.id();
+    let cpu_before = harness::cpu_seconds(pid);
+    let load = runtime.block_on(harness::load(&server.base, file, batch_bytes, connections));
+    let cpu = harness::cpu_seconds(pid) - cpu_before;
+    assert_eq!(load.rows, rows, "the floor {kind} counted every row");
+    let mb = load.bytes as f64 / 1e6;
+    println!(
+        "floor {kind:<8}{:>7.1} MB/s {:>10.0} rows/s  ({:.1} s; server CPU {cpu:.1} core-s, {:.2} per GB)  {}",
+        mb / load.seconds,
+        rows as f64 / load.seconds,
+        load.seconds,
+        cpu / (mb / 1e3),
+        server.name,
+    );
+    load.seconds
+}
+
+/// One run of each side; returns sluice's throughput to acknowledged over DuckDB's, and
+/// DuckDB's seconds.
 fn one_round(
     runtime: &tokio::runtime::Runtime,
     file: &std::path::Path,
@@ -67,7 +132,7 @@ fn one_round(
     rows: u64,
     batch_bytes: usize,
     connections: usize,
-) -> f64 {
+) -> (f64, f64) {
     let mb = file_bytes as f64 / 1e6;
     // sluice
     let server = harness::start_sluice();
@@ -76,7 +141,10 @@ fn one_round(
     let pid = server.child.id();
     let cpu_before = harness::cpu_seconds(pid);
     let sampler = RssSampler::start(pid);
+    let loader_before = harness::cpu_seconds(std::process::id());
     let load = runtime.block_on(harness::load(&server.base, file, batch_bytes, connections));
+    let cpu_at_ack = harness::cpu_seconds(pid) - cpu_before;
+    let loader_cpu = harness::cpu_seconds(std::process::id()) - loader_before;
     let flush_started = Instant::now();
     let counted = runtime.block_on(harness::statement(
         &client,
@@ -169,6 +237,11 @@ fn one_round(
         duck_cpu / (mb / 1e3),
     );
     println!(
+        "CPU until acknowledged: sluice server {cpu_at_ack:.1} core-s ({:.2} cores busy), the bench's loader {loader_cpu:.1} core-s ({:.2} cores)",
+        cpu_at_ack / load.seconds,
+        loader_cpu / load.seconds,
+    );
+    println!(
         "sluice work: {} Parquet files now; {} flushes ({:.1} s), {} compactions ({:.1} s); {} log syncs ({:.1} s)",
         stats["files"],
         metric("sluice_table_flushes_total"),
@@ -196,5 +269,5 @@ fn one_round(
         duck_seconds / load.seconds,
         duck_seconds / all_in_parquet,
     );
-    duck_seconds / load.seconds
+    (duck_seconds / load.seconds, duck_seconds)
 }

@@ -46,29 +46,6 @@ use support::harness::{
 const MESSAGE_BYTES: usize = 256;
 const WARMUP: Duration = Duration::from_secs(2);
 
-/// A floor server (`support::floor`): this bench's executable run again as `kind`
-/// (`raw` or `hyper`).
-fn start_floor(kind: &str) -> Server {
-    let port = free_port();
-    let exe = std::env::current_exe().expect("the bench's own executable");
-    let child = Command::new(exe)
-        .env(support::floor::FLOOR_ENV, format!("{kind}:{port}"))
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("the floor server starts");
-    wait_ready(port);
-    Server {
-        name: if kind == "raw" {
-            "floor (raw tokio sockets, no HTTP library)"
-        } else {
-            "floor (hyper, no router or handler)"
-        },
-        child,
-        base: format!("http://127.0.0.1:{port}"),
-        dir: scratch(&format!("floor-{kind}")),
-    }
-}
-
 fn start_reference(durable: bool) -> Server {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/reference-server");
     if !dir.join("node_modules/@durable-streams/server").exists() {
@@ -441,8 +418,8 @@ fn main() {
         start_sluice,
         || start_reference(false),
         || start_reference(true),
-        || start_floor("raw"),
-        || start_floor("hyper"),
+        || support::floor::start("raw"),
+        || support::floor::start("hyper"),
     ];
     // Per server: its name and, per round, one measurement per connection count.
     let mut results: Vec<(&'static str, Vec<Vec<Measured>>)> = Vec::new();
