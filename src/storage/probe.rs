@@ -1,7 +1,7 @@
 //! A probe between sluice and its object store: it counts requests and errors (for metrics),
 //! and, with the `testing` feature, fails on command for fault tests, in the spirit of
-//! SlateDB's failure points: an outage, and ambiguous conditional creates whose object lands
-//! but whose answer is lost. With no fault switched on it only counts.
+//! SlateDB's failure points: an outage, ambiguous conditional creates whose object lands but
+//! whose answer is lost, slow writes, and reads that hang until released. With no fault switched on it only counts.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -40,6 +40,10 @@ pub struct Probe {
     blind: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Writes of objects under this prefix fail (an outage of one part of the store).
     failing_writes: std::sync::Mutex<Option<String>>,
+    /// Reads of objects under this prefix wait until it is cleared (a read that hangs).
+    held_reads: std::sync::Mutex<Option<String>>,
+    /// Reads waiting on [`Probe::hold_reads_under`] now.
+    reads_held: AtomicUsize,
     requests: AtomicU64,
     failures: AtomicU64,
     errors: AtomicU64,
@@ -75,6 +79,32 @@ impl Probe {
         if let Ok(mut failing) = self.failing_writes.lock() {
             *failing = prefix.map(str::to_owned);
         }
+    }
+
+    /// While set, every read of an object whose path starts with `prefix` waits (without
+    /// an answer) until the prefix is cleared (`None`); everything else goes through.
+    #[cfg(feature = "testing")]
+    pub fn hold_reads_under(&self, prefix: Option<&str>) {
+        if let Ok(mut held) = self.held_reads.lock() {
+            *held = prefix.map(str::to_owned);
+        }
+    }
+
+    /// How many reads [`Probe::hold_reads_under`] holds now.
+    #[cfg(feature = "testing")]
+    pub fn reads_held(&self) -> usize {
+        self.reads_held.load(Ordering::SeqCst)
+    }
+
+    /// Whether reads of `location` are held now.
+    fn holds_read(&self, location: &Path) -> bool {
+        self.held_reads
+            .lock()
+            .map(|h| {
+                h.as_ref()
+                    .is_some_and(|p| location.as_ref().starts_with(p.as_str()))
+            })
+            .unwrap_or(false)
     }
 
     /// Every write waits `delay` before it is sent, as on a store that answers slowly (zero
@@ -181,6 +211,13 @@ impl ProbedStore {
     /// answer was lost unverified.
     async fn before_read(&self, location: &Path) -> Result<()> {
         self.probe.before().await?;
+        if self.probe.holds_read(location) {
+            self.probe.reads_held.fetch_add(1, Ordering::SeqCst);
+            while self.probe.holds_read(location) {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            self.probe.reads_held.fetch_sub(1, Ordering::SeqCst);
+        }
         let blind = self
             .probe
             .blind

@@ -16,8 +16,12 @@
 //! manifest's position for this node is still below the first record it holds.
 //!
 //! Compaction merges small files into one through a manifest commit that removes them; its
-//! output is deleted only when its commit is known to have lost. Before a commit that other
-//! nodes or a restart will read, the node checks it still owns its id ([`crate::node`]).
+//! output is deleted only when its commit is known to have lost. A flush and a compaction of
+//! one table may run at once (the maintenance loop runs compactions beside its flushes); their
+//! commits, installs and Iceberg publications take turns, and a commit that finds the other's
+//! version taken folds it in and goes again, so neither undoes the other. Before a commit
+//! that other nodes or a restart will read, the node checks it still owns its id
+//! ([`crate::node`]).
 
 mod files;
 mod gc;
@@ -220,8 +224,17 @@ struct Table {
     schema: SchemaRef,
     manifest: Manifest,
     state: Mutex<TableState>,
-    /// One flush or compaction of this table at a time on this node.
-    maintenance: tokio::sync::Mutex<()>,
+    /// One flush of this table at a time on this node (a flush takes everything unflushed).
+    flushing: tokio::sync::Mutex<()>,
+    /// One compaction of this table at a time on this node.
+    compacting: tokio::sync::Mutex<()>,
+    /// This node's commits to the table's manifest, each with its install and its Iceberg
+    /// publication, one at a time. A flush and a compaction run side by side (a compaction
+    /// must not hold up the flushes that appends over the budget wait for), and a commit that
+    /// finds the other's version taken folds it in and goes again ([`Manifest::commit`]);
+    /// taking them one at a time keeps the views published in version order, so that each
+    /// carries the snapshots of the one before.
+    committing: Arc<tokio::sync::Mutex<()>>,
     /// When a refresh last checked the manifest's floor (see [`Manifest::refresh`]).
     floor_checked: Mutex<Option<Instant>>,
 }
@@ -379,7 +392,9 @@ impl Tables {
                 unflushed_bytes: 0,
                 oldest_unflushed: None,
             }),
-            maintenance: tokio::sync::Mutex::new(()),
+            flushing: tokio::sync::Mutex::new(()),
+            compacting: tokio::sync::Mutex::new(()),
+            committing: Arc::new(tokio::sync::Mutex::new(())),
             floor_checked: Mutex::new(None),
         });
         let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
@@ -545,10 +560,19 @@ impl Tables {
         Ok(())
     }
 
-    /// Flushes a table's unflushed batches to one Parquet file. Returns the file, if any.
+    /// Flushes a table's unflushed batches to one Parquet file. Returns the file, if any,
+    /// once its Iceberg view is published too.
     pub async fn flush(&self, id: &str) -> Result<Option<DataFile>, TableError> {
+        self.flush_publishing(id, Publish::Await).await
+    }
+
+    async fn flush_publishing(
+        &self,
+        id: &str,
+        publish: Publish,
+    ) -> Result<Option<DataFile>, TableError> {
         let started = Instant::now();
-        let written = self.flush_once(id).await?;
+        let written = self.flush_once(id, publish).await?;
         if written.is_some() {
             self.stats.flushes.fetch_add(1, Ordering::Relaxed);
             self.stats
@@ -598,11 +622,11 @@ impl Tables {
             .collect()
     }
 
-    async fn flush_once(&self, id: &str) -> Result<Option<DataFile>, TableError> {
+    async fn flush_once(&self, id: &str, publish: Publish) -> Result<Option<DataFile>, TableError> {
         let table = self.table(id).await?;
-        let _maintenance = table.maintenance.lock().await;
+        let flushing = table.flushing.lock().await;
         // The cut: everything unflushed now. Appends may go on; they land after it.
-        let (batches, first_lsn, last_lsn, manifest) = {
+        let (batches, first_lsn, last_lsn) = {
             let state = table.lock();
             let (Some(first), Some(last)) = (state.unflushed.front(), state.unflushed.back())
             else {
@@ -616,7 +640,6 @@ impl Tables {
                     .collect::<Vec<_>>(),
                 first.lsn,
                 last.lsn,
-                state.manifest.clone(),
             )
         };
         let written = Instant::now();
@@ -630,6 +653,7 @@ impl Tables {
             // answer lost) must not be written twice.
             flushed_below: Some((node.clone(), first_lsn)),
         };
+        let committing = table.committing.clone().lock_owned().await;
         self.node.ensure_current().await?;
         if written.elapsed() > self.commit_deadline() {
             // Garbage collection may take a file this old for an orphan: write it again.
@@ -637,6 +661,8 @@ impl Tables {
                 "the flushed file waited too long for its commit".into(),
             ));
         }
+        // The newest state: a compaction may have committed since the cut.
+        let manifest = table.lock().manifest.clone();
         let committed = match table
             .manifest
             .commit(self.storage.store().as_ref(), &manifest, &change)
@@ -659,8 +685,20 @@ impl Tables {
         // Swap in one step: the file appears and its batches leave together.
         table.lock().install(committed.clone(), &node);
         self.flushed.notify_waiters();
+        // The next flush may cut and encode while this one's view is published; its commit
+        // waits for the publication.
+        drop(flushing);
         self.release_log()?;
-        self.publish_iceberg(id, &committed).await;
+        match publish {
+            Publish::Await => self.publish_iceberg(id, &committed).await,
+            Publish::Behind => {
+                let (storage, id, grace) = (self.storage.clone(), id.to_owned(), self.gc_grace);
+                tokio::spawn(async move {
+                    publish_iceberg(&storage, &id, &committed, grace).await;
+                    drop(committing);
+                });
+            }
+        }
         Ok(Some(file))
     }
 
@@ -706,6 +744,10 @@ impl Tables {
     /// Flushes every table that is over its size or age threshold (or every table with
     /// unflushed data when `all` is set, as at shutdown). Returns how many files were written.
     pub async fn flush_due(&self, all: bool) -> Result<usize, TableError> {
+        self.flush_due_publishing(all, Publish::Await).await
+    }
+
+    async fn flush_due_publishing(&self, all: bool, publish: Publish) -> Result<usize, TableError> {
         // Over the memory budget every table with unflushed rows is due.
         let all = all || self.unflushed_total() > self.config.max_unflushed_bytes;
         let due: Vec<String> = {
@@ -727,7 +769,7 @@ impl Tables {
         let mut written = 0;
         let mut first_error = None;
         for id in due {
-            match self.flush(&id).await {
+            match self.flush_publishing(&id, publish).await {
                 Ok(Some(_)) => written += 1,
                 Ok(None) => {}
                 Err(e) => {
@@ -761,7 +803,7 @@ impl Tables {
 
     async fn compact_once(&self, id: &str) -> Result<Option<DataFile>, TableError> {
         let table = self.table(id).await?;
-        let _maintenance = table.maintenance.lock().await;
+        let _compacting = table.compacting.lock().await;
         let manifest = table.lock().manifest.clone();
         let small_limit = self.config.compact_target_bytes / 2;
         let mut picked: Vec<DataFile> = Vec::new();
@@ -847,6 +889,7 @@ impl Tables {
             flushed: BTreeMap::new(),
             flushed_below: None,
         };
+        let _committing = table.committing.lock().await;
         self.node.ensure_current().await?;
         if written.elapsed() > self.commit_deadline() {
             // Garbage collection may take a file this old for an orphan; it collects it.
@@ -854,6 +897,9 @@ impl Tables {
                 "the compacted file waited too long for its commit".into(),
             ));
         }
+        // The newest state: flushes go on while a compaction works. Its files are checked
+        // against the state the commit lands on.
+        let manifest = table.lock().manifest.clone();
         let committed = match table
             .manifest
             .commit(self.storage.store().as_ref(), &manifest, &change)
@@ -880,13 +926,9 @@ impl Tables {
         Ok(Some(file))
     }
 
-    /// Publishes the Iceberg view of a committed state. Best effort: the commit stands
-    /// either way, and the view is published again by the next commit, by garbage
-    /// collection's pass and by a catalog reader's load.
+    /// [`publish_iceberg`] with this node's storage and grace period.
     async fn publish_iceberg(&self, id: &str, state: &ManifestState) {
-        if let Err(e) = crate::iceberg::publish(&self.storage, id, state, self.gc_grace).await {
-            tracing::debug!(table = %id, error = %e, "publishing the Iceberg view failed");
-        }
+        publish_iceberg(&self.storage, id, state, self.gc_grace).await;
     }
 
     /// The table's newest manifest state (read from the object store, so commits of other
@@ -924,20 +966,62 @@ impl Tables {
     ) {
         tokio::pin!(shutdown);
         let mut interval = tokio::time::interval(tick);
+        // Compactions run beside the flushes, one pass at a time: a flush waited for a whole
+        // pass before, and appends over the unflushed budget with it.
+        let mut compactions: Option<tokio::task::JoinHandle<()>> = None;
         loop {
             tokio::select! {
                 _ = &mut shutdown => break,
                 _ = self.flush_wanted.notified() => {
-                    let _ = self.flush_due(false).await;
+                    let _ = self.flush_due_publishing(false, Publish::Behind).await;
                 }
                 _ = interval.tick() => {
-                    let _ = self.flush_due(false).await;
-                    for id in self.open_tables() {
-                        let _ = self.compact(&id).await;
+                    let _ = self.flush_due_publishing(false, Publish::Behind).await;
+                    if compactions.as_ref().is_none_or(|pass| pass.is_finished()) {
+                        let tables = self.clone();
+                        compactions = Some(tokio::spawn(async move {
+                            for id in tables.open_tables() {
+                                let _ = tables.compact(&id).await;
+                            }
+                        }));
                     }
                 }
             }
         }
+        if let Some(pass) = compactions {
+            let _ = pass.await;
+        }
+        // The Iceberg views the loop's flushes publish on tasks of their own are done before
+        // it returns: each holds its table's commits until then.
+        let open: Vec<Arc<Table>> = self
+            .tables
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for table in open {
+            drop(table.committing.lock().await);
+        }
+    }
+}
+
+/// Whether a flush waits for its Iceberg view to be published before it returns.
+#[derive(Clone, Copy)]
+enum Publish {
+    /// Published before the flush returns (a caller may read the view next).
+    Await,
+    /// Published on a task of its own, holding the table's commits until it is done: the
+    /// maintenance loop's next flush may cut and encode meanwhile.
+    Behind,
+}
+
+/// Publishes the Iceberg view of a committed state. Best effort: the commit stands either
+/// way, and the view is published again by the next commit, by garbage collection's pass and
+/// by a catalog reader's load.
+async fn publish_iceberg(storage: &Storage, id: &str, state: &ManifestState, grace: Duration) {
+    if let Err(e) = crate::iceberg::publish(storage, id, state, grace).await {
+        tracing::debug!(table = %id, error = %e, "publishing the Iceberg view failed");
     }
 }
 

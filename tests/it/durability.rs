@@ -423,6 +423,70 @@ async fn a_created_table_whose_storage_write_fails_is_still_created() {
     assert_eq!(ids(&db, "t").await, vec![0, 1, 2]);
 }
 
+/// A flush goes ahead while a compaction of the same table is under way (its reads of the
+/// files it merges hang), and the compaction then commits on top of the flush's version:
+/// every row once, before and after a restart. Before, one lock held both, and appends over
+/// the unflushed budget waited out every compaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_goes_ahead_while_a_compaction_of_its_table_is_under_way() {
+    let dir = common::temp_dir("flush-beside-compaction");
+    let (probe, storage) = probed_store();
+    let mut c = config(&dir);
+    c.tables.compact_min_files = 2;
+    let db = Database::open_with_storage(c.clone(), storage.clone())
+        .await
+        .unwrap();
+    db.execute("CREATE TABLE t (id int, note string)")
+        .await
+        .unwrap();
+    for round in 0..3 {
+        ingest(&db, "t", round * 10..round * 10 + 10).await.unwrap();
+        db.tables().flush_due(true).await.unwrap();
+    }
+    let id = db
+        .catalog()
+        .table("scopedb", "public", "t")
+        .await
+        .unwrap()
+        .id;
+    probe.hold_reads_under(Some(&format!("tables/{id}/data/")));
+    let compaction = {
+        let (db, id) = (db.clone(), id.clone());
+        tokio::spawn(async move { db.tables().compact(&id).await })
+    };
+    let mut waited = 0;
+    while probe.reads_held() == 0 && waited < 1000 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        waited += 1;
+    }
+    assert!(probe.reads_held() > 0, "the compaction reads its files");
+    ingest(&db, "t", 30..45).await.unwrap();
+    let flushed = tokio::time::timeout(Duration::from_secs(30), db.tables().flush(&id))
+        .await
+        .expect("the flush waited for the compaction")
+        .unwrap()
+        .expect("a file");
+    assert_eq!(flushed.rows, 15);
+    assert!(
+        !compaction.is_finished(),
+        "the compaction is still under way"
+    );
+    probe.hold_reads_under(None);
+    let merged = compaction.await.unwrap().unwrap().expect("compacted");
+    assert_eq!(merged.rows, 30);
+    let stats = db.table_stats("scopedb", "public", "t").await.unwrap();
+    assert_eq!(
+        (stats.files, stats.file_rows, stats.unflushed_rows),
+        (2, 45, 0)
+    );
+    assert_eq!(ids(&db, "t").await, (0..45).collect::<Vec<_>>());
+    crash(db);
+    let db = Database::open_with_storage(c, storage).await.unwrap();
+    let stats = db.table_stats("scopedb", "public", "t").await.unwrap();
+    assert_eq!((stats.files, stats.file_rows), (2, 45));
+    assert_eq!(ids(&db, "t").await, (0..45).collect::<Vec<_>>());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compaction_whose_commit_may_have_landed_keeps_its_file() {
     let dir = common::temp_dir("ambiguous-compaction");

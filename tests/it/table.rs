@@ -583,6 +583,67 @@ conformance!(local, "local");
 conformance!(memory, "memory");
 conformance!(s3, "s3");
 
+/// The maintenance loop flushes while a compaction of its pass is under way (the reads of
+/// the files it merges hang): appends over the unflushed budget would otherwise wait it out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenance_flushes_while_a_compaction_is_under_way() {
+    let w = world("memory");
+    let (faults, storage) = faulty(&w);
+    let config = TableConfig {
+        flush_interval: std::time::Duration::from_millis(50),
+        compact_min_files: 2,
+        ..TableConfig::default()
+    };
+    let (_log, tables) = open_tables(LogConfig::new(w.dir.join("beside")), storage, config).await;
+    let tables = Arc::new(tables);
+    tables.create_table("busy", &columns()).await.unwrap();
+    for round in 0..3 {
+        tables
+            .append("busy", batch(round * 10, round * 10 + 10))
+            .await
+            .unwrap();
+        tables.flush("busy").await.unwrap();
+    }
+    faults.hold_reads_under(Some("tables/busy/data/"));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(tables.clone().run_maintenance(
+        std::time::Duration::from_millis(10),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    for _ in 0..500 {
+        if faults.reads_held() > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(
+        faults.reads_held() > 0,
+        "the loop's compaction reads its files"
+    );
+    tables.append("busy", batch(30, 45)).await.unwrap();
+    for _ in 0..1000 {
+        if tables.stats("busy").await.unwrap().unflushed_batches == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let stats = tables.stats("busy").await.unwrap();
+    assert_eq!(
+        (stats.files, stats.unflushed_batches),
+        (4, 0),
+        "flushed beside the compaction"
+    );
+    assert!(faults.reads_held() > 0, "the compaction is still under way");
+    faults.hold_reads_under(None);
+    stop.send(()).unwrap();
+    // The loop returns once its compaction pass is done.
+    task.await.unwrap();
+    assert_eq!(tables.stats("busy").await.unwrap().files, 2);
+    assert_exactly(&w.storage, &tables, "busy", 45).await;
+}
+
 /// The world's store behind a [`ProbedStore`].
 fn faulty(w: &World) -> (Arc<Probe>, Storage) {
     let faults = Arc::new(Probe::default());
