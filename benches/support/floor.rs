@@ -18,12 +18,13 @@
 //! For the ingest bench, answering `PUT` (the table's creation) with `200 OK` and each posted
 //! batch with `200 OK` and `{"num_rows_inserted": N}`, on the `hyper` server above:
 //!
+//! Both admit at most 32 MiB of bodies at once, by their declared length before they are
+//! read, as `sluice serve`'s ingest admission does on its defaults.
+//!
 //! - `receive`: each body read whole and its lines counted; what receiving the bench's load
 //!   over loopback HTTP costs.
 //! - `decode`: each body read whole and then decoded by sluice's own [`Decoder`] on tokio's
-//!   blocking pool, at most 32 MiB of bodies at once (admitted by their declared length
-//!   before they are read), as `sluice serve`'s ingest admission does on its defaults; the
-//!   batch is dropped. What receiving the load and running the checks the ingest contract
+//!   blocking pool; the batch is dropped. What receiving the load and running the checks the ingest contract
 //!   asks for costs, without the commit log, the table or Parquet.
 //!
 //! The bench executables use sluice's allocator (mimalloc), and a floor server turns

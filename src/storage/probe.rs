@@ -1,7 +1,8 @@
 //! A probe between sluice and its object store: it counts requests and errors (for metrics),
 //! and, with the `testing` feature, fails on command for fault tests, in the spirit of
 //! SlateDB's failure points: an outage, ambiguous conditional creates whose object lands but
-//! whose answer is lost, slow writes, and reads that hang until released. With no fault switched on it only counts.
+//! whose answer is lost, slow writes, and reads that hang until released. With no fault
+//! switched on it only counts.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -212,11 +213,18 @@ impl ProbedStore {
     async fn before_read(&self, location: &Path) -> Result<()> {
         self.probe.before().await?;
         if self.probe.holds_read(location) {
+            /// Counts a held read until it ends, however it ends (a caller may drop it).
+            struct Held<'a>(&'a AtomicUsize);
+            impl Drop for Held<'_> {
+                fn drop(&mut self) {
+                    self.0.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
             self.probe.reads_held.fetch_add(1, Ordering::SeqCst);
+            let _held = Held(&self.probe.reads_held);
             while self.probe.holds_read(location) {
                 tokio::time::sleep(std::time::Duration::from_millis(5)).await;
             }
-            self.probe.reads_held.fetch_sub(1, Ordering::SeqCst);
         }
         let blind = self
             .probe

@@ -18,8 +18,8 @@
 //! Compaction merges small files into one through a manifest commit that removes them; its
 //! output is deleted only when its commit is known to have lost. A flush and a compaction of
 //! one table may run at once (the maintenance loop runs compactions beside its flushes); their
-//! commits, installs and Iceberg publications take turns, and a commit that finds the other's
-//! version taken folds it in and goes again, so neither undoes the other. Before a commit
+//! commits, each with its install and Iceberg publication, take turns, and each commits on the
+//! newest installed state, so neither undoes the other. Before a commit
 //! that other nodes or a restart will read, the node checks it still owns its id
 //! ([`crate::node`]).
 
@@ -228,12 +228,13 @@ struct Table {
     flushing: tokio::sync::Mutex<()>,
     /// One compaction of this table at a time on this node.
     compacting: tokio::sync::Mutex<()>,
-    /// This node's commits to the table's manifest, each with its install and its Iceberg
-    /// publication, one at a time. A flush and a compaction run side by side (a compaction
-    /// must not hold up the flushes that appends over the budget wait for), and a commit that
-    /// finds the other's version taken folds it in and goes again ([`Manifest::commit`]);
-    /// taking them one at a time keeps the views published in version order, so that each
-    /// carries the snapshots of the one before.
+    /// This node's commits to the table's manifest, each with its install and the Iceberg
+    /// publication that follows it, one at a time. A flush and a compaction run side by side
+    /// (a compaction must not hold up the flushes that appends over the budget wait for);
+    /// each commits on the newest installed state, and taking turns keeps the views that
+    /// commits publish in version order, so that each carries the snapshots of the one
+    /// before. (Garbage collection and catalog loads publish too, outside this lock; a
+    /// publication never goes back to an older version.)
     committing: Arc<tokio::sync::Mutex<()>>,
     /// When a refresh last checked the manifest's floor (see [`Manifest::refresh`]).
     floor_checked: Mutex<Option<Instant>>,
@@ -626,21 +627,28 @@ impl Tables {
         let table = self.table(id).await?;
         let flushing = table.flushing.lock().await;
         // The cut: everything unflushed now. Appends may go on; they land after it.
-        let (batches, first_lsn, last_lsn) = {
+        let cut = {
             let state = table.lock();
-            let (Some(first), Some(last)) = (state.unflushed.front(), state.unflushed.back())
-            else {
-                return Ok(None);
-            };
-            (
-                state
-                    .unflushed
-                    .iter()
-                    .map(|u| u.batch.clone())
-                    .collect::<Vec<_>>(),
-                first.lsn,
-                last.lsn,
-            )
+            match (state.unflushed.front(), state.unflushed.back()) {
+                (Some(first), Some(last)) => Some((
+                    state
+                        .unflushed
+                        .iter()
+                        .map(|u| u.batch.clone())
+                        .collect::<Vec<_>>(),
+                    first.lsn,
+                    last.lsn,
+                )),
+                _ => None,
+            }
+        };
+        let Some((batches, first_lsn, last_lsn)) = cut else {
+            if let Publish::Await = publish {
+                // The loop's last flush of this table may still be publishing its view
+                // (`Publish::Behind`): a caller that awaits gets it published too.
+                drop(table.committing.lock().await);
+            }
+            return Ok(None);
         };
         let written = Instant::now();
         let file = self.write_data_file(&table, move || Ok(batches)).await?;
@@ -743,8 +751,27 @@ impl Tables {
 
     /// Flushes every table that is over its size or age threshold (or every table with
     /// unflushed data when `all` is set, as at shutdown). Returns how many files were written.
+    /// Returns after the Iceberg views of every flush so far are published, the maintenance
+    /// loop's included (shutdown and the release of a hosted node call this last).
     pub async fn flush_due(&self, all: bool) -> Result<usize, TableError> {
-        self.flush_due_publishing(all, Publish::Await).await
+        let flushed = self.flush_due_publishing(all, Publish::Await).await;
+        self.published().await;
+        flushed
+    }
+
+    /// Waits until no Iceberg publication of a flush is pending: each holds its table's
+    /// commits until it is done.
+    async fn published(&self) {
+        let open: Vec<Arc<Table>> = self
+            .tables
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for table in open {
+            drop(table.committing.lock().await);
+        }
     }
 
     async fn flush_due_publishing(&self, all: bool, publish: Publish) -> Result<usize, TableError> {
@@ -958,7 +985,10 @@ impl Tables {
     }
 
     /// Runs flushes (and compactions) on a timer until `shutdown` resolves. Errors are
-    /// retried on the next tick. The final flush is [`crate::db::Database::shutdown`]'s.
+    /// retried on the next tick. Compaction passes run beside the flushes; once `shutdown`
+    /// resolves, the loop returns after the pass under way and the Iceberg publications of
+    /// its flushes. Dropped before that (a simulated crash), it stops the pass with it. The
+    /// final flush is [`crate::db::Database::shutdown`]'s.
     pub async fn run_maintenance(
         self: Arc<Self>,
         tick: Duration,
@@ -968,7 +998,7 @@ impl Tables {
         let mut interval = tokio::time::interval(tick);
         // Compactions run beside the flushes, one pass at a time: a flush waited for a whole
         // pass before, and appends over the unflushed budget with it.
-        let mut compactions: Option<tokio::task::JoinHandle<()>> = None;
+        let mut compactions: Option<AbortOnDrop> = None;
         loop {
             tokio::select! {
                 _ = &mut shutdown => break,
@@ -977,32 +1007,33 @@ impl Tables {
                 }
                 _ = interval.tick() => {
                     let _ = self.flush_due_publishing(false, Publish::Behind).await;
-                    if compactions.as_ref().is_none_or(|pass| pass.is_finished()) {
+                    if compactions.as_ref().is_none_or(|pass| pass.0.is_finished()) {
                         let tables = self.clone();
-                        compactions = Some(tokio::spawn(async move {
+                        compactions = Some(AbortOnDrop(tokio::spawn(async move {
                             for id in tables.open_tables() {
                                 let _ = tables.compact(&id).await;
                             }
-                        }));
+                        })));
                     }
                 }
             }
         }
-        if let Some(pass) = compactions {
-            let _ = pass.await;
+        if let Some(mut pass) = compactions {
+            let _ = (&mut pass.0).await;
         }
         // The Iceberg views the loop's flushes publish on tasks of their own are done before
-        // it returns: each holds its table's commits until then.
-        let open: Vec<Arc<Table>> = self
-            .tables
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
-        for table in open {
-            drop(table.committing.lock().await);
-        }
+        // it returns.
+        self.published().await;
+    }
+}
+
+/// A task aborted when its handle is dropped: the maintenance loop's compaction pass stops
+/// with the loop, as it did when it ran inside it.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
