@@ -423,17 +423,12 @@ async fn a_created_table_whose_storage_write_fails_is_still_created() {
     assert_eq!(ids(&db, "t").await, vec![0, 1, 2]);
 }
 
-/// A flush goes ahead while a compaction of the same table is under way (its reads of the
-/// files it merges hang), and the compaction then commits on top of the flush's version:
-/// every row once, before and after a restart. Before, one lock held both, and appends over
-/// the unflushed budget waited out every compaction.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_flush_goes_ahead_while_a_compaction_of_its_table_is_under_way() {
-    let dir = common::temp_dir("flush-beside-compaction");
-    let (probe, storage) = probed_store();
-    let mut c = config(&dir);
+/// A database whose table `t` has three flushed files of ten rows each (ids 0..30), and that
+/// compacts two or more small files; returns it and the table's id.
+async fn three_small_files(c: &DbConfig, storage: &Storage) -> (Arc<Database>, String) {
+    let mut c = c.clone();
     c.tables.compact_min_files = 2;
-    let db = Database::open_with_storage(c.clone(), storage.clone())
+    let db = Database::open_with_storage(c, storage.clone())
         .await
         .unwrap();
     db.execute("CREATE TABLE t (id int, note string)")
@@ -449,6 +444,19 @@ async fn a_flush_goes_ahead_while_a_compaction_of_its_table_is_under_way() {
         .await
         .unwrap()
         .id;
+    (db, id)
+}
+
+/// A flush goes ahead while a compaction of the same table is under way (its reads of the
+/// files it merges hang), and the compaction then commits on top of the flush's version:
+/// every row once, before and after a restart. Before, one lock held both, and appends over
+/// the unflushed budget waited out every compaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_goes_ahead_while_a_compaction_of_its_table_is_under_way() {
+    let dir = common::temp_dir("flush-beside-compaction");
+    let (probe, storage) = probed_store();
+    let c = config(&dir);
+    let (db, id) = three_small_files(&c, &storage).await;
     probe.hold_reads_under(Some(&format!("tables/{id}/data/")));
     let compaction = {
         let (db, id) = (db.clone(), id.clone());
@@ -491,24 +499,8 @@ async fn a_flush_goes_ahead_while_a_compaction_of_its_table_is_under_way() {
 async fn a_compaction_whose_commit_may_have_landed_keeps_its_file() {
     let dir = common::temp_dir("ambiguous-compaction");
     let (probe, storage) = probed_store();
-    let mut c = config(&dir);
-    c.tables.compact_min_files = 2;
-    let db = Database::open_with_storage(c.clone(), storage.clone())
-        .await
-        .unwrap();
-    db.execute("CREATE TABLE t (id int, note string)")
-        .await
-        .unwrap();
-    for round in 0..3 {
-        ingest(&db, "t", round * 10..round * 10 + 10).await.unwrap();
-        db.tables().flush_due(true).await.unwrap();
-    }
-    let id = db
-        .catalog()
-        .table("scopedb", "public", "t")
-        .await
-        .unwrap()
-        .id;
+    let c = config(&dir);
+    let (db, id) = three_small_files(&c, &storage).await;
     probe.lose_create_answers_unverified(1);
     assert!(db.tables().compact(&id).await.is_err());
     db.refresh().await;
