@@ -583,6 +583,23 @@ conformance!(local, "local");
 conformance!(memory, "memory");
 conformance!(s3, "s3");
 
+/// The maintenance loop of `tables` on a 10 ms tick, running until the sender is used.
+fn maintenance(
+    tables: &Arc<Tables>,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(tables.clone().run_maintenance(
+        std::time::Duration::from_millis(10),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    (stop, task)
+}
+
 /// The maintenance loop flushes while a compaction of its pass is under way (the reads of
 /// the files it merges hang): appends over the unflushed budget would otherwise wait it out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -605,13 +622,7 @@ async fn maintenance_flushes_while_a_compaction_is_under_way() {
         tables.flush("busy").await.unwrap();
     }
     faults.hold_reads_under(Some("tables/busy/data/"));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(tables.clone().run_maintenance(
-        std::time::Duration::from_millis(10),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let (stop, task) = maintenance(&tables);
     for _ in 0..500 {
         if faults.reads_held() > 0 {
             break;
@@ -724,13 +735,7 @@ async fn maintenance_flushes_by_age_and_shutdown_flushes_the_rest() {
     let tables = Arc::new(tables);
     tables.create_table("aged", &columns()).await.unwrap();
     tables.append("aged", batch(0, 10)).await.unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(tables.clone().run_maintenance(
-        std::time::Duration::from_millis(10),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let (stop, task) = maintenance(&tables);
     // Wait (bounded) for the age-triggered flush.
     for _ in 0..500 {
         if tables.stats("aged").await.unwrap().files == 1 {
