@@ -19,9 +19,8 @@
 //! output is deleted only when its commit is known to have lost. A flush and a compaction of
 //! one table may run at once (the maintenance loop runs compactions beside its flushes); their
 //! commits, each with its install and Iceberg publication, take turns, and each commits on the
-//! newest installed state, so neither undoes the other. Before a commit
-//! that other nodes or a restart will read, the node checks it still owns its id
-//! ([`crate::node`]).
+//! newest installed state, so neither undoes the other. Before a commit that other nodes or a
+//! restart will read, the node checks it still owns its id ([`crate::node`]).
 
 mod files;
 mod gc;
@@ -750,9 +749,9 @@ impl Tables {
     }
 
     /// Flushes every table that is over its size or age threshold (or every table with
-    /// unflushed data when `all` is set, as at shutdown). Returns how many files were written.
-    /// Returns after the Iceberg views of every flush so far are published, the maintenance
-    /// loop's included (shutdown and the release of a hosted node call this last).
+    /// unflushed data when `all` is set, as at shutdown). Returns how many files were written,
+    /// once the Iceberg views of every flush so far are published, the maintenance loop's
+    /// included (shutdown and the release of a hosted node call this last).
     pub async fn flush_due(&self, all: bool) -> Result<usize, TableError> {
         let flushed = self.flush_due_publishing(all, Publish::Await).await;
         self.published().await;
