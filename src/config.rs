@@ -70,6 +70,12 @@ pub struct FileConfig {
     /// Past this many unflushed bytes over all tables, ingest waits for flushes (and answers
     /// 503 when they do not come within 10 s).
     pub max_unflushed_bytes: Option<usize>,
+    /// Past `max_unflushed_bytes`, unflushed batches up to this many bytes over all tables
+    /// are kept in the commit log only (spilled) and read back from it; 0 turns that off.
+    pub max_spilled_bytes: Option<usize>,
+    /// While appends come less than this far apart, flushes of tables past `flush_bytes`
+    /// wait (as long as batches can be spilled), in milliseconds.
+    pub flush_quiet_ms: Option<u64>,
     /// Request-body bytes read and decoded at once; further ingest requests wait.
     pub ingest_inflight_bytes: Option<usize>,
     /// How long a long-poll read waits for data before answering 204, in milliseconds.
@@ -215,6 +221,7 @@ impl ServeConfig {
             "listen = \"{}\"\ndata_dir = \"{}\"\nobject_store = \"{}\"\napi_keys = [{}]\n\
              durability = \"{}\"\nmax_body_bytes = {}\nmax_rows = {}\nmax_log_bytes = {}\n\
              flush_bytes = {}\nflush_interval_seconds = {}\nmax_unflushed_bytes = {}\n\
+             max_spilled_bytes = {}\nflush_quiet_ms = {}\n\
              ingest_inflight_bytes = {}\n\
              long_poll_timeout_ms = {}\nstream_checkpoint_interval_seconds = {}\n\
              request_body_timeout_seconds = {}\nmax_connections = {}\nheader_timeout_seconds = {}\n\
@@ -239,6 +246,8 @@ impl ServeConfig {
             db.tables.flush_bytes,
             db.tables.flush_interval.as_secs_f64(),
             db.tables.max_unflushed_bytes,
+            db.tables.max_spilled_bytes,
+            db.tables.flush_quiet.as_millis(),
             db.ingest_inflight_bytes,
             self.long_poll_timeout.as_millis(),
             db.streams.checkpoint_interval.as_secs_f64(),
@@ -352,6 +361,12 @@ impl ServeConfig {
         }
         if let Some(b) = file.max_unflushed_bytes {
             db.tables.max_unflushed_bytes = b;
+        }
+        if let Some(b) = file.max_spilled_bytes {
+            db.tables.max_spilled_bytes = b;
+        }
+        if let Some(ms) = file.flush_quiet_ms {
+            db.tables.flush_quiet = Duration::from_millis(ms);
         }
         if let Some(b) = file.ingest_inflight_bytes {
             db.ingest_inflight_bytes = b;

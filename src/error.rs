@@ -174,9 +174,10 @@ impl Classify for LogError {
             // A write or sync that failed, or a writer that stopped without answering: the
             // record may be in the log after a restart.
             LogError::Io { .. } | LogError::WriterGone => ErrorClass::unknown(Kind::Internal),
-            LogError::Corrupt { .. } | LogError::Locked(_) | LogError::UnknownConsumer(_) => {
-                ErrorClass::rejected(Kind::Internal)
-            }
+            LogError::Corrupt { .. }
+            | LogError::Locked(_)
+            | LogError::UnknownConsumer(_)
+            | LogError::NotInLog(_) => ErrorClass::rejected(Kind::Internal),
         }
     }
 }

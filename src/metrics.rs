@@ -310,6 +310,18 @@ impl Collector for StateCollector {
         )?)?;
         counter(
             &mut encoder,
+            "table_spills",
+            "Unflushed table batches spilled: dropped from memory, read back from the commit log",
+            ops.spills.load(Ordering::Relaxed),
+        )?;
+        counter(
+            &mut encoder,
+            "table_spilled_reads",
+            "Spilled table batches read back from the commit log (by queries and flushes)",
+            ops.spilled_reads.load(Ordering::Relaxed),
+        )?;
+        counter(
+            &mut encoder,
             "table_compactions",
             "Table compactions that wrote a Parquet file",
             ops.compactions.load(Ordering::Relaxed),

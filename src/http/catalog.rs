@@ -206,6 +206,7 @@ pub(super) async fn get_table_stats(
         "file_rows": stats.file_rows,
         "unflushed_batches": stats.unflushed_batches,
         "unflushed_bytes": stats.unflushed_bytes,
+        "spilled_bytes": stats.spilled_bytes,
         "unflushed_rows": stats.unflushed_rows,
     });
     if params.files.unwrap_or(false) {

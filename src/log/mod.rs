@@ -281,6 +281,10 @@ pub enum LogError {
     /// Another process (or another open log in this one) uses the directory.
     #[error("commit log {0} is in use by another sluice process")]
     Locked(PathBuf),
+    /// A record asked for by LSN is not in the log's local segments (released, or not
+    /// written yet).
+    #[error("record {0} is not in the commit log")]
+    NotInLog(Lsn),
     /// A consumer that was not declared when the log was opened.
     #[error("commit log consumer {0:?} was not declared when the log was opened")]
     UnknownConsumer(String),
@@ -754,6 +758,20 @@ impl CommitLog {
         self.shared.last_lsn.load(Ordering::Acquire)
     }
 
+    /// A reader of records still in the local segments (see [`LogReader`]); `None` when the
+    /// local segments are only a cache of an object-store log.
+    pub(crate) fn reader(&self) -> Option<LogReader> {
+        if self.shared.remote.get().is_some()
+            || self.shared.config.durability == Durability::ObjectStore
+        {
+            return None;
+        }
+        Some(LogReader {
+            shared: self.shared.clone(),
+            at: None,
+        })
+    }
+
     /// Bytes currently in the log's files.
     pub fn disk_bytes(&self) -> u64 {
         self.shared.bytes.load(Ordering::Acquire)
@@ -777,6 +795,107 @@ impl CommitLog {
         if let Ok(mut lock) = self.shared.lock.lock() {
             lock.take();
         }
+    }
+}
+
+/// Reads records back from the log's local segments, by LSN, moving forward: a table batch
+/// whose decoded form left memory is read from here (`crate::table`, "spilled" batches).
+///
+/// Reads in ascending LSN order cost one pass over the segments they fall in; a read behind
+/// the last one starts its segment over. Only records already applied may be asked for, and
+/// only while some consumer still needs them (the caller keeps them from being released).
+/// Each record's checksum is verified again.
+pub(crate) struct LogReader {
+    shared: Arc<Shared>,
+    /// The segment read last: its first LSN, its file, and the offset and LSN of the next
+    /// record in it.
+    at: Option<ReaderAt>,
+}
+
+struct ReaderAt {
+    first_lsn: Lsn,
+    path: PathBuf,
+    file: fs::File,
+    offset: u64,
+    next_lsn: Lsn,
+}
+
+impl LogReader {
+    /// The record at `lsn`, read from its segment (blocking I/O).
+    pub(crate) fn read(&mut self, lsn: Lsn) -> Result<Record, LogError> {
+        use std::os::unix::fs::FileExt as _;
+        let first_lsn = self.segment_of(lsn)?;
+        let reuse = self
+            .at
+            .as_ref()
+            .is_some_and(|at| at.first_lsn == first_lsn && at.next_lsn <= lsn);
+        if !reuse {
+            let path = segment::segment_path(&self.shared.config.dir, first_lsn);
+            let file = fs::File::open(&path).map_err(|e| LogError::io(&path, e))?;
+            self.at = Some(ReaderAt {
+                first_lsn,
+                path,
+                file,
+                offset: 0,
+                next_lsn: first_lsn,
+            });
+        }
+        let Some(at) = self.at.as_mut() else {
+            return Err(LogError::Closed);
+        };
+        loop {
+            let mut header = [0u8; FRAME_HEADER_BYTES];
+            let missing = |at: &ReaderAt| LogError::Corrupt {
+                path: at.path.clone(),
+                offset: at.offset,
+            };
+            at.file
+                .read_exact_at(&mut header, at.offset)
+                .map_err(|_| missing(at))?;
+            let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+            let mut lsn_bytes = [0u8; 8];
+            lsn_bytes.copy_from_slice(&header[9..17]);
+            let found = Lsn::from_le_bytes(lsn_bytes);
+            if len > MAX_RECORD_BYTES || found < at.next_lsn || found > lsn {
+                return Err(missing(at));
+            }
+            let next_offset = at.offset + (FRAME_HEADER_BYTES + len) as u64;
+            if found < lsn {
+                at.offset = next_offset;
+                at.next_lsn = found + 1;
+                continue;
+            }
+            let mut frame = vec![0u8; FRAME_HEADER_BYTES + len];
+            at.file
+                .read_exact_at(&mut frame, at.offset)
+                .map_err(|_| missing(at))?;
+            let Some((record, _, _)) = segment::decode_at(&frame, 0) else {
+                return Err(missing(at));
+            };
+            at.offset = next_offset;
+            at.next_lsn = found + 1;
+            return Ok(record);
+        }
+    }
+
+    /// The first LSN of the segment holding `lsn`.
+    fn segment_of(&self, lsn: Lsn) -> Result<Lsn, LogError> {
+        // (Not checked against `last_lsn`: a record is applied, and may be read, just before
+        // `last_lsn` moves past it.)
+        if lsn == 0 {
+            return Err(LogError::NotInLog(lsn));
+        }
+        let closed = self.shared.closed.lock().map_err(|_| LogError::Poisoned)?;
+        let active_first = self.shared.active_first.load(Ordering::Acquire);
+        if lsn >= active_first {
+            return Ok(active_first);
+        }
+        closed
+            .iter()
+            .rev()
+            .find(|(first, _, _)| *first <= lsn)
+            .map(|(first, _, _)| *first)
+            .ok_or(LogError::NotInLog(lsn))
     }
 }
 

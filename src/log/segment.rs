@@ -21,7 +21,7 @@ use crate::storage::page_cache::drop_cached;
 
 const SUFFIX: &str = ".log";
 
-fn segment_path(dir: &Path, first_lsn: Lsn) -> PathBuf {
+pub(super) fn segment_path(dir: &Path, first_lsn: Lsn) -> PathBuf {
     dir.join(format!("{first_lsn:020}{SUFFIX}"))
 }
 

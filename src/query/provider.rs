@@ -17,20 +17,24 @@ use datafusion::datasource::physical_plan::parquet::metadata::DFParquetMetadata;
 use datafusion::datasource::physical_plan::{FileGroup, FileScanConfigBuilder, ParquetSource};
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::logical_expr::{BinaryExpr, Expr, Operator, TableProviderFilterPushDown};
 use datafusion::physical_expr_adapter::{
     DefaultPhysicalExprAdapterFactory, PhysicalExprAdapter, PhysicalExprAdapterFactory,
 };
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::SendableRecordBatchStream;
 use datafusion::physical_plan::empty::EmptyExec;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::physical_plan::union::UnionExec;
 use parquet::basic::{LogicalType, TimestampType};
 use parquet::file::metadata::{ParquetMetaData, RowGroupMetaData};
 use parquet::file::statistics::Statistics;
 
 use crate::query::dictionary_scan::FileFooter;
-use crate::table::{DataFile, Tables};
+use crate::table::{DataFile, SpilledBatches, Tables};
 
 /// How a scan maps the table's columns to a file's: DataFusion's adapter, shown each file
 /// column with the metadata and nullability of the table's column of the same name and type.
@@ -161,6 +165,7 @@ impl TableProvider for SluiceTable {
             Err(crate::table::TableError::NotFound(_)) => crate::table::TableSnapshot {
                 schema: self.schema.clone(),
                 files: Vec::new(),
+                spilled: None,
                 batches: Vec::new(),
                 version: 0,
             },
@@ -247,6 +252,20 @@ impl TableProvider for SluiceTable {
                 inputs.push(DataSourceExec::from_data_source(builder.build()));
             }
         }
+        if let Some(spilled) = snapshot.spilled {
+            let scan = SpilledScan {
+                batches: spilled,
+                schema: self.schema.clone(),
+            };
+            inputs.push(Arc::new(StreamingTableExec::try_new(
+                self.schema.clone(),
+                vec![Arc::new(scan)],
+                projection,
+                Vec::new(),
+                false,
+                None,
+            )?));
+        }
         if !snapshot.batches.is_empty() {
             let batches = snapshot
                 .batches
@@ -270,6 +289,51 @@ impl TableProvider for SluiceTable {
             1 => Ok(inputs.remove(0)),
             _ => UnionExec::try_new(inputs),
         }
+    }
+}
+
+/// A table's spilled batches, read back from the commit log while the scan goes: a blocking
+/// thread reads and decodes them one at a time, one ahead of the scan at most.
+#[derive(Debug)]
+struct SpilledScan {
+    batches: SpilledBatches,
+    schema: SchemaRef,
+}
+
+impl PartitionStream for SpilledScan {
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    fn execute(&self, _: Arc<TaskContext>) -> SendableRecordBatchStream {
+        type Receiver = tokio::sync::mpsc::Receiver<Result<RecordBatch>>;
+        let start = Some((self.batches.clone(), self.schema.clone()));
+        // The reading thread starts at the first poll (inside the query's runtime); it
+        // stops once the scan is dropped or a read fails.
+        let stream = futures::stream::unfold((start, None::<Receiver>), |(start, rx)| async move {
+            let mut rx = match (rx, start) {
+                (Some(rx), _) => rx,
+                (None, Some((batches, schema))) => {
+                    let (tx, rx) = tokio::sync::mpsc::channel(1);
+                    tokio::task::spawn_blocking(move || {
+                        for batch in batches.read() {
+                            let batch = batch
+                                .map_err(|e| DataFusionError::External(Box::new(e)))
+                                .and_then(|b| cast_to(&b, &schema));
+                            let failed = batch.is_err();
+                            if tx.blocking_send(batch).is_err() || failed {
+                                return;
+                            }
+                        }
+                    });
+                    rx
+                }
+                (None, None) => return None,
+            };
+            let next = rx.recv().await?;
+            Some((next, (None, Some(rx))))
+        });
+        Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), stream))
     }
 }
 

@@ -1,12 +1,26 @@
-//! Tables: committed batches in memory until they are flushed as Parquet to object storage.
+//! Tables: committed batches, in memory or in the commit log, until they are flushed as
+//! Parquet to object storage.
 //!
 //! An append goes to the commit log; once durable, the batch joins the table's unflushed set
-//! (on the log's writer thread, in LSN order, so the set is always a gap-free prefix of the
-//! table's records) and is visible to queries at once. A flush writes the unflushed batches as
-//! one Parquet file, commits it to the table's manifest together with the log position it
-//! covers, and only then drops the batches from memory: a query's [`TableSnapshot`] sees every
-//! committed row exactly once, in a file or in memory. After a restart, the log records past
-//! the manifest's position for this node are replayed; earlier ones are already in files.
+//! (on the log's writer thread, in LSN order, so the set is always a gap-free run of the
+//! table's newest records) and is visible to queries at once. A flush writes the oldest unflushed
+//! batches as one Parquet file, commits it to the table's manifest together with the log
+//! position it covers, and only then drops the batches from the set: a query's
+//! [`TableSnapshot`] sees every committed row exactly once, in a file or unflushed. After a
+//! restart, the log records past the manifest's position for this node are replayed; earlier
+//! ones are already in files.
+//!
+//! Unflushed batches are held in memory up to [`TableConfig::max_unflushed_bytes`] over all
+//! tables. Past it, the oldest are spilled: their decoded form leaves memory and they are read
+//! back from the log's local segments (their records are there until the flush that covers
+//! them: the log is released only below every table's oldest unflushed record) by queries
+//! ([`SpilledBatches`]) and flushes, up to [`TableConfig::max_spilled_bytes`]; past both
+//! budgets, appends wait for flushes. The spilled batches of a table are always the oldest of
+//! its set (a prefix). A reader of spilled batches holds their records (`LogHold`) until it
+//! is done, even if a flush takes the batches from the set meanwhile. So a burst of appends is
+//! acknowledged from the log and memory alone: while appends keep coming
+//! ([`TableConfig::flush_quiet`]) and the spill budget has room, flushes wait for the burst's
+//! end (an age limit holds anyway), and a flush then decodes a budget's worth at a time.
 //!
 //! The manifest decides, never memory: whenever a manifest state is installed (a flush's own
 //! commit, or a refresh that reads versions written since), the unflushed batches that its
@@ -107,8 +121,20 @@ pub struct TableConfig {
     pub flush_bytes: usize,
     /// Flush a table once its oldest unflushed batch is this old.
     pub flush_interval: Duration,
-    /// Refuse appends while all tables together hold this many unflushed bytes.
+    /// Hold at most this many bytes of unflushed batches in memory, all tables together.
+    /// Past it, the oldest are spilled (dropped from memory and read back from the commit
+    /// log when a query or a flush needs them) while `max_spilled_bytes` allows, and appends
+    /// wait for flushes after that.
     pub max_unflushed_bytes: usize,
+    /// How many bytes (decoded size) of unflushed batches all tables together may keep in
+    /// the commit log only. 0 turns spilling off. Not used when the log's local segments
+    /// are only a cache (`Durability::ObjectStore`).
+    pub max_spilled_bytes: usize,
+    /// While appends come less than this far apart (a burst), a table over `flush_bytes`
+    /// is not flushed yet as long as its batches can be spilled (up to half of
+    /// `max_spilled_bytes`): the burst is acknowledged from the log and memory, and its
+    /// Parquet is written once it has passed. The age limit `flush_interval` holds anyway.
+    pub flush_quiet: Duration,
     /// How long an append over `max_unflushed_bytes` waits for flushes before it is refused.
     pub headroom_wait: Duration,
     /// Rows per Parquet row group.
@@ -127,6 +153,8 @@ impl Default for TableConfig {
             flush_bytes: 32 << 20,
             flush_interval: Duration::from_secs(10),
             max_unflushed_bytes: 64 << 20,
+            max_spilled_bytes: 1 << 30,
+            flush_quiet: Duration::from_millis(500),
             headroom_wait: Duration::from_secs(10),
             row_group_rows: 128 * 1024,
             compact_min_files: 8,
@@ -144,21 +172,135 @@ pub struct TableSnapshot {
     pub schema: SchemaRef,
     /// Parquet files, paths relative to the database root.
     pub files: Vec<DataFile>,
-    /// Committed batches not yet in a file, in commit order.
+    /// Committed batches not yet in a file that are spilled: read back from the commit
+    /// log. They come before `batches` in commit order.
+    pub spilled: Option<SpilledBatches>,
+    /// Committed batches not yet in a file and held in memory, in commit order.
     pub batches: Vec<RecordBatch>,
     /// The manifest version of `files`.
     pub version: u64,
 }
 
 impl TableSnapshot {
-    /// Rows in files and in memory.
+    /// Rows in files, spilled and in memory.
     pub fn num_rows(&self) -> u64 {
         self.files.iter().map(|f| f.rows).sum::<u64>()
+            + self.spilled.as_ref().map_or(0, SpilledBatches::rows)
             + self
                 .batches
                 .iter()
                 .map(|b| b.num_rows() as u64)
                 .sum::<u64>()
+    }
+}
+
+/// Unflushed batches of a snapshot that are read back from the commit log. While this (or a
+/// clone) lives, their log records are kept.
+#[derive(Clone)]
+pub struct SpilledBatches {
+    table: String,
+    lsns: Arc<[Lsn]>,
+    rows: u64,
+    log: CommitLog,
+    reads: Arc<AtomicU64>,
+    _kept: Arc<LogHold>,
+}
+
+impl std::fmt::Debug for SpilledBatches {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpilledBatches")
+            .field("table", &self.table)
+            .field("batches", &self.lsns.len())
+            .field("rows", &self.rows)
+            .finish()
+    }
+}
+
+impl SpilledBatches {
+    /// Their rows.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// How many batches.
+    pub fn len(&self) -> usize {
+        self.lsns.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.lsns.is_empty()
+    }
+
+    /// Reads them back, in commit order, one at a time (blocking file I/O: call from a
+    /// blocking thread).
+    pub fn read(&self) -> impl Iterator<Item = Result<RecordBatch, TableError>> + Send + use<> {
+        let mut reader = self.log.reader();
+        let table = self.table.clone();
+        let kept = self._kept.clone();
+        let lsns = self.lsns.clone();
+        let reads = self.reads.clone();
+        (0..lsns.len()).map(move |i| {
+            // The records stay in the log while the reader lives.
+            let _kept = &kept;
+            let reader = reader.as_mut().ok_or(TableError::Task(
+                "spilled batches need the commit log's local segments".into(),
+            ))?;
+            read_spilled(reader, &table, lsns[i], &reads)
+        })
+    }
+}
+
+/// One spilled batch of `table`, read back from the log.
+fn read_spilled(
+    reader: &mut crate::log::LogReader,
+    table: &str,
+    lsn: Lsn,
+    reads: &AtomicU64,
+) -> Result<RecordBatch, TableError> {
+    let record = reader.read(lsn)?;
+    reads.fetch_add(1, Ordering::Relaxed);
+    if record.kind != RecordKind::TableBatch {
+        return Err(TableError::Encoding(format!(
+            "log record {lsn} is not a table batch"
+        )));
+    }
+    let (id, batch) = files::decode_record(&record.payload)?;
+    if id != table {
+        return Err(TableError::Encoding(format!(
+            "log record {lsn} belongs to table {id}, not {table}"
+        )));
+    }
+    Ok(batch)
+}
+
+/// Log records kept for a reader of spilled batches: while it lives, the tables' release of
+/// the log stops below `lsn` (`Tables::release_log`).
+struct LogHold {
+    holds: Arc<Mutex<BTreeMap<u64, Lsn>>>,
+    key: u64,
+}
+
+impl LogHold {
+    fn new(holds: &Arc<Mutex<BTreeMap<u64, Lsn>>>, next: &AtomicU64, lsn: Lsn) -> LogHold {
+        let key = next.fetch_add(1, Ordering::Relaxed);
+        holds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, lsn);
+        LogHold {
+            holds: holds.clone(),
+            key,
+        }
+    }
+}
+
+impl Drop for LogHold {
+    fn drop(&mut self) {
+        self.holds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.key);
     }
 }
 
@@ -173,22 +315,32 @@ pub struct TableStats {
     pub file_rows: u64,
     /// Unflushed batches.
     pub unflushed_batches: usize,
-    /// Bytes held by unflushed batches.
+    /// Bytes of unflushed batches (decoded size, in memory or spilled).
     pub unflushed_bytes: usize,
+    /// Of those, bytes of batches spilled: read back from the commit log when needed.
+    pub spilled_bytes: usize,
     /// Rows in unflushed batches.
     pub unflushed_rows: u64,
 }
 
 struct Unflushed {
     lsn: Lsn,
-    batch: RecordBatch,
+    /// The decoded batch; `None` once spilled (its record is read back from the log).
+    batch: Option<RecordBatch>,
+    rows: usize,
+    /// Its decoded size.
     bytes: usize,
 }
 
+/// Invariant: the spilled batches are a prefix of `unflushed` (the oldest are spilled
+/// first), `spilled` of them, holding `spilled_bytes`; the rest, holding `held_bytes`, are
+/// in memory.
 struct TableState {
     manifest: ManifestState,
     unflushed: VecDeque<Unflushed>,
-    unflushed_bytes: usize,
+    held_bytes: usize,
+    spilled: usize,
+    spilled_bytes: usize,
     oldest_unflushed: Option<Instant>,
 }
 
@@ -203,7 +355,12 @@ impl TableState {
         let mut dropped = false;
         while self.unflushed.front().is_some_and(|u| u.lsn <= covered) {
             if let Some(u) = self.unflushed.pop_front() {
-                self.unflushed_bytes -= u.bytes;
+                if u.batch.is_some() {
+                    self.held_bytes -= u.bytes;
+                } else {
+                    self.spilled -= 1;
+                    self.spilled_bytes -= u.bytes;
+                }
                 dropped = true;
             }
         }
@@ -215,6 +372,25 @@ impl TableState {
             };
         }
         self.manifest = manifest;
+    }
+
+    /// Bytes of unflushed batches, in memory or spilled.
+    fn unflushed_bytes(&self) -> usize {
+        self.held_bytes + self.spilled_bytes
+    }
+
+    /// Spills the oldest batch held in memory; returns its size (0: none is held).
+    fn spill_one(&mut self) -> usize {
+        let Some(u) = self.unflushed.get_mut(self.spilled) else {
+            return 0;
+        };
+        if u.batch.take().is_none() {
+            return 0;
+        }
+        self.spilled += 1;
+        self.held_bytes -= u.bytes;
+        self.spilled_bytes += u.bytes;
+        u.bytes
     }
 }
 
@@ -251,10 +427,16 @@ impl Table {
 
     fn push(&self, lsn: Lsn, batch: RecordBatch) {
         let bytes = batch.get_array_memory_size();
+        let rows = batch.num_rows();
         let mut state = self.lock();
-        state.unflushed_bytes += bytes;
+        state.held_bytes += bytes;
         state.oldest_unflushed.get_or_insert_with(Instant::now);
-        state.unflushed.push_back(Unflushed { lsn, batch, bytes });
+        state.unflushed.push_back(Unflushed {
+            lsn,
+            batch: Some(batch),
+            rows,
+            bytes,
+        });
     }
 }
 
@@ -290,6 +472,13 @@ pub struct Tables {
     gc_grace: Duration,
     /// Objects garbage collection has seen unreferenced.
     gc: Mutex<crate::storage::gc::Unreferenced>,
+    /// Whether batches may be spilled: the log's local segments are its records.
+    spills: bool,
+    /// Log records readers of spilled batches still need, by reader.
+    holds: Arc<Mutex<BTreeMap<u64, Lsn>>>,
+    next_hold: AtomicU64,
+    /// When the last append was acknowledged (for `flush_quiet`).
+    last_append: Mutex<Option<Instant>>,
 }
 
 /// Work counters of flushes and compactions (for metrics).
@@ -299,6 +488,10 @@ pub struct OpStats {
     pub flushes: AtomicU64,
     /// Their total time, in nanoseconds.
     pub flush_nanos: AtomicU64,
+    /// Unflushed batches spilled (see [`TableConfig::max_spilled_bytes`]).
+    pub spills: AtomicU64,
+    /// Spilled batches read back from the log, by queries and flushes.
+    pub spilled_reads: Arc<AtomicU64>,
     /// Compactions that wrote a file.
     pub compactions: AtomicU64,
     /// Their total time, in nanoseconds.
@@ -328,6 +521,7 @@ impl Tables {
         gc_grace: Duration,
     ) -> Result<Tables, TableError> {
         let consumer = log.consumer("tables")?;
+        let spills = log.reader().is_some() && config.max_spilled_bytes > 0;
         let tables = Tables {
             log,
             consumer,
@@ -340,6 +534,10 @@ impl Tables {
             flushed: tokio::sync::Notify::new(),
             gc_grace,
             gc: Mutex::new(crate::storage::gc::Unreferenced::default()),
+            spills,
+            holds: Arc::new(Mutex::new(BTreeMap::new())),
+            next_hold: AtomicU64::new(0),
+            last_append: Mutex::new(None),
         };
         for record in replay.iter().filter(|r| r.kind == RecordKind::TableBatch) {
             let (id, batch) = files::decode_record(&record.payload)?;
@@ -361,6 +559,9 @@ impl Tables {
                 .unwrap_or(0);
             if record.lsn > covered {
                 table.push(record.lsn, batch);
+                // Replay holds what an append would: past the memory budget, batches stay
+                // in the log only.
+                tables.spill_over_budget();
             }
         }
         tables.release_log()?;
@@ -389,7 +590,9 @@ impl Tables {
             state: Mutex::new(TableState {
                 manifest: state,
                 unflushed: VecDeque::new(),
-                unflushed_bytes: 0,
+                held_bytes: 0,
+                spilled: 0,
+                spilled_bytes: 0,
                 oldest_unflushed: None,
             }),
             flushing: tokio::sync::Mutex::new(()),
@@ -460,17 +663,18 @@ impl Tables {
                 reason: format!("expected {:?}, got {:?}", table.schema, batch.schema()),
             });
         }
+        // Marked before the batch can be pushed: a flush pass never takes the first batch of
+        // a burst for a lone one.
+        *self.last_append.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         // The budget is for all tables together: it bounds the server's memory, however many
         // tables are written at once. Over it, an append waits for flushes rather than grow
         // or refuse; only flushes stuck for long (object storage down) end in a refusal.
         // Appends that waited go ahead together, overshooting by at most what ingest
         // admission lets in at once.
-        if self.unflushed_total() > self.config.max_unflushed_bytes
-            && !self.wait_for_headroom(self.config.headroom_wait).await
-        {
+        if !self.has_headroom() && !self.wait_for_headroom(self.config.headroom_wait).await {
             return Err(TableError::Backpressure {
                 table: id.to_owned(),
-                bytes: self.unflushed_total(),
+                bytes: self.held_total(),
                 budget: self.config.max_unflushed_bytes,
             });
         }
@@ -482,7 +686,8 @@ impl Tables {
                 applied.push(lsn, batch);
             })
             .await?;
-        if table.lock().unflushed_bytes >= self.config.flush_bytes {
+        self.spill_over_budget();
+        if table.lock().unflushed_bytes() >= self.config.flush_bytes {
             self.flush_wanted.notify_one();
         }
         Ok(lsn)
@@ -492,10 +697,32 @@ impl Tables {
     pub async fn snapshot(&self, id: &str) -> Result<TableSnapshot, TableError> {
         let table = self.table(id).await?;
         let state = table.lock();
+        let spilled = state
+            .unflushed
+            .front()
+            .filter(|u| u.batch.is_none())
+            .map(|first| {
+                let spilled = state.unflushed.iter().take(state.spilled);
+                SpilledBatches {
+                    table: id.to_owned(),
+                    lsns: spilled.clone().map(|u| u.lsn).collect(),
+                    rows: spilled.map(|u| u.rows as u64).sum(),
+                    log: self.log.clone(),
+                    reads: self.stats.spilled_reads.clone(),
+                    // Taken under the table's lock: a flush that takes these batches out of
+                    // memory after this cannot release their records before the hold is seen.
+                    _kept: Arc::new(LogHold::new(&self.holds, &self.next_hold, first.lsn)),
+                }
+            });
         Ok(TableSnapshot {
             schema: table.schema.clone(),
             files: state.manifest.files.clone(),
-            batches: state.unflushed.iter().map(|u| u.batch.clone()).collect(),
+            spilled,
+            batches: state
+                .unflushed
+                .iter()
+                .filter_map(|u| u.batch.clone())
+                .collect(),
             version: state.manifest.version,
         })
     }
@@ -509,12 +736,9 @@ impl Tables {
             file_bytes: state.manifest.files.iter().map(|f| f.bytes).sum(),
             file_rows: state.manifest.files.iter().map(|f| f.rows).sum(),
             unflushed_batches: state.unflushed.len(),
-            unflushed_bytes: state.unflushed_bytes,
-            unflushed_rows: state
-                .unflushed
-                .iter()
-                .map(|u| u.batch.num_rows() as u64)
-                .sum(),
+            unflushed_bytes: state.unflushed_bytes(),
+            spilled_bytes: state.spilled_bytes,
+            unflushed_rows: state.unflushed.iter().map(|u| u.rows as u64).sum(),
         })
     }
 
@@ -560,26 +784,37 @@ impl Tables {
         Ok(())
     }
 
-    /// Flushes a table's unflushed batches to one Parquet file. Returns the file, if any,
-    /// once its Iceberg view is published too.
+    /// Flushes a table's unflushed batches to Parquet: one file, or one for each part of
+    /// the spilled batches that fits the memory budget. Returns the last file, if any, once
+    /// its Iceberg view is published too.
     pub async fn flush(&self, id: &str) -> Result<Option<DataFile>, TableError> {
-        self.flush_publishing(id, Publish::Await).await
+        self.flush_publishing(id, Publish::Await, true).await
     }
 
+    /// Flushes the table's oldest unflushed batches (see `flush_once`); with `whole`, again
+    /// until every batch unflushed at the call is in a file.
     async fn flush_publishing(
         &self,
         id: &str,
         publish: Publish,
+        whole: bool,
     ) -> Result<Option<DataFile>, TableError> {
-        let started = Instant::now();
-        let written = self.flush_once(id, publish).await?;
-        if written.is_some() {
+        let until = self.table(id).await?.lock().unflushed.back().map(|u| u.lsn);
+        let mut last = None;
+        loop {
+            let started = Instant::now();
+            let Some((file, through)) = self.flush_once(id, publish).await? else {
+                return Ok(last);
+            };
             self.stats.flushes.fetch_add(1, Ordering::Relaxed);
             self.stats
                 .flush_nanos
                 .fetch_add(elapsed_nanos(started), Ordering::Relaxed);
+            last = Some(file);
+            if !whole || until.is_none_or(|until| through >= until) {
+                return Ok(last);
+            }
         }
-        Ok(written)
     }
 
     /// Flush and compaction counters.
@@ -587,9 +822,9 @@ impl Tables {
         &self.stats
     }
 
-    /// Waits until all tables together hold at most the unflushed budget, or `patience`
-    /// passes (then the append that follows answers backpressure as before). Returns whether
-    /// there is headroom.
+    /// Waits until all tables together hold at most the unflushed budget in memory (spilling
+    /// what the spill budget allows), or `patience` passes (then the append that follows
+    /// answers backpressure as before). Returns whether there is headroom.
     pub(crate) async fn wait_for_headroom(&self, patience: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + patience;
         loop {
@@ -597,7 +832,7 @@ impl Tables {
             let flushed = self.flushed.notified();
             tokio::pin!(flushed);
             flushed.as_mut().enable();
-            if self.unflushed_total() <= self.config.max_unflushed_bytes {
+            if self.has_headroom() {
                 return true;
             }
             self.flush_wanted.notify_one();
@@ -607,41 +842,103 @@ impl Tables {
         }
     }
 
-    /// Unflushed bytes of all open tables together.
-    pub(crate) fn unflushed_total(&self) -> usize {
-        let tables = self.tables.read().unwrap_or_else(|p| p.into_inner());
-        tables.values().map(|t| t.lock().unflushed_bytes).sum()
+    /// Whether the batches held in memory are within the budget, once what is over it has
+    /// been spilled as far as the spill budget allows.
+    fn has_headroom(&self) -> bool {
+        self.spill_over_budget();
+        self.held_total() <= self.config.max_unflushed_bytes
     }
 
-    /// Unflushed bytes of every open table, by table id.
+    /// Bytes of unflushed batches held in memory, all open tables together.
+    fn held_total(&self) -> usize {
+        let tables = self.tables.read().unwrap_or_else(|p| p.into_inner());
+        tables.values().map(|t| t.lock().held_bytes).sum()
+    }
+
+    /// Bytes of spilled batches, all open tables together.
+    fn spilled_total(&self) -> usize {
+        let tables = self.tables.read().unwrap_or_else(|p| p.into_inner());
+        tables.values().map(|t| t.lock().spilled_bytes).sum()
+    }
+
+    /// Spills the oldest batches held in memory, of any table, while more than the budget
+    /// is held and the spill budget has room. The records are in the log already: a batch
+    /// is pushed only once its record is durable (or written, with `Durability::None`).
+    fn spill_over_budget(&self) {
+        if !self.spills {
+            return;
+        }
+        let tables: Vec<Arc<Table>> = {
+            let tables = self.tables.read().unwrap_or_else(|p| p.into_inner());
+            tables.values().cloned().collect()
+        };
+        let (mut held, mut spilled) = (0, 0);
+        for t in &tables {
+            let state = t.lock();
+            held += state.held_bytes;
+            spilled += state.spilled_bytes;
+        }
+        for t in &tables {
+            let mut state = t.lock();
+            while held > self.config.max_unflushed_bytes && spilled < self.config.max_spilled_bytes
+            {
+                let bytes = state.spill_one();
+                if bytes == 0 {
+                    break;
+                }
+                self.stats.spills.fetch_add(1, Ordering::Relaxed);
+                held -= bytes;
+                spilled += bytes;
+            }
+        }
+    }
+
+    /// Unflushed bytes (in memory or spilled) of every open table, by table id.
     pub(crate) fn unflushed_by_table(&self) -> Vec<(String, u64)> {
         let tables = self.tables.read().unwrap_or_else(|p| p.into_inner());
         tables
             .iter()
-            .map(|(id, t)| (id.clone(), t.lock().unflushed_bytes as u64))
+            .map(|(id, t)| (id.clone(), t.lock().unflushed_bytes() as u64))
             .collect()
     }
 
-    async fn flush_once(&self, id: &str, publish: Publish) -> Result<Option<DataFile>, TableError> {
+    /// Flushes the table's oldest unflushed batches to one file: all of them, but of the
+    /// spilled ones only as many as the memory budget holds decoded (at least one). Returns
+    /// the file and the last LSN it covers.
+    async fn flush_once(
+        &self,
+        id: &str,
+        publish: Publish,
+    ) -> Result<Option<(DataFile, Lsn)>, TableError> {
         let table = self.table(id).await?;
         let flushing = table.flushing.lock().await;
-        // The cut: everything unflushed now. Appends may go on; they land after it.
+        // The cut: a prefix of what is unflushed now. Appends may go on; they land after it.
+        let chunk = self.config.max_unflushed_bytes.max(self.config.flush_bytes);
         let cut = {
             let state = table.lock();
-            match (state.unflushed.front(), state.unflushed.back()) {
-                (Some(first), Some(last)) => Some((
-                    state
-                        .unflushed
-                        .iter()
-                        .map(|u| u.batch.clone())
-                        .collect::<Vec<_>>(),
-                    first.lsn,
-                    last.lsn,
-                )),
+            let mut taken: Vec<(Lsn, Option<RecordBatch>)> = Vec::new();
+            let mut spilled_bytes = 0;
+            for u in &state.unflushed {
+                if u.batch.is_none() {
+                    if !taken.is_empty() && spilled_bytes + u.bytes > chunk {
+                        break;
+                    }
+                    spilled_bytes += u.bytes;
+                }
+                taken.push((u.lsn, u.batch.clone()));
+            }
+            match (taken.first(), taken.last()) {
+                (Some(first), Some(last)) => {
+                    let (first, last) = (first.0, last.0);
+                    // A refresh may take these batches out of memory (an earlier commit of
+                    // ours that landed): their records stay until this flush is done.
+                    let kept = LogHold::new(&self.holds, &self.next_hold, first);
+                    Some((taken, first, last, kept))
+                }
                 _ => None,
             }
         };
-        let Some((batches, first_lsn, last_lsn)) = cut else {
+        let Some((taken, first_lsn, last_lsn, kept)) = cut else {
             if let Publish::Await = publish {
                 // The loop's last flush of this table may still be publishing its view
                 // (`Publish::Behind`): a caller that awaits gets it published too.
@@ -650,7 +947,29 @@ impl Tables {
             return Ok(None);
         };
         let written = Instant::now();
-        let file = self.write_data_file(&table, move || Ok(batches)).await?;
+        let mut reader = self.log.reader();
+        let table_id = id.to_owned();
+        let reads = self.stats.spilled_reads.clone();
+        let file = self
+            .write_data_file(&table, move || {
+                let mut batches = Vec::with_capacity(taken.len());
+                for (lsn, batch) in taken {
+                    let batch = match batch {
+                        Some(batch) => batch,
+                        None => {
+                            let reader = reader.as_mut().ok_or_else(|| {
+                                TableError::Task(
+                                    "spilled batches need the commit log's local segments".into(),
+                                )
+                            })?;
+                            read_spilled(reader, &table_id, lsn, &reads)?
+                        }
+                    };
+                    batches.push(batch);
+                }
+                Ok(batches)
+            })
+            .await?;
         let node = self.node.id().to_owned();
         let change = Change {
             added: vec![file.clone()],
@@ -695,6 +1014,8 @@ impl Tables {
         // The next flush may cut and encode while this one's view is published; its commit
         // waits for the publication.
         drop(flushing);
+        // The batches are in the file now: their records need no keeping.
+        drop(kept);
         self.release_log()?;
         match publish {
             Publish::Await => self.publish_iceberg(id, &committed).await,
@@ -706,7 +1027,7 @@ impl Tables {
                 });
             }
         }
-        Ok(Some(file))
+        Ok(Some((file, last_lsn)))
     }
 
     /// Writes the batches `make` produces (on a blocking thread: encoding is CPU work) as a
@@ -773,9 +1094,21 @@ impl Tables {
         }
     }
 
+    /// With `all`, flushes every unflushed batch of every table; otherwise the oldest part
+    /// of each table that is due (see `flush_once`).
     async fn flush_due_publishing(&self, all: bool, publish: Publish) -> Result<usize, TableError> {
-        // Over the memory budget every table with unflushed rows is due.
-        let all = all || self.unflushed_total() > self.config.max_unflushed_bytes;
+        // Over the memory budget with the spill budget used up, every table with unflushed
+        // rows is due.
+        let over = !self.has_headroom();
+        // A burst goes on: a table past `flush_bytes` waits for its end while its batches can
+        // be spilled (with half the spill budget left for the time its flushes take after).
+        let burst = self
+            .last_append
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|at| at.elapsed() < self.config.flush_quiet);
+        let defer =
+            burst && self.spills && self.spilled_total() < self.config.max_spilled_bytes / 2;
         let due: Vec<String> = {
             let tables = self.tables.read().unwrap_or_else(|p| p.into_inner());
             tables
@@ -784,10 +1117,13 @@ impl Tables {
                     let state = t.lock();
                     !state.unflushed.is_empty()
                         && (all
-                            || state.unflushed_bytes >= self.config.flush_bytes
+                            || over
                             || state
                                 .oldest_unflushed
-                                .is_some_and(|at| at.elapsed() >= self.config.flush_interval))
+                                .is_some_and(|at| at.elapsed() >= self.config.flush_interval)
+                            || (!defer
+                                && (state.spilled > 0
+                                    || state.unflushed_bytes() >= self.config.flush_bytes)))
                 })
                 .map(|t| t.id.clone())
                 .collect()
@@ -795,13 +1131,18 @@ impl Tables {
         let mut written = 0;
         let mut first_error = None;
         for id in due {
-            match self.flush_publishing(&id, publish).await {
+            match self.flush_publishing(&id, publish, all).await {
                 Ok(Some(_)) => written += 1,
                 Ok(None) => {}
                 Err(e) => {
                     first_error.get_or_insert(e);
                 }
             }
+        }
+        // A table flushes a part of its spilled batches at a time: the loop comes back for
+        // the rest at once.
+        if written > 0 && first_error.is_none() && self.spilled_total() > 0 {
+            self.flush_wanted.notify_one();
         }
         // Records of other consumers (streams) move the log on while no table flushes: tell
         // the log on every pass how far tables need it.
@@ -973,11 +1314,21 @@ impl Tables {
         // Read the tail first: a record applied while the tables are scanned is at or past it.
         let tail = self.log.last_lsn() + 1;
         let tables = self.tables.read().unwrap_or_else(|p| p.into_inner());
-        let oldest = tables
+        let unflushed = tables
             .values()
             .filter_map(|t| t.lock().unflushed.front().map(|u| u.lsn))
             .min();
         drop(tables);
+        // After the tables: a hold taken under a table's lock before that table gave the
+        // batches up is seen here.
+        let held = self
+            .holds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .copied()
+            .min();
+        let oldest = unflushed.into_iter().chain(held).min();
         self.consumer
             .release_before(oldest.unwrap_or(tail).min(tail))?;
         Ok(())

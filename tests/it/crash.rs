@@ -2,9 +2,10 @@
 //! idempotent stream producer, queries), killed with SIGKILL at random moments over lifetimes
 //! from a fraction of a second to several seconds (tens in the long form), sometimes twice in
 //! quick succession, and restarted. Settings are small enough that between kills the server
-//! flushes Parquet, compacts, rolls and releases log segments, checkpoints streams and
-//! collects garbage; the test reads the server's counters before each kill and fails if any
-//! of those never happened.
+//! flushes Parquet, spills unflushed batches past its memory budget to the log and reads them
+//! back, compacts, rolls and releases log segments, checkpoints streams and collects garbage;
+//! the test reads the server's counters before each kill and fails if any of those never
+//! happened.
 //!
 //! After every restart: the server takes writes again (a server that refuses everything
 //! fails the test); every acknowledged row is queryable exactly once and nothing
@@ -32,8 +33,10 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 /// The counters the loop needs to see move.
-const COUNTERS: [&str; 7] = [
+const COUNTERS: [&str; 9] = [
     "sluice_table_flushes_total",
+    "sluice_table_spills_total",
+    "sluice_table_spilled_reads_total",
     "sluice_table_compactions_total",
     "sluice_log_segments_rolled_total",
     "sluice_log_segments_deleted_total",
@@ -61,12 +64,12 @@ fn config_file(dir: &std::path::Path, profile: &Profile) -> std::path::PathBuf {
         // Default segment size; everything else short enough that it happens between kills.
         "flush_interval_seconds = 2\nstream_checkpoint_interval_seconds = 2\n\
          gc_grace_seconds = 5\nmaintenance_interval_seconds = 0.25\ncompact_min_files = 4\n\
-         manifest_checkpoint_interval = 5\n"
+         manifest_checkpoint_interval = 5\nmax_unflushed_bytes = 1048576\nflush_quiet_ms = 500\n"
     } else {
         "log_segment_bytes = 131072\nflush_bytes = 262144\nflush_interval_seconds = 0.4\n\
          stream_checkpoint_interval_seconds = 0.4\ngc_grace_seconds = 1\n\
          maintenance_interval_seconds = 0.1\ncompact_min_files = 3\n\
-         manifest_checkpoint_interval = 4\n"
+         manifest_checkpoint_interval = 4\nmax_unflushed_bytes = 131072\nflush_quiet_ms = 150\n"
     };
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(&path, text).unwrap();

@@ -794,6 +794,7 @@ async fn legacy_ingest_endpoint_takes_glued_rows() {
 async fn backpressure_answers_503_with_retry_after_and_applies_nothing() {
     let mut config = DbConfig::new(temp_dir());
     config.tables.max_unflushed_bytes = 1;
+    config.tables.max_spilled_bytes = 0;
     // No flush runs here, so the wait for headroom runs out.
     config.tables.headroom_wait = std::time::Duration::from_millis(200);
     let s = Server::start_with(config, Vec::new()).await;
@@ -819,6 +820,56 @@ async fn backpressure_answers_503_with_retry_after_and_applies_nothing() {
     s.db.tables().flush_due(true).await.unwrap();
     assert_eq!(s.ingest("events", rows(10, 10)).await.0, 200);
     assert_eq!(count(&s).await, 20);
+}
+
+#[tokio::test]
+async fn queries_read_spilled_batches_back_from_the_log() {
+    // A memory budget every batch exceeds: each is spilled once committed.
+    let mut config = DbConfig::new(temp_dir());
+    config.tables.max_unflushed_bytes = 1;
+    let s = Server::start_with(config, Vec::new()).await;
+    s.create_events().await;
+    for b in 0..5 {
+        assert_eq!(s.ingest("events", rows(100, b * 100)).await.0, 200);
+    }
+    let stats: Value = s
+        .request(
+            reqwest::Method::GET,
+            "/v1/catalog/databases/scopedb/schemas/public/tables/events/stats",
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(stats["unflushed_batches"], 5, "{stats}");
+    assert_eq!(stats["spilled_bytes"], stats["unflushed_bytes"], "{stats}");
+    assert_eq!(count(&s).await, 500);
+    let v = s
+        .sql("SELECT service, count(*) FROM events GROUP BY service ORDER BY service")
+        .await;
+    assert_eq!(
+        v["result_set"]["rows"],
+        json!([["s0", "167"], ["s1", "167"], ["s2", "166"]])
+    );
+    let v = s.sql("SELECT name FROM events WHERE name = 'n432'").await;
+    assert_eq!(v["result_set"]["rows"], json!([["n432"]]));
+    // A scan stopped early (a limit) leaves the rest unread, and the table as it was.
+    let v = s.sql("SELECT name FROM events LIMIT 3").await;
+    assert_eq!(v["result_set"]["rows"].as_array().unwrap().len(), 3);
+    // Flushed: the same answers from Parquet.
+    s.db.tables().flush_due(true).await.unwrap();
+    assert_eq!(count(&s).await, 500);
+    let metrics = s
+        .request(reqwest::Method::GET, "/metrics")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("sluice_table_spills_total 5"), "{metrics}");
 }
 
 #[tokio::test]
@@ -883,9 +934,11 @@ async fn the_same_error_class_gets_the_same_answer_on_ingest_streams_and_stateme
 
 #[tokio::test]
 async fn ingest_waits_for_flushes_instead_of_refusing() {
-    // A budget every batch exceeds: each ingest must wait for the flush of the one before.
+    // A budget every batch exceeds, spilling off: each ingest must wait for the flush of
+    // the one before.
     let mut config = DbConfig::new(temp_dir());
     config.tables.max_unflushed_bytes = 1;
+    config.tables.max_spilled_bytes = 0;
     let s = Server::start_with(config, Vec::new()).await;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let maintenance = tokio::spawn(s.db.clone().run_maintenance(async move {

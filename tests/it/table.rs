@@ -147,6 +147,16 @@ async fn ids(storage: &Storage, snapshot: &TableSnapshot) -> Vec<i64> {
             push(&b.unwrap());
         }
     }
+    if let Some(spilled) = snapshot.spilled.clone() {
+        let read =
+            tokio::task::spawn_blocking(move || spilled.read().collect::<Result<Vec<_>, _>>())
+                .await
+                .unwrap()
+                .expect("spilled batches read back from the log");
+        for b in &read {
+            push(b);
+        }
+    }
     for b in &snapshot.batches {
         push(b);
     }
@@ -440,9 +450,17 @@ async fn checkpoints_bound_what_opening_reads(backend: &str) {
 }
 
 async fn backpressure_applies_nothing(backend: &str) {
+    // Spilling off: the memory budget alone.
+    backpressure_applies_nothing_with(backend, 0).await;
+    // The spill budget taken by the first batch.
+    backpressure_applies_nothing_with(backend, 1).await;
+}
+
+async fn backpressure_applies_nothing_with(backend: &str, max_spilled_bytes: usize) {
     let w = world(backend);
     let config = TableConfig {
         max_unflushed_bytes: 1,
+        max_spilled_bytes,
         // Nothing flushes here: the wait for headroom runs out.
         headroom_wait: std::time::Duration::from_millis(100),
         ..TableConfig::default()
@@ -450,13 +468,130 @@ async fn backpressure_applies_nothing(backend: &str) {
     let (_log, tables) = w.open("n", config).await;
     tables.create_table("bp", &columns()).await.unwrap();
     tables.append("bp", batch(0, 10)).await.unwrap();
-    let err = tables.append("bp", batch(10, 20)).await.unwrap_err();
+    // With spilling on, the first batch is spilled (which takes the spill budget), and the
+    // second is held in memory.
+    let accepted = if max_spilled_bytes > 0 { 20 } else { 10 };
+    if max_spilled_bytes > 0 {
+        tables.append("bp", batch(10, 20)).await.unwrap();
+    }
+    let err = tables
+        .append("bp", batch(accepted, accepted + 10))
+        .await
+        .unwrap_err();
     assert!(sluice::error::Classify::class(&err).is_retryable(), "{err}");
     assert!(matches!(err, TableError::Backpressure { .. }));
-    assert_exactly(&w.storage, &tables, "bp", 10).await;
+    assert_exactly(&w.storage, &tables, "bp", accepted).await;
     tables.flush("bp").await.unwrap();
-    tables.append("bp", batch(10, 20)).await.unwrap();
-    assert_exactly(&w.storage, &tables, "bp", 20).await;
+    tables
+        .append("bp", batch(accepted, accepted + 10))
+        .await
+        .unwrap();
+    assert_exactly(&w.storage, &tables, "bp", accepted + 10).await;
+}
+
+/// A memory budget every batch is over: each is spilled once appended.
+fn spilling() -> TableConfig {
+    TableConfig {
+        max_unflushed_bytes: 1,
+        ..TableConfig::default()
+    }
+}
+
+/// Spilled batches are read back from the log by snapshots and flushes, across segment
+/// rollovers, and by a snapshot taken before a flush released the log; after crashes in quick
+/// succession they are replayed (and spilled again) with every row exactly once.
+async fn spilled_batches_are_read_back_from_the_log(backend: &str) {
+    let w = world(backend);
+    let mut config = LogConfig::new(w.dir.join("spill"));
+    // A record is larger than a segment: every group rolls the log.
+    config.segment_bytes = 4096;
+    let (log, tables) = open_tables(config.clone(), w.storage.clone(), spilling()).await;
+    tables.create_table("s", &columns()).await.unwrap();
+    for i in 0..20 {
+        tables
+            .append("s", batch(i * 10, i * 10 + 10))
+            .await
+            .unwrap();
+    }
+    let stats = tables.stats("s").await.unwrap();
+    assert!(stats.spilled_bytes > 0);
+    assert_eq!(
+        stats.spilled_bytes, stats.unflushed_bytes,
+        "every batch spilled"
+    );
+    let before = tables.snapshot("s").await.unwrap();
+    assert!(before.batches.is_empty());
+    assert_eq!(before.spilled.as_ref().map(|s| s.len()), Some(20));
+    assert_exactly(&w.storage, &tables, "s", 200).await;
+    let on_disk = log.disk_bytes();
+    let file = tables.flush("s").await.unwrap().expect("a file");
+    assert_eq!(file.rows, 200);
+    assert_eq!(tables.stats("s").await.unwrap().unflushed_batches, 0);
+    // The snapshot from before the flush still reads its spilled batches: their segments
+    // stay while it lives.
+    let mut old = ids(&w.storage, &before).await;
+    old.sort_unstable();
+    assert_eq!(old, (0..200).collect::<Vec<_>>());
+    assert!(log.disk_bytes() >= on_disk / 2, "released under a reader");
+    drop(before);
+    tables.flush_due(false).await.unwrap();
+    assert!(
+        log.disk_bytes() < on_disk / 2,
+        "{on_disk} -> {}",
+        log.disk_bytes()
+    );
+    assert_exactly(&w.storage, &tables, "s", 200).await;
+    // Spilled batches at a crash, and again right after the restart.
+    for i in 20..40 {
+        tables
+            .append("s", batch(i * 10, i * 10 + 10))
+            .await
+            .unwrap();
+    }
+    log.close();
+    drop(tables);
+    let (log, tables) = open_tables(config.clone(), w.storage.clone(), spilling()).await;
+    assert_eq!(
+        tables.stats("s").await.unwrap().spilled_bytes,
+        tables.stats("s").await.unwrap().unflushed_bytes,
+        "replayed batches are spilled too"
+    );
+    assert_exactly(&w.storage, &tables, "s", 400).await;
+    log.close();
+    drop(tables);
+    let (log, tables) = open_tables(config.clone(), w.storage.clone(), spilling()).await;
+    assert_exactly(&w.storage, &tables, "s", 400).await;
+    tables.flush("s").await.unwrap();
+    log.close();
+    drop(tables);
+    let (_log, tables) = open_tables(config, w.storage.clone(), TableConfig::default()).await;
+    assert_exactly(&w.storage, &tables, "s", 400).await;
+    assert_eq!(tables.stats("s").await.unwrap().unflushed_batches, 0);
+}
+
+/// A flush decodes spilled batches a budget's worth at a time: one file each.
+async fn spilled_batches_flush_a_budget_at_a_time(backend: &str) {
+    let w = world(backend);
+    let size = batch(0, 10).get_array_memory_size();
+    let config = TableConfig {
+        // Three batches a file (the larger of the two budgets).
+        flush_bytes: size * 3 + size / 2,
+        ..spilling()
+    };
+    let (_log, tables) = w.open("chunks", config).await;
+    tables.create_table("c", &columns()).await.unwrap();
+    for i in 0..10 {
+        tables
+            .append("c", batch(i * 10, i * 10 + 10))
+            .await
+            .unwrap();
+    }
+    tables.flush("c").await.unwrap();
+    let snapshot = tables.snapshot("c").await.unwrap();
+    assert!(snapshot.spilled.is_none() && snapshot.batches.is_empty());
+    assert!(snapshot.files.len() >= 3, "{} files", snapshot.files.len());
+    assert!(snapshot.files.iter().all(|f| f.rows <= 40));
+    assert_exactly(&w.storage, &tables, "c", 100).await;
 }
 
 async fn wrong_schema_and_missing_tables_are_refused(backend: &str) {
@@ -575,6 +710,8 @@ macro_rules! conformance {
             case!(wrong_schema_and_missing_tables_are_refused);
             case!(crash_at_every_log_tail_length);
             case!(log_segments_are_released_after_flush);
+            case!(spilled_batches_are_read_back_from_the_log);
+            case!(spilled_batches_flush_a_budget_at_a_time);
         }
     };
 }
@@ -757,4 +894,50 @@ async fn maintenance_flushes_by_age_and_shutdown_flushes_the_rest() {
         "shutdown flushed the rest"
     );
     assert_exactly(&w.storage, &tables, "aged", 20).await;
+}
+
+/// During a burst of appends (less than `flush_quiet` apart), a table past `flush_bytes` is
+/// not flushed while its batches can be spilled; once the burst is over it is, spilled
+/// batches first, and every row is in a file once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenance_flushes_after_a_burst() {
+    let w = world("memory");
+    let config = TableConfig {
+        flush_bytes: 1,
+        flush_quiet: std::time::Duration::from_secs(3),
+        ..spilling()
+    };
+    let (_log, tables) = w.open("burst", config).await;
+    let tables = Arc::new(tables);
+    tables.create_table("b", &columns()).await.unwrap();
+    let (stop, task) = maintenance(&tables);
+    for i in 0..20 {
+        tables
+            .append("b", batch(i * 10, i * 10 + 10))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let during = tables.stats("b").await.unwrap();
+    assert_eq!(
+        (during.files, during.unflushed_batches),
+        (0, 20),
+        "no flush during the burst"
+    );
+    // After the quiet time, the loop flushes it all (bounded wait).
+    for _ in 0..1000 {
+        if tables.stats("b").await.unwrap().unflushed_batches == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let after = tables.stats("b").await.unwrap();
+    assert_eq!(
+        after.unflushed_batches, 0,
+        "flushed once the burst was over"
+    );
+    assert!(after.files >= 1);
+    stop.send(()).unwrap();
+    task.await.unwrap();
+    assert_exactly(&w.storage, &tables, "b", 200).await;
 }
