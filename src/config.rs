@@ -67,8 +67,9 @@ pub struct FileConfig {
     pub flush_bytes: Option<usize>,
     /// Flush a table whose oldest unflushed batch is this many seconds old.
     pub flush_interval_seconds: Option<f64>,
-    /// Past this many unflushed bytes over all tables, ingest waits for flushes (and answers
-    /// 503 when they do not come within 10 s).
+    /// Unflushed bytes held in memory over all tables; past it the oldest are spilled (see
+    /// `max_spilled_bytes`), and once that budget is used up too, ingest waits for flushes
+    /// (and answers 503 when they do not come within 10 s).
     pub max_unflushed_bytes: Option<usize>,
     /// Past `max_unflushed_bytes`, unflushed batches up to this many bytes over all tables
     /// are kept in the commit log only (spilled) and read back from it; 0 turns that off.

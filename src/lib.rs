@@ -33,15 +33,17 @@
 //!    writer thread groups concurrent appends, writes their frames to the active segment
 //!    (`log/segment.rs`, `data/log/{lsn:020}.log`) and fsyncs. After the sync, on the writer
 //!    thread, the batch joins the table's unflushed set in memory: queries see it
-//!    (`query/provider.rs`). Before answering, `Database::confirm_table` checks that the
+//!    (`query/provider.rs`). Past the memory budget the oldest unflushed batches are
+//!    spilled: they stay in the log only, and queries and flushes read them back from it. Before answering, `Database::confirm_table` checks that the
 //!    catalog still names the same table: one dropped or replaced meanwhile (by this node or
 //!    another) answers 404 or 409, and its rows, committed to the dropped table, are never
 //!    visible. Otherwise the request is answered.
-//! 4. Later a flush (`table/mod.rs`, on the maintenance timer or past a size) writes the
-//!    unflushed batches as one Parquet file, `tables/{id}/data/{uuid}.parquet`, and commits it
+//! 4. Later a flush (`table/mod.rs`, on the maintenance timer, past a size once a burst of
+//!    appends is over, or past an age) writes the oldest unflushed batches as one Parquet
+//!    file, `tables/{id}/data/{uuid}.parquet`, and commits it
 //!    to the table's manifest (`table/manifest.rs`), a versioned object
 //!    (`storage/versioned.rs`) at `tables/{id}/_log/{v:020}.json`, with the log position it
-//!    covers. Then the batches leave memory and the `tables` consumer releases the log up to
+//!    covers. Then the batches leave the unflushed set and the `tables` consumer releases the log up to
 //!    that position; a segment is deleted once every consumer has released it.
 //! 5. The new manifest version is published as an Iceberg snapshot (`iceberg/mod.rs`):
 //!    `tables/{id}/metadata/v{n}.metadata.json` and its Avro manifest list and manifest, which

@@ -772,6 +772,11 @@ impl CommitLog {
         })
     }
 
+    /// The log's disk budget ([`LogConfig::max_log_bytes`]).
+    pub(crate) fn max_bytes(&self) -> u64 {
+        self.shared.config.max_log_bytes
+    }
+
     /// Bytes currently in the log's files.
     pub fn disk_bytes(&self) -> u64 {
         self.shared.bytes.load(Ordering::Acquire)
@@ -801,10 +806,11 @@ impl CommitLog {
 /// Reads records back from the log's local segments, by LSN, moving forward: a table batch
 /// whose decoded form left memory is read from here (`crate::table`, "spilled" batches).
 ///
-/// Reads in ascending LSN order cost one pass over the segments they fall in; a read behind
-/// the last one starts its segment over. Only records already applied may be asked for, and
-/// only while some consumer still needs them (the caller keeps them from being released).
-/// Each record's checksum is verified again.
+/// Reads in ascending LSN order cost one buffered pass over the segments they fall in (the
+/// records between are skipped by their lengths, small ones within the buffer); a read
+/// behind the last one starts its segment over. Only records already applied may be asked
+/// for, and only while some consumer still needs them (the caller keeps them from being
+/// released). Each record's checksum is verified again.
 pub(crate) struct LogReader {
     shared: Arc<Shared>,
     /// The segment read last: its first LSN, its file, and the offset and LSN of the next
@@ -815,15 +821,18 @@ pub(crate) struct LogReader {
 struct ReaderAt {
     first_lsn: Lsn,
     path: PathBuf,
-    file: fs::File,
+    file: io::BufReader<fs::File>,
     offset: u64,
     next_lsn: Lsn,
 }
 
+/// Buffer of a [`LogReader`]: many small records (stream appends) are skipped within it.
+const READER_BUFFER_BYTES: usize = 256 << 10;
+
 impl LogReader {
     /// The record at `lsn`, read from its segment (blocking I/O).
     pub(crate) fn read(&mut self, lsn: Lsn) -> Result<Record, LogError> {
-        use std::os::unix::fs::FileExt as _;
+        use std::io::Read as _;
         let first_lsn = self.segment_of(lsn)?;
         let reuse = self
             .at
@@ -835,7 +844,7 @@ impl LogReader {
             self.at = Some(ReaderAt {
                 first_lsn,
                 path,
-                file,
+                file: io::BufReader::with_capacity(READER_BUFFER_BYTES, file),
                 offset: 0,
                 next_lsn: first_lsn,
             });
@@ -843,39 +852,51 @@ impl LogReader {
         let Some(at) = self.at.as_mut() else {
             return Err(LogError::Closed);
         };
-        loop {
-            let mut header = [0u8; FRAME_HEADER_BYTES];
-            let missing = |at: &ReaderAt| LogError::Corrupt {
+        let result = (|| loop {
+            // A record that is not where the segment says (a short file, another LSN, a bad
+            // checksum) is damage; other I/O errors are what they are.
+            let damaged = |at: &ReaderAt| LogError::Corrupt {
                 path: at.path.clone(),
                 offset: at.offset,
             };
-            at.file
-                .read_exact_at(&mut header, at.offset)
-                .map_err(|_| missing(at))?;
+            let failed = |at: &ReaderAt, e: io::Error| match e.kind() {
+                io::ErrorKind::UnexpectedEof => damaged(at),
+                _ => LogError::io(&at.path, e),
+            };
+            let mut header = [0u8; FRAME_HEADER_BYTES];
+            at.file.read_exact(&mut header).map_err(|e| failed(at, e))?;
             let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
             let mut lsn_bytes = [0u8; 8];
             lsn_bytes.copy_from_slice(&header[9..17]);
             let found = Lsn::from_le_bytes(lsn_bytes);
             if len > MAX_RECORD_BYTES || found < at.next_lsn || found > lsn {
-                return Err(missing(at));
+                return Err(damaged(at));
             }
-            let next_offset = at.offset + (FRAME_HEADER_BYTES + len) as u64;
             if found < lsn {
-                at.offset = next_offset;
+                at.file
+                    .seek_relative(len as i64)
+                    .map_err(|e| failed(at, e))?;
+                at.offset += (FRAME_HEADER_BYTES + len) as u64;
                 at.next_lsn = found + 1;
                 continue;
             }
             let mut frame = vec![0u8; FRAME_HEADER_BYTES + len];
+            frame[..FRAME_HEADER_BYTES].copy_from_slice(&header);
             at.file
-                .read_exact_at(&mut frame, at.offset)
-                .map_err(|_| missing(at))?;
+                .read_exact(&mut frame[FRAME_HEADER_BYTES..])
+                .map_err(|e| failed(at, e))?;
             let Some((record, _, _)) = segment::decode_at(&frame, 0) else {
-                return Err(missing(at));
+                return Err(damaged(at));
             };
-            at.offset = next_offset;
+            at.offset += frame.len() as u64;
             at.next_lsn = found + 1;
             return Ok(record);
+        })();
+        if result.is_err() {
+            // Its position is unknown now: the next read starts the segment over.
+            self.at = None;
         }
+        result
     }
 
     /// The first LSN of the segment holding `lsn`.

@@ -293,11 +293,18 @@ impl TableProvider for SluiceTable {
 }
 
 /// A table's spilled batches, read back from the commit log while the scan goes: a blocking
-/// thread reads and decodes them one at a time, one ahead of the scan at most.
+/// thread reads and decodes them one at a time, at most two ahead of the scan (one waiting
+/// in the channel, one being read).
 #[derive(Debug)]
 struct SpilledScan {
     batches: SpilledBatches,
     schema: SchemaRef,
+}
+
+/// The reading thread of a [`SpilledScan`]: its batches, and its end.
+struct SpilledReader {
+    rx: tokio::sync::mpsc::Receiver<Result<RecordBatch>>,
+    thread: tokio::task::JoinHandle<()>,
 }
 
 impl PartitionStream for SpilledScan {
@@ -306,33 +313,46 @@ impl PartitionStream for SpilledScan {
     }
 
     fn execute(&self, _: Arc<TaskContext>) -> SendableRecordBatchStream {
-        type Receiver = tokio::sync::mpsc::Receiver<Result<RecordBatch>>;
         let start = Some((self.batches.clone(), self.schema.clone()));
-        // The reading thread starts at the first poll (inside the query's runtime); it
-        // stops once the scan is dropped or a read fails.
-        let stream = futures::stream::unfold((start, None::<Receiver>), |(start, rx)| async move {
-            let mut rx = match (rx, start) {
-                (Some(rx), _) => rx,
-                (None, Some((batches, schema))) => {
-                    let (tx, rx) = tokio::sync::mpsc::channel(1);
-                    tokio::task::spawn_blocking(move || {
-                        for batch in batches.read() {
-                            let batch = batch
-                                .map_err(|e| DataFusionError::External(Box::new(e)))
-                                .and_then(|b| cast_to(&b, &schema));
-                            let failed = batch.is_err();
-                            if tx.blocking_send(batch).is_err() || failed {
-                                return;
+        // The reading thread starts at the first poll (inside the query's runtime); it stops
+        // once the scan is dropped or a read fails. A thread that ended without sending
+        // every batch (a panic) fails the scan rather than end it short.
+        let stream = futures::stream::unfold(
+            (start, None::<SpilledReader>),
+            |(start, reader)| async move {
+                let mut reader = match (reader, start) {
+                    (Some(reader), _) => reader,
+                    (None, Some((batches, schema))) => {
+                        let (tx, rx) = tokio::sync::mpsc::channel(1);
+                        let thread = tokio::task::spawn_blocking(move || {
+                            for batch in batches.read() {
+                                let batch = batch
+                                    .map_err(|e| DataFusionError::External(Box::new(e)))
+                                    .and_then(|b| cast_to(&b, &schema));
+                                let failed = batch.is_err();
+                                if tx.blocking_send(batch).is_err() || failed {
+                                    return;
+                                }
                             }
-                        }
-                    });
-                    rx
+                        });
+                        SpilledReader { rx, thread }
+                    }
+                    (None, None) => return None,
+                };
+                match reader.rx.recv().await {
+                    Some(next) => Some((next, (None, Some(reader)))),
+                    None => match (&mut reader.thread).await {
+                        Ok(()) => None,
+                        Err(e) => Some((
+                            Err(DataFusionError::Execution(format!(
+                                "reading spilled batches back from the log failed: {e}"
+                            ))),
+                            (None, None),
+                        )),
+                    },
                 }
-                (None, None) => return None,
-            };
-            let next = rx.recv().await?;
-            Some((next, (None, Some(rx))))
-        });
+            },
+        );
         Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), stream))
     }
 }

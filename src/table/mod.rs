@@ -75,14 +75,17 @@ pub enum TableError {
         /// The difference.
         reason: String,
     },
-    /// The table holds too many unflushed bytes; retry once a flush has caught up.
-    #[error("table {table} has {bytes} unflushed bytes (budget {budget}); retry later")]
+    /// Unflushed batches are past both the memory and the spill budget; retry once a flush
+    /// has caught up.
+    #[error(
+        "too many unflushed bytes to append to table {table}: {bytes} held in memory over all tables (budget {budget}), and the spill budget is used up; retry later"
+    )]
     Backpressure {
         /// The table.
         table: String,
-        /// Unflushed bytes.
+        /// Unflushed bytes held in memory, all tables together.
         bytes: usize,
-        /// The budget.
+        /// The memory budget.
         budget: usize,
     },
     /// The commit log refused or failed the append.
@@ -330,6 +333,8 @@ struct Unflushed {
     rows: usize,
     /// Its decoded size.
     bytes: usize,
+    /// When it joined the set (for `flush_interval`).
+    at: Instant,
 }
 
 /// Invariant: the spilled batches are a prefix of `unflushed` (the oldest are spilled
@@ -341,7 +346,8 @@ struct TableState {
     held_bytes: usize,
     spilled: usize,
     spilled_bytes: usize,
-    oldest_unflushed: Option<Instant>,
+    /// When an append of this table last started (for `flush_quiet`).
+    last_append: Option<Instant>,
 }
 
 impl TableState {
@@ -352,24 +358,15 @@ impl TableState {
             return;
         }
         let covered = manifest.flushed.get(node).copied().unwrap_or(0);
-        let mut dropped = false;
         while self.unflushed.front().is_some_and(|u| u.lsn <= covered) {
             if let Some(u) = self.unflushed.pop_front() {
                 if u.batch.is_some() {
-                    self.held_bytes -= u.bytes;
+                    self.held_bytes = self.held_bytes.saturating_sub(u.bytes);
                 } else {
-                    self.spilled -= 1;
-                    self.spilled_bytes -= u.bytes;
+                    self.spilled = self.spilled.saturating_sub(1);
+                    self.spilled_bytes = self.spilled_bytes.saturating_sub(u.bytes);
                 }
-                dropped = true;
             }
-        }
-        if dropped {
-            self.oldest_unflushed = if self.unflushed.is_empty() {
-                None
-            } else {
-                Some(Instant::now())
-            };
         }
         self.manifest = manifest;
     }
@@ -388,7 +385,7 @@ impl TableState {
             return 0;
         }
         self.spilled += 1;
-        self.held_bytes -= u.bytes;
+        self.held_bytes = self.held_bytes.saturating_sub(u.bytes);
         self.spilled_bytes += u.bytes;
         u.bytes
     }
@@ -399,7 +396,8 @@ struct Table {
     schema: SchemaRef,
     manifest: Manifest,
     state: Mutex<TableState>,
-    /// One flush of this table at a time on this node (a flush takes everything unflushed).
+    /// One flush of this table at a time on this node (a flush takes the oldest unflushed
+    /// batches).
     flushing: tokio::sync::Mutex<()>,
     /// One compaction of this table at a time on this node.
     compacting: tokio::sync::Mutex<()>,
@@ -430,12 +428,12 @@ impl Table {
         let rows = batch.num_rows();
         let mut state = self.lock();
         state.held_bytes += bytes;
-        state.oldest_unflushed.get_or_insert_with(Instant::now);
         state.unflushed.push_back(Unflushed {
             lsn,
             batch: Some(batch),
             rows,
             bytes,
+            at: Instant::now(),
         });
     }
 }
@@ -477,8 +475,8 @@ pub struct Tables {
     /// Log records readers of spilled batches still need, by reader.
     holds: Arc<Mutex<BTreeMap<u64, Lsn>>>,
     next_hold: AtomicU64,
-    /// When the last append was acknowledged (for `flush_quiet`).
-    last_append: Mutex<Option<Instant>>,
+    /// Held while batches are chosen and spilled (`spill_over_budget`).
+    spilling: Mutex<()>,
 }
 
 /// Work counters of flushes and compactions (for metrics).
@@ -537,7 +535,7 @@ impl Tables {
             spills,
             holds: Arc::new(Mutex::new(BTreeMap::new())),
             next_hold: AtomicU64::new(0),
-            last_append: Mutex::new(None),
+            spilling: Mutex::new(()),
         };
         for record in replay.iter().filter(|r| r.kind == RecordKind::TableBatch) {
             let (id, batch) = files::decode_record(&record.payload)?;
@@ -593,7 +591,7 @@ impl Tables {
                 held_bytes: 0,
                 spilled: 0,
                 spilled_bytes: 0,
-                oldest_unflushed: None,
+                last_append: None,
             }),
             flushing: tokio::sync::Mutex::new(()),
             compacting: tokio::sync::Mutex::new(()),
@@ -653,8 +651,10 @@ impl Tables {
     /// Appends a batch: durable in the commit log and visible to snapshots when this returns.
     /// Returns the batch's log position.
     ///
-    /// Refused with nothing applied when the table is over its unflushed budget
-    /// ([`TableError::Backpressure`]) or the log is over its byte budget.
+    /// When the batches held in memory over all tables are past their budget and the spill
+    /// budget is used up, waits for flushes (`headroom_wait`), then is refused with nothing
+    /// applied ([`TableError::Backpressure`]); refused too when the log is over its byte
+    /// budget.
     pub async fn append(&self, id: &str, batch: RecordBatch) -> Result<Lsn, TableError> {
         let table = self.table(id).await?;
         if batch.schema().fields() != table.schema.fields() {
@@ -665,7 +665,7 @@ impl Tables {
         }
         // Marked before the batch can be pushed: a flush pass never takes the first batch of
         // a burst for a lone one.
-        *self.last_append.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        table.lock().last_append = Some(Instant::now());
         // The budget is for all tables together: it bounds the server's memory, however many
         // tables are written at once. Over it, an append waits for flushes rather than grow
         // or refuse; only flushes stuck for long (object storage down) end in a refusal.
@@ -687,7 +687,8 @@ impl Tables {
             })
             .await?;
         self.spill_over_budget();
-        if table.lock().unflushed_bytes() >= self.config.flush_bytes {
+        // Within a burst that may be deferred, the loop would find nothing to do.
+        if table.lock().unflushed_bytes() >= self.config.flush_bytes && !self.may_defer() {
             self.flush_wanted.notify_one();
         }
         Ok(lsn)
@@ -799,11 +800,24 @@ impl Tables {
         publish: Publish,
         whole: bool,
     ) -> Result<Option<DataFile>, TableError> {
-        let until = self.table(id).await?.lock().unflushed.back().map(|u| u.lsn);
+        let table = self.table(id).await?;
+        let until = table.lock().unflushed.back().map(|u| u.lsn);
         let mut last = None;
+        let mut superseded = 0;
         loop {
             let started = Instant::now();
             let Some((file, through)) = self.flush_once(id, publish).await? else {
+                // Nothing left, or a cut superseded by a commit of ours that landed (its rows
+                // left the set): go on for what is left of the call's batches.
+                let left = table
+                    .lock()
+                    .unflushed
+                    .front()
+                    .is_some_and(|u| until.is_some_and(|until| u.lsn <= until));
+                superseded += 1;
+                if whole && left && superseded < 3 {
+                    continue;
+                }
                 return Ok(last);
             };
             self.stats.flushes.fetch_add(1, Ordering::Relaxed);
@@ -861,35 +875,59 @@ impl Tables {
         tables.values().map(|t| t.lock().spilled_bytes).sum()
     }
 
-    /// Spills the oldest batches held in memory, of any table, while more than the budget
-    /// is held and the spill budget has room. The records are in the log already: a batch
-    /// is pushed only once its record is durable (or written, with `Durability::None`).
+    /// How many bytes may be spilled over all tables: `max_spilled_bytes`, and at most half
+    /// the log's disk budget (spilled records keep the log from being released).
+    fn spill_budget(&self) -> usize {
+        let log_half = usize::try_from(self.log.max_bytes() / 2).unwrap_or(usize::MAX);
+        self.config.max_spilled_bytes.min(log_half)
+    }
+
+    /// Whether flushes of tables in a burst may wait for its end: batches can be spilled,
+    /// less than half the spill budget is, and the log is less than half full.
+    fn may_defer(&self) -> bool {
+        self.spills
+            && self.spilled_total() < self.spill_budget() / 2
+            && self.log.disk_bytes() < self.log.max_bytes() / 2
+    }
+
+    /// Spills the oldest batches held in memory, of all tables (by LSN), while more than the
+    /// budget is held and the spill budget has room. The records are in the log already: a
+    /// batch is pushed only once its record is durable (or written, with
+    /// `Durability::None`).
     fn spill_over_budget(&self) {
         if !self.spills {
             return;
         }
+        // One at a time: callers deciding on the same totals would spill too much.
+        let _spilling = self.spilling.lock().unwrap_or_else(|p| p.into_inner());
         let tables: Vec<Arc<Table>> = {
             let tables = self.tables.read().unwrap_or_else(|p| p.into_inner());
             tables.values().cloned().collect()
         };
-        let (mut held, mut spilled) = (0, 0);
-        for t in &tables {
-            let state = t.lock();
-            held += state.held_bytes;
-            spilled += state.spilled_bytes;
-        }
-        for t in &tables {
-            let mut state = t.lock();
-            while held > self.config.max_unflushed_bytes && spilled < self.config.max_spilled_bytes
-            {
-                let bytes = state.spill_one();
-                if bytes == 0 {
-                    break;
+        let budget = self.spill_budget();
+        loop {
+            let (mut held, mut spilled) = (0, 0);
+            let mut oldest: Option<(Lsn, &Arc<Table>)> = None;
+            for t in &tables {
+                let state = t.lock();
+                held += state.held_bytes;
+                spilled += state.spilled_bytes;
+                if let Some(first_held) = state.unflushed.get(state.spilled)
+                    && oldest.is_none_or(|(lsn, _)| first_held.lsn < lsn)
+                {
+                    oldest = Some((first_held.lsn, t));
                 }
-                self.stats.spills.fetch_add(1, Ordering::Relaxed);
-                held -= bytes;
-                spilled += bytes;
             }
+            if held <= self.config.max_unflushed_bytes || spilled >= budget {
+                return;
+            }
+            let Some((_, table)) = oldest else {
+                return;
+            };
+            if table.lock().spill_one() == 0 {
+                return;
+            }
+            self.stats.spills.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -917,14 +955,14 @@ impl Tables {
         let cut = {
             let state = table.lock();
             let mut taken: Vec<(Lsn, Option<RecordBatch>)> = Vec::new();
-            let mut spilled_bytes = 0;
+            let mut bytes = 0;
             for u in &state.unflushed {
-                if u.batch.is_none() {
-                    if !taken.is_empty() && spilled_bytes + u.bytes > chunk {
-                        break;
-                    }
-                    spilled_bytes += u.bytes;
+                // With spilled batches in it, the cut is at most a budget's worth: what the
+                // flush decodes besides what memory holds.
+                if state.spilled > 0 && !taken.is_empty() && bytes + u.bytes > chunk {
+                    break;
                 }
+                bytes += u.bytes;
                 taken.push((u.lsn, u.batch.clone()));
             }
             match (taken.first(), taken.last()) {
@@ -1100,30 +1138,27 @@ impl Tables {
         // Over the memory budget with the spill budget used up, every table with unflushed
         // rows is due.
         let over = !self.has_headroom();
-        // A burst goes on: a table past `flush_bytes` waits for its end while its batches can
-        // be spilled (with half the spill budget left for the time its flushes take after).
-        let burst = self
-            .last_append
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some_and(|at| at.elapsed() < self.config.flush_quiet);
-        let defer =
-            burst && self.spills && self.spilled_total() < self.config.max_spilled_bytes / 2;
+        // A table in a burst of appends waits for its end while batches can be spilled (with
+        // half the spill budget left for the time its flushes take after); its oldest batch
+        // reaching `flush_interval` makes it due all the same.
+        let may_defer = self.may_defer();
         let due: Vec<String> = {
             let tables = self.tables.read().unwrap_or_else(|p| p.into_inner());
             tables
                 .values()
                 .filter(|t| {
                     let state = t.lock();
-                    !state.unflushed.is_empty()
-                        && (all
-                            || over
-                            || state
-                                .oldest_unflushed
-                                .is_some_and(|at| at.elapsed() >= self.config.flush_interval)
-                            || (!defer
-                                && (state.spilled > 0
-                                    || state.unflushed_bytes() >= self.config.flush_bytes)))
+                    let Some(oldest) = state.unflushed.front() else {
+                        return false;
+                    };
+                    let burst = state
+                        .last_append
+                        .is_some_and(|at| at.elapsed() < self.config.flush_quiet);
+                    all || over
+                        || oldest.at.elapsed() >= self.config.flush_interval
+                        || (!(burst && may_defer)
+                            && (state.spilled > 0
+                                || state.unflushed_bytes() >= self.config.flush_bytes))
                 })
                 .map(|t| t.id.clone())
                 .collect()

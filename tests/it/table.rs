@@ -941,3 +941,44 @@ async fn maintenance_flushes_after_a_burst() {
     task.await.unwrap();
     assert_exactly(&w.storage, &tables, "b", 200).await;
 }
+
+/// A burst longer than `flush_interval` is flushed during it all the same: the age limit
+/// holds for the oldest batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenance_flushes_aged_batches_within_a_burst() {
+    let w = world("memory");
+    let config = TableConfig {
+        flush_bytes: 1,
+        flush_interval: std::time::Duration::from_millis(300),
+        flush_quiet: std::time::Duration::from_secs(60),
+        ..spilling()
+    };
+    let (_log, tables) = w.open("aged-burst", config).await;
+    let tables = Arc::new(tables);
+    tables.create_table("a", &columns()).await.unwrap();
+    let (stop, task) = maintenance(&tables);
+    let mut files_during = 0;
+    for i in 0..100 {
+        tables
+            .append("a", batch(i * 10, i * 10 + 10))
+            .await
+            .unwrap();
+        files_during = tables.stats("a").await.unwrap().files;
+        if files_during > 0 {
+            // The burst goes on a little, over the flushed part.
+            for j in i + 1..i + 5 {
+                tables
+                    .append("a", batch(j * 10, j * 10 + 10))
+                    .await
+                    .unwrap();
+            }
+            stop.send(()).unwrap();
+            task.await.unwrap();
+            let n = (i + 5) * 10;
+            assert_exactly(&w.storage, &tables, "a", n).await;
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("no flush within a 2 s burst with a 300 ms age limit ({files_during} files)");
+}
