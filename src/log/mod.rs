@@ -808,8 +808,9 @@ impl CommitLog {
 ///
 /// Reads in ascending LSN order cost one buffered pass over the segments they fall in (the
 /// records between are skipped by their lengths, small ones within the buffer); a read
-/// behind the last one starts its segment over. Only records already applied may be asked
-/// for, and only while some consumer still needs them (the caller keeps them from being
+/// behind the last one starts its segment over. Only records already applied when the reader
+/// was made may be asked for (its buffer may hold the active segment's unwritten zeros past
+/// them), and only while some consumer still needs them (the caller keeps them from being
 /// released). Each record's checksum is verified again.
 pub(crate) struct LogReader {
     shared: Arc<Shared>,

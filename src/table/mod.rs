@@ -246,9 +246,9 @@ impl SpilledBatches {
         (0..lsns.len()).map(move |i| {
             // The records stay in the log while the reader lives.
             let _kept = &kept;
-            let reader = reader.as_mut().ok_or(TableError::Task(
-                "spilled batches need the commit log's local segments".into(),
-            ))?;
+            let reader = reader.as_mut().ok_or_else(|| {
+                TableError::Task("spilled batches need the commit log's local segments".into())
+            })?;
             read_spilled(reader, &table, lsns[i], &reads)
         })
     }
@@ -262,7 +262,6 @@ fn read_spilled(
     reads: &AtomicU64,
 ) -> Result<RecordBatch, TableError> {
     let record = reader.read(lsn)?;
-    reads.fetch_add(1, Ordering::Relaxed);
     if record.kind != RecordKind::TableBatch {
         return Err(TableError::Encoding(format!(
             "log record {lsn} is not a table batch"
@@ -274,6 +273,7 @@ fn read_spilled(
             "log record {lsn} belongs to table {id}, not {table}"
         )));
     }
+    reads.fetch_add(1, Ordering::Relaxed);
     Ok(batch)
 }
 
@@ -423,8 +423,8 @@ impl Table {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn push(&self, lsn: Lsn, batch: RecordBatch) {
-        let bytes = batch.get_array_memory_size();
+    /// Adds a committed batch of `bytes` in memory to the unflushed set.
+    fn push(&self, lsn: Lsn, batch: RecordBatch, bytes: usize) {
         let rows = batch.num_rows();
         let mut state = self.lock();
         state.held_bytes += bytes;
@@ -556,7 +556,9 @@ impl Tables {
                 .copied()
                 .unwrap_or(0);
             if record.lsn > covered {
-                table.push(record.lsn, batch);
+                // Decoded from the record, its arrays share one buffer, which
+                // `get_array_memory_size` would count once for each of them.
+                table.push(record.lsn, batch, record.payload.len());
                 // Replay holds what an append would: past the memory budget, batches stay
                 // in the log only.
                 tables.spill_over_budget();
@@ -679,11 +681,12 @@ impl Tables {
             });
         }
         let payload = files::encode_record(id, &batch)?;
+        let bytes = batch.get_array_memory_size();
         let applied = table.clone();
         let lsn = self
             .log
             .append_applied(RecordKind::TableBatch, payload, move |lsn| {
-                applied.push(lsn, batch);
+                applied.push(lsn, batch, bytes);
             })
             .await?;
         self.spill_over_budget();
@@ -698,32 +701,32 @@ impl Tables {
     pub async fn snapshot(&self, id: &str) -> Result<TableSnapshot, TableError> {
         let table = self.table(id).await?;
         let state = table.lock();
-        let spilled = state
-            .unflushed
-            .front()
-            .filter(|u| u.batch.is_none())
-            .map(|first| {
-                let spilled = state.unflushed.iter().take(state.spilled);
-                SpilledBatches {
-                    table: id.to_owned(),
-                    lsns: spilled.clone().map(|u| u.lsn).collect(),
-                    rows: spilled.map(|u| u.rows as u64).sum(),
-                    log: self.log.clone(),
-                    reads: self.stats.spilled_reads.clone(),
-                    // Taken under the table's lock: a flush that takes these batches out of
-                    // memory after this cannot release their records before the hold is seen.
-                    _kept: Arc::new(LogHold::new(&self.holds, &self.next_hold, first.lsn)),
+        // One pass: every unflushed batch is read from memory or from the log, once.
+        let (mut lsns, mut spilled_rows, mut batches) = (Vec::new(), 0u64, Vec::new());
+        for u in &state.unflushed {
+            match &u.batch {
+                Some(batch) => batches.push(batch.clone()),
+                None => {
+                    lsns.push(u.lsn);
+                    spilled_rows += u.rows as u64;
                 }
-            });
+            }
+        }
+        let spilled = lsns.first().copied().map(|first| SpilledBatches {
+            table: id.to_owned(),
+            lsns: lsns.into(),
+            rows: spilled_rows,
+            log: self.log.clone(),
+            reads: self.stats.spilled_reads.clone(),
+            // Taken under the table's lock: a flush that takes these batches out of the set
+            // after this cannot release their records before the hold is seen.
+            _kept: Arc::new(LogHold::new(&self.holds, &self.next_hold, first)),
+        });
         Ok(TableSnapshot {
             schema: table.schema.clone(),
             files: state.manifest.files.clone(),
             spilled,
-            batches: state
-                .unflushed
-                .iter()
-                .filter_map(|u| u.batch.clone())
-                .collect(),
+            batches,
             version: state.manifest.version,
         })
     }
@@ -803,19 +806,17 @@ impl Tables {
         let table = self.table(id).await?;
         let until = table.lock().unflushed.back().map(|u| u.lsn);
         let mut last = None;
-        let mut superseded = 0;
+        let mut front = None;
         loop {
             let started = Instant::now();
             let Some((file, through)) = self.flush_once(id, publish).await? else {
                 // Nothing left, or a cut superseded by a commit of ours that landed (its rows
                 // left the set): go on for what is left of the call's batches.
-                let left = table
-                    .lock()
-                    .unflushed
-                    .front()
-                    .is_some_and(|u| until.is_some_and(|until| u.lsn <= until));
-                superseded += 1;
-                if whole && left && superseded < 3 {
+                let now = table.lock().unflushed.front().map(|u| u.lsn);
+                let left = now.is_some_and(|lsn| until.is_some_and(|until| lsn <= until));
+                // Again only while each pass moves the set on.
+                if whole && left && now != front {
+                    front = now;
                     continue;
                 }
                 return Ok(last);

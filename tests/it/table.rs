@@ -982,3 +982,31 @@ async fn maintenance_flushes_aged_batches_within_a_burst() {
     }
     panic!("no flush within a 2 s burst with a 300 ms age limit ({files_during} files)");
 }
+
+/// Replayed batches count their record's size against the memory budget: decoded from one
+/// IPC body, their arrays share a buffer that per-array sizes would count many times over
+/// (and spill, or flush one record a file, for nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replayed_batches_count_their_real_size() {
+    let w = world("memory");
+    let (log, tables) = w.open("sized", TableConfig::default()).await;
+    tables.create_table("r", &columns()).await.unwrap();
+    for i in 0..10 {
+        tables
+            .append("r", batch(i * 1000, i * 1000 + 1000))
+            .await
+            .unwrap();
+    }
+    let held = tables.stats("r").await.unwrap().unflushed_bytes;
+    log.close();
+    drop(tables);
+    let config = TableConfig {
+        max_unflushed_bytes: held * 2,
+        ..TableConfig::default()
+    };
+    let (_log, tables) = w.open("sized", config).await;
+    let stats = tables.stats("r").await.unwrap();
+    assert_eq!(stats.unflushed_batches, 10);
+    assert_eq!(stats.spilled_bytes, 0, "{stats:?} (held {held} before)");
+    assert_exactly(&w.storage, &tables, "r", 10_000).await;
+}
