@@ -107,7 +107,7 @@ struct IngestArgs {
     /// The table, as db.schema.table
     #[arg(long)]
     table: String,
-    /// Concurrent requests
+    /// Concurrent requests (at most 64)
     #[arg(long, default_value_t = 4)]
     connections: usize,
     /// Most rows per batch (at most 200,000)
@@ -217,10 +217,7 @@ fn main() -> ExitCode {
     no_transparent_huge_pages();
     let cli = Cli::parse();
     match cli.command {
-        Command::Ingest(args) => {
-            map_large_allocations();
-            client(ingest(args))
-        }
+        Command::Ingest(args) => client(ingest(args)),
         Command::Query(args) => client(query(args)),
         Command::Tables(args) => client(tables(args)),
         Command::Repair(args) => repair(&args),
@@ -438,21 +435,6 @@ fn limit_malloc_arenas() {
     // starts any thread, and a refused setting (return value 0) leaves the default in place.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 2);
-    }
-}
-
-/// Has glibc's malloc map every allocation of 1 MiB or more on its own, and unmap it when
-/// freed. `sluice ingest` allocates each batch body (up to 8 MiB) in its reader thread and
-/// frees it on the runtime's: by default glibc raises its mapping threshold after the first
-/// such free and serves later bodies from arenas, which keep what is freed into them (the
-/// command's peak RSS was 103 MiB for 2 GiB of input, where its live batches held at most
-/// 48 MiB). With the threshold fixed, resident memory is the live batches' touched pages.
-fn map_large_allocations() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: `mallopt` only sets an allocator parameter; it is called before the runtime
-    // starts any thread, and a refused setting (return value 0) leaves the default in place.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
     }
 }
 

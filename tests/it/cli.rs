@@ -502,3 +502,88 @@ async fn a_stopped_ingest_resumes_with_no_row_lost_or_doubled() {
         "first run took {taken_first}"
     );
 }
+
+/// A request that stalls holds back the rest: finished batches behind it are settled only in
+/// input order, so the command stops sending once `2 * connections` are unsettled, and an
+/// interruption meanwhile would leave no more than that with unknown outcomes. Once the
+/// stalled one is answered, the run ends with every row taken exactly once. (A stand-in
+/// server, to hold one chosen request.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_request_holds_back_the_batches_behind_it() {
+    use std::sync::{Arc, Mutex};
+    let taken = Arc::new(Mutex::new(Vec::<i64>::new()));
+    let release = Arc::new(tokio::sync::Notify::new());
+    let app = {
+        let (taken, release) = (taken.clone(), release.clone());
+        axum::Router::new().route(
+            "/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}/ingest",
+            axum::routing::post(move |body: String| {
+                let (taken, release) = (taken.clone(), release.clone());
+                async move {
+                    let rows: Vec<i64> = body
+                        .lines()
+                        .map(|l| {
+                            serde_json::from_str::<serde_json::Value>(l).unwrap()["a"]
+                                .as_i64()
+                                .unwrap()
+                        })
+                        .collect();
+                    if rows.first() == Some(&0) {
+                        release.notified().await;
+                    }
+                    let n = rows.len();
+                    taken.lock().unwrap().extend(rows);
+                    let answer = serde_json::json!({"status": "committed", "num_rows_inserted": n});
+                    (axum::http::StatusCode::OK, axum::Json(answer))
+                }
+            }),
+        )
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let dir = common::temp_dir("cli-stalled");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("rows.ndjson");
+    let text: String = (0..100).map(|i| format!("{{\"a\":{i}}}\n")).collect();
+    std::fs::write(&file, &text).unwrap();
+    let path = file.display().to_string();
+    let args: Vec<String> = [
+        "ingest",
+        &path,
+        "--table",
+        "d.s.t",
+        "--batch-rows",
+        "1",
+        "--connections",
+        "2",
+        "--endpoint",
+        &endpoint,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let run = tokio::task::spawn_blocking(move || {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        sluice(&refs)
+    });
+    // Until something arrived and then nothing more for a while: the command has stopped
+    // sending.
+    let mut seen = 0;
+    for _ in 0..600 {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let now = taken.lock().unwrap().len();
+        if now > 0 && now == seen {
+            break;
+        }
+        seen = now;
+    }
+    // The stalled batch and 3 behind it are unsettled (2 * 2 connections).
+    assert_eq!(seen, 3, "batches taken behind the stalled one");
+    release.notify_one();
+    let (code, out, err) = run.await.unwrap();
+    assert_eq!(code, 0, "{out}\n{err}");
+    let mut all = taken.lock().unwrap().clone();
+    all.sort_unstable();
+    assert_eq!(all, (0..100).collect::<Vec<i64>>());
+}
