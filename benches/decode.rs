@@ -3,12 +3,20 @@
 //!
 //! `cargo bench --bench decode` runs the criterion measurements and then prints a side-by-side
 //! summary (MB/s of each and their ratio) from interleaved runs, so machine noise hits both.
+//!
+//! It then weighs what the commit log could hold to replay a decoded batch (issue 21): the
+//! Arrow IPC stream it writes (uncompressed), the same with LZ4 or zstd buffers, or the
+//! validated body itself, which replay would decode again. For each: bytes against the body,
+//! and the CPU to write it and to read it back, in MB of body per second of one core.
 
 mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arrow_array::RecordBatch;
+use arrow_ipc::CompressionType;
+use arrow_ipc::writer::IpcWriteOptions;
 use arrow_json::ReaderBuilder;
 use arrow_schema::{DataType, Field, Fields, Schema, TimeUnit};
 use criterion::{Criterion, Throughput};
@@ -71,6 +79,77 @@ fn arrow_json_decode(schema: &Arc<Schema>, body: &[u8]) -> usize {
         rows += batch.num_rows();
     }
     rows
+}
+
+/// `batch` as an Arrow IPC stream (schema + batch), as the commit log's table records hold it.
+fn ipc_encode(batch: &RecordBatch, compression: Option<CompressionType>) -> Vec<u8> {
+    let options = IpcWriteOptions::default()
+        .try_with_compression(compression)
+        .expect("IPC compression is built in");
+    let mut out = Vec::with_capacity(batch.get_array_memory_size());
+    let mut writer =
+        arrow_ipc::writer::StreamWriter::try_new_with_options(&mut out, &batch.schema(), options)
+            .expect("IPC writer");
+    writer.write(batch).expect("IPC write");
+    writer.finish().expect("IPC finish");
+    drop(writer);
+    out
+}
+
+fn ipc_decode(bytes: &[u8]) -> usize {
+    arrow_ipc::reader::StreamReader::try_new(bytes, None)
+        .expect("IPC reader")
+        .map(|b| b.expect("IPC batch").num_rows())
+        .sum()
+}
+
+/// What the commit log could hold for one batch: size and CPU each way, best of `rounds`.
+fn log_payloads(decoder: &Decoder, body: &[u8], limits: &Limits, rounds: usize) {
+    let mb = body.len() as f64 / 1e6;
+    let batch = decoder
+        .decode(body, limits)
+        .expect("bench body must decode");
+    println!("what the commit log holds for a batch (best of {rounds} runs, one thread):");
+    println!(
+        "  {:<22} {:>9} {:>16} {:>16}",
+        "payload", "of body", "write MB/s", "replay MB/s"
+    );
+    let mut best_decode = f64::MAX;
+    for _ in 0..rounds {
+        let t = Instant::now();
+        sluice_decode(decoder, body, limits);
+        best_decode = best_decode.min(t.elapsed().as_secs_f64());
+    }
+    // The body itself: written as it came, decoded again (checks included) on replay.
+    println!(
+        "  {:<22} {:>8.2}x {:>16} {:>16.0}",
+        "NDJSON body",
+        1.0,
+        "(no encoding)",
+        mb / best_decode
+    );
+    for (name, compression) in [
+        ("Arrow IPC", None),
+        ("Arrow IPC + LZ4 frame", Some(CompressionType::LZ4_FRAME)),
+        ("Arrow IPC + zstd", Some(CompressionType::ZSTD)),
+    ] {
+        let (mut best_write, mut best_read, mut len) = (f64::MAX, f64::MAX, 0);
+        for _ in 0..rounds {
+            let t = Instant::now();
+            let bytes = ipc_encode(&batch, compression);
+            best_write = best_write.min(t.elapsed().as_secs_f64());
+            len = bytes.len();
+            let t = Instant::now();
+            assert_eq!(ipc_decode(&bytes), batch.num_rows());
+            best_read = best_read.min(t.elapsed().as_secs_f64());
+        }
+        println!(
+            "  {name:<22} {:>8.2}x {:>16.0} {:>16.0}",
+            len as f64 / body.len() as f64,
+            mb / best_write,
+            mb / best_read
+        );
+    }
 }
 
 fn main() {
@@ -148,4 +227,5 @@ fn main() {
         "  ratio sluice {threads} threads / arrow-json: {:.2}x",
         p / a
     );
+    log_payloads(&decoder, body, &limits, 7);
 }
