@@ -428,25 +428,13 @@ async fn a_stopped_ingest_resumes_with_no_row_lost_or_doubled() {
                     }
                     // Slow enough that several batches are in flight at once.
                     tokio::time::sleep(std::time::Duration::from_millis(30)).await;
-                    let rows: Vec<i64> = body
-                        .lines()
-                        .map(|l| {
-                            serde_json::from_str::<serde_json::Value>(l).unwrap()["a"]
-                                .as_i64()
-                                .unwrap()
-                        })
-                        .collect();
-                    let n = rows.len();
-                    taken.lock().unwrap().extend(rows);
-                    let answer = serde_json::json!({"status": "committed", "num_rows_inserted": n});
-                    (axum::http::StatusCode::OK, axum::Json(answer))
+                    let rows = stand_in_rows(&body);
+                    stand_in_commit(&taken, rows)
                 }
             }),
         )
     };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let endpoint = stand_in_serve(app).await;
     let dir = common::temp_dir("cli-stopped");
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("rows.ndjson");
@@ -520,28 +508,16 @@ async fn a_stalled_request_holds_back_the_batches_behind_it() {
             axum::routing::post(move |body: String| {
                 let (taken, release) = (taken.clone(), release.clone());
                 async move {
-                    let rows: Vec<i64> = body
-                        .lines()
-                        .map(|l| {
-                            serde_json::from_str::<serde_json::Value>(l).unwrap()["a"]
-                                .as_i64()
-                                .unwrap()
-                        })
-                        .collect();
+                    let rows = stand_in_rows(&body);
                     if rows.first() == Some(&0) {
                         release.notified().await;
                     }
-                    let n = rows.len();
-                    taken.lock().unwrap().extend(rows);
-                    let answer = serde_json::json!({"status": "committed", "num_rows_inserted": n});
-                    (axum::http::StatusCode::OK, axum::Json(answer))
+                    stand_in_commit(&taken, rows)
                 }
             }),
         )
     };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let endpoint = stand_in_serve(app).await;
     let dir = common::temp_dir("cli-stalled");
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("rows.ndjson");
@@ -586,4 +562,34 @@ async fn a_stalled_request_holds_back_the_batches_behind_it() {
     let mut all = taken.lock().unwrap().clone();
     all.sort_unstable();
     assert_eq!(all, (0..100).collect::<Vec<i64>>());
+}
+
+/// The `a` of each row of a body sent to a stand-in ingest endpoint.
+fn stand_in_rows(body: &str) -> Vec<i64> {
+    body.lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["a"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// A stand-in ingest endpoint takes `rows`: recorded in `taken`, answered as committed.
+fn stand_in_commit(
+    taken: &std::sync::Mutex<Vec<i64>>,
+    rows: Vec<i64>,
+) -> (axum::http::StatusCode, axum::Json<serde_json::Value>) {
+    let n = rows.len();
+    taken.lock().unwrap().extend(rows);
+    let answer = serde_json::json!({"status": "committed", "num_rows_inserted": n});
+    (axum::http::StatusCode::OK, axum::Json(answer))
+}
+
+/// Serves a stand-in on a loopback port; returns its endpoint.
+async fn stand_in_serve(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    endpoint
 }
