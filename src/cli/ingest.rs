@@ -75,7 +75,7 @@ pub struct IngestOptions {
     pub table: String,
     /// The inputs, in order.
     pub inputs: Vec<Input>,
-    /// Requests in flight at once.
+    /// Requests in flight at once (1 to 64; values outside are taken as the nearest).
     pub connections: usize,
     /// Most rows per batch (at most [`BATCH_ROWS`]).
     pub batch_rows: usize,
