@@ -414,27 +414,24 @@ async fn a_stopped_ingest_resumes_with_no_row_lost_or_doubled() {
     use std::sync::{Arc, Mutex};
     let taken = Arc::new(Mutex::new(Vec::<i64>::new()));
     let fail = Arc::new(AtomicBool::new(true));
-    let app = {
+    let handler = {
         let (taken, fail) = (taken.clone(), fail.clone());
-        axum::Router::new().route(
-            "/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}/ingest",
-            axum::routing::post(move |body: String| {
-                let (taken, fail) = (taken.clone(), fail.clone());
-                async move {
-                    if fail.load(Ordering::SeqCst) && body.contains("\"fail\":true") {
-                        let error = serde_json::json!({"code": "not_found",
-                            "message": "no such table", "details": {"status": "rejected"}});
-                        return (axum::http::StatusCode::NOT_FOUND, axum::Json(error));
-                    }
-                    // Slow enough that several batches are in flight at once.
-                    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
-                    let rows = stand_in_rows(&body);
-                    stand_in_commit(&taken, rows)
+        axum::routing::post(move |body: String| {
+            let (taken, fail) = (taken.clone(), fail.clone());
+            async move {
+                if fail.load(Ordering::SeqCst) && body.contains("\"fail\":true") {
+                    let error = serde_json::json!({"code": "not_found",
+                        "message": "no such table", "details": {"status": "rejected"}});
+                    return (axum::http::StatusCode::NOT_FOUND, axum::Json(error));
                 }
-            }),
-        )
+                // Slow enough that several batches are in flight at once.
+                tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+                let rows = stand_in_rows(&body);
+                stand_in_commit(&taken, rows)
+            }
+        })
     };
-    let endpoint = stand_in_serve(app).await;
+    let endpoint = stand_in_serve(handler).await;
     let dir = common::temp_dir("cli-stopped");
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("rows.ndjson");
@@ -501,23 +498,20 @@ async fn a_stalled_request_holds_back_the_batches_behind_it() {
     use std::sync::{Arc, Mutex};
     let taken = Arc::new(Mutex::new(Vec::<i64>::new()));
     let release = Arc::new(tokio::sync::Notify::new());
-    let app = {
+    let handler = {
         let (taken, release) = (taken.clone(), release.clone());
-        axum::Router::new().route(
-            "/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}/ingest",
-            axum::routing::post(move |body: String| {
-                let (taken, release) = (taken.clone(), release.clone());
-                async move {
-                    let rows = stand_in_rows(&body);
-                    if rows.first() == Some(&0) {
-                        release.notified().await;
-                    }
-                    stand_in_commit(&taken, rows)
+        axum::routing::post(move |body: String| {
+            let (taken, release) = (taken.clone(), release.clone());
+            async move {
+                let rows = stand_in_rows(&body);
+                if rows.first() == Some(&0) {
+                    release.notified().await;
                 }
-            }),
-        )
+                stand_in_commit(&taken, rows)
+            }
+        })
     };
-    let endpoint = stand_in_serve(app).await;
+    let endpoint = stand_in_serve(handler).await;
     let dir = common::temp_dir("cli-stalled");
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("rows.ndjson");
@@ -586,8 +580,12 @@ fn stand_in_commit(
     (axum::http::StatusCode::OK, axum::Json(answer))
 }
 
-/// Serves a stand-in on a loopback port; returns its endpoint.
-async fn stand_in_serve(app: axum::Router) -> String {
+/// Serves `handler` as a stand-in ingest endpoint on a loopback port; returns its endpoint.
+async fn stand_in_serve(handler: axum::routing::MethodRouter) -> String {
+    let app = axum::Router::new().route(
+        "/v1/catalog/databases/{db}/schemas/{schema}/tables/{table}/ingest",
+        handler,
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
