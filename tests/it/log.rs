@@ -698,3 +698,37 @@ async fn advancing_starts_a_new_segment_at_the_epochs_first_lsn() {
     let lsns: Vec<Lsn> = replay.iter().map(|r| r.lsn).collect();
     assert_eq!(lsns, vec![1, 1 << 48]);
 }
+
+/// A log moved on to a new epoch that wrote nothing there reopens at that epoch's position,
+/// not at the last record of the epoch before: a node reports the position it reached as
+/// durable, and a reopened log that fell short of it would be taken for a stale copy (a start
+/// that wrote nothing made the next start refuse).
+#[tokio::test]
+async fn a_log_advanced_with_no_record_since_reopens_where_it_was_advanced_to() {
+    let dir = temp_dir("advance-empty");
+    let (log, _) = CommitLog::open(LogConfig::new(&dir)).unwrap();
+    let first = log
+        .append(RecordKind::Metadata, b"a".to_vec())
+        .await
+        .unwrap();
+    assert_eq!(log.advance_to(2 << 48).await.unwrap(), 2 << 48);
+    let reached = log.last_lsn();
+    assert_eq!(reached, (2 << 48) - 1);
+    log.close();
+    for round in 0..3 {
+        let (log, replay) = CommitLog::open(LogConfig::new(&dir)).unwrap();
+        assert_eq!(replay.iter().map(|r| r.lsn).collect::<Vec<_>>(), vec![first]);
+        assert!(
+            log.last_lsn() >= reached,
+            "round {round}: reopened at {} after reaching {reached}",
+            log.last_lsn()
+        );
+        // The next epoch moves on again, writing nothing (a start stopped before any write).
+        let next = (3 + round as u64) << 48;
+        assert_eq!(log.advance_to(next).await.unwrap(), next);
+        log.close();
+    }
+    let (log, _) = CommitLog::open(LogConfig::new(&dir)).unwrap();
+    assert_eq!(log.last_lsn(), (5 << 48) - 1);
+    log.close();
+}
