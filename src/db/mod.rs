@@ -457,6 +457,7 @@ impl Database {
         // This epoch's records start past every LSN an earlier epoch could have used.
         log.advance_to(node.lsn_base()).await?;
         let catalog = Arc::new(Catalog::open(storage.clone()).await?);
+        let live = catalog.storage_ids().await;
         let tables = Arc::new(
             Tables::open(
                 log.clone(),
@@ -465,6 +466,7 @@ impl Database {
                 node.clone(),
                 config.tables.clone(),
                 config.gc_grace,
+                Some(&live),
             )
             .await?,
         );

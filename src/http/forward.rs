@@ -203,8 +203,11 @@ pub(super) async fn forward(
             .into_response();
         }
     };
-    if answer.status() == StatusCode::NOT_FOUND {
-        // Moved or deleted since it was found there.
+    if answer.status() == StatusCode::NOT_FOUND
+        || answer.status() == StatusCode::SERVICE_UNAVAILABLE
+    {
+        // Moved or deleted since it was found there (or the owner cannot serve it now): look
+        // it up afresh next time.
         state.db.note_stream_owner(name, None);
     }
     let mut response = Response::builder().status(answer.status());

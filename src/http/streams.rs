@@ -506,11 +506,22 @@ async fn at_owner(
         // No live process said it serves the stream. A create claims its name itself; any
         // other request asks the name's claim, so that a stream whose owner is between
         // processes (dead, not yet taken over) answers "retry", not "not found".
-        None if method == Method::PUT
-            || headers.contains_key(forward::FORWARDED)
-            || state.db.serves_stream(name) =>
-        {
+        None if method == Method::PUT || state.db.serves_stream(name) => {
             return Ok(Err(body));
+        }
+        // Forwarded here by a peer that took this process for the stream's owner, but the
+        // stream is not served here: it moved (deleted and created again elsewhere, taken
+        // over, or this address now answers for a new process). A stream whose name is
+        // claimed elsewhere is not "not found": the peer is told to look again.
+        None if headers.contains_key(forward::FORWARDED) => {
+            return match state.db.locate_stream_name(name).await {
+                Ok(Some(NamePlace::At(_))) => Err(ApiError::classified(
+                    ErrorClass::retry("OwnerMoved"),
+                    format!("stream {name:?} is served by another node now"),
+                )),
+                Ok(Some(NamePlace::Here) | None) => Ok(Err(body)),
+                Err(e) => Err(ApiError::of(&e)),
+            };
         }
         None => match state
             .db

@@ -20,6 +20,7 @@ mod roundtrip;
 mod s3;
 mod security;
 mod server;
+mod sim;
 mod slt;
 mod streams;
 mod table;
