@@ -21,6 +21,23 @@ use sluice::storage::journal::SyncJournal;
 use sluice::storage::probe::{Probe, ProbedStore};
 use sluice::stream::{AppendRequest, CreateRequest, Lifetime};
 
+/// The database settings `sluice serve --data-dir DIR` runs with (no other flag, variable
+/// or file), made small enough for a test as [`config`] makes them.
+fn served_defaults(dir: &Path) -> DbConfig {
+    let overrides = sluice::config::Overrides {
+        data_dir: Some(dir.to_owned()),
+        ..Default::default()
+    };
+    let mut c = sluice::config::ServeConfig::resolve(overrides, None)
+        .unwrap()
+        .db;
+    let small = config(dir);
+    c.log_segment_bytes = small.log_segment_bytes;
+    c.node_lease = small.node_lease;
+    c.gc_grace = small.gc_grace;
+    c
+}
+
 /// Settings small enough that segments roll, flushes and checkpoints happen in a test.
 fn config(dir: &Path) -> DbConfig {
     let mut c = DbConfig::new(dir);
@@ -162,7 +179,14 @@ async fn a_power_loss_loses_nothing_acknowledged_unless_durability_is_none() {
     for durability in [Durability::Fsync, Durability::None] {
         let dir = common::temp_dir("power-loss");
         let journal = Arc::new(SyncJournal::new());
-        let mut c = config(&dir);
+        // The settings `sluice serve` resolves with no flag, variable or file: the first round
+        // runs the server's own default durability, whatever it becomes.
+        let mut c = served_defaults(&dir);
+        assert_eq!(
+            c.durability,
+            Durability::Fsync,
+            "the server's default durability no longer syncs"
+        );
         c.durability = durability;
         c.sync_journal = Some(journal.clone());
         let db = Database::open(c.clone()).await.unwrap();
@@ -652,6 +676,27 @@ async fn under_churn_storage_stays_near_the_live_bytes_and_nothing_live_is_colle
         (stream_bytes as f64) <= live_stream as f64 * 1.5 + 4096.0,
         "streams hold {stream_bytes} bytes for {live_stream} live"
     );
+    // The catalog keeps its newest versions and those inside the grace period, however
+    // many changes the churn made (two a round).
+    let catalog_versions = std::fs::read_dir(objects.join("catalog"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+        .count();
+    assert!(
+        catalog_versions <= 12,
+        "the catalog keeps {catalog_versions} versions after {} changes",
+        2 * 12 + 2
+    );
+    // The commit log keeps only what is not yet durable elsewhere: its released segments
+    // are gone (segments are 4 KiB here; the churn wrote about 60 times that).
+    let log_bytes = bytes_under(&dir.join("log"));
+    assert!(
+        log_bytes <= 16 * 4096,
+        "the log directory holds {log_bytes} bytes after everything was flushed and \
+         checkpointed"
+    );
+    println!("churn: {catalog_versions} catalog versions, {log_bytes} bytes of log");
     assert!(
         db.gc_stats()
             .objects
@@ -815,5 +860,56 @@ async fn a_dropped_tables_remnants_never_stop_a_start() {
     let db = Database::open(c.clone()).await.unwrap();
     assert_eq!(ids(&db, "kept").await, (0..10).collect::<Vec<_>>());
     assert!(db.execute("SELECT count(*) FROM gone").await.is_err());
+    crash(db);
+}
+
+/// A start killed between its epoch claim and its first heartbeat leaves a claim with no
+/// heartbeat after it: the next start of the same directory knows that claimer for its own
+/// dead run (it holds the directory's lock) and goes ahead at once, instead of waiting a
+/// whole lease for a heartbeat that cannot come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_killed_right_after_its_claim_does_not_hold_up_the_next() {
+    let dir = common::temp_dir("claim-no-beat");
+    let mut c = config(&dir);
+    c.node_lease = Duration::from_secs(40);
+    let db = Database::open(c.clone()).await.unwrap();
+    db.execute("CREATE TABLE t (id int, note string)")
+        .await
+        .unwrap();
+    ingest(&db, "t", 0..5).await.unwrap();
+    crash(db);
+    // What the killed start left: node.json at epoch 2 and its claim, no heartbeat of it.
+    let identity: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("node.json")).unwrap()).unwrap();
+    let id = identity["id"].as_str().unwrap().to_owned();
+    let epoch = identity["epoch"].as_u64().unwrap();
+    let epochs = dir.join("objects").join("nodes").join(&id).join("epochs");
+    let mut claim: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(epochs.join(format!("{epoch:020}.json"))).unwrap())
+            .unwrap();
+    assert!(
+        claim["dir"].as_str().is_some_and(|d| !d.is_empty()),
+        "a claim names its directory: {claim}"
+    );
+    claim["epoch"] = (epoch + 1).into();
+    claim["token"] = "killed-before-its-heartbeat".into();
+    std::fs::write(
+        epochs.join(format!("{:020}.json", epoch + 1)),
+        claim.to_string(),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("node.json"),
+        serde_json::json!({"id": id, "epoch": epoch + 1}).to_string(),
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let db = Database::open(c.clone()).await.unwrap();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(20),
+        "the start waited {took:?}, as if another process might still hold the id"
+    );
+    assert_eq!(ids(&db, "t").await, (0..5).collect::<Vec<_>>());
     crash(db);
 }
