@@ -1240,3 +1240,33 @@ async fn a_request_forwarded_to_a_restarted_owners_address_answers_retry_not_not
     drop(a2);
     b.stop();
 }
+
+/// A table created through one node is there at once for a query through another (which
+/// reads the catalog again when a statement names a table it does not know), not only after
+/// its next catalog refresh.
+#[tokio::test]
+async fn a_table_created_on_one_node_is_queryable_on_another_at_once() {
+    let url = s3_url("create-then-query");
+    // Catalog refreshes far apart: only the statement's own look can find the table.
+    let config = "flush_interval_seconds = 0.3\nmaintenance_interval_seconds = 60\n";
+    let a = Node::start_configured(&temp_dir("cq-a"), &url, &[], config).await;
+    let b = Node::start_configured(&temp_dir("cq-b"), &url, &[], config).await;
+    for i in 0..3 {
+        a.statement(&format!("CREATE TABLE fresh{i} (id int)"))
+            .await;
+        let r = b.statement(&format!("SELECT count(*) FROM fresh{i}")).await;
+        assert_eq!(r["status"], "finished", "{r}");
+        let r = b
+            .statement(&format!(
+                "INSERT INTO scopedb.public.fresh{i} VALUES (1), (2)"
+            ))
+            .await;
+        assert_eq!(r["status"], "finished", "{r}");
+        assert_eq!(
+            b.count(&format!("SELECT count(*) FROM fresh{i}")).await,
+            Some(2)
+        );
+    }
+    a.stop();
+    b.stop();
+}

@@ -28,12 +28,16 @@
 //! must serve, once it is taken over, every row and message it acknowledged.
 //!
 //! The CI form runs a fixed set of seeds and one random seed, a few minutes in all. The long
-//! form runs one seed for as many events as asked:
-//! `SLUICE_SIM_SEED=… SLUICE_SIM_EVENTS=2000 cargo test --release --test it sim:: -- --nocapture`
-//! (`SLUICE_SIM_SEED` alone reruns one seed of the CI form). A failure names its seed and
-//! event; rerunning that seed replays the same operations and faults (the moments of the
-//! kills follow the same draws; a real process's timing varies around them).
+//! form runs one seed for as many events as asked, or for as long:
+//! `SLUICE_SIM_SEED=… SLUICE_SIM_EVENTS=100000 SLUICE_SIM_MINUTES=60 cargo test --test it
+//! sim::the_lifecycle_simulator_finds_no_violation_on_one_node -- --nocapture`
+//! (`SLUICE_SIM_SEED` alone reruns one seed of the CI form; the cluster's form needs the S3
+//! server of `tests/run.sh`). A failure names its seed and event; rerunning that seed replays
+//! the same operations and faults (the moments of the kills follow the same draws; a real
+//! process's timing varies around them, so a failure that hangs on a race may need a few
+//! reruns).
 
+mod cluster;
 mod lanes;
 mod model;
 mod server;
@@ -213,7 +217,12 @@ pub async fn run_local(seed: u64, events: usize) -> Result<Report, String> {
     lanes::setup(&ctx, &stream_names)
         .await
         .map_err(|e| fail(0, e))?;
+    // The long form may bound its run by time instead (`SLUICE_SIM_MINUTES`).
+    let until = env_u64("SLUICE_SIM_MINUTES").map(|m| Instant::now() + Duration::from_secs(m * 60));
     for i in 0..events {
+        if until.is_some_and(|until| Instant::now() > until) {
+            break;
+        }
         let event = Event::draw(&mut rng);
         println!(
             "[sim {seed}] event {i}: {event:?} (settings {})",
@@ -421,6 +430,48 @@ async fn the_lifecycle_simulator_finds_no_violation_on_one_node() {
         assert!(
             totals.get(name).copied().unwrap_or(0) > 0,
             "{name} never moved between faults: the simulation did not reach that threshold"
+        );
+    }
+}
+
+/// The seeds every CI run simulates a cluster with, besides one new seed.
+const CI_CLUSTER_SEEDS: [u64; 1] = [42];
+
+/// Events per seed in the cluster's CI form.
+const CI_CLUSTER_EVENTS: usize = 6;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lifecycle_simulator_finds_no_violation_in_a_cluster() {
+    let bucket = std::env::var("SLUICE_TEST_S3_URL").expect(
+        "SLUICE_TEST_S3_URL is not set: run the tests with `bash tests/run.sh`, which starts \
+         a SeaweedFS S3 server",
+    );
+    let events = env_u64("SLUICE_SIM_EVENTS").map_or(CI_CLUSTER_EVENTS, |e| e as usize);
+    let seeds: Vec<u64> = match env_u64("SLUICE_SIM_SEED") {
+        Some(seed) => vec![seed],
+        None => CI_CLUSTER_SEEDS
+            .iter()
+            .copied()
+            .chain([random_seed()])
+            .collect(),
+    };
+    for seed in seeds {
+        let count = 2 + (seed % 2) as usize;
+        let store = format!("{bucket}/sim-{seed}-{}", std::process::id());
+        println!("[sim {seed}] {count} nodes, object-store durability, {events} events");
+        let started = Instant::now();
+        let report = match cluster::run_cluster(seed, events, count, &store).await {
+            Ok(report) => report,
+            Err(e) => panic!("the lifecycle simulator found a violation: {e}"),
+        };
+        println!(
+            "[sim {seed}] passed in {:.1?}: {} events, {} starts, {} kills, {} checks; {}",
+            started.elapsed(),
+            report.events,
+            report.starts,
+            report.kills,
+            report.checks,
+            report.summary,
         );
     }
 }

@@ -175,7 +175,13 @@ impl Server {
         Ok(())
     }
 
-    /// SIGTERM, and waits for a clean exit.
+    /// Whether the process said it exits because another node took its id over (it is
+    /// then meant to exit with an error, for its supervisor to restart it).
+    fn fenced(&self) -> bool {
+        std::fs::read_to_string(&self.stderr).is_ok_and(|t| t.contains("was fenced"))
+    }
+
+    /// SIGTERM, and waits for a clean exit (or the exit of a node that was fenced meanwhile).
     pub async fn term(&mut self) -> Result<(), String> {
         let Some(mut child) = self.child.take() else {
             return Ok(());
@@ -185,6 +191,7 @@ impl Server {
         loop {
             match child.try_wait() {
                 Ok(Some(status)) if status.success() => return Ok(()),
+                Ok(Some(_)) if self.fenced() => return Ok(()),
                 Ok(Some(status)) => {
                     return Err(format!(
                         "{} (start {}) exited with {status} on SIGTERM; it printed:\n{}",
@@ -220,7 +227,7 @@ impl Server {
             && let Ok(Some(status)) = child.try_wait()
         {
             self.child = None;
-            if !status.success() {
+            if !status.success() && !self.fenced() {
                 return Err(format!(
                     "{} (start {}) exited with {status} on SIGTERM; it printed:\n{}",
                     self.name,
