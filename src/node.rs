@@ -253,6 +253,11 @@ fn now_ms() -> u64 {
 /// This machine's current boot (Linux: the kernel's boot id); empty when unknown, and then
 /// no earlier owner is taken for this directory's own previous run.
 fn boot_id() -> String {
+    // A test build can play a reboot (after a simulated power loss).
+    #[cfg(feature = "testing")]
+    if let Ok(boot) = std::env::var("SLUICE_TEST_BOOT_ID") {
+        return boot;
+    }
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .map(|s| s.trim().to_owned())
         .unwrap_or_default()
@@ -727,6 +732,13 @@ async fn wait_until_gone(
         // we hold proves it is no longer running).
         return Ok(Some(first.last_lsn));
     }
+    tracing::warn!(
+        node = %id,
+        epoch,
+        lease_ms = lease.as_millis() as u64,
+        "the last owner of this node id may still be running: waiting up to a lease for its \
+         heartbeat to stand still"
+    );
     let started = Instant::now();
     let poll = (lease / 8).max(Duration::from_millis(10));
     while started.elapsed() < lease {

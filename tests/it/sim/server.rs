@@ -47,7 +47,20 @@ pub struct Server {
     /// Standard error of the current (or last) process.
     stderr: PathBuf,
     pub starts: u64,
+    /// The machine's boot as the node sees it (`SLUICE_TEST_BOOT_ID`): a power loss reboots.
+    boot: u64,
+    /// Whether the machine rebooted since the last start (a start may then wait a lease for
+    /// the previous owner's heartbeat; after a restart on the same boot it must not).
+    rebooted: bool,
+    /// A cluster node may be fenced (taken over while paused or starved past its lease) and
+    /// then exits with an error on purpose; a single node never is.
+    pub cluster: bool,
+    /// The node id each start served as (from its `node.json`), for a failure's report.
+    pub ids: Vec<(u64, String)>,
 }
+
+/// What the log line says when a start waits for the last owner of its id.
+const LEASE_WAIT: &str = "waiting up to a lease";
 
 impl Drop for Server {
     fn drop(&mut self) {
@@ -77,7 +90,40 @@ impl Server {
             settings,
             child: None,
             starts: 0,
+            boot: 1,
+            rebooted: false,
+            cluster: false,
+            ids: Vec::new(),
         }
+    }
+
+    /// The record of every write and sync of the current (or last) process, for a power loss.
+    fn sync_record(&self) -> PathBuf {
+        self.dir.join(format!("sync-{}.record", self.starts))
+    }
+
+    /// The power goes out while the process runs: it dies, and every file is put back to what
+    /// its syncs made durable (`SyncJournal`); the machine comes back with a new boot.
+    pub fn power_loss(&mut self) -> Result<usize, String> {
+        self.kill()?;
+        let damaged = sluice::storage::journal::power_loss_from_record(&self.sync_record())
+            .map_err(|e| format!("applying the power loss: {e}"))?;
+        self.boot += 1;
+        self.rebooted = true;
+        Ok(damaged)
+    }
+
+    /// Whether the process exited by itself (it was not stopped): a crash, or a refusal.
+    pub fn exited(&mut self) -> Option<String> {
+        let child = self.child.as_mut()?;
+        let status = child.try_wait().ok()??;
+        self.child = None;
+        Some(format!(
+            "{} (start {}) exited with {status} by itself; it printed:\n{}",
+            self.name,
+            self.starts,
+            tail(&self.stderr)
+        ))
     }
 
     pub fn base(&self) -> String {
@@ -93,6 +139,7 @@ impl Server {
         // Keep the last few starts' output: a refusal names its cause there.
         self.stderr = self.dir.join(format!("stderr-{}.log", self.starts % 4));
         let stderr = std::fs::File::create(&self.stderr).unwrap();
+        let _ = std::fs::remove_file(self.dir.join(format!("sync-{}.record", self.starts - 1)));
         let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
             .args(["serve", "--listen", &format!("127.0.0.1:{}", self.port)])
             .arg("--data-dir")
@@ -102,6 +149,8 @@ impl Server {
             .args(&self.args)
             .env_remove("SLUICE_API_KEYS")
             .env("SLUICE_LOG", "sluice=warn")
+            .env("SLUICE_TEST_SYNC_RECORD", self.sync_record())
+            .env("SLUICE_TEST_BOOT_ID", format!("sim-boot-{}", self.boot))
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::null())
             .stderr(stderr)
@@ -129,6 +178,27 @@ impl Server {
             if let Ok(r) = client.get(&url).send().await
                 && r.status() == 200
             {
+                // On the same boot, the last owner is this directory's own dead process: no
+                // start waits a lease for it.
+                let rebooted = std::mem::take(&mut self.rebooted);
+                if !rebooted
+                    && !self.cluster
+                    && std::fs::read_to_string(&self.stderr).is_ok_and(|t| t.contains(LEASE_WAIT))
+                {
+                    return Err(format!(
+                        "{} (start {}) waited a lease for its own dead process; it printed:\n{}",
+                        self.name,
+                        self.starts,
+                        tail(&self.stderr)
+                    ));
+                }
+                let identity = std::fs::read_to_string(self.dir.join("data").join("node.json"))
+                    .unwrap_or_default();
+                let id = serde_json::from_str::<serde_json::Value>(&identity)
+                    .ok()
+                    .and_then(|v| v["id"].as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                self.ids.push((self.starts, id));
                 return Ok(started.elapsed());
             }
             if let Some(child) = &mut self.child
@@ -178,7 +248,8 @@ impl Server {
     /// Whether the process said it exits because another node took its id over (it is
     /// then meant to exit with an error, for its supervisor to restart it).
     fn fenced(&self) -> bool {
-        std::fs::read_to_string(&self.stderr).is_ok_and(|t| t.contains("was fenced"))
+        self.cluster
+            && std::fs::read_to_string(&self.stderr).is_ok_and(|t| t.contains("was fenced"))
     }
 
     /// SIGTERM, and waits for a clean exit (or the exit of a node that was fenced meanwhile).
@@ -246,6 +317,30 @@ impl Server {
 }
 
 fn signal_term(child: &Child) {
+    signal(child, "-TERM");
+}
+
+fn signal(child: &Child, which: &str) {
     let pid = child.id().to_string();
-    let _ = Command::new("kill").args(["-TERM", &pid]).status();
+    let _ = Command::new("kill").args([which, &pid]).status();
+}
+
+impl Server {
+    /// Stops the process where it is (`SIGSTOP`: a VM paused, a process starved), or lets it
+    /// go on (`SIGCONT`).
+    pub fn pause(&self, paused: bool) {
+        if let Some(child) = &self.child {
+            signal(child, if paused { "-STOP" } else { "-CONT" });
+        }
+    }
+
+    /// After a pause: a node that found it was fenced exits with an error on purpose (its
+    /// supervisor restarts it); any other exit is an error.
+    pub fn exited_fenced(&mut self) -> Result<bool, String> {
+        match self.exited() {
+            None => Ok(false),
+            Some(_) if self.fenced() => Ok(true),
+            Some(exit) => Err(exit),
+        }
+    }
 }
