@@ -1,8 +1,10 @@
-//! The Iceberg view of tables, read by real readers from PyPI: pyiceberg through sluice's
-//! REST catalog at `/iceberg`, and Daft through pyiceberg (`tests/iceberg/read_table.py`,
-//! installed by `tests/run.sh`), on the local directory and on the S3 server the tests run;
-//! snapshot expiry agreeing with garbage collection; files without field ids read through
-//! the name mapping; the catalog's keys and roles.
+//! The Iceberg views of tables (format version 3, and the version-2 compatibility view),
+//! read by four independent readers from PyPI through sluice's REST catalog at `/iceberg`
+//! (`tests/iceberg/read_table.py`, installed by `tests/run.sh`): pyiceberg, Daft, Polars'
+//! `scan_iceberg` and DuckDB 1.4.4 (ATTACH of the catalog), on the local directory and on
+//! the S3 server the tests run; snapshot expiry agreeing with garbage collection in both
+//! views; files without field ids read through the name mapping; the catalog's keys, roles
+//! and prefixes.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -28,8 +30,13 @@ fn python() -> PathBuf {
     installed
 }
 
-/// Runs the readers on `namespace.table` and returns what they saw.
-fn read(base: &str, key: &str, table: &str, daft: bool) -> Value {
+/// The readers besides pyiceberg that a full read runs (`tests/iceberg/read_table.py`).
+const ALL_READERS: &str = "daft,polars,duckdb";
+
+/// Runs the readers (pyiceberg, and `readers`) on `scopedb.public.table` through the catalog
+/// at `base`, in the view `warehouse` names (the default view for `None`), and returns what
+/// they saw.
+fn read(base: &str, key: &str, table: &str, warehouse: Option<&str>, readers: &str) -> Value {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/iceberg/read_table.py");
     let mut command = std::process::Command::new(python());
     command
@@ -37,15 +44,15 @@ fn read(base: &str, key: &str, table: &str, daft: bool) -> Value {
         .arg(format!("{base}/iceberg"))
         .arg("scopedb.public")
         .arg(table)
-        .args(["--token", key]);
+        .args(["--token", key, "--readers", readers]);
+    if let Some(warehouse) = warehouse {
+        command.args(["--warehouse", warehouse]);
+    }
     if let (Ok(id), Ok(secret)) = (
         std::env::var("AWS_ACCESS_KEY_ID"),
         std::env::var("AWS_SECRET_ACCESS_KEY"),
     ) {
         command.args(["--s3-key", &id, &secret]);
-    }
-    if daft {
-        command.arg("--daft");
     }
     let out = command.output().expect("python runs");
     assert!(
@@ -117,8 +124,46 @@ fn row(n: i64) -> (String, Value) {
     (line.to_string(), expected)
 }
 
-/// The rows the readers printed, JSON columns parsed (their text is the readers' value),
-/// ordered by the key.
+/// Rows at the extremes of every type, as NDJSON, and as the readers print them: the
+/// smallest and largest int, uint, float, timestamp (1677-09-21 and 2262-04-11 in
+/// nanoseconds) and interval; a time a nanosecond before 1970 (which the v2 view turns into
+/// microseconds); the empty string, binary, object and array; text that needs escaping.
+fn extreme_rows() -> Vec<(String, Value)> {
+    let rows = [
+        (
+            json!({"i": i64::MIN, "u": 0, "f": -f64::MAX, "b": false, "s": "",
+                "t": "1677-09-21T00:12:43.145224192Z", "d": "-PT9223372036.854775808S",
+                "bin": "", "o": {}, "a": [], "x": "\"quoted\"\n\u{0}"}),
+            json!({"t": i64::MIN, "d": i64::MIN, "bin": {"base64": ""},
+                "x": "\"quoted\"\n\u{0}"}),
+        ),
+        (
+            json!({"i": i64::MAX, "u": i64::MAX, "f": f64::MAX, "b": true,
+                "s": "tab\t \"q\" \\ 𝄞", "t": "2262-04-11T23:47:16.854775807Z",
+                "d": "PT9223372036.854775807S", "bin": "/w==", "o": {"a": {"b": [null]}},
+                "a": [[], {}], "x": -0.5}),
+            json!({"t": i64::MAX, "d": i64::MAX, "bin": {"base64": "/w=="}}),
+        ),
+        (
+            json!({"i": 1_000_000, "u": 1, "f": 5e-324, "b": true, "s": "x",
+                "t": "1969-12-31T23:59:59.999999999Z", "d": "PT0.000000001S", "bin": "AA==",
+                "o": {"k": 1}, "a": [1], "x": {"k": [1, 2]}}),
+            json!({"t": -1, "d": 1, "bin": {"base64": "AA=="}}),
+        ),
+    ];
+    rows.into_iter()
+        .map(|(line, changed)| {
+            let mut expected = line.clone();
+            for (k, v) in changed.as_object().unwrap() {
+                expected[k] = v.clone();
+            }
+            (line.to_string(), expected)
+        })
+        .collect()
+}
+
+/// The rows a reader printed (`seen` holds `rows`), JSON columns parsed (their text is the
+/// readers' value), ordered by the key.
 fn seen_rows(seen: &Value) -> Vec<Value> {
     let mut rows: Vec<Value> = seen["rows"].as_array().expect("rows").clone();
     for r in &mut rows {
@@ -130,6 +175,114 @@ fn seen_rows(seen: &Value) -> Vec<Value> {
     }
     rows.sort_by_key(|r| r["i"].as_i64());
     rows
+}
+
+/// The rows as a reader of the v2 view gets them from `expected` (the v3 view's): timestamps
+/// in microseconds, the nanoseconds dropped toward zero (pyiceberg, Daft, DuckDB) or, with
+/// `floor`, toward the past (Polars): the two differ by a microsecond for times before 1970
+/// that are not whole microseconds.
+fn in_microseconds(expected: &[Value], floor: bool) -> Vec<Value> {
+    expected
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            if let Some(t) = r["t"].as_i64() {
+                r["t"] = json!(if floor {
+                    t.div_euclid(1_000)
+                } else {
+                    t / 1_000
+                });
+            }
+            r
+        })
+        .collect()
+}
+
+/// Checks what every reader saw of the all-types table in one view (`warehouse`: `None` for
+/// the default, v3, or `"v2"`) against `expected` (as the v3 view gives it), and returns one
+/// line for each reader saying what it returned.
+fn check_readers(seen: &Value, warehouse: Option<&str>, expected: &[Value]) -> Vec<String> {
+    let v2 = warehouse == Some("v2");
+    let unit = if v2 { "us" } else { "ns" };
+    let want_of = |floor: bool| {
+        if v2 {
+            in_microseconds(expected, floor)
+        } else {
+            expected.to_vec()
+        }
+    };
+    let want = want_of(false);
+    let view = if v2 { "v2" } else { "v3" };
+    assert_eq!(seen["format_version"], if v2 { 2 } else { 3 });
+    assert!(
+        seen["metadata_location"].as_str().unwrap().contains(if v2 {
+            "/metadata-v2/v"
+        } else {
+            "/metadata/v"
+        }),
+        "{}",
+        seen["metadata_location"]
+    );
+    let time = if v2 { "timestamptz" } else { "timestamptz_ns" };
+    assert_eq!(
+        seen["iceberg_types"],
+        json!({"i": "long", "u": "long", "f": "double", "b": "boolean", "s": "string",
+            "t": time, "d": "long", "bin": "binary", "o": "string", "a": "string",
+            "x": "string"})
+    );
+    // Files written since uints are plain INT64 give pyiceberg `int64` (as `long` says).
+    assert_eq!(
+        seen["arrow_types"],
+        json!({"i": "int64", "u": "int64", "f": "double", "b": "bool", "s": "string",
+            "t": format!("timestamp[{unit}, tz=UTC]"), "d": "int64", "bin": "binary",
+            "o": "string", "a": "string", "x": "string"})
+    );
+    let mut lines = Vec::new();
+    assert_eq!(
+        seen_rows(seen),
+        want,
+        "pyiceberg reads the {view} view's rows"
+    );
+    lines.push(format!(
+        "{view}: pyiceberg: {} rows as ingested, t {}",
+        want.len(),
+        seen["arrow_types"]["t"]
+    ));
+    for reader in ["daft", "polars", "duckdb"] {
+        let got = &seen["readers"][reader];
+        if reader == "duckdb" && !v2 {
+            // DuckDB 1.4.4 does not know the v3 types: the reason the v2 view exists.
+            let error = got["error"].as_str().unwrap_or_default();
+            assert!(error.contains("timestamptz_ns"), "{got}");
+            lines.push(format!("{view}: duckdb: refused: {error}"));
+            continue;
+        }
+        assert!(got.get("error").is_none(), "{reader} on {view}: {got}");
+        let t_type = got["types"]["t"].as_str().unwrap_or_default();
+        assert!(
+            t_type.starts_with(&format!("timestamp[{unit}")),
+            "{reader} on {view}: t is {t_type}"
+        );
+        let mut rows = seen_rows(got);
+        let mut want = want_of(reader == "polars");
+        if reader == "duckdb" {
+            // DuckDB takes a timestamp of i64::MAX nanoseconds (2262-04-11T23:47:16.854775807Z)
+            // for its `infinity`, and hands that over as i64::MAX microseconds.
+            for (r, w) in rows.iter_mut().zip(&mut want) {
+                if r["i"] == json!(i64::MAX) {
+                    assert_eq!(r["t"], json!(i64::MAX), "duckdb's infinity");
+                    r["t"] = w["t"].clone();
+                }
+            }
+        }
+        // Readers hand binary and text over in their own Arrow types; the values compare.
+        assert_eq!(rows, want, "{reader} reads the {view} view's rows");
+        lines.push(format!(
+            "{view}: {reader}: {} rows as ingested, t {t_type}",
+            rows.len()
+        ));
+    }
+    lines
 }
 
 struct Served {
@@ -237,6 +390,7 @@ fn assert_files(seen: &Value, live: &BTreeSet<String>, location: &str) {
 async fn every_type_reads_back_before_and_after_compaction(
     mut config: DbConfig,
     location: impl Fn(&Path) -> String,
+    storage: &str,
 ) {
     config.tables.compact_min_files = 2;
     let data_dir = config.data_dir.clone();
@@ -244,6 +398,7 @@ async fn every_type_reads_back_before_and_after_compaction(
     let location = location(&data_dir);
     let id = served.create(ALL_TYPES).await;
     let mut expected = Vec::new();
+    let mut counts = Vec::new();
     for batch in 0..3 {
         let mut body = String::new();
         for n in batch * 4..batch * 4 + 4 {
@@ -252,71 +407,79 @@ async fn every_type_reads_back_before_and_after_compaction(
             body.push('\n');
             expected.push(value);
         }
+        if batch == 0 {
+            for (line, value) in extreme_rows() {
+                body.push_str(&line);
+                body.push('\n');
+                expected.push(value);
+            }
+        }
         served.ingest("all_types", body).await;
         assert!(served.db.tables().flush(&id).await.unwrap().is_some());
+        counts.push(expected.len());
     }
-    let sum: i64 = expected.iter().filter_map(|r| r["i"].as_i64()).sum();
     expected.sort_by_key(|r| r["i"].as_i64());
-
-    let before = read(&served.base, "r-key", "all_types", true);
-    assert_eq!(before["format_version"], 3);
-    assert_eq!(
-        before["iceberg_types"],
-        json!({"i": "long", "u": "long", "f": "double", "b": "boolean", "s": "string",
-            "t": "timestamptz_ns", "d": "long", "bin": "binary", "o": "string", "a": "string",
-            "x": "string"})
-    );
-    // pyiceberg hands a uint column's values over as Parquet stores them (unsigned 64-bit),
-    // each within the `long` the schema names.
-    assert_eq!(
-        before["arrow_types"],
-        json!({"i": "int64", "u": "uint64", "f": "double", "b": "bool", "s": "string",
-            "t": "timestamp[ns, tz=UTC]", "d": "int64", "bin": "binary", "o": "string",
-            "a": "string", "x": "string"})
-    );
-    assert_eq!(
-        seen_rows(&before),
-        expected,
-        "pyiceberg reads every row as ingested"
-    );
-    assert_eq!(before["daft"], json!({"count": expected.len(), "sum": sum}));
-    assert_eq!(before["snapshots"], json!([1, 2, 3]));
-    assert_files(&before, &served.live_files("all_types").await, &location);
-    assert_eq!(before["namespaces"], json!([["scopedb"]]));
-    assert_eq!(before["child_namespaces"], json!([["scopedb", "public"]]));
-    assert_eq!(
-        before["tables"],
-        json!([["scopedb", "public", "all_types"]])
-    );
+    let mut report = Vec::new();
 
     let old = served.live_files("all_types").await;
+    for warehouse in [None, Some("v2")] {
+        let before = read(&served.base, "r-key", "all_types", warehouse, ALL_READERS);
+        for line in check_readers(&before, warehouse, &expected) {
+            report.push(format!("{storage} before compaction: {line}"));
+        }
+        assert_eq!(before["snapshots"], json!([1, 2, 3]));
+        assert_eq!(
+            before["snapshot_rows"],
+            json!({"1": counts[0], "2": counts[1], "3": counts[2]})
+        );
+        // Both views list the same data files.
+        assert_files(&before, &old, &location);
+        assert_eq!(before["namespaces"], json!([["scopedb"]]));
+        assert_eq!(before["child_namespaces"], json!([["scopedb", "public"]]));
+        assert_eq!(
+            before["tables"],
+            json!([["scopedb", "public", "all_types"]])
+        );
+    }
+
     assert!(served.db.tables().compact(&id).await.unwrap().is_some());
-    let after = read(&served.base, "r-key", "all_types", true);
     let live = served.live_files("all_types").await;
     assert_eq!(live.len(), 1);
     assert!(live.is_disjoint(&old));
-    assert_files(&after, &live, &location);
-    assert_eq!(after["snapshots"], json!([1, 2, 3, 4]));
-    assert_eq!(
-        seen_rows(&after),
-        expected,
-        "the same rows after compaction"
-    );
-    assert_eq!(after["daft"], before["daft"]);
+    for warehouse in [None, Some("v2")] {
+        let after = read(&served.base, "r-key", "all_types", warehouse, ALL_READERS);
+        for line in check_readers(&after, warehouse, &expected) {
+            report.push(format!("{storage} after compaction: {line}"));
+        }
+        assert_files(&after, &live, &location);
+        assert_eq!(after["snapshots"], json!([1, 2, 3, 4]));
+        // The snapshots before compaction still read, from the files compaction replaced.
+        assert_eq!(
+            after["snapshot_rows"],
+            json!({"1": counts[0], "2": counts[1], "3": counts[2], "4": counts[2]})
+        );
+    }
+    for line in report {
+        println!("iceberg readers: {line}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pyiceberg_and_daft_read_every_type_from_the_local_directory() {
+async fn four_readers_read_every_type_in_both_views_from_the_local_directory() {
     let dir = common::temp_dir("iceberg-local");
-    every_type_reads_back_before_and_after_compaction(DbConfig::new(&dir), |dir| {
-        let objects = std::fs::canonicalize(dir.join("objects")).unwrap();
-        format!("file://{}", objects.display())
-    })
+    every_type_reads_back_before_and_after_compaction(
+        DbConfig::new(&dir),
+        |dir| {
+            let objects = std::fs::canonicalize(dir.join("objects")).unwrap();
+            format!("file://{}", objects.display())
+        },
+        "local",
+    )
     .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pyiceberg_and_daft_read_every_type_from_s3() {
+async fn four_readers_read_every_type_in_both_views_from_s3() {
     let base = std::env::var("SLUICE_TEST_S3_URL").expect(
         "SLUICE_TEST_S3_URL is not set: run the tests with `bash tests/run.sh`, which starts \
          a SeaweedFS S3 server",
@@ -324,7 +487,7 @@ async fn pyiceberg_and_daft_read_every_type_from_s3() {
     let url = format!("{base}/iceberg-{}", std::process::id());
     let mut config = DbConfig::new(common::temp_dir("iceberg-s3"));
     config.object_store = Some(url.clone());
-    every_type_reads_back_before_and_after_compaction(config, move |_| url.clone()).await;
+    every_type_reads_back_before_and_after_compaction(config, move |_| url.clone(), "s3").await;
 }
 
 /// The newest metadata of a table in a local data directory: its snapshot ids.
@@ -455,7 +618,7 @@ async fn the_view_is_rebuilt_when_lost_and_when_the_data_directory_moves() {
         "{location}"
     );
     assert_eq!(answer["metadata"]["current-snapshot-id"], 2);
-    let seen = read(&served.base, "r-key", "r", false);
+    let seen = read(&served.base, "r-key", "r", None, "");
     assert_eq!(seen["rows"], json!([{"i": 0}, {"i": 1}]));
 
     // All of it lost: garbage collection's pass (which also runs at start) writes it again
@@ -467,7 +630,7 @@ async fn the_view_is_rebuilt_when_lost_and_when_the_data_directory_moves() {
     std::fs::remove_dir_all(&metadata).unwrap();
     let answer = load(&served, "r").await;
     assert_eq!(answer["metadata"]["current-snapshot-id"], 2);
-    let seen = read(&served.base, "r-key", "r", false);
+    let seen = read(&served.base, "r-key", "r", None, "");
     assert_eq!(seen["rows"], json!([{"i": 0}, {"i": 1}]));
 }
 
@@ -527,7 +690,7 @@ async fn files_without_field_ids_are_read_through_the_name_mapping() {
     std::fs::write(&path, &out).unwrap();
 
     // Rows by `i`: a file keeps its rows in time order, the null time first.
-    let seen = read(&served.base, "r-key", "m", false);
+    let seen = read(&served.base, "r-key", "m", None, "");
     assert_eq!(
         seen_rows(&seen),
         vec![
@@ -733,7 +896,7 @@ async fn readers_during_flushes_compactions_and_collection_see_whole_prefixes() 
     for _ in 0..reads {
         let lo = flushed.load(Ordering::SeqCst);
         let base = served.base.clone();
-        let seen = tokio::task::spawn_blocking(move || read(&base, "r-key", "c", false))
+        let seen = tokio::task::spawn_blocking(move || read(&base, "r-key", "c", None, ""))
             .await
             .unwrap();
         check(&seen, lo, flushed.load(Ordering::SeqCst));
@@ -743,7 +906,7 @@ async fn readers_during_flushes_compactions_and_collection_see_whole_prefixes() 
     maintenance.await.unwrap();
     let all = flushed.load(Ordering::SeqCst);
     let base = served.base.clone();
-    let seen = tokio::task::spawn_blocking(move || read(&base, "r-key", "c", false))
+    let seen = tokio::task::spawn_blocking(move || read(&base, "r-key", "c", None, ""))
         .await
         .unwrap();
     check(&seen, all, all);
@@ -760,7 +923,7 @@ async fn a_damaged_view_is_published_anew_and_never_stops_flushing() {
         .await;
     served.ingest("d", "{\"i\":1}\n".into()).await;
     served.db.tables().flush(&id).await.unwrap().unwrap();
-    let seen = read(&served.base, "r-key", "d", false);
+    let seen = read(&served.base, "r-key", "d", None, "");
     assert_eq!(seen["rows"], json!([{"i": 1}]));
     let objects = std::fs::canonicalize(dir.join("objects")).unwrap();
     assert!(
@@ -777,7 +940,7 @@ async fn a_damaged_view_is_published_anew_and_never_stops_flushing() {
     std::fs::write(newest_metadata(&metadata), b"").unwrap();
     served.ingest("d", "{\"i\":2}\n".into()).await;
     served.db.tables().flush(&id).await.unwrap().unwrap();
-    let seen = read(&served.base, "r-key", "d", false);
+    let seen = read(&served.base, "r-key", "d", None, "");
     assert_eq!(seen["rows"], json!([{"i": 1}, {"i": 2}]));
     std::fs::write(newest_metadata(&metadata), b"{not json").unwrap();
     let r = load(&served, "d").await;
@@ -827,7 +990,7 @@ async fn a_damaged_view_is_published_anew_and_never_stops_flushing() {
     assert_eq!(r["metadata"]["current-snapshot-id"], 4);
     assert_eq!(r["metadata"]["properties"]["sluice.manifest-version"], "4");
     served.db.collect_garbage().await;
-    let seen = read(&served.base, "r-key", "d", false);
+    let seen = read(&served.base, "r-key", "d", None, "");
     assert_eq!(
         seen["rows"],
         json!([{"i": 1}, {"i": 2}, {"i": 3}, {"i": 4}])
