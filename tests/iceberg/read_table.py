@@ -113,7 +113,12 @@ def duckdb_rows(args, namespace, table_name):
     endpoint = args.uri.replace("'", "''")
     con.execute(f"ATTACH '{warehouse}' AS sl (TYPE iceberg, ENDPOINT '{endpoint}', {auth})")
     quoted = f'sl."{namespace}"."{table_name}"'
-    return rows_of(con.execute(f"SELECT * FROM {quoted}").fetch_arrow_table())
+    out = rows_of(con.execute(f"SELECT * FROM {quoted}").fetch_arrow_table())
+    if args.time_filter:
+        out["filtered_count"] = con.execute(
+            f"SELECT count(*) FROM {quoted} WHERE t <= ?::TIMESTAMPTZ", [args.time_filter]
+        ).fetchone()[0]
+    return out
 
 
 def main():
@@ -125,6 +130,9 @@ def main():
     p.add_argument("--warehouse")
     p.add_argument("--s3-key", nargs=2)
     p.add_argument("--readers", default="")
+    # An instant (ISO 8601, UTC): pyiceberg and DuckDB also count the rows with `t` at or
+    # before it, a filter they prune files with by the manifests' bounds of `t`.
+    p.add_argument("--time-filter")
     args = p.parse_args()
     readers = [r for r in args.readers.split(",") if r]
 
@@ -159,6 +167,12 @@ def main():
     seen = rows_of(scan.to_arrow())
     out["arrow_types"] = seen["types"]
     out["rows"] = seen["rows"]
+    if args.time_filter:
+        from pyiceberg.expressions import LessThanOrEqual
+
+        out["filtered_count"] = attempt(
+            lambda: table.scan(row_filter=LessThanOrEqual("t", args.time_filter)).to_arrow().num_rows
+        )
     out["readers"] = {}
     if "daft" in readers:
         import daft
