@@ -134,7 +134,8 @@ fn named_view(name: &str) -> Option<View> {
 
 /// The view a request under `/iceberg/v1/` asks for: by its prefix, the segment after `v1`
 /// (`namespaces` where there is none). The router only routes `namespaces` or a prefix there.
-fn view_of(uri: &Uri) -> Result<View, Answer> {
+/// `Err` holds a prefix that names no view.
+fn view_of(uri: &Uri) -> Result<View, &str> {
     let first = uri
         .path()
         .strip_prefix("/iceberg/v1/")
@@ -143,7 +144,12 @@ fn view_of(uri: &Uri) -> Result<View, Answer> {
     if first == "namespaces" {
         return Ok(View::V3);
     }
-    named_view(first).ok_or_else(|| no_such("prefix", first.to_owned()))
+    named_view(first).ok_or(first)
+}
+
+/// The answer to a prefix that names no view.
+fn no_such_prefix(prefix: &str) -> Answer {
+    no_such("prefix", prefix.to_owned())
 }
 
 /// Query parameters of the configuration.
@@ -214,8 +220,8 @@ pub(super) async fn list_namespaces(
     uri: Uri,
     params: Result<Query<ListNamespaces>, axum::extract::rejection::QueryRejection>,
 ) -> Answer {
-    if let Err(answer) = view_of(&uri) {
-        return answer;
+    if let Err(prefix) = view_of(&uri) {
+        return no_such_prefix(prefix);
     }
     let Ok(Query(params)) = params else {
         return ApiError::bad_request("bad query parameters").into();
@@ -251,7 +257,7 @@ async fn find_namespace(
     uri: &Uri,
     namespace: &str,
 ) -> Result<Vec<String>, Answer> {
-    view_of(uri)?;
+    view_of(uri).map_err(no_such_prefix)?;
     let root = root(state).await.map_err(Answer::from)?;
     let levels = levels(namespace);
     let found = match levels.as_slice() {
@@ -344,7 +350,7 @@ pub(super) async fn load_table(
 ) -> Answer {
     let view = match view_of(&uri) {
         Ok(view) => view,
-        Err(answer) => return answer,
+        Err(prefix) => return no_such_prefix(prefix),
     };
     let id = match table_id(&state, &namespace, &table).await {
         Ok(id) => id,
@@ -379,8 +385,8 @@ pub(super) async fn head_table(
     uri: Uri,
     Path(TablePath { namespace, table }): Path<TablePath>,
 ) -> Answer {
-    if let Err(answer) = view_of(&uri) {
-        return answer;
+    if let Err(prefix) = view_of(&uri) {
+        return no_such_prefix(prefix);
     }
     match table_id(&state, &namespace, &table).await {
         Ok(_) => no_content(),

@@ -540,6 +540,114 @@ async fn four_readers_read_every_type_in_both_views_from_s3() {
     every_type_reads_back_before_and_after_compaction(config, move |_| url.clone(), "s3").await;
 }
 
+/// The Python blocks of the README's Iceberg section, in order: the pyiceberg (Daft,
+/// Polars) recipe and the DuckDB one.
+fn readme_recipes() -> Vec<String> {
+    let readme = include_str!("../../README.md");
+    let start = readme
+        .find("## Iceberg view")
+        .expect("the README's Iceberg section");
+    let section = &readme[start..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |e| e + 3)];
+    section
+        .split("```python\n")
+        .skip(1)
+        .filter_map(|block| block.split("\n```").next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Runs a README recipe as written, its placeholders filled in: sluice's address and a read
+/// key, and for S3 (`s3` holds the key id, the secret and the endpoint's host and port) the
+/// bucket's credentials; without S3 the lines for S3 are left out. `check` is appended, and
+/// what it prints is the answer.
+fn run_recipe(recipe: &str, base: &str, s3: Option<(&str, &str, &str)>, check: &str) -> String {
+    let host = base.trim_start_matches("http://");
+    let mut code = String::new();
+    for line in recipe.lines() {
+        let mut line = line
+            .replace("HOST:6543", host)
+            .replace("'KEY'", "'r-key'")
+            .replace("\"KEY\"", "\"r-key\"");
+        match s3 {
+            Some((id, secret, endpoint)) => {
+                line = line
+                    .replacen('…', id, 1)
+                    .replacen('…', secret, 1)
+                    .replace("S3HOST:PORT", endpoint);
+            }
+            None if line.contains('…') => continue,
+            None => {}
+        }
+        code.push_str(&line);
+        code.push('\n');
+    }
+    code.push_str(check);
+    let out = std::process::Command::new(python())
+        .args(["-c", &code])
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "the recipe failed: {}\n{code}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout.lines().last().unwrap_or_default().trim().to_owned()
+}
+
+/// The README's recipes, run as written against a served table: pyiceberg, Daft and
+/// Polars in both views, DuckDB (ATTACH of the catalog with the key) in the v2 view.
+async fn the_readme_recipes_read_a_table(config: DbConfig, s3: Option<(&str, &str, &str)>) {
+    let served = Served::start(config).await;
+    let id = served
+        .create(
+            r#"{"name": "events", "columns": [{"name": "time", "data_type": "timestamp"},
+                {"name": "n", "data_type": "uint"}]}"#,
+        )
+        .await;
+    served
+        .ingest(
+            "events",
+            "{\"time\":\"2026-01-01T00:00:00.000000001Z\",\"n\":1}\n{\"n\":2}\n{\"time\":\"1969-12-31T23:59:59.999999999Z\",\"n\":3}\n".into(),
+        )
+        .await;
+    served.db.tables().flush(&id).await.unwrap().unwrap();
+    let recipes = readme_recipes();
+    assert_eq!(recipes.len(), 2, "{recipes:?}");
+    let (python_readers, duckdb) = (&recipes[0], &recipes[1]);
+    assert!(python_readers.contains("warehouse=\"v2\""));
+    let counts = "print(rows.num_rows, df.count_rows(), lf.height, sorted(rows['n'].to_pylist()))";
+    for view in ["v2", "v3"] {
+        let recipe = python_readers.replace("warehouse=\"v2\"", &format!("warehouse=\"{view}\""));
+        let answer = run_recipe(&recipe, &served.base, s3, counts);
+        assert_eq!(answer, "3 3 3 [1, 2, 3]", "{view}");
+    }
+    let count = "print(con.sql('SELECT count(*), sum(n) FROM sluice.\"scopedb.public\".events').fetchall())";
+    assert_eq!(run_recipe(duckdb, &served.base, s3, count), "[(3, 6)]");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_recipes_read_a_table_in_the_local_directory() {
+    let dir = common::temp_dir("iceberg-readme");
+    the_readme_recipes_read_a_table(DbConfig::new(&dir), None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_recipes_read_a_table_on_s3() {
+    let base = std::env::var("SLUICE_TEST_S3_URL").expect(
+        "SLUICE_TEST_S3_URL is not set: run the tests with `bash tests/run.sh`, which starts \
+         a SeaweedFS S3 server",
+    );
+    let mut config = DbConfig::new(common::temp_dir("iceberg-readme-s3"));
+    config.object_store = Some(format!("{base}/iceberg-readme-{}", std::process::id()));
+    let id = std::env::var("AWS_ACCESS_KEY_ID").expect("AWS_ACCESS_KEY_ID");
+    let secret = std::env::var("AWS_SECRET_ACCESS_KEY").expect("AWS_SECRET_ACCESS_KEY");
+    let endpoint = std::env::var("AWS_ENDPOINT").expect("AWS_ENDPOINT");
+    let endpoint = endpoint.trim_start_matches("http://");
+    the_readme_recipes_read_a_table(config, Some((&id, &secret, endpoint))).await;
+}
+
 /// The newest metadata of a table in a local data directory: its snapshot ids.
 fn listed_snapshots(metadata_dir: &Path) -> Vec<u64> {
     let metadata: Value =
