@@ -1011,6 +1011,24 @@ mod tests {
     }
 
     #[test]
+    fn v2_time_bounds_hold_every_microsecond_a_reader_makes() {
+        let bounds = |view, lo, hi| {
+            let (lo, hi) = time_bounds(view, lo, hi);
+            (i64::from_le_bytes(lo), i64::from_le_bytes(hi))
+        };
+        assert_eq!(bounds(View::V3, -1_001, 1_999), (-1_001, 1_999));
+        // Whether a reader truncates (-1 ns to 0 µs) or floors (to -1 µs), its value lies
+        // within the bounds.
+        assert_eq!(bounds(View::V2, -1, -1), (-1, 0));
+        assert_eq!(bounds(View::V2, -1_001, 1_999), (-2, 1));
+        assert_eq!(bounds(View::V2, 1_000, 2_000), (1, 2));
+        assert_eq!(
+            bounds(View::V2, i64::MIN, i64::MAX),
+            (i64::MIN.div_euclid(1_000), i64::MAX / 1_000)
+        );
+    }
+
+    #[test]
     fn table_uuids_are_stable() {
         assert_eq!(table_uuid("abc"), table_uuid("abc"));
         assert_ne!(table_uuid("abc"), table_uuid("abd"));

@@ -342,6 +342,19 @@ impl Served {
             .id
     }
 
+    /// Creates the table `def` defines, ingests `rows` (NDJSON) and flushes them into a
+    /// file; returns the table's storage id.
+    async fn create_with_file(&self, def: &str, rows: &str) -> String {
+        let id = self.create(def).await;
+        let name = serde_json::from_str::<Value>(def).unwrap()["name"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        self.ingest(&name, rows.to_owned()).await;
+        self.db.tables().flush(&id).await.unwrap().unwrap();
+        id
+    }
+
     async fn ingest(&self, table: &str, body: String) {
         let r = self
             .client
@@ -600,19 +613,13 @@ fn run_recipe(recipe: &str, base: &str, s3: Option<(&str, &str, &str)>, check: &
 /// Polars in both views, DuckDB (ATTACH of the catalog with the key) in the v2 view.
 async fn the_readme_recipes_read_a_table(config: DbConfig, s3: Option<(&str, &str, &str)>) {
     let served = Served::start(config).await;
-    let id = served
-        .create(
+    served
+        .create_with_file(
             r#"{"name": "events", "columns": [{"name": "time", "data_type": "timestamp"},
                 {"name": "n", "data_type": "uint"}]}"#,
+            "{\"time\":\"2026-01-01T00:00:00.000000001Z\",\"n\":1}\n{\"n\":2}\n{\"time\":\"1969-12-31T23:59:59.999999999Z\",\"n\":3}\n",
         )
         .await;
-    served
-        .ingest(
-            "events",
-            "{\"time\":\"2026-01-01T00:00:00.000000001Z\",\"n\":1}\n{\"n\":2}\n{\"time\":\"1969-12-31T23:59:59.999999999Z\",\"n\":3}\n".into(),
-        )
-        .await;
-    served.db.tables().flush(&id).await.unwrap().unwrap();
     let recipes = readme_recipes();
     assert_eq!(recipes.len(), 2, "{recipes:?}");
     let (python_readers, duckdb) = (&recipes[0], &recipes[1]);
@@ -810,19 +817,13 @@ async fn files_without_field_ids_are_read_through_the_name_mapping() {
 
     let dir = common::temp_dir("iceberg-mapping");
     let served = Served::start(DbConfig::new(&dir)).await;
-    let id = served
-        .create(
+    served
+        .create_with_file(
             r#"{"name": "m", "columns": [{"name": "i", "data_type": "int"},
                 {"name": "s", "data_type": "string"}, {"name": "t", "data_type": "timestamp"}]}"#,
+            "{\"i\":1,\"s\":\"a\",\"t\":\"2026-01-01T00:00:00.000000001Z\"}\n{\"i\":2,\"s\":null,\"t\":null}\n",
         )
         .await;
-    served
-        .ingest(
-            "m",
-            "{\"i\":1,\"s\":\"a\",\"t\":\"2026-01-01T00:00:00.000000001Z\"}\n{\"i\":2,\"s\":null,\"t\":null}\n".into(),
-        )
-        .await;
-    served.db.tables().flush(&id).await.unwrap().unwrap();
     // Rewrite the file as sluice wrote files before the Iceberg view: no field ids.
     let path = dir
         .join("objects")
@@ -1008,12 +1009,11 @@ async fn the_catalog_serves_each_view_under_its_prefix() {
     let dir = common::temp_dir("iceberg-prefix");
     let served = Served::start(DbConfig::new(&dir)).await;
     let id = served
-        .create(r#"{"name": "k", "columns": [{"name": "t", "data_type": "timestamp"}]}"#)
+        .create_with_file(
+            r#"{"name": "k", "columns": [{"name": "t", "data_type": "timestamp"}]}"#,
+            "{\"t\":\"2026-01-01T00:00:00.000000001Z\"}\n",
+        )
         .await;
-    served
-        .ingest("k", "{\"t\":\"2026-01-01T00:00:00.000000001Z\"}\n".into())
-        .await;
-    served.db.tables().flush(&id).await.unwrap().unwrap();
     let client = &served.client;
     let get = |path: &str, key: Option<&str>| {
         let mut r = client.get(format!("{}/iceberg/v1{path}", served.base));
