@@ -622,7 +622,7 @@ fn metadata_json(
     }
     let mut metadata = json!({
         "format-version": view.format_version(),
-        "table-uuid": table_uuid(id),
+        "table-uuid": table_uuid(view, id),
         "location": location,
         "last-sequence-number": state.version,
         // Never before the newest snapshot (readers refuse that).
@@ -644,7 +644,9 @@ fn metadata_json(
             "sluice.table-id": id,
             MANIFEST_VERSION_PROPERTY: state.version.to_string(),
         },
-        "current-snapshot-id": current,
+        // -1 for none, as Iceberg's Java library writes it: DuckDB refuses a null here,
+        // and other readers take -1 for none.
+        "current-snapshot-id": current.map_or(-1, to_i64),
         "refs": refs,
         "snapshots": snapshots,
         "snapshot-log": snapshot_log,
@@ -663,12 +665,22 @@ fn first_row_id(state: &ManifestState) -> u64 {
     state.next_row_id - state.last_change.added_rows.min(state.next_row_id)
 }
 
-/// A stable UUID for table `id`: the id itself when it is one, else one derived from it.
-fn table_uuid(id: &str) -> String {
-    if let Ok(u) = uuid::Uuid::try_parse(id) {
+/// A stable UUID for table `id` in `view`. In v3 the id itself when it is one, else one
+/// derived from it; in v2 one derived from the id and the view: the two views are two
+/// Iceberg tables whose schemas give one field id two types (`timestamptz_ns`,
+/// `timestamptz`), and a reader that caches metadata by table UUID must not take one for
+/// the other.
+fn table_uuid(view: View, id: &str) -> String {
+    if view == View::V3
+        && let Ok(u) = uuid::Uuid::try_parse(id)
+    {
         return u.hyphenated().to_string();
     }
-    uuid::Builder::from_random_bytes(stable_hash_128(id))
+    let seed = match view {
+        View::V3 => id.to_owned(),
+        View::V2 => format!("{id}/{}", view.dir()),
+    };
+    uuid::Builder::from_random_bytes(stable_hash_128(&seed))
         .into_uuid()
         .hyphenated()
         .to_string()
@@ -1030,10 +1042,17 @@ mod tests {
 
     #[test]
     fn table_uuids_are_stable() {
-        assert_eq!(table_uuid("abc"), table_uuid("abc"));
-        assert_ne!(table_uuid("abc"), table_uuid("abd"));
-        assert!(uuid::Uuid::try_parse(&table_uuid("abc")).is_ok());
+        assert_eq!(table_uuid(View::V3, "abc"), table_uuid(View::V3, "abc"));
+        assert_ne!(table_uuid(View::V3, "abc"), table_uuid(View::V3, "abd"));
+        assert!(uuid::Uuid::try_parse(&table_uuid(View::V3, "abc")).is_ok());
+        assert!(uuid::Uuid::try_parse(&table_uuid(View::V2, "abc")).is_ok());
         let id = "0123456789abcdef0123456789abcdef";
-        assert_eq!(table_uuid(id), "01234567-89ab-cdef-0123-456789abcdef");
+        assert_eq!(
+            table_uuid(View::V3, id),
+            "01234567-89ab-cdef-0123-456789abcdef"
+        );
+        // Each view is a table of its own.
+        assert_ne!(table_uuid(View::V2, id), table_uuid(View::V3, id));
+        assert_eq!(table_uuid(View::V2, id), table_uuid(View::V2, id));
     }
 }

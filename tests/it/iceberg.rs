@@ -904,7 +904,7 @@ async fn the_catalog_is_read_only_and_keyed() {
         .unwrap();
     assert_eq!(r.status(), 200);
     let body: Value = r.json().await.unwrap();
-    assert_eq!(body["metadata"]["current-snapshot-id"], Value::Null);
+    assert_eq!(body["metadata"]["current-snapshot-id"], -1);
     assert!(
         body["metadata-location"]
             .as_str()
@@ -1041,6 +1041,7 @@ async fn the_catalog_serves_each_view_under_its_prefix() {
     assert_eq!(body["error"]["type"], "NotFoundException", "{body}");
 
     let table = "/namespaces/scopedb%1Fpublic/tables/k";
+    let mut uuids = BTreeSet::new();
     for (prefix, version, time) in [
         ("", 3, "timestamptz_ns"),
         ("/v3", 3, "timestamptz_ns"),
@@ -1056,6 +1057,7 @@ async fn the_catalog_serves_each_view_under_its_prefix() {
         let field = &metadata["schemas"][0]["fields"][0];
         assert_eq!(field["type"], time, "{prefix}");
         assert_eq!(metadata["current-snapshot-id"], 1);
+        uuids.insert((version, metadata["table-uuid"].as_str().unwrap().to_owned()));
         // The v2 view has no row lineage; v3 numbers rows.
         assert_eq!(metadata.get("next-row-id").is_some(), version == 3);
         let dir = if version == 2 {
@@ -1104,6 +1106,27 @@ async fn the_catalog_serves_each_view_under_its_prefix() {
             .unwrap();
         assert_eq!(r.status(), 403, "{prefix}");
     }
+    // A table with no snapshot yet reads empty, with every reader, in both views.
+    served
+        .create(r#"{"name": "e", "columns": [{"name": "t", "data_type": "timestamp"}]}"#)
+        .await;
+    for warehouse in [None, Some("v2")] {
+        let seen = read(&served.base, "r-key", "e", warehouse, ALL_READERS);
+        assert_eq!(seen["snapshots"], json!([]));
+        assert_eq!(seen["rows"], json!([]));
+        for reader in ["daft", "polars", "duckdb"] {
+            let got = &seen["readers"][reader];
+            if reader == "duckdb" && warehouse.is_none() {
+                assert!(got["error"].as_str().unwrap().contains("timestamptz_ns"));
+            } else {
+                assert_eq!(got["rows"], json!([]), "{reader} {warehouse:?}: {got}");
+            }
+        }
+    }
+    // One UUID a view, the same under both v3 routes; the views' differ (two Iceberg
+    // tables whose schemas give field 1 different types).
+    assert_eq!(uuids.len(), 2, "{uuids:?}");
+    assert_ne!(uuids.first().unwrap().1, uuids.last().unwrap().1);
     for path in [
         "/v4/namespaces",
         "/v4/namespaces/scopedb",
