@@ -662,6 +662,18 @@ impl Routes {
         self
     }
 
+    /// The Iceberg catalog's namespace and table routes: `[namespaces, a namespace, its
+    /// tables, a table]`, without or with the specification's prefix (which names the view:
+    /// [`iceberg`]).
+    fn iceberg(self, [namespaces, namespace, tables, table]: [&'static str; 4]) -> Self {
+        self.add("GET", namespaces, iceberg::list_namespaces)
+            .add("GET", namespace, iceberg::get_namespace)
+            .add("HEAD", namespace, iceberg::head_namespace)
+            .add("GET", tables, iceberg::list_tables)
+            .add("GET", table, iceberg::load_table)
+            .add("HEAD", table, iceberg::head_table)
+    }
+
     /// The stream handlers, at one of the two URL layouts ([`streams::Target`] names the
     /// stream from either).
     fn streams(self, path: &'static str) -> Self {
@@ -721,32 +733,18 @@ fn api_routes() -> Routes {
         .add("POST", "/v1/statements/{id}/cancel", statements::cancel)
         .add("GET", "/v1/streams", streams::list)
         .add("GET", "/iceberg/v1/config", iceberg::config)
-        .add("GET", "/iceberg/v1/namespaces", iceberg::list_namespaces)
-        .add(
-            "GET",
+        .iceberg([
+            "/iceberg/v1/namespaces",
             "/iceberg/v1/namespaces/{namespace}",
-            iceberg::get_namespace,
-        )
-        .add(
-            "HEAD",
-            "/iceberg/v1/namespaces/{namespace}",
-            iceberg::head_namespace,
-        )
-        .add(
-            "GET",
             "/iceberg/v1/namespaces/{namespace}/tables",
-            iceberg::list_tables,
-        )
-        .add(
-            "GET",
             "/iceberg/v1/namespaces/{namespace}/tables/{table}",
-            iceberg::load_table,
-        )
-        .add(
-            "HEAD",
-            "/iceberg/v1/namespaces/{namespace}/tables/{table}",
-            iceberg::head_table,
-        )
+        ])
+        .iceberg([
+            "/iceberg/v1/{prefix}/namespaces",
+            "/iceberg/v1/{prefix}/namespaces/{namespace}",
+            "/iceberg/v1/{prefix}/namespaces/{namespace}/tables",
+            "/iceberg/v1/{prefix}/namespaces/{namespace}/tables/{table}",
+        ])
 }
 
 /// The streams, in both URL layouts.

@@ -1344,11 +1344,8 @@ impl Tables {
     }
 
     /// The table's newest manifest state (read from the object store, so commits of other
-    /// nodes are in it) with its Iceberg view published for it.
-    pub(crate) async fn iceberg_view(
-        &self,
-        id: &str,
-    ) -> Result<crate::iceberg::Published, TableError> {
+    /// nodes are in it) with both its Iceberg views published for it.
+    pub(crate) async fn iceberg_view(&self, id: &str) -> Result<crate::iceberg::Views, TableError> {
         self.refresh(id).await?;
         let state = self.table(id).await?.lock().manifest.clone();
         crate::iceberg::publish(&self.storage, id, &state, self.gc_grace).await

@@ -654,15 +654,17 @@ async fn under_churn_storage_stays_near_the_live_bytes_and_nothing_live_is_colle
             .unwrap()
             .file_bytes;
     }
-    // The Iceberg view's metadata is collected too: each table keeps its newest metadata,
-    // the hint, the current snapshot's two Avro files and at most a few objects still
-    // inside their grace period, however many versions the churn made.
+    // The Iceberg views' metadata is collected too: each view of each table keeps its
+    // newest metadata, the hint, the current snapshot's two Avro files and at most a few
+    // objects still inside their grace period, however many versions the churn made.
     let mut iceberg_bytes = 0;
     for table in std::fs::read_dir(objects.join("tables")).unwrap().flatten() {
-        let metadata = table.path().join("metadata");
-        let count = std::fs::read_dir(&metadata).map_or(0, |d| d.count());
-        assert!(count <= 8, "{} holds {count} objects", metadata.display());
-        iceberg_bytes += bytes_under(&metadata);
+        for view in ["metadata", "metadata-v2"] {
+            let metadata = table.path().join(view);
+            let count = std::fs::read_dir(&metadata).map_or(0, |d| d.count());
+            assert!(count <= 8, "{} holds {count} objects", metadata.display());
+            iceberg_bytes += bytes_under(&metadata);
+        }
     }
     let table_bytes = bytes_under(&objects.join("tables")) - iceberg_bytes;
     assert!(
