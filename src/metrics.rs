@@ -268,6 +268,12 @@ impl Collector for StateCollector {
         )?;
         gauge(
             &mut encoder,
+            "request_body_bytes_held",
+            "Bytes of the request-body budget (ingest_inflight_bytes) held by bodies being read and decoded",
+            i64::try_from(db.body_bytes_held()).unwrap_or(i64::MAX),
+        )?;
+        gauge(
+            &mut encoder,
             "stream_hot_bytes",
             "Stream bytes held in memory and the log, not yet sealed into object storage",
             i64::try_from(db.streams().hot_bytes()).unwrap_or(i64::MAX),

@@ -23,3 +23,4 @@ mod server;
 mod slt;
 mod streams;
 mod table;
+mod uploads;

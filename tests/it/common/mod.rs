@@ -124,3 +124,48 @@ pub async fn statement(client: &reqwest::Client, base: &str, sql: &str) -> Value
     }
     body
 }
+
+/// A `sluice serve` process for one test; killed when dropped.
+pub struct Server {
+    /// The process.
+    pub child: std::process::Child,
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    /// Its directory (data under `data/`).
+    pub dir: std::path::PathBuf,
+}
+
+impl Server {
+    /// Starts the binary with `args` and, if given, a config file with `config` (TOML).
+    pub fn start(name: &str, args: &[&str], config: &str) -> Server {
+        let dir = temp_dir(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = free_port();
+        let mut command = sluice_serve(&dir.join("data"), port);
+        command.args(args);
+        if !config.is_empty() {
+            let path = dir.join("sluice.toml");
+            std::fs::write(&path, config).unwrap();
+            command.arg("--config").arg(path);
+        }
+        let child = command.spawn().unwrap();
+        wait_healthy(port);
+        Server {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            dir,
+        }
+    }
+
+    /// The process is still running.
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
