@@ -122,6 +122,12 @@ pub struct FileConfig {
     pub max_streams: Option<usize>,
     /// Idempotent producers per stream.
     pub max_producers_per_stream: Option<usize>,
+    /// Bytes all streams' state (names, producers, ...; not their data) may hold.
+    pub max_stream_state_bytes: Option<u64>,
+    /// Bytes all streams' idempotent producer entries may hold.
+    pub max_producer_bytes: Option<u64>,
+    /// Seconds after its last append an idempotent producer is forgotten.
+    pub producer_expiry_seconds: Option<f64>,
     /// Subscriptions per server.
     pub max_subscriptions: Option<usize>,
     /// How long unreferenced objects are kept before garbage collection deletes them.
@@ -243,6 +249,7 @@ impl ServeConfig {
              query_memory_bytes = {}\nstatement_timeout_seconds = {}\nmax_result_rows = {}\n\
              max_result_bytes = {}\nmax_running_statements = {}\nmax_kept_statements = {}\n\
              max_kept_result_bytes = {}\nmax_streams = {}\nmax_producers_per_stream = {}\n\
+             max_stream_state_bytes = {}\nmax_producer_bytes = {}\nproducer_expiry_seconds = {}\n\
              max_subscriptions = {}\ngc_grace_seconds = {}\nnode_lease_seconds = {}\n\
              log_segment_bytes = {}\nmaintenance_interval_seconds = {}",
             self.listen,
@@ -282,6 +289,9 @@ impl ServeConfig {
             self.statements.max_retained_bytes,
             db.streams.max_streams,
             db.streams.max_producers_per_stream,
+            db.streams.max_state_bytes,
+            db.streams.max_producer_bytes,
+            db.streams.producer_expiry.as_secs_f64(),
             self.subscriptions.max_subscriptions,
             db.gc_grace.as_secs_f64(),
             db.node_lease.as_secs_f64(),
@@ -504,6 +514,15 @@ impl ServeConfig {
         }
         if let Some(n) = positive("max_producers_per_stream", file.max_producers_per_stream)? {
             db.streams.max_producers_per_stream = n;
+        }
+        if let Some(n) = file.max_stream_state_bytes {
+            db.streams.max_state_bytes = n;
+        }
+        if let Some(n) = file.max_producer_bytes {
+            db.streams.max_producer_bytes = n;
+        }
+        if let Some(d) = seconds("producer_expiry_seconds", file.producer_expiry_seconds)? {
+            db.streams.producer_expiry = d;
         }
         let mut statements = StatementLimits::default();
         if let Some(n) = positive("max_running_statements", file.max_running_statements)? {

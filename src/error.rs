@@ -293,6 +293,12 @@ impl Classify for StreamError {
             StreamError::TooManyStreams(_) | StreamError::TooManyProducers(_) => {
                 ErrorClass::rejected(Kind::TooMany)
             }
+            // The server's budget, not this request: room comes back as streams are
+            // deleted or expire and producers expire.
+            StreamError::StateFull { .. } => ErrorClass {
+                retry_after: Some(60),
+                ..ErrorClass::retry("StreamStateFull")
+            },
             StreamError::Log(e) => e.class(),
             // Reads of sealed data and checkpoints: nothing is written by the request.
             StreamError::Storage(_) => ErrorClass::retry("StorageUnavailable"),

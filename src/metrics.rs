@@ -284,6 +284,19 @@ impl Collector for StateCollector {
             "Streams that exist",
             i64::try_from(db.streams().len()).unwrap_or(i64::MAX),
         )?;
+        let (state_bytes, producer_bytes) = db.streams().footprint();
+        gauge(
+            &mut encoder,
+            "stream_state_bytes",
+            "Bytes the streams' state counts against max_stream_state_bytes (estimated; producers included, data not)",
+            i64::try_from(state_bytes).unwrap_or(i64::MAX),
+        )?;
+        gauge(
+            &mut encoder,
+            "stream_producer_bytes",
+            "Bytes the streams' idempotent producers count against max_producer_bytes (estimated)",
+            i64::try_from(producer_bytes).unwrap_or(i64::MAX),
+        )?;
         let tables = db.tables().unflushed_by_table();
         let family = Family::<TableLabels, prometheus_client::metrics::gauge::Gauge>::default();
         for (table, bytes) in tables {

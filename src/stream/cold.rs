@@ -275,6 +275,7 @@ impl ColdStore {
                 state.closed_by = s.closed_by;
                 state.stream_seq = s.stream_seq;
                 state.producers = s.producers.into_iter().collect();
+                state.recount_producers(super::now_ms());
                 state.ref_count = s.ref_count;
                 state.soft_deleted = s.soft_deleted;
                 state.tail = s.tail;

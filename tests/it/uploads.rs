@@ -390,3 +390,132 @@ async fn requests_are_judged_by_every_host_they_name() {
         );
     }
 }
+
+/// An append with producer headers; its status and the answer's headers.
+async fn produce(
+    client: &reqwest::Client,
+    base: &str,
+    stream: &str,
+    id: &str,
+    seq: u64,
+) -> (u16, reqwest::header::HeaderMap) {
+    let r = client
+        .post(format!("{base}/v1/stream/{stream}"))
+        .header("content-type", "text/plain")
+        .header("producer-id", id)
+        .header("producer-epoch", "0")
+        .header("producer-seq", seq.to_string())
+        .body(format!("{id}:{seq};"))
+        .send()
+        .await
+        .expect("append");
+    (r.status().as_u16(), r.headers().clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_producers_expire_and_byte_budgets_hold() {
+    // Producers forgotten after 3 s idle, at most 5 per stream; producer entries within
+    // 4 KiB in all (8 of these ids), stream state within 12 KiB.
+    let config = "producer_expiry_seconds = 3\nmax_producers_per_stream = 5\n\
+                  max_producer_bytes = 4096\nmax_stream_state_bytes = 12288\n\
+                  stream_checkpoint_interval_seconds = 1\n";
+    let mut server = Server::start("producers", &[], config);
+    let base = server.base.clone();
+    let client = reqwest::Client::new();
+    for name in ["junk", "other"] {
+        let r = client
+            .put(format!("{base}/v1/stream/{name}"))
+            .header("content-type", "text/plain")
+            .send()
+            .await
+            .expect("create");
+        assert_eq!(r.status(), 201);
+    }
+    // Five junk producers fill the stream; a sixth is refused (429), nothing applied.
+    for i in 0..5 {
+        assert_eq!(
+            produce(&client, &base, "junk", &format!("j{i}"), 0).await.0,
+            200
+        );
+    }
+    let (status, _) = produce(&client, &base, "junk", "late", 0).await;
+    assert_eq!(status, 429);
+    // A producer that keeps appending stays known past the expiry; its retries are
+    // duplicates.
+    let started = Instant::now();
+    let mut seq = 0;
+    assert_eq!(produce(&client, &base, "other", "live", 0).await.0, 200);
+    while started.elapsed() < Duration::from_millis(4500) {
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        seq += 1;
+        assert_eq!(produce(&client, &base, "other", "live", seq).await.0, 200);
+    }
+    assert_eq!(produce(&client, &base, "other", "live", seq).await.0, 204);
+    // The junk producers were idle past the expiry: a new producer gets in.
+    let (status, _) = produce(&client, &base, "junk", "late", 0).await;
+    assert_eq!(status, 200);
+    // A forgotten producer is new again: a retry of a later sequence is a gap (409,
+    // expecting 0), never appended a second time.
+    let (status, headers) = produce(&client, &base, "junk", "j1", 1).await;
+    assert_eq!(status, 409);
+    assert_eq!(headers["producer-expected-seq"], "0");
+    // The producer budget: 4 KiB holds a few more entries, then 503 with Retry-After.
+    let mut refused = None;
+    for i in 0..10 {
+        // Spread over both streams, under their count cap.
+        let stream = if i % 2 == 0 { "junk" } else { "other" };
+        let (status, headers) = produce(&client, &base, stream, &format!("b{i}"), 0).await;
+        if status != 200 {
+            refused = Some((i, status, headers));
+            break;
+        }
+    }
+    let (admitted, status, headers) = refused.expect("the producer budget never filled");
+    println!("{admitted} producers admitted before the 4 KiB producer budget was full");
+    assert_eq!(status, 503);
+    assert_eq!(headers["retry-after"], "60");
+    assert_eq!(headers["x-sluice-not-applied"], "StreamStateFull");
+    let producer_bytes = metric(&client, &base, "sluice_stream_producer_bytes").await;
+    assert!(producer_bytes <= 4096.0, "{producer_bytes}");
+    // The state budget: creates are refused once it is full.
+    let mut created = 0;
+    let status = loop {
+        let r = client
+            .put(format!("{base}/v1/stream/s{created}"))
+            .send()
+            .await
+            .expect("create");
+        if r.status() != 201 {
+            break r.status().as_u16();
+        }
+        created += 1;
+        assert!(created < 100, "the state budget never filled");
+    };
+    println!("{created} more streams before the 12 KiB state budget was full");
+    assert_eq!(status, 503);
+    let state_bytes = metric(&client, &base, "sluice_stream_state_bytes").await;
+    assert!(state_bytes <= 12288.0, "{state_bytes}");
+    // The live producer's state survives a restart; the forgotten ones stay forgotten once
+    // a checkpoint was taken after they were (before it, the log would bring them back
+    // with a fresh expiry: never fewer producers than were known, never more than that).
+    let checkpoints = metric(&client, &base, "sluice_stream_checkpoints_total").await;
+    while metric(&client, &base, "sluice_stream_checkpoints_total").await < checkpoints + 1.0 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    seq += 1;
+    assert_eq!(produce(&client, &base, "other", "live", seq).await.0, 200);
+    let data = server.dir.join("data");
+    let port = addr(&server).port();
+    let _ = server.child.kill();
+    let _ = server.child.wait();
+    server.child = common::sluice_serve(&data, port)
+        .arg("--config")
+        .arg(server.dir.join("sluice.toml"))
+        .spawn()
+        .expect("restart");
+    common::wait_healthy(port);
+    assert_eq!(produce(&client, &base, "other", "live", seq).await.0, 204);
+    let after = metric(&client, &base, "sluice_stream_producer_bytes").await;
+    assert!(after > 0.0 && after <= 4096.0, "{after}");
+    assert_eq!(produce(&client, &base, "junk", "j2", 1).await.0, 409);
+}
