@@ -405,7 +405,7 @@ impl Inner {
             } => {
                 let mut registry = self.registry_mut();
                 if registry.streams.contains_key(&name) {
-                    remove_stream(&mut registry, &name, &self.footprint);
+                    remove_stream(&mut registry, &name, &self.footprint, &self.cold);
                 }
                 let mut state =
                     StreamState::new(incarnation, content_type, lifetime, fork.clone(), lsn);
@@ -415,6 +415,7 @@ impl Inner {
                         if src.incarnation == f.source_incarnation && !src.gone {
                             state.chunks = src.prefix_chunks(f.offset);
                             src.ref_count += 1;
+                            self.cold.touch(&f.source);
                         }
                     }
                     state.tail = f.offset;
@@ -452,7 +453,7 @@ impl Inner {
                     None => None,
                 };
                 if soft == Some(false) {
-                    remove_stream(&mut registry, &name, &self.footprint);
+                    remove_stream(&mut registry, &name, &self.footprint, &self.cold);
                 }
                 self.applied_lsn.store(lsn, Ordering::Release);
             }
@@ -462,12 +463,13 @@ impl Inner {
 
 /// Removes a stream and releases its hold on its fork source, removing sources that were
 /// deleted and held only by it (cascading up the chain).
-fn remove_stream(registry: &mut Registry, name: &str, footprint: &Footprint) {
+fn remove_stream(registry: &mut Registry, name: &str, footprint: &Footprint, cold: &ColdStore) {
     let mut next = Some(name.to_owned());
     while let Some(name) = next.take() {
         let Some(stream) = registry.streams.remove(&name) else {
             break;
         };
+        cold.touch(&name);
         let mut s = stream.write_state();
         footprint.change(counted(&name, &s), (0, 0));
         s.gone = true;
@@ -479,6 +481,7 @@ fn remove_stream(registry: &mut Registry, name: &str, footprint: &Footprint) {
         {
             let mut src = source.write_state();
             if src.incarnation == f.source_incarnation {
+                cold.touch(&f.source);
                 src.ref_count = src.ref_count.saturating_sub(1);
                 if src.ref_count == 0 && src.soft_deleted {
                     next = Some(f.source.clone());
@@ -1343,6 +1346,7 @@ impl Streams {
             let was = counted(name, &s);
             s.expire_producers(before);
             inner.footprint.change(was, counted(name, &s));
+            inner.cold.touch(name);
             forgotten += count - s.producers.len();
         }
         forgotten
@@ -1358,7 +1362,11 @@ impl Streams {
         let was = counted(&stream.name, &s);
         s.expire_producers(now_ms().saturating_sub(expiry));
         inner.footprint.change(was, counted(&stream.name, &s));
-        count - s.producers.len()
+        let forgotten = count - s.producers.len();
+        if forgotten > 0 {
+            inner.cold.touch(&stream.name);
+        }
+        forgotten
     }
 
     /// [`Streams::expire_producers`] now.

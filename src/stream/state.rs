@@ -57,7 +57,7 @@ pub(crate) const PRODUCER_ENTRY_BYTES: u64 = 448;
 
 /// What one stream holds in memory besides its strings, producers and data (its handle,
 /// locks, version channel, registry entry), for the stream-state budget.
-pub(crate) const STREAM_ENTRY_BYTES: u64 = 1024;
+pub(crate) const STREAM_ENTRY_BYTES: u64 = 1280;
 
 /// The bytes producer `id`'s entry counts against the producer-bytes budget.
 pub(crate) fn producer_cost(id: &str) -> u64 {

@@ -4,6 +4,7 @@
 mod common;
 
 mod bad_input;
+mod checkpoints;
 mod cli;
 mod clients;
 mod console;
