@@ -16,9 +16,17 @@
 //! SSE readers wait on a per-stream version counter that each apply bumps.
 //!
 //! Data lives in memory ("hot") until a checkpoint (`cold`) seals it into objects on
-//! object storage ("cold") and writes a snapshot of every stream's state; the log is then
-//! released up to the snapshot. Reads stitch cold and hot data transparently. On open, the
-//! newest snapshot is loaded and the log records after it are replayed.
+//! object storage ("cold") and writes the state of the streams that changed (a delta over
+//! the last full snapshot, or a new full snapshot); the log is then released up to it.
+//! Reads stitch cold and hot data transparently. On open, the newest snapshot and its
+//! deltas are loaded and the log records after them are replayed.
+//!
+//! Memory is bounded in bytes as well as counts: every stream's state (its strings and
+//! producer entries, estimated as [`state::StreamState::footprint`]) counts against
+//! [`StreamsConfig::max_state_bytes`], producers also against
+//! [`StreamsConfig::max_producer_bytes`]; the counts change only where changes apply (and
+//! where producers expire), so replay counts as live does. Producers idle longer than
+//! [`StreamsConfig::producer_expiry`] are forgotten.
 //!
 //! The module's seams: `api` (requests, answers, errors), `admit` (what an append does to a
 //! stream, a pure function of its state), `state` (one stream's state and how each committed

@@ -469,7 +469,9 @@ mod tests {
             }
         );
         // Loaded without a time: counted from the load.
-        s.producers.get_mut("p").map(|p| p.last_ms = 0);
+        if let Some(p) = s.producers.get_mut("p") {
+            p.last_ms = 0;
+        }
         s.recount_producers(42);
         assert_eq!(s.producers["p"].last_ms, 42);
         assert_eq!(s.producer_bytes, producer_cost("p"));

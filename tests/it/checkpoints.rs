@@ -8,31 +8,32 @@ use std::time::{Duration, Instant};
 
 use crate::common::{self, Server};
 
-async fn metric(client: &reqwest::Client, base: &str, name: &str) -> f64 {
-    let text = client
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
-        .unwrap_or_else(|| panic!("no {name}"))
-}
-
 /// Waits until a checkpoint that began after every change so far was written: two in a row,
 /// each after an append to stream `tick` (a checkpoint writes only when something changed).
 async fn checkpoints(client: &reqwest::Client, base: &str) {
     for _ in 0..2 {
-        let start = metric(client, base, "sluice_stream_checkpoints_total").await;
+        let start = common::metric(client, base, "sluice_stream_checkpoints_total").await;
         assert_eq!(post(client, base, "tick", ".", None, false).await, 204);
         let started = Instant::now();
-        while metric(client, base, "sluice_stream_checkpoints_total").await < start + 1.0 {
+        while common::metric(client, base, "sluice_stream_checkpoints_total").await < start + 1.0 {
             assert!(started.elapsed() < Duration::from_secs(30), "no checkpoint");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+/// The producer's append `seq` to stream `s0999`, acknowledged and added to the model.
+async fn produce(
+    client: &reqwest::Client,
+    base: &str,
+    model: &mut BTreeMap<String, (String, bool)>,
+    seq: u64,
+) {
+    let text = format!("p{seq};");
+    let status = post(client, base, "s0999", &text, Some(("prod", seq)), false).await;
+    assert_eq!(status, 200);
+    if let Some((content, _)) = model.get_mut("s0999") {
+        content.push_str(&text);
     }
 }
 
@@ -97,7 +98,6 @@ async fn checkpoints_write_what_changed_and_a_killed_server_loads_it_all() {
                   maintenance_interval_seconds = 0.1\n";
     let mut server = Server::start("deltas", &[], config);
     let base = server.base.clone();
-    let port: u16 = base.rsplit(':').next().unwrap().parse().unwrap();
     let client = reqwest::Client::new();
     let filler = "f".repeat(4000);
     // The model: each live stream's content and whether it is closed.
@@ -120,13 +120,12 @@ async fn checkpoints_write_what_changed_and_a_killed_server_loads_it_all() {
         let text = format!("r{round};");
         assert_eq!(post(&client, &base, &a, &text, None, false).await, 204);
         model.get_mut(&a).unwrap().0.push_str(&text);
-        assert_eq!(
-            post(&client, &base, "s0999", &format!("p{seq};"), Some(("prod", seq)), false).await,
-            200
-        );
-        model.get_mut("s0999").unwrap().0.push_str(&format!("p{seq};"));
+        produce(&client, &base, &mut model, seq).await;
         for _ in 0..20 {
-            assert_eq!(post(&client, &base, "s0998", &filler, None, false).await, 204);
+            assert_eq!(
+                post(&client, &base, "s0998", &filler, None, false).await,
+                204
+            );
             model.get_mut("s0998").unwrap().0.push_str(&filler);
         }
         let gone = format!("s{:04}", 500 + round);
@@ -159,7 +158,10 @@ async fn checkpoints_write_what_changed_and_a_killed_server_loads_it_all() {
             .collect();
         let largest_base = bases.iter().copied().max().unwrap_or(0);
         println!("round {round}: base {largest_base} bytes; new deltas {deltas:?}");
-        assert!(largest_base > 100_000, "a base of 1000 streams: {largest_base}");
+        assert!(
+            largest_base > 100_000,
+            "a base of 1000 streams: {largest_base}"
+        );
         for (name, size) in &deltas {
             assert!(
                 *size * 20 < largest_base,
@@ -168,19 +170,8 @@ async fn checkpoints_write_what_changed_and_a_killed_server_loads_it_all() {
         }
         // Killed between checkpoints, with one more acknowledged append in the log only.
         seq += 1;
-        assert_eq!(
-            post(&client, &base, "s0999", &format!("p{seq};"), Some(("prod", seq)), false).await,
-            200
-        );
-        model.get_mut("s0999").unwrap().0.push_str(&format!("p{seq};"));
-        server.child.kill().expect("kill");
-        server.child.wait().expect("wait");
-        server.child = common::sluice_serve(&server.dir.join("data"), port)
-            .arg("--config")
-            .arg(server.dir.join("sluice.toml"))
-            .spawn()
-            .expect("restart");
-        common::wait_healthy(port);
+        produce(&client, &base, &mut model, seq).await;
+        server.restart();
         // Everything acknowledged is there.
         for (name, (content, closed)) in &model {
             let r = client
@@ -207,11 +198,7 @@ async fn checkpoints_write_what_changed_and_a_killed_server_loads_it_all() {
             204
         );
         seq += 1;
-        assert_eq!(
-            post(&client, &base, "s0999", &format!("p{seq};"), Some(("prod", seq)), false).await,
-            200
-        );
-        model.get_mut("s0999").unwrap().0.push_str(&format!("p{seq};"));
+        produce(&client, &base, &mut model, seq).await;
         seq += 1;
     }
 }

@@ -73,23 +73,6 @@ fn trickle(
     })
 }
 
-async fn metric(client: &reqwest::Client, base: &str, name: &str) -> f64 {
-    let text = client
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text");
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix(name)
-                .and_then(|rest| rest.trim().parse().ok())
-        })
-        .unwrap_or_else(|| panic!("no {name} in {text}"))
-}
-
 async fn create_events(client: &reqwest::Client, base: &str, key: Option<&str>) {
     let mut put = client
         .put(format!(
@@ -170,7 +153,7 @@ async fn a_trickling_upload_costs_the_others_nothing() {
         latencies.push(took);
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    let held = metric(&client, &base, "sluice_request_body_bytes_held").await;
+    let held = common::metric(&client, &base, "sluice_request_body_bytes_held").await;
     println!(
         "one-row ingest latencies beside 7 trickling uploads: {latencies:?}; held {held} bytes"
     );
@@ -197,7 +180,7 @@ async fn a_trickling_upload_costs_the_others_nothing() {
     }
     stop.store(true, Ordering::Relaxed);
     assert_eq!(
-        metric(&client, &base, "sluice_request_body_bytes_held").await,
+        common::metric(&client, &base, "sluice_request_body_bytes_held").await,
         0.0
     );
     // Nothing of theirs was applied: the five rows only, and an empty stream.
@@ -235,7 +218,7 @@ fn stall(addr: SocketAddr, key: Option<&str>, sent: usize) -> std::thread::JoinH
 
 async fn wait_held(client: &reqwest::Client, base: &str, at_least: f64) {
     let started = Instant::now();
-    while metric(client, base, "sluice_request_body_bytes_held").await < at_least {
+    while common::metric(client, base, "sluice_request_body_bytes_held").await < at_least {
         assert!(started.elapsed() < Duration::from_secs(20), "never held");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -307,7 +290,7 @@ async fn admission_waits_are_bounded_and_one_key_cannot_take_the_budget() {
         assert!(said.starts_with("HTTP/1.1 408"), "{said}");
     }
     assert_eq!(
-        metric(&client, &base, "sluice_request_body_bytes_held").await,
+        common::metric(&client, &base, "sluice_request_body_bytes_held").await,
         0.0
     );
     let (status, _) = one_row(&client, &base, Some("w1")).await;
@@ -475,7 +458,7 @@ async fn idle_producers_expire_and_byte_budgets_hold() {
     assert_eq!(status, 503);
     assert_eq!(headers["retry-after"], "60");
     assert_eq!(headers["x-sluice-not-applied"], "StreamStateFull");
-    let producer_bytes = metric(&client, &base, "sluice_stream_producer_bytes").await;
+    let producer_bytes = common::metric(&client, &base, "sluice_stream_producer_bytes").await;
     assert!(producer_bytes <= 4096.0, "{producer_bytes}");
     // The state budget: creates are refused once it is full.
     let mut created = 0;
@@ -493,29 +476,22 @@ async fn idle_producers_expire_and_byte_budgets_hold() {
     };
     println!("{created} more streams before the 12 KiB state budget was full");
     assert_eq!(status, 503);
-    let state_bytes = metric(&client, &base, "sluice_stream_state_bytes").await;
+    let state_bytes = common::metric(&client, &base, "sluice_stream_state_bytes").await;
     assert!(state_bytes <= 12288.0, "{state_bytes}");
     // The live producer's state survives a restart; the forgotten ones stay forgotten once
     // a checkpoint was taken after they were (before it, the log would bring them back
     // with a fresh expiry: never fewer producers than were known, never more than that).
-    let checkpoints = metric(&client, &base, "sluice_stream_checkpoints_total").await;
-    while metric(&client, &base, "sluice_stream_checkpoints_total").await < checkpoints + 1.0 {
+    let checkpoints = common::metric(&client, &base, "sluice_stream_checkpoints_total").await;
+    while common::metric(&client, &base, "sluice_stream_checkpoints_total").await
+        < checkpoints + 1.0
+    {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     seq += 1;
     assert_eq!(produce(&client, &base, "other", "live", seq).await.0, 200);
-    let data = server.dir.join("data");
-    let port = addr(&server).port();
-    let _ = server.child.kill();
-    let _ = server.child.wait();
-    server.child = common::sluice_serve(&data, port)
-        .arg("--config")
-        .arg(server.dir.join("sluice.toml"))
-        .spawn()
-        .expect("restart");
-    common::wait_healthy(port);
+    server.restart();
     assert_eq!(produce(&client, &base, "other", "live", seq).await.0, 204);
-    let after = metric(&client, &base, "sluice_stream_producer_bytes").await;
+    let after = common::metric(&client, &base, "sluice_stream_producer_bytes").await;
     assert!(after > 0.0 && after <= 4096.0, "{after}");
     assert_eq!(produce(&client, &base, "junk", "j2", 1).await.0, 409);
 }
