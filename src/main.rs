@@ -512,6 +512,7 @@ async fn run(config: ServeConfig) -> Result<(), String> {
     let state = AppState::new(db.clone(), config.api_keys.clone())
         .with_long_poll_timeout(config.long_poll_timeout)
         .with_body_timeout(config.body_timeout)
+        .with_min_body_rate(config.min_body_rate)
         .with_browser_policy(config.browser.clone())
         .with_statement_limits(config.statements)
         .with_subscriptions(config.subscriptions.clone())

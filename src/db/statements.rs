@@ -170,7 +170,10 @@ impl Database {
         }
         // Within the same budget as ingest request bodies: the rows are encoded, then
         // decoded and checked like a body.
-        let _admitted = self.admit_ingest(source.memory_bytes()).await;
+        let _admitted = self
+            .admit_ingest(source.memory_bytes())
+            .await
+            .map_err(|e| QueryError::Write(e.into()))?;
         let rows = source.num_rows();
         if rows > INSERT_LIMITS.max_rows {
             return Err(QueryError::Rows(crate::ingest::IngestError::TooManyRows {

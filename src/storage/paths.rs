@@ -97,6 +97,17 @@ pub(crate) fn stream_snapshot(node: &str, lsn: u64) -> String {
     format!("{}/{lsn:020}.json", stream_snapshots(node))
 }
 
+/// The stream checkpoint deltas of node `node`.
+pub(crate) fn stream_deltas(node: &str) -> String {
+    format!("{}/deltas", streams(node))
+}
+
+/// Delta `seq` over node `node`'s snapshot at `base`: the streams that changed since the
+/// checkpoint before it.
+pub(crate) fn stream_delta(node: &str, base: u64, seq: u64) -> String {
+    format!("{}/{base:020}-{seq:010}.json", stream_deltas(node))
+}
+
 /// Node `node`'s webhook subscriptions.
 pub(crate) fn subscriptions(node: &str) -> String {
     format!("subscriptions/{node}.json")

@@ -4,6 +4,7 @@
 mod common;
 
 mod bad_input;
+mod checkpoints;
 mod cli;
 mod clients;
 mod console;
@@ -24,3 +25,4 @@ mod sim;
 mod slt;
 mod streams;
 mod table;
+mod uploads;
