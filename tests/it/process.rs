@@ -132,20 +132,7 @@ async fn the_default_configuration_syncs_every_acknowledged_write() {
     let client = reqwest::Client::new();
     wait_healthy(&client, port).await;
     let base = format!("http://127.0.0.1:{port}");
-    let syncs = || async {
-        let text = client
-            .get(format!("{base}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.lines()
-            .find_map(|l| l.strip_prefix("sluice_log_syncs_total "))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
+    let syncs = || common::metric(&client, &base, "sluice_log_syncs_total");
     common::statement(&client, &base, "CREATE TABLE t (id int)").await;
     let r = client
         .put(format!("{base}/v1/stream/synced"))

@@ -560,24 +560,11 @@ async fn settle_stream(ctx: &Ctx, base: &str, name: &str) {
         Some(Presence::Unsure(change)) => change,
         _ => return,
     };
-    let Ok(r) = ctx.client.head(stream_url(base, name)).send().await else {
-        return;
-    };
-    let seen = match r.status().as_u16() {
-        200 if r.headers().contains_key("stream-closed") => Presence::Closed,
-        200 => Presence::Open,
-        404 => Presence::Absent,
-        _ => return,
-    };
-    let mut model = ctx.model();
-    let Some(stream) = model.streams.get_mut(name) else {
-        return;
-    };
-    match (change, seen) {
-        (Structural::Create, Presence::Open) => stream.created(),
-        (Structural::Drop, Presence::Absent) => stream.deleted(),
-        (_, seen) => stream.presence = seen,
-    }
+    // Settled by sending the change again, not by looking: a change whose answer was lost
+    // may still be under way at the stream's owner (a forwarding node died while the owner
+    // went on), so what a look sees now may be undone a moment later. Sent again, the change
+    // has happened once its answer comes, whichever attempt made it.
+    change_stream(ctx, base, name, change, true).await;
 }
 
 /// A plain append of a fresh message `{"n": n}`, in the model as unknown before it is sent.
@@ -730,16 +717,18 @@ pub async fn stream_lane(ctx: Ctx, lane: u64, mut rng: Rng, names: Vec<String>) 
         settle_stream(&ctx, &base, &name).await;
         let presence = ctx.model().streams.get(&name).map(|s| s.presence);
         let class = match presence {
-            Some(Presence::Absent) => create_stream(&ctx, &base, &name).await,
+            Some(Presence::Absent) => {
+                change_stream(&ctx, &base, &name, Structural::Create, false).await
+            }
             Some(Presence::Open) => match rng.below(100) {
                 0..=59 => append(&ctx, lane, &mut rng, &base, &name).await,
                 60..=93 => produce(&ctx, &base, &name).await,
-                94..=96 => close_stream(&ctx, &base, &name).await,
-                _ => delete_stream(&ctx, &base, &name).await,
+                94..=96 => change_stream(&ctx, &base, &name, Structural::Close, false).await,
+                _ => change_stream(&ctx, &base, &name, Structural::Drop, false).await,
             },
             Some(Presence::Closed) => match rng.below(10) {
                 0..=2 => append(&ctx, lane, &mut rng, &base, &name).await,
-                _ => delete_stream(&ctx, &base, &name).await,
+                _ => change_stream(&ctx, &base, &name, Structural::Drop, false).await,
             },
             Some(Presence::Unsure(_)) | None => Class::Refused,
         };
@@ -765,81 +754,54 @@ pub async fn shared_lane(ctx: Ctx, lane: u64, mut rng: Rng, producer: bool) {
     }
 }
 
-async fn create_stream(ctx: &Ctx, base: &str, name: &str) -> Class {
-    let what = format!("create stream {name}");
-    let answer = send(
-        ctx,
-        &what,
-        ctx.client
-            .put(stream_url(base, name))
-            .header("content-type", "application/json"),
-    )
-    .await;
+/// Creates, closes or deletes stream `name` (`again`: resent to settle an earlier attempt
+/// whose answer was lost, so "already there" or "already gone" answers are what it expects).
+async fn change_stream(
+    ctx: &Ctx,
+    base: &str,
+    name: &str,
+    change: Structural,
+    again: bool,
+) -> Class {
+    let (request, what) = match change {
+        Structural::Create => (
+            ctx.client
+                .put(stream_url(base, name))
+                .header("content-type", "application/json"),
+            format!("create stream {name}"),
+        ),
+        Structural::Drop => (
+            ctx.client.delete(stream_url(base, name)),
+            format!("delete stream {name}"),
+        ),
+        Structural::Close => (
+            ctx.client
+                .post(stream_url(base, name))
+                .header("content-type", "application/json")
+                .header("stream-closed", "true"),
+            format!("close stream {name}"),
+        ),
+    };
+    let what = if again { format!("{what} again") } else { what };
+    let answer = send(ctx, &what, request).await;
     let class = answer.class();
     let mut model = ctx.model();
     let mut problem = None;
     if let Some(stream) = model.streams.get_mut(name) {
-        match &answer {
-            Answer::Ok { status: 201, .. } => stream.created(),
-            Answer::Ok { status, .. } => {
+        match (change, &answer) {
+            (Structural::Create, Answer::Ok { status: 201, .. }) => stream.created(),
+            // The same configuration again: made by the attempt whose answer was lost.
+            (Structural::Create, Answer::Ok { .. }) if again => stream.created(),
+            (Structural::Create, Answer::Ok { status, .. }) => {
                 problem = Some(format!("{what}: {status} for a stream that did not exist"));
                 stream.presence = Presence::Unsure(Structural::Create);
             }
-            Answer::Unknown(_) => stream.presence = Presence::Unsure(Structural::Create),
-            Answer::Refused { status: 503, .. } | Answer::NotSent => {}
-            Answer::Refused { status, body, .. } => {
-                problem = Some(format!("{what}: refused with {status}: {body}"));
-            }
-        }
-    }
-    if let Some(problem) = problem {
-        model.violation(problem);
-    }
-    class
-}
-
-async fn close_stream(ctx: &Ctx, base: &str, name: &str) -> Class {
-    let what = format!("close stream {name}");
-    let answer = send(
-        ctx,
-        &what,
-        ctx.client
-            .post(stream_url(base, name))
-            .header("content-type", "application/json")
-            .header("stream-closed", "true"),
-    )
-    .await;
-    let class = answer.class();
-    let mut model = ctx.model();
-    let mut problem = None;
-    if let Some(stream) = model.streams.get_mut(name) {
-        match &answer {
-            Answer::Ok { .. } => stream.presence = Presence::Closed,
-            Answer::Unknown(_) => stream.presence = Presence::Unsure(Structural::Close),
-            Answer::Refused { status: 503, .. } | Answer::NotSent => {}
-            Answer::Refused { status, body, .. } => {
-                problem = Some(format!("{what}: refused with {status}: {body}"));
-            }
-        }
-    }
-    if let Some(problem) = problem {
-        model.violation(problem);
-    }
-    class
-}
-
-async fn delete_stream(ctx: &Ctx, base: &str, name: &str) -> Class {
-    let what = format!("delete stream {name}");
-    let answer = send(ctx, &what, ctx.client.delete(stream_url(base, name))).await;
-    let class = answer.class();
-    let mut model = ctx.model();
-    let mut problem = None;
-    if let Some(stream) = model.streams.get_mut(name) {
-        match &answer {
-            Answer::Ok { .. } => stream.deleted(),
-            Answer::Unknown(_) => stream.presence = Presence::Unsure(Structural::Drop),
-            Answer::Refused { status: 503, .. } | Answer::NotSent => {}
-            Answer::Refused { status, body, .. } => {
+            (Structural::Drop, Answer::Ok { .. }) => stream.deleted(),
+            (Structural::Drop, Answer::Refused { status: 404, .. }) if again => stream.deleted(),
+            (Structural::Close, Answer::Ok { .. }) => stream.presence = Presence::Closed,
+            (_, Answer::Unknown(_)) => stream.presence = Presence::Unsure(change),
+            (_, Answer::Refused { status: 503, .. } | Answer::NotSent) => {}
+            (_, Answer::Refused { status, body }) => {
                 problem = Some(format!("{what}: refused with {status}: {body}"));
             }
         }
