@@ -994,11 +994,10 @@ impl Tables {
             }
             return Ok(None);
         };
-        let written = Instant::now();
         let mut reader = self.log.reader();
         let table_id = id.to_owned();
         let reads = self.stats.spilled_reads.clone();
-        let file = self
+        let (file, written) = self
             .write_data_file(&table, move || {
                 let mut batches = Vec::with_capacity(taken.len());
                 for (lsn, batch) in taken {
@@ -1029,6 +1028,10 @@ impl Tables {
         };
         let committing = table.committing.clone().lock_owned().await;
         self.node.ensure_current().await?;
+        // Measured from the upload's start (the object's age as garbage collection sees it),
+        // not from the cut: encoding a large cut (a taken-over node's whole log) on a busy
+        // machine may take longer than the deadline, and a clock that counted it would fail
+        // every retry alike.
         if written.elapsed() > self.commit_deadline() {
             // Garbage collection may take a file this old for an orphan: write it again.
             return Err(TableError::Task(
@@ -1084,7 +1087,7 @@ impl Tables {
         &self,
         table: &Table,
         make: impl FnOnce() -> Result<Vec<RecordBatch>, TableError> + Send + 'static,
-    ) -> Result<DataFile, TableError> {
+    ) -> Result<(DataFile, Instant), TableError> {
         let path = paths::new_table_data_file(&table.id);
         let schema = table.schema.clone();
         let row_group_rows = self.config.row_group_rows;
@@ -1093,8 +1096,8 @@ impl Tables {
         })
         .await
         .map_err(|e| TableError::Task(e.to_string()))??;
-        self.put_data_file(&file, bytes).await?;
-        Ok(file)
+        let put = self.put_data_file(&file, bytes).await?;
+        Ok((file, put))
     }
 
     async fn fetch(&self, path: &str) -> Result<bytes::Bytes, TableError> {
@@ -1108,13 +1111,20 @@ impl Tables {
             .map_err(TableError::Storage)
     }
 
-    async fn put_data_file(&self, file: &DataFile, bytes: bytes::Bytes) -> Result<(), TableError> {
+    /// Uploads a data file; returns when the upload began, the earliest its object's
+    /// modification time can be (what garbage collection ages orphans by).
+    async fn put_data_file(
+        &self,
+        file: &DataFile,
+        bytes: bytes::Bytes,
+    ) -> Result<Instant, TableError> {
+        let began = Instant::now();
         self.storage
             .store()
             .put(&Path::from(file.path.as_str()), bytes.into())
             .await
             .map_err(TableError::Storage)?;
-        Ok(())
+        Ok(began)
     }
 
     /// Flushes every table that is over its size or age threshold (or every table with
@@ -1266,8 +1276,7 @@ impl Tables {
                 );
             }
         }
-        let written = Instant::now();
-        let file = match spliced {
+        let (file, written) = match spliced {
             Some(bytes) => {
                 let mut time_ranges: BTreeMap<String, (i64, i64)> = BTreeMap::new();
                 for f in &picked {
@@ -1283,8 +1292,8 @@ impl Tables {
                     bytes: bytes.len() as u64,
                     time_ranges,
                 };
-                self.put_data_file(&file, bytes).await?;
-                file
+                let put = self.put_data_file(&file, bytes).await?;
+                (file, put)
             }
             None => {
                 let mut inputs = Vec::with_capacity(picked.len());

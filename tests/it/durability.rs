@@ -519,6 +519,42 @@ async fn a_flush_goes_ahead_while_a_compaction_of_its_table_is_under_way() {
     assert_eq!(ids(&db, "t").await, (0..45).collect::<Vec<_>>());
 }
 
+/// A flush's commit deadline (half the grace period: garbage collection may take an older
+/// unreferenced file for an orphan) counts from the file's upload, not from the cut: a cut
+/// that takes longer to encode than the deadline (a taken-over node's whole log, a busy
+/// machine) must still land, or every retry fails alike and its rows are never flushed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_slower_to_encode_than_its_commit_deadline_still_lands() {
+    let dir = common::temp_dir("slow-encode");
+    let (_probe, storage) = probed_store();
+    let mut c = config(&dir);
+    c.gc_grace = Duration::from_millis(200);
+    c.tables.flush_bytes = 1 << 30;
+    c.tables.max_unflushed_bytes = 1 << 30;
+    c.tables.flush_interval = Duration::from_secs(3600);
+    let db = Database::open_with_storage(c.clone(), storage.clone())
+        .await
+        .unwrap();
+    db.execute("CREATE TABLE t (id int, note string)")
+        .await
+        .unwrap();
+    // Tens of MB in one cut: encoding it takes far longer than the 100 ms deadline.
+    for part in 0..6 {
+        ingest(&db, "t", part * 50_000..(part + 1) * 50_000)
+            .await
+            .unwrap();
+    }
+    let started = std::time::Instant::now();
+    db.tables().flush_due(true).await.unwrap();
+    println!("flushed 300,000 rows in {:?}", started.elapsed());
+    let stats = db.table_stats("scopedb", "public", "t").await.unwrap();
+    assert_eq!((stats.file_rows, stats.unflushed_rows), (300_000, 0));
+    crash(db);
+    let db = Database::open_with_storage(c, storage).await.unwrap();
+    let stats = db.table_stats("scopedb", "public", "t").await.unwrap();
+    assert_eq!((stats.file_rows, stats.unflushed_rows), (300_000, 0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compaction_whose_commit_may_have_landed_keeps_its_file() {
     let dir = common::temp_dir("ambiguous-compaction");

@@ -107,14 +107,29 @@ impl ClusterEvent {
     }
 }
 
-/// Checks through every running node until each serves everything acknowledged (or the
-/// deadline passes). What is served must be right at every reading: a safety problem (a
+/// Checks through every node but those in `gone` until each serves everything acknowledged
+/// (or the deadline passes), acting as the nodes' supervisor meanwhile: a node that exited
+/// because another took it over (a heartbeat late past its lease on a loaded machine) is
+/// started again, as systemd or Kubernetes would; any other exit fails the run with what
+/// the node printed. What is served must be right at every reading: a safety problem (a
 /// write served twice, partly, altered, refused or unsent, a deleted stream served) fails at
 /// once; only what is not served yet is waited for.
-async fn converge(ctx: &Ctx, nodes: &[&Server]) -> Result<(), String> {
+async fn converge(
+    ctx: &Ctx,
+    nodes: &mut [Server],
+    gone: &[usize],
+    report: &mut Report,
+) -> Result<(), String> {
     let deadline = Instant::now() + CONVERGE;
-    for node in nodes {
+    for (i, node) in nodes.iter_mut().enumerate() {
+        if gone.contains(&i) {
+            continue;
+        }
         loop {
+            if node.exited_fenced()? {
+                report.fenced_restarts += 1;
+                node.start().await?;
+            }
             match lanes::check(ctx, &node.base()).await {
                 Ok(_) => break,
                 Err(problems) if !problems.safety.is_empty() => {
@@ -122,9 +137,11 @@ async fn converge(ctx: &Ctx, nodes: &[&Server]) -> Result<(), String> {
                 }
                 Err(problems) if Instant::now() > deadline => {
                     return Err(format!(
-                        "{} did not come to serve what was acknowledged within {CONVERGE:?}:\n{}",
+                        "{} did not come to serve what was acknowledged within {CONVERGE:?}:\n{}\n\
+                         it printed:\n{}",
                         node.name,
-                        problems.all()
+                        problems.all(),
+                        node.stderr_tail()
                     ));
                 }
                 Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
@@ -134,7 +151,6 @@ async fn converge(ctx: &Ctx, nodes: &[&Server]) -> Result<(), String> {
     Ok(())
 }
 
-/// One cluster simulation of `count` nodes on the bucket prefix `store`.
 pub async fn run_cluster(
     seed: u64,
     events: usize,
@@ -253,7 +269,7 @@ async fn run_event(
             tokio::time::sleep(Duration::from_millis(after_ms)).await;
             lanes::stop_lanes(ctx, lanes).await;
             // Everything it acknowledged is served by the others once they take it over.
-            converge(ctx, &others(nodes, &[node])).await?;
+            converge(ctx, nodes, &[node], report).await?;
             nodes[node].start().await?;
         }
         ClusterEvent::TermUnderLoad { node, ms } => {
@@ -310,7 +326,7 @@ async fn run_event(
             report.kills += 2;
             tokio::time::sleep(Duration::from_millis(500)).await;
             lanes::stop_lanes(ctx, lanes).await;
-            converge(ctx, &others(nodes, &[first, second])).await?;
+            converge(ctx, nodes, &[first, second], report).await?;
             nodes[first].start().await?;
             nodes[second].start().await?;
         }
@@ -335,18 +351,7 @@ async fn run_event(
             }
         }
     }
-    let all: Vec<&Server> = nodes.iter().collect();
-    converge(ctx, &all).await?;
+    converge(ctx, nodes, &[], report).await?;
     report.checks += 1;
     Ok(())
-}
-
-/// The nodes other than those in `gone`.
-fn others<'a>(nodes: &'a [Server], gone: &[usize]) -> Vec<&'a Server> {
-    nodes
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| !gone.contains(i))
-        .map(|(_, n)| n)
-        .collect()
 }

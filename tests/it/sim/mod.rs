@@ -252,6 +252,8 @@ pub struct Report {
     pub starts: u64,
     pub kills: u64,
     pub checks: u64,
+    /// Cluster nodes started again after they exited because another took them over.
+    pub fenced_restarts: u64,
     /// Power losses, and the files that lost unsynced data in them.
     pub power_losses: u64,
     pub damaged_files: u64,
@@ -588,12 +590,14 @@ async fn the_lifecycle_simulator_finds_no_violation_in_a_cluster() {
             Err(e) => panic!("the lifecycle simulator found a violation: {e}"),
         };
         println!(
-            "[sim {seed}] passed in {:.1?}: {} events, {} starts, {} kills, {} checks; {}",
+            "[sim {seed}] passed in {:.1?}: {} events, {} starts, {} kills, {} checks, {} \
+             restarts after a fence; {}",
             started.elapsed(),
             report.events,
             report.starts,
             report.kills,
             report.checks,
+            report.fenced_restarts,
             report.summary,
         );
     }

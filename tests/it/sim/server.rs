@@ -126,6 +126,11 @@ impl Server {
         ))
     }
 
+    /// The end of what the current (or last) process printed.
+    pub fn stderr_tail(&self) -> String {
+        tail(&self.stderr)
+    }
+
     pub fn base(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
@@ -225,13 +230,15 @@ impl Server {
     }
 
     /// `kill -9`, whatever the process is doing. An exit of its own before the kill, other
-    /// than success, is an error (a start that refused).
+    /// than success or a cluster node's exit on finding itself taken over, is an error (a
+    /// start that refused).
     pub fn kill(&mut self) -> Result<(), String> {
         let Some(mut child) = self.child.take() else {
             return Ok(());
         };
         if let Ok(Some(status)) = child.try_wait()
             && !status.success()
+            && !self.fenced()
         {
             return Err(format!(
                 "{} (start {}) had exited with {status} before it was killed; it printed:\n{}",
