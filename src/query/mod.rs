@@ -144,6 +144,23 @@ impl From<DataFusionError> for QueryError {
                 Err(other) => QueryError::Query(DataFusionError::External(other).strip_backtrace()),
             },
             DataFusionError::ObjectStore(e) => QueryError::Table(TableError::Storage(*e)),
+            // The Parquet reader wraps a failed read of a data file the same way (one that
+            // garbage collection took after another node's compaction replaced it, while this
+            // node's view still named it): the server's trouble too, and a retry reads afresh.
+            DataFusionError::ParquetError(e)
+                if matches!(&*e, parquet::errors::ParquetError::External(inner)
+                    if inner.is::<object_store::Error>()) =>
+            {
+                match *e {
+                    parquet::errors::ParquetError::External(inner) => {
+                        match inner.downcast::<object_store::Error>() {
+                            Ok(store) => QueryError::Table(TableError::Storage(*store)),
+                            Err(other) => QueryError::Query(format!("Parquet error: {other}")),
+                        }
+                    }
+                    other => QueryError::Query(format!("Parquet error: {other}")),
+                }
+            }
             // DataFusion wraps our own errors as External; surface the message cleanly.
             other => QueryError::Query(other.strip_backtrace()),
         }
@@ -570,5 +587,31 @@ impl QueryEngine {
             schema: plan.schema,
             batches,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Classify;
+
+    /// A data file gone under a scan (collected after a compaction replaced it) is the
+    /// server's transient trouble: retryable, nothing applied; never a `query_error`.
+    #[test]
+    fn a_data_file_gone_under_a_scan_is_retryable() {
+        let gone = object_store::Error::NotFound {
+            path: "tables/t/data/f.parquet".into(),
+            source: "404".into(),
+        };
+        let error = DataFusionError::ParquetError(Box::new(
+            parquet::errors::ParquetError::External(Box::new(gone)),
+        ));
+        let class = QueryError::from(error).class();
+        assert!(class.is_retryable(), "{class:?}");
+        // Other Parquet failures stay the query's.
+        let other = DataFusionError::ParquetError(Box::new(
+            parquet::errors::ParquetError::General("bad footer".into()),
+        ));
+        assert!(!QueryError::from(other).class().is_retryable());
     }
 }
