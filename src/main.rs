@@ -492,6 +492,12 @@ async fn run(config: ServeConfig) -> Result<(), String> {
     let db = Database::open(config.db.clone())
         .await
         .map_err(|e| e.to_string())?;
+    // Before the first answer: a SIGTERM sent once the server answers (its health check,
+    // say) must stop it cleanly. A handler set up only when the accept loop first polls its
+    // stop signal could come after a connection was already served, and the signal's default
+    // action would end the process. (Until here, during replay, the default action is a
+    // kill, which the log is made to survive.)
+    let signals = ShutdownSignals::new()?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
@@ -525,7 +531,7 @@ async fn run(config: ServeConfig) -> Result<(), String> {
         let (db, fenced) = (db.clone(), fenced.clone());
         async move {
             tokio::select! {
-                _ = shutdown_signal() => {}
+                _ = signals.wait() => {}
                 _ = db.fenced() => {
                     tracing::error!("this node was fenced: another node took over its id after it could not renew its lease; exiting (restarted, it rejoins under a new id)");
                     fenced.store(true, std::sync::atomic::Ordering::Release);
@@ -550,23 +556,43 @@ async fn run(config: ServeConfig) -> Result<(), String> {
     closed.map_err(|e| format!("flush at shutdown failed (data is safe in the log): {e}"))
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// SIGINT and SIGTERM, listened for from the moment this is made (a signal that comes
+/// earlier than [`ShutdownSignals::wait`] is kept for it).
+struct ShutdownSignals {
     #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    fn new() -> Result<Self, String> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let listen = |kind: SignalKind, name: &str| {
+                signal(kind).map_err(|e| format!("cannot listen for {name}: {e}"))
+            };
+            Ok(ShutdownSignals {
+                interrupt: listen(SignalKind::interrupt(), "SIGINT")?,
+                terminate: listen(SignalKind::terminate(), "SIGTERM")?,
+            })
         }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = terminate => {}
+        #[cfg(not(unix))]
+        Ok(ShutdownSignals {})
+    }
+
+    /// Until the first signal.
+    async fn wait(mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = &mut self;
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

@@ -889,12 +889,12 @@ pub async fn reader_lane(ctx: Ctx, mut rng: Rng) {
     }
 }
 
-/// Rows of a query's answer as strings (each cell is a string or null).
-async fn query(
+/// Sends one statement and follows it until it is no longer running.
+async fn run_query(
     client: &reqwest::Client,
     base: &str,
     sql: &str,
-) -> Result<Vec<Vec<Option<String>>>, String> {
+) -> Result<(reqwest::StatusCode, Value), String> {
     let r = client
         .post(format!("{base}/v1/statements"))
         .json(&json!({"statement": sql}))
@@ -918,6 +918,30 @@ async fn query(
             .await
             .map_err(|e| format!("{sql}: {e}"))?;
     }
+    Ok((status, body))
+}
+
+/// Rows of a query's answer as strings (each cell is a string or null).
+async fn query(
+    client: &reqwest::Client,
+    base: &str,
+    sql: &str,
+) -> Result<Vec<Vec<Option<String>>>, String> {
+    // A failure the server calls retryable (a file collected under the statement after a
+    // compaction replaced it: the settings' grace period is a second) is sent again, as a
+    // client does; anything else is the answer.
+    let mut attempts = 0;
+    let (status, body) = loop {
+        let (status, body) = run_query(client, base, sql).await?;
+        let retryable = status == 503
+            || (body["status"] == "failed"
+                && body["error"]["details"]["retry_after_seconds"].is_u64());
+        attempts += 1;
+        if !retryable || attempts == 10 {
+            break (status, body);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
     if status != 200 || body["status"] != "finished" {
         return Err(format!("{sql}: {status} {body}"));
     }
