@@ -1,6 +1,7 @@
 //! The two contracts sluice was built from, statement by statement on the wire:
 //! `testdata/contracts/wire.toml` holds one row per statement of `table-ingest.md` (ScopeDB's
-//! Append rows over HTTP) and `stream-append.md` (Ursula's stream Append), and
+//! Append rows over HTTP) and `stream-append.md` (Ursula's stream Append), and of the Append
+//! section of `durable-streams.md` (what the protocol adds to Ursula's Append), and
 //! [`every_statement_of_the_two_contracts_holds_on_the_wire`] runs every row against the real
 //! `sluice serve` on loopback. The file's header says how a row reads.
 //!
@@ -689,8 +690,13 @@ fn check_row(row: &Value, ids: &mut std::collections::HashSet<String>) -> Result
     if !ids.insert(id.to_owned()) {
         return Err(format!("{id}: id used twice"));
     }
-    if !matches!(row["spec"].as_str(), Some("table-ingest" | "stream-append")) {
-        return Err(format!("{id}: spec must be table-ingest or stream-append"));
+    if !matches!(
+        row["spec"].as_str(),
+        Some("table-ingest" | "stream-append" | "durable-streams")
+    ) {
+        return Err(format!(
+            "{id}: spec must be table-ingest, stream-append or durable-streams"
+        ));
     }
     for field in ["section", "says"] {
         if row[field].as_str().is_none_or(str::is_empty) {
@@ -756,7 +762,7 @@ async fn every_statement_of_the_two_contracts_holds_on_the_wire() {
         }
         let layouts: Vec<String> = match row["layouts"].as_array() {
             Some(l) => l.iter().map(|v| v.as_str().unwrap().to_owned()).collect(),
-            None if spec == "stream-append" => vec!["ursula".into(), "protocol".into()],
+            None if spec != "table-ingest" => vec!["ursula".into(), "protocol".into()],
             None => vec!["none".into()],
         };
         let profile_name = row["server"].as_str().unwrap_or("default");
@@ -820,10 +826,12 @@ async fn every_statement_of_the_two_contracts_holds_on_the_wire() {
     }
     let total: usize = counts.values().sum();
     println!(
-        "wire contracts: {total} rows (table-ingest.md {}, stream-append.md {}), {runs} runs; \
-         {differences} rows state a deliberate difference, {covered} are covered by a named test",
+        "wire contracts: {total} rows (table-ingest.md {}, stream-append.md {}, durable-streams.md \
+         {}), {runs} runs; {differences} rows state a deliberate difference, {covered} are \
+         covered by a named test",
         counts.get("table-ingest").copied().unwrap_or(0),
         counts.get("stream-append").copied().unwrap_or(0),
+        counts.get("durable-streams").copied().unwrap_or(0),
     );
     assert!(
         failures.is_empty(),
