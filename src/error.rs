@@ -29,6 +29,31 @@
 //!
 //! Whether anything was applied is [`Applied`]: `rejected` (nothing was, whatever the
 //! status) or `unknown` (it may have been: reconcile before sending it again).
+//!
+//! A refusal that applied nothing because the server could not take the request now names its
+//! [`Cause`]: sluice's name for it (`x-sluice-not-applied`, `details.cause`) and, where the
+//! stream Append contract (`stream-append.md`, Ursula's) has a name that means the same thing,
+//! that name too (`x-ursula-not-applied` and the body's `error`):
+//!
+//! | cause | contract name | when |
+//! | --- | --- | --- |
+//! | [`Cause::LogDiskPressure`] | `WalDiskPressure` | the commit log holds `max_log_bytes` |
+//! | [`Cause::BodyAdmission`] | `IngressBodyBytesLimitReached` | request bodies hold the budget for them (`ingest_inflight_bytes`) past the admission wait |
+//! | [`Cause::OwnerUnavailable`] | `GroupNotHosted` | no live process serves the stream (its node died, or did not answer the forwarded request) |
+//! | [`Cause::OwnerMoved`] | `GroupNotHosted` | a forwarded request reached a node that no longer serves the stream |
+//! | [`Cause::ShuttingDown`] | `NotLeader` | this process is stopping: it serves nothing more |
+//! | [`Cause::LeaseExpired`] | `NotLeader` | this node has not renewed its lease; it writes again once it has |
+//! | [`Cause::Fenced`] | `NotLeader` | another node took this node's id over |
+//! | [`Cause::LogUnavailable`] | | a write of the log failed; it takes nothing until a restart |
+//! | [`Cause::EarlierWriteFailed`] | | an append this one was decided after failed |
+//! | [`Cause::StreamStateFull`] | | stream state or producers hold their byte budget |
+//! | [`Cause::StorageUnavailable`] | | the object store did not answer |
+//! | [`Cause::TableBackpressure`] | | a table's unflushed data is over its budget |
+//! | [`Cause::StatementsBusy`] | | too many statements are running |
+//!
+//! The contract's other names (`RaftLogPressure`, `ColdBackpressure`,
+//! `RaftUncommittedBackpressure`) are refusals of a Raft group and its cold tier, which sluice
+//! does not have.
 
 use crate::catalog::CatalogError;
 use crate::db::{AdmissionTimeout, IngestFailure};
@@ -103,9 +128,80 @@ pub struct ErrorClass {
     pub applied: Applied,
     /// When set, the same request may succeed after this many seconds.
     pub retry_after: Option<u64>,
-    /// For refusals that applied nothing because the server could not take them now, why
-    /// (the streams protocol names it in `x-sluice-not-applied`).
-    pub cause: Option<&'static str>,
+    /// For refusals that applied nothing because the server could not take them now, why.
+    pub cause: Option<Cause>,
+}
+
+/// Why a refusal that applied nothing could not be taken now (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// The commit log's files hold `max_log_bytes`.
+    LogDiskPressure,
+    /// A write of the commit log failed: it takes nothing more until the server restarts.
+    LogUnavailable,
+    /// The server is stopping.
+    ShuttingDown,
+    /// This node has not renewed its lease in time; it writes again once it has.
+    LeaseExpired,
+    /// An append this one was decided after failed, so this one was not written.
+    EarlierWriteFailed,
+    /// Another node took this node's id over.
+    Fenced,
+    /// The object store did not answer.
+    StorageUnavailable,
+    /// A table's unflushed data stayed over its budget.
+    TableBackpressure,
+    /// Too many statements are running.
+    StatementsBusy,
+    /// No live process serves the stream: its owner died (and was not taken over yet), or did
+    /// not answer a forwarded request it never received.
+    OwnerUnavailable,
+    /// A request forwarded here by a peer found the stream served by another node now (it
+    /// moved): the peer looks it up again.
+    OwnerMoved,
+    /// Request bodies held the whole request-body budget (`ingest_inflight_bytes`) for the
+    /// whole admission wait.
+    BodyAdmission,
+    /// Stream state or producer entries hold their byte budget.
+    StreamStateFull,
+}
+
+impl Cause {
+    /// sluice's name for it (`x-sluice-not-applied`, `details.cause`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Cause::LogDiskPressure => "LogDiskPressure",
+            Cause::LogUnavailable => "LogUnavailable",
+            Cause::ShuttingDown => "ShuttingDown",
+            Cause::LeaseExpired => "LeaseExpired",
+            Cause::EarlierWriteFailed => "EarlierWriteFailed",
+            Cause::Fenced => "Fenced",
+            Cause::StorageUnavailable => "StorageUnavailable",
+            Cause::TableBackpressure => "TableBackpressure",
+            Cause::StatementsBusy => "StatementsBusy",
+            Cause::OwnerUnavailable => "OwnerUnavailable",
+            Cause::OwnerMoved => "OwnerMoved",
+            Cause::BodyAdmission => "BodyAdmission",
+            Cause::StreamStateFull => "StreamStateFull",
+        }
+    }
+
+    /// The stream Append contract's name for the same cause (`x-ursula-not-applied` and the
+    /// body's `error`), where it has one.
+    pub fn contract_name(self) -> Option<&'static str> {
+        match self {
+            Cause::LogDiskPressure => Some("WalDiskPressure"),
+            Cause::BodyAdmission => Some("IngressBodyBytesLimitReached"),
+            Cause::OwnerUnavailable | Cause::OwnerMoved => Some("GroupNotHosted"),
+            Cause::ShuttingDown | Cause::LeaseExpired | Cause::Fenced => Some("NotLeader"),
+            Cause::LogUnavailable
+            | Cause::EarlierWriteFailed
+            | Cause::StreamStateFull
+            | Cause::StorageUnavailable
+            | Cause::TableBackpressure
+            | Cause::StatementsBusy => None,
+        }
+    }
 }
 
 impl ErrorClass {
@@ -120,7 +216,7 @@ impl ErrorClass {
     }
 
     /// A refusal that applied nothing and may succeed in a second.
-    pub(crate) const fn retry(cause: &'static str) -> Self {
+    pub(crate) const fn retry(cause: Cause) -> Self {
         ErrorClass {
             kind: Kind::Unavailable,
             applied: Applied::Rejected,
@@ -155,20 +251,20 @@ pub trait Classify {
 impl Classify for LogError {
     fn class(&self) -> ErrorClass {
         match self {
-            LogError::Full { .. } => ErrorClass::retry("LogDiskPressure"),
+            LogError::Full { .. } => ErrorClass::retry(Cause::LogDiskPressure),
             // A write failed: the log takes nothing more until the server restarts.
             LogError::Poisoned => ErrorClass {
                 retry_after: None,
-                ..ErrorClass::retry("LogUnavailable")
+                ..ErrorClass::retry(Cause::LogUnavailable)
             },
-            LogError::Closed => ErrorClass::retry("ShuttingDown"),
-            LogError::LeaseExpired => ErrorClass::retry("LeaseExpired"),
+            LogError::Closed => ErrorClass::retry(Cause::ShuttingDown),
+            LogError::LeaseExpired => ErrorClass::retry(Cause::LeaseExpired),
             // Refused unwritten: its premise, an earlier write, failed.
-            LogError::EarlierFailed => ErrorClass::retry("EarlierWriteFailed"),
+            LogError::EarlierFailed => ErrorClass::retry(Cause::EarlierWriteFailed),
             LogError::LeaseLapsed => ErrorClass::unknown(Kind::Unavailable),
             LogError::Fenced => ErrorClass {
                 retry_after: None,
-                ..ErrorClass::retry("Fenced")
+                ..ErrorClass::retry(Cause::Fenced)
             },
             LogError::RecordTooLarge(_) => ErrorClass::rejected(Kind::TooLarge),
             // A write or sync that failed, or a writer that stopped without answering: the
@@ -187,9 +283,9 @@ impl Classify for NodeError {
         match self {
             NodeError::Fenced(_) => ErrorClass {
                 retry_after: None,
-                ..ErrorClass::retry("Fenced")
+                ..ErrorClass::retry(Cause::Fenced)
             },
-            NodeError::Storage(_) => ErrorClass::retry("StorageUnavailable"),
+            NodeError::Storage(_) => ErrorClass::retry(Cause::StorageUnavailable),
             _ => ErrorClass::rejected(Kind::Internal),
         }
     }
@@ -208,7 +304,7 @@ impl Classify for CatalogError {
             // A catalog change whose create failed ambiguously may have landed.
             CatalogError::Storage(_) => ErrorClass {
                 applied: Applied::Unknown,
-                ..ErrorClass::retry("StorageUnavailable")
+                ..ErrorClass::retry(Cause::StorageUnavailable)
             },
             CatalogError::Corrupt { .. } => ErrorClass::rejected(Kind::Internal),
         }
@@ -218,7 +314,7 @@ impl Classify for CatalogError {
 impl Classify for TableError {
     fn class(&self) -> ErrorClass {
         match self {
-            TableError::Backpressure { .. } => ErrorClass::retry("TableBackpressure"),
+            TableError::Backpressure { .. } => ErrorClass::retry(Cause::TableBackpressure),
             TableError::Log(e) => e.class(),
             TableError::Node(e) => e.class(),
             TableError::NotFound(_) => ErrorClass::rejected(Kind::NotFound),
@@ -230,7 +326,7 @@ impl Classify for TableError {
             // encoding the batch, decoding on a blocking thread) or while reading: nothing
             // of it was applied. (Flushes and compactions meet them too; no request waits
             // for those.)
-            TableError::Storage(_) => ErrorClass::retry("StorageUnavailable"),
+            TableError::Storage(_) => ErrorClass::retry(Cause::StorageUnavailable),
             TableError::CorruptManifest { .. } | TableError::Encoding(_) | TableError::Task(_) => {
                 ErrorClass::rejected(Kind::Internal)
             }
@@ -266,7 +362,7 @@ impl Classify for IngestFailure {
 
 impl Classify for AdmissionTimeout {
     fn class(&self) -> ErrorClass {
-        ErrorClass::retry("BodyAdmission")
+        ErrorClass::retry(Cause::BodyAdmission)
     }
 }
 
@@ -297,11 +393,12 @@ impl Classify for StreamError {
             // deleted or expire and producers expire.
             StreamError::StateFull { .. } => ErrorClass {
                 retry_after: Some(60),
-                ..ErrorClass::retry("StreamStateFull")
+                ..ErrorClass::retry(Cause::StreamStateFull)
             },
             StreamError::Log(e) => e.class(),
             // Reads of sealed data and checkpoints: nothing is written by the request.
-            StreamError::Storage(_) => ErrorClass::retry("StorageUnavailable"),
+            StreamError::Storage(_) => ErrorClass::retry(Cause::StorageUnavailable),
+            StreamError::ShuttingDown => ErrorClass::retry(Cause::ShuttingDown),
             StreamError::Corrupt(_) => ErrorClass::rejected(Kind::Internal),
         }
     }
@@ -310,7 +407,7 @@ impl Classify for StreamError {
 impl Classify for SubmitError {
     fn class(&self) -> ErrorClass {
         match self {
-            SubmitError::Busy(_) => ErrorClass::retry("StatementsBusy"),
+            SubmitError::Busy(_) => ErrorClass::retry(Cause::StatementsBusy),
         }
     }
 }

@@ -39,7 +39,7 @@ use ring::digest::{SHA256, digest};
 use serde::{Deserialize, Serialize};
 
 use super::Database;
-use crate::error::{Classify, ErrorClass, Kind};
+use crate::error::{Cause, Classify, ErrorClass, Kind};
 use crate::log::Durability;
 use crate::node::{PeerBeat, peer_beat};
 use crate::storage::paths;
@@ -112,8 +112,8 @@ impl Classify for NameError {
         match self {
             // No stream was made: a claim that landed unseen is this node's, which a later
             // create here or anywhere (forwarded here) uses as its own.
-            NameError::Storage(_) => ErrorClass::retry("StorageUnavailable"),
-            NameError::OwnerUnavailable { .. } => ErrorClass::retry("OwnerUnavailable"),
+            NameError::Storage(_) => ErrorClass::retry(Cause::StorageUnavailable),
+            NameError::OwnerUnavailable { .. } => ErrorClass::retry(Cause::OwnerUnavailable),
             NameError::Collision(..) => ErrorClass::rejected(Kind::Conflict),
         }
     }

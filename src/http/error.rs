@@ -1,6 +1,11 @@
 //! Every error answer: an HTTP status and the flat `{code, message, details}` body. Errors
 //! arrive classified ([`crate::error`]); [`status_and_code`] is the one table from a class
 //! to its status and code, so the same class gets the same answer on every route.
+//!
+//! A refusal that applied nothing for a [`Cause`] names it on every route: sluice's name in
+//! [`NOT_APPLIED`] and `details.cause`, and, where the stream Append contract has a name for
+//! the same cause, that name in [`CONTRACT_NOT_APPLIED`] and in the body's top-level `error`
+//! (the contract's "JSON `error`").
 
 use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -9,7 +14,7 @@ use serde_json::{Map, Value, json};
 use crate::catalog::CatalogError;
 use crate::db::IngestFailure;
 pub(crate) use crate::error::Applied as Outcome;
-use crate::error::{Applied, Classify, ErrorClass, Kind};
+use crate::error::{Applied, Cause, Classify, ErrorClass, Kind};
 use crate::ingest::IngestError;
 use crate::query::QueryError;
 
@@ -23,7 +28,16 @@ pub(crate) struct ApiError {
     pub(crate) retry_after_seconds: Option<u64>,
     /// Headers the answer carries besides the body (protocol state such as offsets).
     pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
+    /// The cause of a refusal that applied nothing; the stream Append contract's name for it
+    /// is the body's top-level `error`.
+    pub(crate) cause: Option<Cause>,
 }
+
+/// The header that names sluice's cause of a refusal that applied nothing.
+pub(crate) const NOT_APPLIED: &str = "x-sluice-not-applied";
+
+/// The header the stream Append contract names the same cause in, with its own name for it.
+pub(crate) const CONTRACT_NOT_APPLIED: &str = "x-ursula-not-applied";
 
 impl ApiError {
     pub(crate) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
@@ -34,6 +48,7 @@ impl ApiError {
             details: Map::new(),
             retry_after_seconds: None,
             headers: Vec::new(),
+            cause: None,
         }
     }
 
@@ -94,13 +109,17 @@ impl ApiError {
 }
 
 impl ApiError {
-    /// The `{code, message, details}` body.
+    /// The `{code, message, details}` body, with `error` when the contract names the cause.
     pub(crate) fn body(&self) -> Value {
-        json!({
+        let mut body = json!({
             "code": self.code,
             "message": self.message,
             "details": Value::Object(self.details.clone()),
-        })
+        });
+        if let Some(name) = self.cause.and_then(Cause::contract_name) {
+            body["error"] = json!(name);
+        }
+        body
     }
 }
 
@@ -161,8 +180,9 @@ pub(crate) fn status_and_code(kind: Kind) -> (StatusCode, &'static str) {
     }
 }
 
-/// The details every classified answer carries: `status` (`rejected` or `unknown`) and,
-/// when the same request may succeed later, `retry_after_seconds`.
+/// The details every classified answer carries: `status` (`rejected` or `unknown`),
+/// `retry_after_seconds` when the same request may succeed later, and `cause` when a refusal
+/// that applied nothing has one.
 pub(crate) fn class_details(class: &ErrorClass) -> Map<String, Value> {
     let mut details = Map::new();
     details.insert(
@@ -175,20 +195,35 @@ pub(crate) fn class_details(class: &ErrorClass) -> Map<String, Value> {
     if let Some(seconds) = class.retry_after {
         details.insert("retry_after_seconds".into(), json!(seconds));
     }
+    if let Some(cause) = not_applied_cause(class) {
+        details.insert("cause".into(), json!(cause.name()));
+    }
     details
+}
+
+/// The cause a refusal names: only one that applied nothing names one.
+fn not_applied_cause(class: &ErrorClass) -> Option<Cause> {
+    match class.applied {
+        Applied::Rejected => class.cause,
+        Applied::Unknown => None,
+    }
 }
 
 impl ApiError {
     /// The answer to an error of this class: its status and code from the one table, its
-    /// details, `Retry-After`, and `x-sluice-not-applied` naming the cause of a refusal
-    /// that applied nothing.
+    /// details, `Retry-After`, and the cause of a refusal that applied nothing in
+    /// [`NOT_APPLIED`] and, with the contract's name, [`CONTRACT_NOT_APPLIED`] and `error`.
     pub(crate) fn classified(class: ErrorClass, message: String) -> ApiError {
         let (status, code) = status_and_code(class.kind);
         let mut error = ApiError::new(status, code, message);
         error.details = class_details(&class);
         error.retry_after_seconds = class.retry_after;
-        if let (Applied::Rejected, Some(cause)) = (class.applied, class.cause) {
-            error = error.header("x-sluice-not-applied", cause);
+        if let Some(cause) = not_applied_cause(&class) {
+            error = error.header(NOT_APPLIED, cause.name());
+            if let Some(name) = cause.contract_name() {
+                error = error.header(CONTRACT_NOT_APPLIED, name);
+            }
+            error.cause = Some(cause);
         }
         error
     }
@@ -298,4 +333,68 @@ pub(super) async fn uniform_errors(head: bool, response: Response) -> Response {
         }
     }
     answer
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::HeaderMap;
+
+    use super::*;
+
+    /// The answer's headers and body, as a client sees them.
+    async fn rendered(class: ErrorClass) -> (StatusCode, HeaderMap, Value) {
+        let response = ApiError::classified(class, "why".into()).into_response();
+        let (parts, body) = response.into_parts();
+        let body = axum::body::to_bytes(body, 4096).await.expect("body");
+        let body: Value = serde_json::from_slice(&body).expect("JSON body");
+        (parts.status, parts.headers, body)
+    }
+
+    /// A refusal that applied nothing names its cause in sluice's header and the body's
+    /// details, and, where the stream Append contract has a name for it, in the contract's
+    /// header and the body's `error`.
+    #[tokio::test]
+    async fn a_refusal_names_its_cause_in_both_vocabularies() {
+        let (status, headers, body) = rendered(ErrorClass::retry(Cause::LogDiskPressure)).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(headers[NOT_APPLIED], "LogDiskPressure");
+        assert_eq!(headers[CONTRACT_NOT_APPLIED], "WalDiskPressure");
+        assert_eq!(headers[header::RETRY_AFTER], "1");
+        assert_eq!(body["error"], "WalDiskPressure");
+        assert_eq!(
+            body["details"],
+            json!({"status": "rejected", "retry_after_seconds": 1, "cause": "LogDiskPressure"})
+        );
+        for (cause, contract) in [
+            (Cause::BodyAdmission, "IngressBodyBytesLimitReached"),
+            (Cause::OwnerUnavailable, "GroupNotHosted"),
+            (Cause::ShuttingDown, "NotLeader"),
+            (Cause::LeaseExpired, "NotLeader"),
+        ] {
+            let (_, headers, body) = rendered(ErrorClass::retry(cause)).await;
+            assert_eq!(headers[NOT_APPLIED], cause.name());
+            assert_eq!(headers[CONTRACT_NOT_APPLIED], contract);
+            assert_eq!(body["error"], contract);
+        }
+    }
+
+    /// A cause the contract has no name for is named in sluice's vocabulary only; an answer
+    /// whose request may have been applied names no cause at all.
+    #[tokio::test]
+    async fn only_a_refusal_that_applied_nothing_names_a_cause() {
+        let (_, headers, body) = rendered(ErrorClass::retry(Cause::EarlierWriteFailed)).await;
+        assert_eq!(headers[NOT_APPLIED], "EarlierWriteFailed");
+        assert!(headers.get(CONTRACT_NOT_APPLIED).is_none());
+        assert!(body.get("error").is_none(), "{body}");
+        let maybe_applied = ErrorClass {
+            applied: Applied::Unknown,
+            ..ErrorClass::retry(Cause::StorageUnavailable)
+        };
+        let (_, headers, body) = rendered(maybe_applied).await;
+        assert!(headers.get(NOT_APPLIED).is_none());
+        assert!(headers.get(CONTRACT_NOT_APPLIED).is_none());
+        assert!(body.get("error").is_none(), "{body}");
+        assert!(body["details"].get("cause").is_none(), "{body}");
+        assert_eq!(body["details"]["status"], "unknown");
+    }
 }

@@ -30,7 +30,7 @@ use bytes::Bytes;
 
 use super::AppState;
 use super::error::ApiError;
-use crate::error::{ErrorClass, Kind};
+use crate::error::{Cause, ErrorClass, Kind};
 
 /// The header that marks a forwarded request.
 pub(super) const FORWARDED: &str = "sluice-forwarded";
@@ -208,7 +208,7 @@ pub(super) async fn forward(
             state.db.note_stream_owner(name, None);
             // A read, or a write the owner never received, may simply be sent again.
             let class = if method == Method::GET || method == Method::HEAD || refused {
-                ErrorClass::retry("OwnerUnavailable")
+                ErrorClass::retry(Cause::OwnerUnavailable)
             } else {
                 ErrorClass::unknown(Kind::Unavailable)
             };

@@ -14,7 +14,7 @@ use serde_json::json;
 
 use super::{ApiError, AppState, forward};
 use crate::db::NamePlace;
-use crate::error::{Applied, Classify as _, ErrorClass, Kind};
+use crate::error::{Applied, Cause, Classify as _, ErrorClass, Kind};
 use crate::stream::{
     AppendOutcome, AppendRequest, CreateRequest, ForkRequest, Lifetime, MAX_APPEND_BYTES,
     MAX_PRODUCER_NUMBER, MAX_TOKEN_BYTES, ProducerTuple, ReadResult, Stream, StreamError,
@@ -127,7 +127,7 @@ pub(super) async fn stream_headers(
                 "stream-next-offset, stream-cursor, stream-up-to-date, stream-closed, \
                  stream-incarnation, stream-ttl, stream-expires-at, producer-epoch, producer-seq, \
                  producer-expected-seq, producer-received-seq, stream-sse-data-encoding, \
-                 x-sluice-not-applied, etag, content-type, location",
+                 x-sluice-not-applied, x-ursula-not-applied, etag, content-type, location",
             ),
         );
     }
@@ -389,16 +389,33 @@ fn fork(headers: &HeaderMap) -> Result<Option<ForkRequest>, ApiError> {
 }
 
 /// Reads a create's or append's body within [`MAX_APPEND_BYTES`] and the request-body
-/// budget; the reservation is held until the request is answered.
+/// budget; the reservation is held until the request is answered. A body still arriving when
+/// the server begins to stop is refused ([`StreamError::ShuttingDown`], 503): a stopping
+/// server waits for the requests it serves, and a body that trickles in would hold it up.
 async fn body_bytes(
     state: &AppState,
     owner: Option<&super::Owner>,
     body: Body,
 ) -> Result<(Bytes, crate::db::BodyReservation), ApiError> {
     let mut reservation = state.db.body_reservation(owner);
-    let bytes = super::body::read_body(body, MAX_APPEND_BYTES, &mut reservation).await?;
-    Ok((bytes, reservation))
+    let read = async move {
+        let bytes = super::body::read_body(body, MAX_APPEND_BYTES, &mut reservation).await?;
+        Ok::<_, ApiError>((bytes, reservation))
+    };
+    let mut closing = state.db.streams().closing();
+    tokio::select! {
+        // A body that is whole is served, stopping or not: the log takes writes until the
+        // server has answered every request it read.
+        biased;
+        read = read => read,
+        _ = closing.wait_for(|stopping| *stopping) => Err(StreamError::ShuttingDown.into()),
+    }
 }
+
+/// Headers of appends that Ursula removed in 0.6.0 (its release notes: "`Stream-Record-Match`
+/// on an append answers `400`"); an append that carries one is refused, not served as if the
+/// condition held.
+const REMOVED_APPEND_HEADERS: &[&str] = &["stream-record-match"];
 
 fn set(headers: &mut HeaderMap, name: &'static str, value: impl AsRef<str>) {
     if let Ok(v) = HeaderValue::from_str(value.as_ref()) {
@@ -525,7 +542,7 @@ async fn at_owner(
         None if headers.contains_key(forward::FORWARDED) => {
             return match state.db.locate_stream_name(name).await {
                 Ok(Some(NamePlace::At(_))) => Err(ApiError::classified(
-                    ErrorClass::retry("OwnerMoved"),
+                    ErrorClass::retry(Cause::OwnerMoved),
                     format!("stream {name:?} is served by another node now"),
                 )),
                 Ok(Some(NamePlace::Here) | None) => Ok(Err(body)),
@@ -765,7 +782,7 @@ async fn create(
         NamePlace::At(_) => {
             // The claim moved between the node that forwarded here and this one.
             return Err(ApiError::classified(
-                ErrorClass::retry("OwnerUnavailable"),
+                ErrorClass::retry(Cause::OwnerUnavailable),
                 format!("stream {:?} is moving between nodes", request.name),
             ));
         }
@@ -810,6 +827,14 @@ async fn append(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
+    if let Some(removed) = REMOVED_APPEND_HEADERS
+        .iter()
+        .find(|h| headers.contains_key(**h))
+    {
+        return Err(ApiError::bad_request(format!(
+            "header {removed} is not supported on an append (removed from the protocol)"
+        )));
+    }
     let (content_type, close, producer, stream_seq, incarnation) = (
         content_type(headers)?,
         closed_flag(headers)?,

@@ -116,6 +116,11 @@ pub enum StreamError {
     /// A snapshot or sealed object is unreadable.
     #[error("stream data is corrupt: {0}")]
     Corrupt(String),
+    /// The server began to stop while the request's body was still arriving: it is not
+    /// served (a stopping server waits for the requests it serves, and a body that trickles
+    /// in would hold it up).
+    #[error("the server is shutting down; send the request again to a running server")]
+    ShuttingDown,
 }
 
 /// A stream's metadata as answers report it.

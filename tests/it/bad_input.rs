@@ -11,58 +11,6 @@ use serde_json::Value;
 use sluice::db::{Database, DbConfig};
 use sluice::http::{AppState, router};
 
-/// Builds a body (or header value) from its spec in the corpus.
-fn build(spec: &Value) -> Vec<u8> {
-    if let Some(s) = spec.as_str() {
-        return s.as_bytes().to_vec();
-    }
-    if let Some(t) = spec["text"].as_str() {
-        return t.as_bytes().to_vec();
-    }
-    if let Some(h) = spec["hex"].as_str() {
-        return (0..h.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
-            .collect();
-    }
-    if let Some(r) = spec.get("repeat") {
-        return r["text"]
-            .as_str()
-            .unwrap()
-            .repeat(r["times"].as_u64().unwrap() as usize)
-            .into_bytes();
-    }
-    if let Some(n) = spec.get("nest") {
-        let depth = n["depth"].as_u64().unwrap() as usize;
-        let s = |k: &str| n[k].as_str().unwrap_or("").to_owned();
-        return format!(
-            "{}{}{}{}{}",
-            s("prefix"),
-            s("open").repeat(depth),
-            s("middle"),
-            s("close").repeat(depth),
-            s("suffix")
-        )
-        .into_bytes();
-    }
-    if let Some(n) = spec["gzip_zeros"].as_u64() {
-        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-        enc.write_all(&vec![0u8; n as usize]).unwrap();
-        return enc.finish().unwrap();
-    }
-    if let Some(t) = spec["gzip_truncated"].as_str() {
-        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-        enc.write_all(t.as_bytes()).unwrap();
-        let full = enc.finish().unwrap();
-        return full[..full.len() / 2].to_vec();
-    }
-    if let Some(t) = spec["zstd_truncated"].as_str() {
-        let full = zstd::encode_all(t.as_bytes(), 3).unwrap();
-        return full[..full.len() / 2].to_vec();
-    }
-    panic!("unknown body spec {spec}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_bad_request_gets_its_documented_status_and_the_server_stays_up() {
     let corpus: Value =
@@ -96,9 +44,13 @@ async fn every_bad_request_gets_its_documented_status_and_the_server_stays_up() 
             format!("{base}{}", case["path"].as_str().unwrap()),
         );
         for (k, v) in case["headers"].as_object().unwrap() {
-            request = request.header(k.as_str(), build(v));
+            request = request.header(k.as_str(), common::build_bytes(v));
         }
-        let response = request.body(build(&case["body"])).send().await.unwrap();
+        let response = request
+            .body(common::build_bytes(&case["body"]))
+            .send()
+            .await
+            .unwrap();
         let status = response.status().as_u16();
         let body = response.text().await.unwrap_or_default();
         if u64::from(status) != case["status"].as_u64().unwrap() {

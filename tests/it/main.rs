@@ -8,6 +8,7 @@ mod checkpoints;
 mod cli;
 mod clients;
 mod console;
+mod contracts;
 mod crash;
 mod decoder;
 mod durability;

@@ -907,6 +907,7 @@ async fn the_same_error_class_gets_the_same_answer_on_ingest_streams_and_stateme
     assert_eq!(ingest.status(), 503);
     assert_eq!(ingest.headers()["retry-after"], "1");
     assert_eq!(ingest.headers()["x-sluice-not-applied"], "LogDiskPressure");
+    assert_eq!(ingest.headers()["x-ursula-not-applied"], "WalDiskPressure");
     let ingest: Value = ingest.json().await.unwrap();
     let append = s
         .request(reqwest::Method::POST, "/v1/stream/full")
@@ -918,6 +919,7 @@ async fn the_same_error_class_gets_the_same_answer_on_ingest_streams_and_stateme
     assert_eq!(append.status(), 503);
     assert_eq!(append.headers()["retry-after"], "1");
     assert_eq!(append.headers()["x-sluice-not-applied"], "LogDiskPressure");
+    assert_eq!(append.headers()["x-ursula-not-applied"], "WalDiskPressure");
     let append: Value = append.json().await.unwrap();
     let statement = s.submit("INSERT INTO events (service) VALUES ('x')").await;
     assert_eq!(statement["status"], "failed", "{statement}");
@@ -926,9 +928,11 @@ async fn the_same_error_class_gets_the_same_answer_on_ingest_streams_and_stateme
         assert_eq!(answer["code"], "service_unavailable", "{answer}");
         assert_eq!(
             answer["details"],
-            json!({"status": "rejected", "retry_after_seconds": 1}),
+            json!({"status": "rejected", "retry_after_seconds": 1, "cause": "LogDiskPressure"}),
             "{answer}"
         );
+        // The stream Append contract's name for the same cause.
+        assert_eq!(answer["error"], "WalDiskPressure", "{answer}");
     }
 }
 

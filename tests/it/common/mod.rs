@@ -98,6 +98,86 @@ pub fn wait_healthy(port: u16) -> std::time::Duration {
     panic!("the server on port {port} did not become healthy");
 }
 
+/// Builds a request body (or header value) from its spec, as the test corpora write them
+/// (`testdata/bad-input/cases.json`, `testdata/contracts/wire.toml`):
+/// - a string: its bytes; `{"text": s}` the same; `{"hex": "7b22"}` the bytes it spells;
+/// - `{"repeat": {"text": s, "times": n}}`: `s` n times;
+/// - `{"nest": {"depth": n, "open", "close", "prefix", "middle", "suffix"}}`: `open` and
+///   `close` n times each around `middle`;
+/// - `{"pad_to": {"bytes": n, "head", "fill", "tail"}}`: `head`, then `fill` (one byte)
+///   repeated, then `tail`, exactly n bytes in all;
+/// - `{"gzip": spec}`: the gzip of what `spec` builds; `{"gzip_zeros": n}`: n zero bytes,
+///   gzipped; `{"gzip_truncated": s}`, `{"zstd_truncated": s}`: the first half of `s`
+///   compressed.
+pub fn build_bytes(spec: &Value) -> Vec<u8> {
+    use std::io::Write as _;
+    let gzip = |bytes: &[u8], level| {
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), level);
+        enc.write_all(bytes).unwrap();
+        enc.finish().unwrap()
+    };
+    if let Some(s) = spec.as_str() {
+        return s.as_bytes().to_vec();
+    }
+    if let Some(t) = spec["text"].as_str() {
+        return t.as_bytes().to_vec();
+    }
+    if let Some(h) = spec["hex"].as_str() {
+        return (0..h.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
+            .collect();
+    }
+    if let Some(r) = spec.get("repeat") {
+        return r["text"]
+            .as_str()
+            .unwrap()
+            .repeat(r["times"].as_u64().unwrap() as usize)
+            .into_bytes();
+    }
+    if let Some(n) = spec.get("nest") {
+        let depth = n["depth"].as_u64().unwrap() as usize;
+        let s = |k: &str| n[k].as_str().unwrap_or("").to_owned();
+        return format!(
+            "{}{}{}{}{}",
+            s("prefix"),
+            s("open").repeat(depth),
+            s("middle"),
+            s("close").repeat(depth),
+            s("suffix")
+        )
+        .into_bytes();
+    }
+    if let Some(p) = spec.get("pad_to") {
+        let s = |k: &str| p[k].as_str().unwrap_or("").as_bytes().to_vec();
+        let (head, fill, tail) = (s("head"), s("fill"), s("tail"));
+        let bytes = p["bytes"].as_u64().unwrap() as usize;
+        assert_eq!(fill.len(), 1, "pad_to fills with one byte: {spec}");
+        let padding = bytes
+            .checked_sub(head.len() + tail.len())
+            .unwrap_or_else(|| panic!("pad_to {bytes} is shorter than its head and tail"));
+        let mut out = head;
+        out.resize(out.len() + padding, fill[0]);
+        out.extend_from_slice(&tail);
+        return out;
+    }
+    if let Some(inner) = spec.get("gzip") {
+        return gzip(&build_bytes(inner), flate2::Compression::fast());
+    }
+    if let Some(n) = spec["gzip_zeros"].as_u64() {
+        return gzip(&vec![0u8; n as usize], flate2::Compression::best());
+    }
+    if let Some(t) = spec["gzip_truncated"].as_str() {
+        let full = gzip(t.as_bytes(), flate2::Compression::fast());
+        return full[..full.len() / 2].to_vec();
+    }
+    if let Some(t) = spec["zstd_truncated"].as_str() {
+        let full = zstd::encode_all(t.as_bytes(), 3).unwrap();
+        return full[..full.len() / 2].to_vec();
+    }
+    panic!("unknown body spec {spec}");
+}
+
 /// Runs `sql` through `POST /v1/statements` on the server at `base`; the answer must be 200.
 /// A statement still running when the submit answers is fetched until it is not. Returns the
 /// statement payload.
