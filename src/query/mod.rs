@@ -130,6 +130,18 @@ impl QueryError {
     }
 }
 
+/// The object-store failure under a DataFusion error, however it is wrapped, as text.
+fn object_store_failure(e: &DataFusionError) -> Option<String> {
+    let mut at: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(error) = at {
+        if let Some(store) = error.downcast_ref::<object_store::Error>() {
+            return Some(store.to_string());
+        }
+        at = error.source();
+    }
+    None
+}
+
 impl From<DataFusionError> for QueryError {
     fn from(e: DataFusionError) -> Self {
         match e {
@@ -144,22 +156,16 @@ impl From<DataFusionError> for QueryError {
                 Err(other) => QueryError::Query(DataFusionError::External(other).strip_backtrace()),
             },
             DataFusionError::ObjectStore(e) => QueryError::Table(TableError::Storage(*e)),
-            // The Parquet reader wraps a failed read of a data file the same way (one that
-            // garbage collection took after another node's compaction replaced it, while this
-            // node's view still named it): the server's trouble too, and a retry reads afresh.
-            DataFusionError::ParquetError(e)
-                if matches!(&*e, parquet::errors::ParquetError::External(inner)
-                    if inner.is::<object_store::Error>()) =>
-            {
-                match *e {
-                    parquet::errors::ParquetError::External(inner) => {
-                        match inner.downcast::<object_store::Error>() {
-                            Ok(store) => QueryError::Table(TableError::Storage(*store)),
-                            Err(other) => QueryError::Query(format!("Parquet error: {other}")),
-                        }
-                    }
-                    other => QueryError::Query(format!("Parquet error: {other}")),
-                }
+            // The Parquet reader wraps a failed read of a data file (one that garbage
+            // collection took after a compaction replaced it, while this statement's view
+            // still named it), and operators share or annotate it on the way up: the
+            // server's trouble too, however deep, and a retry reads afresh.
+            other if object_store_failure(&other).is_some() => {
+                let text = object_store_failure(&other).unwrap_or_default();
+                QueryError::Table(TableError::Storage(object_store::Error::Generic {
+                    store: "object store",
+                    source: text.into(),
+                }))
             }
             // DataFusion wraps our own errors as External; surface the message cleanly.
             other => QueryError::Query(other.strip_backtrace()),
@@ -606,7 +612,11 @@ mod tests {
         let error = DataFusionError::ParquetError(Box::new(
             parquet::errors::ParquetError::External(Box::new(gone)),
         ));
-        let class = QueryError::from(error).class();
+        let shared = DataFusionError::Context(
+            "scan".into(),
+            Box::new(DataFusionError::Shared(std::sync::Arc::new(error))),
+        );
+        let class = QueryError::from(shared).class();
         assert!(class.is_retryable(), "{class:?}");
         // Other Parquet failures stay the query's.
         let other = DataFusionError::ParquetError(Box::new(
