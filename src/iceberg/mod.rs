@@ -8,8 +8,10 @@
 //!   yet (DuckDB 1.4, older JVM engines): timestamps are `timestamptz`, microseconds. The data
 //!   files still hold `TIMESTAMP(NANOS)`; a reader converts them to microseconds as it reads
 //!   (dropping the last three digits), and the manifests' bounds of those columns are in
-//!   microseconds: the lower bound floored, the upper bound truncated toward zero, so that
-//!   they hold every value a reader makes of the file's, whether it floors or truncates.
+//!   microseconds: the lower bound floored, the upper bound rounded up, so that they hold
+//!   every value a reader makes of the file's, whether it floors or truncates, and a
+//!   reader that compares its microsecond literal with the files' nanoseconds never prunes
+//!   a file holding a time in its last, partial microsecond.
 //!
 //! The manifest ([`crate::table::manifest`]) stays the source of truth; everything here is
 //! derived from it and can be written again from it at any time ([`publish`], which
@@ -24,7 +26,18 @@
 //! | `{v:020}-{place}-m0.avro` | its one manifest: every file live at version `v` |
 //!
 //! (`place` tags the database root's location, which the Avro objects name in absolute
-//! URIs: a moved data directory gets new ones.)
+//! URIs, and the manifests' layout revision: a moved data directory, or a release that
+//! writes manifests differently, gets new ones.) Only names of these shapes are the view's:
+//! metadata numbers are canonical decimals below [`MAX_METADATA_NUMBER`]. Any other name in
+//! the directory (another program's, a damaged one, a number at or past the limit) is
+//! foreign: never taken for the view's metadata and never collected.
+//!
+//! A manifest entry gives each data file's `record_count`, `value_counts` (every column:
+//! the file's row count, nulls included, as the spec counts them), `null_value_counts`
+//! (an empty map: sluice does not count nulls, and a missing entry is "unknown" to
+//! readers) and the lower and upper bounds of its timestamp columns (maps always present,
+//! empty when there are none): readers such as Polars read these maps for every filtered
+//! scan and fail on a missing one.
 //!
 //! Invariants (of each view; the two are published alike from the same manifest state):
 //! - **A snapshot per manifest version**, with snapshot id and sequence number `v` (versions
@@ -107,6 +120,15 @@ impl View {
 
 /// The table property naming the manifest version a metadata file was derived from.
 const MANIFEST_VERSION_PROPERTY: &str = "sluice.manifest-version";
+
+/// The table property naming the [`LAYOUT`] a metadata file's Avro objects were written in.
+const LAYOUT_PROPERTY: &str = "sluice.iceberg-layout";
+
+/// The revision of what the manifests hold, raised whenever that changes (2: statistics
+/// maps always present, v2 upper time bounds rounded up). Metadata of another layout is
+/// published over like metadata of another location, with new Avro objects (the layout is
+/// in their place tag): a table upgraded without a new commit gets the new manifests too.
+const LAYOUT: &str = "2";
 
 /// The Iceberg type of a column type in `view` (see the module docs for why).
 pub(crate) fn iceberg_type(view: View, t: ColumnType) -> &'static str {
@@ -212,9 +234,9 @@ fn stable_hash_128(text: &str) -> [u8; 16] {
     out
 }
 
-/// A short tag of the location the Avro objects name.
+/// A short tag of the location the Avro objects name and of their [`LAYOUT`].
 fn place_tag(location: &str) -> String {
-    let hash = stable_hash_128(location);
+    let hash = stable_hash_128(&format!("{location}#{LAYOUT}"));
     format!(
         "{:02x}{:02x}{:02x}{:02x}",
         hash[0], hash[1], hash[2], hash[3]
@@ -430,6 +452,7 @@ async fn publish_here(
         }
         let same_place = current.as_ref().is_some_and(|c| {
             c.metadata["location"].as_str() == Some(location.as_str())
+                && c.metadata["properties"][LAYOUT_PROPERTY].as_str() == Some(LAYOUT)
                 && c.manifest_version() <= Some(state.version)
         });
         let carried: Vec<Value> = match &current {
@@ -643,6 +666,7 @@ fn metadata_json(
             "write.format.default": "parquet",
             "sluice.table-id": id,
             MANIFEST_VERSION_PROPERTY: state.version.to_string(),
+            LAYOUT_PROPERTY: LAYOUT,
         },
         // -1 for none, as Iceberg's Java library writes it: DuckDB refuses a null here,
         // and other readers take -1 for none.
@@ -691,7 +715,8 @@ fn table_uuid(view: View, id: &str) -> String {
 /// only in v3's `first_row_id`.
 fn manifest_entry_schema(view: View) -> Value {
     let optional_long = |name: &str, id: i32| json!({"name": name, "type": ["null", "long"], "default": null, "field-id": id});
-    let bounds = |name: &str, id: i32, key: i32, value: i32| {
+    // An Iceberg map keyed by field id, as Avro writes it: an array of key-value records.
+    let id_map = |name: &str, id: i32, key: i32, value: i32, value_type: &str| {
         json!({"name": name, "field-id": id, "default": null, "type": ["null", {
             "type": "array",
             "logicalType": "map",
@@ -700,7 +725,7 @@ fn manifest_entry_schema(view: View) -> Value {
                 "name": format!("k{key}_v{value}"),
                 "fields": [
                     {"name": "key", "type": "int", "field-id": key},
-                    {"name": "value", "type": "bytes", "field-id": value},
+                    {"name": "value", "type": value_type, "field-id": value},
                 ],
             },
         }]})
@@ -713,8 +738,10 @@ fn manifest_entry_schema(view: View) -> Value {
          "type": {"type": "record", "name": "r102", "fields": []}}),
         json!({"name": "record_count", "type": "long", "field-id": 103}),
         json!({"name": "file_size_in_bytes", "type": "long", "field-id": 104}),
-        bounds("lower_bounds", 125, 126, 127),
-        bounds("upper_bounds", 128, 129, 130),
+        id_map("value_counts", 109, 119, 120, "long"),
+        id_map("null_value_counts", 110, 121, 122, "long"),
+        id_map("lower_bounds", 125, 126, 127, "bytes"),
+        id_map("upper_bounds", 128, 129, 130, "bytes"),
     ];
     if view == View::V3 {
         data_file.push(optional_long("first_row_id", 142));
@@ -764,12 +791,18 @@ fn manifest_list_schema(view: View) -> Value {
 
 /// The bounds in `view` of a timestamp column whose values lie in `lo..=hi` nanoseconds, as
 /// Iceberg's single-value serialization (little-endian `long`). In v2 they are
-/// microseconds: the lower floored and the upper truncated toward zero, which holds every
-/// value a reader makes of the file's nanoseconds whether it floors or truncates them.
+/// microseconds: the lower floored and the upper rounded up, which holds every value a
+/// reader makes of the file's nanoseconds whether it floors or truncates them, and every
+/// time in the last, partial microsecond (a filter on microseconds never prunes a file
+/// that holds one). No overflow: `i64::MAX` nanoseconds round up to far below `i64::MAX`
+/// microseconds.
 fn time_bounds(view: View, lo: i64, hi: i64) -> ([u8; 8], [u8; 8]) {
     let (lo, hi) = match view {
         View::V3 => (lo, hi),
-        View::V2 => (lo.div_euclid(1_000), hi / 1_000),
+        View::V2 => (
+            lo.div_euclid(1_000),
+            hi.div_euclid(1_000) + i64::from(hi.rem_euclid(1_000) != 0),
+        ),
     };
     (lo.to_le_bytes(), hi.to_le_bytes())
 }
@@ -794,6 +827,7 @@ async fn write_snapshot_objects(
         .filter(|(_, c)| c.data_type == ColumnType::Timestamp)
         .map(|(i, c)| (c.name.as_str(), field_id(i)))
         .collect();
+    let column_ids: Vec<i32> = (0..columns.len()).map(field_id).collect();
     let mut records = Vec::with_capacity(state.files.len());
     let (mut added, mut existing) = ((0i64, 0i64), (0i64, 0i64));
     let mut min_sequence = v;
@@ -815,9 +849,11 @@ async fn write_snapshot_objects(
                 upper.push((field, hi));
             }
         }
-        let bound = |e: &mut Encoder, items: Vec<(i32, [u8; 8])>| {
-            e.optional((!items.is_empty()).then_some(items), |e, items| {
-                e.array(&items, |e, (key, value)| {
+        // Every map present (empty when there is nothing to say): readers of filtered
+        // scans (Polars) look entries up in each and fail on a missing map.
+        let bound = |e: &mut Encoder, items: &[(i32, [u8; 8])]| {
+            e.optional(Some(items), |e, items| {
+                e.array(items, |e, (key, value)| {
                     e.long(i64::from(*key)).bytes(value);
                 });
             });
@@ -833,9 +869,19 @@ async fn write_snapshot_objects(
             .string(&storage.location_of(&f.path))
             .string("PARQUET")
             .long(to_i64(f.rows))
-            .long(to_i64(f.bytes));
-        bound(&mut e, lower);
-        bound(&mut e, upper);
+            .long(to_i64(f.bytes))
+            // value_counts: every column holds a value (or a null) per row.
+            .optional(Some(&column_ids), |e, ids| {
+                e.array(ids, |e, id| {
+                    e.long(i64::from(*id)).long(to_i64(f.rows));
+                });
+            })
+            // null_value_counts: not counted, so no entry (unknown).
+            .optional(Some(&[] as &[i32]), |e, ids| {
+                e.array(ids, |_, _| {});
+            });
+        bound(&mut e, &lower);
+        bound(&mut e, &upper);
         if view == View::V3 {
             e.optional_long(lineage.map(|l| to_i64(l.first_row_id)));
         }
@@ -1032,11 +1078,14 @@ mod tests {
         // Whether a reader truncates (-1 ns to 0 µs) or floors (to -1 µs), its value lies
         // within the bounds.
         assert_eq!(bounds(View::V2, -1, -1), (-1, 0));
-        assert_eq!(bounds(View::V2, -1_001, 1_999), (-2, 1));
+        assert_eq!(bounds(View::V2, -1_001, -1_001), (-2, -1));
+        // The upper bound rounds up: a time in a partial microsecond is below it.
+        assert_eq!(bounds(View::V2, -1_001, 1_999), (-2, 2));
+        assert_eq!(bounds(View::V2, 1_000, 1_001), (1, 2));
         assert_eq!(bounds(View::V2, 1_000, 2_000), (1, 2));
         assert_eq!(
             bounds(View::V2, i64::MIN, i64::MAX),
-            (i64::MIN.div_euclid(1_000), i64::MAX / 1_000)
+            (i64::MIN.div_euclid(1_000), i64::MAX / 1_000 + 1)
         );
     }
 

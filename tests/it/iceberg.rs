@@ -37,11 +37,12 @@ const ALL_READERS: &str = "daft,polars,duckdb";
 /// at `base`, in the view `warehouse` names (the default view for `None`), and returns what
 /// they saw.
 fn read(base: &str, key: &str, table: &str, warehouse: Option<&str>, readers: &str) -> Value {
-    read_filtered(base, key, table, warehouse, readers, None)
+    read_filtered(base, key, table, warehouse, readers, None, None)
 }
 
 /// [`read`], and with `time_filter` (an instant) the count of rows with `t` at or before it
-/// by pyiceberg and DuckDB, which prune files by the manifests' bounds.
+/// by pyiceberg, Polars and DuckDB, which prune files by the manifests' bounds; with
+/// `time_after` (an instant) pyiceberg's count of rows with `t` after it.
 fn read_filtered(
     base: &str,
     key: &str,
@@ -49,6 +50,7 @@ fn read_filtered(
     warehouse: Option<&str>,
     readers: &str,
     time_filter: Option<&str>,
+    time_after: Option<&str>,
 ) -> Value {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/iceberg/read_table.py");
     let mut command = std::process::Command::new(python());
@@ -63,6 +65,9 @@ fn read_filtered(
     }
     if let Some(instant) = time_filter {
         command.args(["--time-filter", instant]);
+    }
+    if let Some(instant) = time_after {
+        command.args(["--time-after", instant]);
     }
     if let (Ok(id), Ok(secret)) = (
         std::env::var("AWS_ACCESS_KEY_ID"),
@@ -428,23 +433,25 @@ async fn every_type_reads_back_before_and_after_compaction(
     let id = served.create(ALL_TYPES).await;
     let mut expected = Vec::new();
     let mut counts = Vec::new();
+    // Each file's range of `t` (nanoseconds), as the manifests' bounds must hold it.
+    let mut file_ranges = Vec::new();
     for batch in 0..3 {
         let mut body = String::new();
+        let mut batch_rows = Vec::new();
         for n in batch * 4..batch * 4 + 4 {
-            let (line, value) = row(n);
-            body.push_str(&line);
-            body.push('\n');
-            expected.push(value);
+            batch_rows.push(row(n));
         }
         // The extremes in the last file: the first two hold only times of 2024, so a
         // filter on times prunes them by their bounds.
         if batch == 2 {
-            for (line, value) in extreme_rows() {
-                body.push_str(&line);
-                body.push('\n');
-                expected.push(value);
-            }
+            batch_rows.extend(extreme_rows());
         }
+        for (line, value) in batch_rows {
+            body.push_str(&line);
+            body.push('\n');
+            expected.push(value);
+        }
+        file_ranges.push(time_range(&expected[counts.last().copied().unwrap_or(0)..]));
         served.ingest("all_types", body).await;
         assert!(served.db.tables().flush(&id).await.unwrap().is_some());
         counts.push(expected.len());
@@ -466,30 +473,38 @@ async fn every_type_reads_back_before_and_after_compaction(
         })
         .count();
     assert_eq!(until, 4);
+    // Row 3, the last of the first file, is at 2024-01-02T03:04:08.123456792Z: in the v2
+    // view 08.123456. pyiceberg compares a filter's microseconds with the files' own
+    // nanoseconds, so it finds row 3 after 08.123456; an upper bound of the first file
+    // rounded down to 08.123456 would prune that file and lose the row.
+    let after_instant = "2024-01-02T03:04:08.123456+00:00";
+    let after_ns = 1_704_164_648_123_456_000i64;
+    let after_count = expected
+        .iter()
+        .filter(|r| r["t"].as_i64().is_some_and(|t| t > after_ns))
+        .count();
+    let mut snapshots_of_views = Vec::new();
     for warehouse in [None, Some("v2")] {
+        let v2 = warehouse == Some("v2");
         let before = read_filtered(
             &served.base,
             "r-key",
             "all_types",
             warehouse,
             ALL_READERS,
-            // pyiceberg 0.12 binds no literal to a `timestamptz_ns`: v2 only.
-            warehouse.and(Some(instant)),
+            Some(instant),
+            v2.then_some(after_instant),
         );
         for line in check_readers(&before, warehouse, &expected) {
             report.push(format!("{storage} before compaction: {line}"));
         }
-        if warehouse == Some("v2") {
-            assert_eq!(before["filtered_count"], until, "pyiceberg");
-            assert_eq!(
-                before["readers"]["duckdb"]["filtered_count"], until,
-                "duckdb"
-            );
-            report.push(format!(
-                "{storage} before compaction: v2: pyiceberg and duckdb: {until} rows at or \
-                 before {instant}"
-            ));
-        }
+        check_filters(&before, v2, until, after_count);
+        report.push(format!(
+            "{storage} before compaction: {}",
+            filter_report(v2, until, instant, after_count, after_instant)
+        ));
+        assert_eq!(before["t_bounds"], time_bounds(&file_ranges, v2));
+        snapshots_of_views.push(before["snapshots"].clone());
         assert_eq!(before["snapshots"], json!([1, 2, 3]));
         assert_eq!(
             before["snapshot_rows"],
@@ -509,11 +524,27 @@ async fn every_type_reads_back_before_and_after_compaction(
     let live = served.live_files("all_types").await;
     assert_eq!(live.len(), 1);
     assert!(live.is_disjoint(&old));
+    // Both views list the same snapshots, in the same order.
+    assert_eq!(snapshots_of_views[0], snapshots_of_views[1]);
+    snapshots_of_views.clear();
     for warehouse in [None, Some("v2")] {
-        let after = read(&served.base, "r-key", "all_types", warehouse, ALL_READERS);
+        let v2 = warehouse == Some("v2");
+        let after = read_filtered(
+            &served.base,
+            "r-key",
+            "all_types",
+            warehouse,
+            ALL_READERS,
+            Some(instant),
+            v2.then_some(after_instant),
+        );
         for line in check_readers(&after, warehouse, &expected) {
             report.push(format!("{storage} after compaction: {line}"));
         }
+        check_filters(&after, v2, until, after_count);
+        // The compacted file's bounds cover every row.
+        assert_eq!(after["t_bounds"], time_bounds(&[time_range(&expected)], v2));
+        snapshots_of_views.push(after["snapshots"].clone());
         assert_files(&after, &live, &location);
         assert_eq!(after["snapshots"], json!([1, 2, 3, 4]));
         // The snapshots before compaction still read, from the files compaction replaced.
@@ -522,9 +553,77 @@ async fn every_type_reads_back_before_and_after_compaction(
             json!({"1": counts[0], "2": counts[1], "3": counts[2], "4": counts[2]})
         );
     }
+    assert_eq!(snapshots_of_views[0], snapshots_of_views[1]);
     for line in report {
         println!("iceberg readers: {line}");
     }
+}
+
+/// Checks the filtered counts of a read of the all-types table (see
+/// [`every_type_reads_back_before_and_after_compaction`]): `until` rows at or before the
+/// first instant for every reader of the v2 view, `after` rows after the second for
+/// pyiceberg; in v3, where pyiceberg 0.12 binds no literal to a `timestamptz_ns` (and Polars
+/// hands its filter to pyiceberg), the refusal.
+fn check_filters(seen: &Value, v2: bool, until: usize, after: usize) {
+    let polars = &seen["readers"]["polars"]["filtered_count"];
+    if v2 {
+        assert_eq!(seen["filtered_count"], until, "pyiceberg");
+        assert_eq!(*polars, until, "polars: {polars}");
+        assert_eq!(seen["readers"]["duckdb"]["filtered_count"], until, "duckdb");
+        assert_eq!(seen["after_count"], after, "pyiceberg, after");
+    } else {
+        for refusal in [&seen["filtered_count"], polars] {
+            let error = refusal["error"].as_str().unwrap_or_default();
+            assert!(error.contains("timestamptz_ns"), "{refusal}");
+        }
+    }
+}
+
+/// The line of the test's report on [`check_filters`].
+fn filter_report(v2: bool, until: usize, instant: &str, after: usize, after_at: &str) -> String {
+    if v2 {
+        format!(
+            "v2: pyiceberg, polars and duckdb: {until} rows at or before {instant}; \
+             pyiceberg: {after} rows after {after_at}"
+        )
+    } else {
+        "v3: pyiceberg and polars refuse a time filter (no timestamptz_ns literals)".into()
+    }
+}
+
+/// The smallest and largest `t` (nanoseconds) of `rows`.
+fn time_range(rows: &[Value]) -> (i64, i64) {
+    let times = rows.iter().filter_map(|r| r["t"].as_i64());
+    let lo = times.clone().min().expect("a time");
+    (lo, times.max().expect("a time"))
+}
+
+/// The bounds of `t` a reader must see in the manifests of files holding the times
+/// `ranges`, ordered as `read_table.py` prints them: nanoseconds in v3; in v2 microseconds,
+/// the lower floored and the upper rounded up, so that they hold every value a reader makes
+/// of the nanoseconds, whether it floors or truncates, and no microsecond filter prunes a
+/// file holding a row in its last partial microsecond.
+fn time_bounds(ranges: &[(i64, i64)], v2: bool) -> Value {
+    let mut bounds: Vec<(i64, i64)> = ranges
+        .iter()
+        .map(|&(lo, hi)| {
+            if v2 {
+                (
+                    lo.div_euclid(1_000),
+                    hi.div_euclid(1_000) + i64::from(hi.rem_euclid(1_000) != 0),
+                )
+            } else {
+                (lo, hi)
+            }
+        })
+        .collect();
+    bounds.sort();
+    json!(
+        bounds
+            .iter()
+            .map(|&(lo, hi)| json!([lo, hi]))
+            .collect::<Vec<_>>()
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
