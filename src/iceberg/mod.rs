@@ -55,14 +55,18 @@
 //!   snapshot up to the current one is, so each listed snapshot's successor time is the time
 //!   its files stopped being current.
 //! - **Expiry agrees with garbage collection**, in both views: a snapshot is dropped once its
-//!   successor was committed more than half the grace period ago. A data file is deleted only
+//!   successor was committed more than half the grace period ago. One publication judges
+//!   both views at the same instant, so the two list the same snapshots. A data file is deleted only
 //!   after the collector has seen it unreferenced by the manifest for the whole grace period
 //!   ([`crate::table`]'s collection), so every snapshot that lists it has been expired for at
 //!   least half the grace period by then (with clocks of the nodes within half the grace
-//!   period of each other). Collection publishes both views before it deletes (and deletes
-//!   nothing when either fails), so expired snapshots leave the metadata even when no new
-//!   version comes; metadata objects that the newest metadata of their view no longer
-//!   references are collected after the grace period like any other object.
+//!   period of each other). Collection publishes both views before it deletes data files
+//!   (and deletes none when either fails), so expired snapshots leave the metadata even when
+//!   no new version comes; metadata objects that the newest metadata of their view no
+//!   longer references are collected after the grace period like any other object.
+//! - **The views stand apart**: each is published, loaded and collected on its own, so a
+//!   failure of one (storage, a damaged directory, metadata numbers used up) never stops
+//!   the other's loads, publications or metadata collection.
 //! - **Field ids** are column positions from 1 (a table's columns never change). Parquet files
 //!   written since this view exists carry them; the name mapping in the table properties
 //!   (`schema.name-mapping.default`) resolves the columns of files written before.
@@ -254,15 +258,16 @@ fn manifest_list_name(name: &str) -> Option<(u64, &str)> {
 
 /// The number `n` of a metadata object's name `v{n}.metadata.json`.
 /// Only names this module writes count: canonical digits (no sign, no leading zero), and
-/// numbers up to [`MAX_METADATA_NUMBER`] (a larger one is not ours, and could never be
-/// followed).
+/// numbers below [`MAX_METADATA_NUMBER`] (this module never writes one at or past it, so
+/// such a name is foreign, and taking it for the newest would leave no number to follow).
 fn metadata_number(name: &str) -> Option<u64> {
     let digits = name.strip_prefix('v')?.strip_suffix(".metadata.json")?;
     let n: u64 = digits.parse().ok()?;
-    (n <= MAX_METADATA_NUMBER && n.to_string() == digits).then_some(n)
+    (n < MAX_METADATA_NUMBER && n.to_string() == digits).then_some(n)
 }
 
-/// The largest metadata number (at a publication a second, a hundred years).
+/// The bound of metadata numbers, never reached (at a publication a second, over a hundred
+/// years).
 const MAX_METADATA_NUMBER: u64 = 1 << 32;
 
 /// The version of a snapshot's Avro object name (`snap-{v}-{place}.avro` or
@@ -325,19 +330,20 @@ impl Published {
     }
 }
 
-/// The newest published metadata of both views of a table.
-#[derive(Debug, Clone)]
+/// What publishing both views of a table gave: each view's newest metadata, or why that
+/// view failed (the other stands on its own).
+#[derive(Debug)]
 pub(crate) struct Views {
-    pub v3: Published,
-    pub v2: Published,
+    pub v3: Result<Published, TableError>,
+    pub v2: Result<Published, TableError>,
 }
 
 impl Views {
-    /// The metadata of `view`.
-    pub(crate) fn get(&self, view: View) -> &Published {
+    /// The outcome for `view`.
+    pub(crate) fn get(&self, view: View) -> Result<&Published, &TableError> {
         match view {
-            View::V3 => &self.v3,
-            View::V2 => &self.v2,
+            View::V3 => self.v3.as_ref(),
+            View::V2 => self.v2.as_ref(),
         }
     }
 }
@@ -394,29 +400,61 @@ pub(crate) async fn latest(
 }
 
 /// Makes the newest metadata of both views of table `id` describe `state`, with expired
-/// snapshots dropped (`grace` is the garbage-collection grace period), and returns them.
-/// Writes nothing to a view whose newest metadata is already that (or is newer). Metadata
-/// that names another location (the data directory moved) is replaced, with only the current
-/// snapshot. An error of either view is the answer (garbage collection then deletes nothing).
-///
-/// It runs on a task of its own: a panic in this derived, best-effort work must not take its
-/// caller down (a flush, a compaction, a collection pass, a catalog load).
+/// snapshots dropped (`grace` is the garbage-collection grace period), and returns each
+/// view's outcome ([`publish_view`]). Both views judge expiry at one instant, so from the
+/// same history they keep the same snapshots. A failure of one view is that view's alone
+/// (garbage collection deletes no data file unless both succeeded).
 pub(crate) async fn publish(
     storage: &Storage,
     id: &str,
     state: &ManifestState,
     grace: Duration,
-) -> Result<Views, TableError> {
-    let (storage, id, state) = (storage.clone(), id.to_owned(), state.clone());
-    tokio::spawn(async move {
-        let (v3, v2) = tokio::join!(
-            publish_here(&storage, View::V3, &id, &state, grace),
-            publish_here(&storage, View::V2, &id, &state, grace),
-        );
-        Ok(Views { v3: v3?, v2: v2? })
-    })
+) -> Views {
+    let now = crate::table::manifest::now_ms();
+    let (v3, v2) = tokio::join!(
+        publish_at(storage, View::V3, id, state, grace, now),
+        publish_at(storage, View::V2, id, state, grace, now),
+    );
+    Views { v3, v2 }
+}
+
+/// Makes the newest metadata of table `id`'s `view` describe `state` (see [`publish`]) and
+/// returns it. Writes nothing when the newest metadata is already that (or is newer).
+/// Metadata that names another location (the data directory moved) is replaced, with only
+/// the current snapshot.
+pub(crate) async fn publish_view(
+    storage: &Storage,
+    view: View,
+    id: &str,
+    state: &ManifestState,
+    grace: Duration,
+) -> Result<Published, TableError> {
+    publish_at(
+        storage,
+        view,
+        id,
+        state,
+        grace,
+        crate::table::manifest::now_ms(),
+    )
     .await
-    .map_err(|e| TableError::Task(format!("publishing the Iceberg view: {e}")))?
+}
+
+/// [`publish_view`] judging expiry at `now_ms`. It runs on a task of its own: a panic in
+/// this derived, best-effort work must not take its caller down (a flush, a compaction, a
+/// collection pass, a catalog load), nor the other view's publication.
+async fn publish_at(
+    storage: &Storage,
+    view: View,
+    id: &str,
+    state: &ManifestState,
+    grace: Duration,
+    now_ms: u64,
+) -> Result<Published, TableError> {
+    let (storage, id, state) = (storage.clone(), id.to_owned(), state.clone());
+    tokio::spawn(async move { publish_here(&storage, view, &id, &state, grace, now_ms).await })
+        .await
+        .map_err(|e| TableError::Task(format!("publishing the Iceberg {view:?} view: {e}")))?
 }
 
 async fn publish_here(
@@ -425,13 +463,13 @@ async fn publish_here(
     id: &str,
     state: &ManifestState,
     grace: Duration,
+    now: u64,
 ) -> Result<Published, TableError> {
     const ATTEMPTS: usize = 8;
     let columns = state.table_columns()?;
     let location = storage.location_of(&paths::table(id));
     let mut wrote_snapshot = false;
     for _ in 0..ATTEMPTS {
-        let now = crate::table::manifest::now_ms();
         let current = latest(storage, view, id).await?;
         if let Some(c) = &current
             && let Some(from) = c.manifest_version()
@@ -496,14 +534,16 @@ async fn publish_here(
         }
         let number = match &current {
             None => 1,
-            Some(c) => c
-                .number
-                .checked_add(1)
-                .ok_or_else(|| TableError::CorruptManifest {
-                    path: metadata_file(view, id, c.number),
-                    reason: "the Iceberg metadata number is at its limit".into(),
-                })?,
+            Some(c) => c.number + 1,
         };
+        if number >= MAX_METADATA_NUMBER {
+            // Only a foreign name at the last number gets here: the view cannot go on (a
+            // number past it would not be taken for the newest), the other view can.
+            return Err(TableError::CorruptManifest {
+                path: metadata_file(view, id, number - 1),
+                reason: "the Iceberg metadata numbers of this view are used up".into(),
+            });
+        }
         let metadata = metadata_json(view, &location, id, &columns, state, &snapshots, now);
         let path = metadata_file(view, id, number);
         let body = serde_json::to_vec_pretty(&metadata)
@@ -1055,6 +1095,15 @@ mod tests {
         assert_eq!(metadata_number("v0.metadata.json"), Some(0));
         assert_eq!(
             metadata_number(&format!("v{}.metadata.json", u64::MAX)),
+            None
+        );
+        // Numbers at or past the bound are foreign: none could be followed.
+        assert_eq!(
+            metadata_number(&format!("v{}.metadata.json", MAX_METADATA_NUMBER - 1)),
+            Some(MAX_METADATA_NUMBER - 1)
+        );
+        assert_eq!(
+            metadata_number(&format!("v{}.metadata.json", MAX_METADATA_NUMBER)),
             None
         );
         assert_eq!(

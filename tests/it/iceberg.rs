@@ -792,6 +792,13 @@ async fn garbage_collection_never_deletes_a_file_a_listed_snapshot_reads() {
     for dir in &metadata_dirs {
         assert_eq!(listed_snapshots(dir), [1, 2, 3]);
     }
+    // Both views list the same snapshots (ids, times and order) after compaction.
+    let same_snapshots = || {
+        let [v3, v2] = metadata_dirs.each_ref().map(|d| listed_snapshot_times(d));
+        assert_eq!(v3, v2, "the two views list different snapshots");
+        v3
+    };
+    assert_eq!(same_snapshots().len(), 3);
     let compacted_away: Vec<PathBuf> = files_at[1].iter().map(|p| objects.join(p)).collect();
 
     // Collect repeatedly through and past the grace period: whatever the newest metadata of
@@ -801,6 +808,8 @@ async fn garbage_collection_never_deletes_a_file_a_listed_snapshot_reads() {
     let mut deleted_at = None;
     while started.elapsed() < grace * 4 && deleted_at.is_none() {
         served.db.collect_garbage().await;
+        // And through expiry.
+        same_snapshots();
         for (view, dir) in metadata_dirs.iter().enumerate() {
             let listed = listed_snapshots(dir);
             for snapshot in &listed {
@@ -847,6 +856,130 @@ async fn garbage_collection_never_deletes_a_file_a_listed_snapshot_reads() {
         assert!(!snap(dir, 1), "{}", dir.display());
         assert!(snap(dir, 3), "{}", dir.display());
     }
+    assert_eq!(
+        same_snapshots().iter().map(|s| s.0).collect::<Vec<_>>(),
+        [3]
+    );
+}
+
+/// The newest metadata of a table in a local data directory: its snapshots' ids and times,
+/// in the order listed.
+fn listed_snapshot_times(metadata_dir: &Path) -> Vec<(u64, u64)> {
+    let metadata: Value =
+        serde_json::from_slice(&std::fs::read(newest_metadata(metadata_dir)).unwrap()).unwrap();
+    metadata["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["snapshot-id"].as_u64().unwrap(),
+                s["timestamp-ms"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Loads `table` through the REST catalog under `prefix` (`"v2"`, `"v3"`): the status and
+/// the answer.
+async fn load_view(served: &Served, prefix: &str, table: &str) -> (u16, Value) {
+    let r = served
+        .client
+        .get(format!(
+            "{}/iceberg/v1/{prefix}/namespaces/scopedb%1Fpublic/tables/{table}",
+            served.base
+        ))
+        .bearer_auth("r-key")
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_metadata_names_are_left_alone_and_one_view_never_blocks_the_other() {
+    let dir = common::temp_dir("iceberg-foreign");
+    let grace = Duration::from_secs(2);
+    let mut config = DbConfig::new(&dir);
+    config.gc_grace = grace;
+    let served = Served::start(config).await;
+    let id = served
+        .create(r#"{"name": "f", "columns": [{"name": "i", "data_type": "int"}]}"#)
+        .await;
+    served.ingest("f", "{\"i\":1}\n".into()).await;
+    served.db.tables().flush(&id).await.unwrap().unwrap();
+    let objects = dir.join("objects");
+    let v2_dir = objects.join(format!("tables/{id}/metadata-v2"));
+    let first = newest_metadata(&v2_dir);
+
+    // Names with numbers at or past the largest sluice writes (another program's, or
+    // damage), holding metadata that looks like sluice's: not sluice's, so never the newest
+    // and never collected.
+    let foreign: Vec<PathBuf> = [1u64 << 32, (1 << 32) + 1, u64::MAX]
+        .iter()
+        .map(|n| v2_dir.join(format!("v{n}.metadata.json")))
+        .collect();
+    for path in &foreign {
+        std::fs::copy(&first, path).unwrap();
+    }
+    for n in 2..=3 {
+        served.ingest("f", format!("{{\"i\":{n}}}\n")).await;
+        served.db.tables().flush(&id).await.unwrap().unwrap();
+        for prefix in ["v3", "v2"] {
+            let (status, answer) = load_view(&served, prefix, "f").await;
+            assert_eq!(status, 200, "{prefix}: {answer}");
+            assert_eq!(answer["metadata"]["current-snapshot-id"], n, "{prefix}");
+        }
+    }
+    for warehouse in [None, Some("v2")] {
+        let seen = read(&served.base, "r-key", "f", warehouse, "");
+        assert_eq!(seen["rows"], json!([{"i": 1}, {"i": 2}, {"i": 3}]));
+    }
+    // Collection goes on for both views: replaced metadata goes after the grace period,
+    // the foreign files stay.
+    let until = Instant::now() + grace * 4;
+    while first.exists() && Instant::now() < until {
+        served.db.collect_garbage().await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(!first.exists(), "replaced v2 metadata is collected");
+    for path in &foreign {
+        assert!(path.exists(), "{} was deleted", path.display());
+    }
+
+    // A view whose numbers are used up (a name at the last number): its publication fails,
+    // and the other view goes on.
+    std::fs::copy(
+        newest_metadata(&v2_dir),
+        v2_dir.join(format!("v{}.metadata.json", (1u64 << 32) - 1)),
+    )
+    .unwrap();
+    served.ingest("f", "{\"i\":4}\n".into()).await;
+    served.db.tables().flush(&id).await.unwrap().unwrap();
+    let (status, answer) = load_view(&served, "v3", "f").await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["metadata"]["current-snapshot-id"], 4);
+    let (status, answer) = load_view(&served, "v2", "f").await;
+    assert_eq!(status, 500, "{answer}");
+    // Collection still collects the healthy view's replaced metadata.
+    let v3_dir = objects.join(format!("tables/{id}/metadata"));
+    let v3_old = newest_metadata(&v3_dir);
+    served.ingest("f", "{\"i\":5}\n".into()).await;
+    served.db.tables().flush(&id).await.unwrap().unwrap();
+    let seen = read(&served.base, "r-key", "f", None, "");
+    assert_eq!(
+        seen["rows"],
+        json!([{"i": 1}, {"i": 2}, {"i": 3}, {"i": 4}, {"i": 5}])
+    );
+    let until = Instant::now() + grace * 4;
+    while v3_old.exists() && Instant::now() < until {
+        served.db.collect_garbage().await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        !v3_old.exists(),
+        "the v3 view's replaced metadata is collected"
+    );
 }
 
 /// Loads a table through the REST catalog; returns the answer.
@@ -1406,7 +1539,7 @@ async fn a_damaged_view_is_published_anew_and_never_stops_flushing() {
 }
 
 /// The newest metadata file of a table in a local data directory (of the names sluice
-/// writes: canonical numbers up to 2^32).
+/// writes: canonical numbers below 2^32).
 fn newest_metadata(metadata_dir: &Path) -> PathBuf {
     let newest = std::fs::read_dir(metadata_dir)
         .unwrap()
@@ -1417,7 +1550,7 @@ fn newest_metadata(metadata_dir: &Path) -> PathBuf {
                 .strip_suffix(".metadata.json")?
                 .parse::<u64>()
                 .ok()?;
-            (n <= 1 << 32 && name == format!("v{n}.metadata.json")).then_some(n)
+            (n < 1 << 32 && name == format!("v{n}.metadata.json")).then_some(n)
         })
         .max()
         .unwrap();
