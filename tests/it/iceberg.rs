@@ -982,6 +982,112 @@ async fn foreign_metadata_names_are_left_alone_and_one_view_never_blocks_the_oth
     );
 }
 
+/// Whether any column of the Parquet file at `path` carries an unsigned integer annotation.
+fn has_unsigned_columns(path: &Path) -> bool {
+    use parquet::basic::{ConvertedType, LogicalType};
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let reader = SerializedFileReader::new(std::fs::File::open(path).unwrap()).unwrap();
+    let schema = reader.metadata().file_metadata().schema_descr_ptr();
+    schema.columns().iter().any(|c| {
+        matches!(c.logical_type_ref(), Some(LogicalType::Integer(int)) if !int.is_signed)
+            || c.converted_type() == ConvertedType::UINT_64
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_rewrites_files_with_unsigned_columns() {
+    use parquet::arrow::ArrowWriter;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+    let dir = common::temp_dir("iceberg-unsigned");
+    let mut config = DbConfig::new(&dir);
+    config.tables.compact_min_files = 2;
+    // Rows in full row groups: compaction would splice the files as they are.
+    config.tables.row_group_rows = 2;
+    let served = Served::start(config).await;
+    let id = served
+        .create(r#"{"name": "w", "columns": [{"name": "i", "data_type": "int"}, {"name": "u", "data_type": "uint"}]}"#)
+        .await;
+    let objects = dir.join("objects");
+    for batch in 0..2i64 {
+        let body: String = (batch * 4..batch * 4 + 4)
+            .map(|n| format!("{{\"i\":{n},\"u\":{}}}\n", i64::MAX - n))
+            .collect();
+        served.ingest("w", body).await;
+        served.db.tables().flush(&id).await.unwrap().unwrap();
+    }
+    // Rewrite both files as sluice wrote them before uints were plain INT64: `u` as
+    // Arrow's UInt64, which Parquet annotates as unsigned.
+    for file in served.live_files("w").await {
+        let path = objects.join(file);
+        let bytes = bytes::Bytes::from(std::fs::read(&path).unwrap());
+        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .unwrap()
+            .build()
+            .unwrap();
+        let batches: Vec<_> = reader.map(Result::unwrap).collect();
+        let old = batches[0].schema();
+        let schema = Arc::new(arrow_schema::Schema::new_with_metadata(
+            old.fields()
+                .iter()
+                .map(|f| match f.name().as_str() {
+                    "u" => f
+                        .as_ref()
+                        .clone()
+                        .with_data_type(arrow_schema::DataType::UInt64),
+                    _ => f.as_ref().clone(),
+                })
+                .collect::<Vec<_>>(),
+            old.metadata().clone(),
+        ));
+        let props = parquet::file::properties::WriterProperties::builder()
+            .set_max_row_group_row_count(Some(2))
+            .build();
+        let mut out = Vec::new();
+        let mut writer = ArrowWriter::try_new(&mut out, schema.clone(), Some(props)).unwrap();
+        for b in batches {
+            let columns: Vec<_> = b
+                .columns()
+                .iter()
+                .zip(schema.fields())
+                .map(|(c, f)| arrow_cast::cast(c, f.data_type()).unwrap())
+                .collect();
+            writer
+                .write(&arrow_array::RecordBatch::try_new(schema.clone(), columns).unwrap())
+                .unwrap();
+        }
+        writer.close().unwrap();
+        std::fs::write(&path, &out).unwrap();
+        assert!(has_unsigned_columns(&path));
+    }
+    let rows: Vec<Value> = (0..8i64)
+        .map(|n| json!({"i": n, "u": i64::MAX - n}))
+        .collect();
+    let before = read(&served.base, "r-key", "w", Some("v2"), "polars");
+    let refused = before["readers"]["polars"]["error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(!refused.is_empty(), "Polars reads unsigned files: {before}");
+    println!("iceberg unsigned: polars before compaction: {refused}");
+
+    served.db.tables().compact(&id).await.unwrap().unwrap();
+    let live = served.live_files("w").await;
+    assert_eq!(live.len(), 1);
+    let compacted = objects.join(live.first().unwrap());
+    assert!(
+        !has_unsigned_columns(&compacted),
+        "the compacted file keeps the unsigned annotation"
+    );
+    for warehouse in [None, Some("v2")] {
+        let seen = read(&served.base, "r-key", "w", warehouse, "polars");
+        assert_eq!(seen_rows(&seen), rows, "pyiceberg");
+        let polars = &seen["readers"]["polars"];
+        assert!(polars.get("error").is_none(), "{polars}");
+        assert_eq!(seen_rows(polars), rows, "polars");
+    }
+}
+
 /// Loads a table through the REST catalog; returns the answer.
 async fn load(served: &Served, table: &str) -> Value {
     let r = served
