@@ -4,7 +4,8 @@
 //! `[db, schema]` under their sluice names. Keys and roles are the API's (a GET or HEAD
 //! needs the read role). A load publishes the table's Iceberg view it asks for (that view
 //! alone: the other's trouble never fails it) for its newest manifest version if no node has
-//! yet ([`crate::iceberg`]), so a reader always gets the committed files. Errors carry the specification's `error` object beside sluice's own body.
+//! yet ([`crate::iceberg`]), so a reader always gets the committed files. Errors carry the
+//! specification's `error` object beside sluice's own body.
 //!
 //! Two views of every table ([`View`]), chosen by the specification's prefix: the routes
 //! without one and those under prefix `v3` serve the format-3 view, those under prefix `v2`
