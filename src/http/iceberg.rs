@@ -2,9 +2,10 @@
 //! specification's `v1` routes that a reader needs): configuration, namespaces, table lists,
 //! table loads and existence checks. Namespaces are `[db]` and `[db, schema]`; tables live in
 //! `[db, schema]` under their sluice names. Keys and roles are the API's (a GET or HEAD
-//! needs the read role). A load publishes the table's Iceberg views for its newest manifest
-//! version if no node has yet ([`crate::iceberg`]), so a reader always gets the committed
-//! files. Errors carry the specification's `error` object beside sluice's own body.
+//! needs the read role). A load publishes the table's Iceberg view it asks for (that view
+//! alone: the other's trouble never fails it) for its newest manifest version if no node has
+//! yet ([`crate::iceberg`]), so a reader always gets the committed files. Errors carry the
+//! specification's `error` object beside sluice's own body.
 //!
 //! Two views of every table ([`View`]), chosen by the specification's prefix: the routes
 //! without one and those under prefix `v3` serve the format-3 view, those under prefix `v2`
@@ -356,11 +357,10 @@ pub(super) async fn load_table(
         Ok(id) => id,
         Err(answer) => return answer,
     };
-    let views = match state.db.tables().iceberg_view(&id).await {
+    let published = match state.db.tables().iceberg_view(&id, view).await {
         Ok(p) => p,
         Err(e) => return ApiError::of(&e).into(),
     };
-    let published = views.get(view);
     let mut config = serde_json::Map::new();
     if let Some((endpoint, region)) = state.db.storage().s3_settings() {
         if let Some(endpoint) = endpoint {

@@ -8,8 +8,10 @@
 //!   yet (DuckDB 1.4, older JVM engines): timestamps are `timestamptz`, microseconds. The data
 //!   files still hold `TIMESTAMP(NANOS)`; a reader converts them to microseconds as it reads
 //!   (dropping the last three digits), and the manifests' bounds of those columns are in
-//!   microseconds: the lower bound floored, the upper bound truncated toward zero, so that
-//!   they hold every value a reader makes of the file's, whether it floors or truncates.
+//!   microseconds: the lower bound floored, the upper bound rounded up, so that they hold
+//!   every value a reader makes of the file's, whether it floors or truncates, and a
+//!   reader that compares its microsecond literal with the files' nanoseconds never prunes
+//!   a file holding a time in its last, partial microsecond.
 //!
 //! The manifest ([`crate::table::manifest`]) stays the source of truth; everything here is
 //! derived from it and can be written again from it at any time ([`publish`], which
@@ -24,7 +26,18 @@
 //! | `{v:020}-{place}-m0.avro` | its one manifest: every file live at version `v` |
 //!
 //! (`place` tags the database root's location, which the Avro objects name in absolute
-//! URIs: a moved data directory gets new ones.)
+//! URIs, and the manifests' layout revision: a moved data directory, or a release that
+//! writes manifests differently, gets new ones.) Only names of these shapes are the view's:
+//! metadata numbers are canonical decimals below [`MAX_METADATA_NUMBER`]. Any other name in
+//! the directory (another program's, a damaged one, a number at or past the limit) is
+//! foreign: never taken for the view's metadata and never collected.
+//!
+//! A manifest entry gives each data file's `record_count`, `value_counts` (every column:
+//! the file's row count, nulls included, as the spec counts them), `null_value_counts`
+//! (an empty map: sluice does not count nulls, and a missing entry is "unknown" to
+//! readers) and the lower and upper bounds of its timestamp columns (maps always present,
+//! empty when there are none): readers such as Polars read these maps for every filtered
+//! scan and fail on a missing one.
 //!
 //! Invariants (of each view; the two are published alike from the same manifest state):
 //! - **A snapshot per manifest version**, with snapshot id and sequence number `v` (versions
@@ -42,14 +55,18 @@
 //!   snapshot up to the current one is, so each listed snapshot's successor time is the time
 //!   its files stopped being current.
 //! - **Expiry agrees with garbage collection**, in both views: a snapshot is dropped once its
-//!   successor was committed more than half the grace period ago. A data file is deleted only
+//!   successor was committed more than half the grace period ago. One publication judges
+//!   both views at the same instant, so the two list the same snapshots. A data file is deleted only
 //!   after the collector has seen it unreferenced by the manifest for the whole grace period
 //!   ([`crate::table`]'s collection), so every snapshot that lists it has been expired for at
 //!   least half the grace period by then (with clocks of the nodes within half the grace
-//!   period of each other). Collection publishes both views before it deletes (and deletes
-//!   nothing when either fails), so expired snapshots leave the metadata even when no new
-//!   version comes; metadata objects that the newest metadata of their view no longer
-//!   references are collected after the grace period like any other object.
+//!   period of each other). Collection publishes both views before it deletes data files
+//!   (and deletes none when either fails), so expired snapshots leave the metadata even when
+//!   no new version comes; metadata objects that the newest metadata of their view no
+//!   longer references are collected after the grace period like any other object.
+//! - **The views stand apart**: each is published, loaded and collected on its own, so a
+//!   failure of one (storage, a damaged directory, metadata numbers used up) never stops
+//!   the other's loads, publications or metadata collection.
 //! - **Field ids** are column positions from 1 (a table's columns never change). Parquet files
 //!   written since this view exists carry them; the name mapping in the table properties
 //!   (`schema.name-mapping.default`) resolves the columns of files written before.
@@ -107,6 +124,15 @@ impl View {
 
 /// The table property naming the manifest version a metadata file was derived from.
 const MANIFEST_VERSION_PROPERTY: &str = "sluice.manifest-version";
+
+/// The table property naming the [`LAYOUT`] a metadata file's Avro objects were written in.
+const LAYOUT_PROPERTY: &str = "sluice.iceberg-layout";
+
+/// The revision of what the manifests hold, raised whenever that changes (2: statistics
+/// maps always present, v2 upper time bounds rounded up). Metadata of another layout is
+/// published over like metadata of another location, with new Avro objects (the layout is
+/// in their place tag): a table upgraded without a new commit gets the new manifests too.
+const LAYOUT: &str = "2";
 
 /// The Iceberg type of a column type in `view` (see the module docs for why).
 pub(crate) fn iceberg_type(view: View, t: ColumnType) -> &'static str {
@@ -212,9 +238,9 @@ fn stable_hash_128(text: &str) -> [u8; 16] {
     out
 }
 
-/// A short tag of the location the Avro objects name.
+/// A short tag of the location the Avro objects name and of their [`LAYOUT`].
 fn place_tag(location: &str) -> String {
-    let hash = stable_hash_128(location);
+    let hash = stable_hash_128(&format!("{location}#{LAYOUT}"));
     format!(
         "{:02x}{:02x}{:02x}{:02x}",
         hash[0], hash[1], hash[2], hash[3]
@@ -232,15 +258,16 @@ fn manifest_list_name(name: &str) -> Option<(u64, &str)> {
 
 /// The number `n` of a metadata object's name `v{n}.metadata.json`.
 /// Only names this module writes count: canonical digits (no sign, no leading zero), and
-/// numbers up to [`MAX_METADATA_NUMBER`] (a larger one is not ours, and could never be
-/// followed).
+/// numbers below [`MAX_METADATA_NUMBER`] (this module never writes one at or past it, so
+/// such a name is foreign, and taking it for the newest would leave no number to follow).
 fn metadata_number(name: &str) -> Option<u64> {
     let digits = name.strip_prefix('v')?.strip_suffix(".metadata.json")?;
     let n: u64 = digits.parse().ok()?;
-    (n <= MAX_METADATA_NUMBER && n.to_string() == digits).then_some(n)
+    (n < MAX_METADATA_NUMBER && n.to_string() == digits).then_some(n)
 }
 
-/// The largest metadata number (at a publication a second, a hundred years).
+/// The bound of metadata numbers, never reached (at a publication a second, over a hundred
+/// years).
 const MAX_METADATA_NUMBER: u64 = 1 << 32;
 
 /// The version of a snapshot's Avro object name (`snap-{v}-{place}.avro` or
@@ -303,19 +330,20 @@ impl Published {
     }
 }
 
-/// The newest published metadata of both views of a table.
-#[derive(Debug, Clone)]
+/// What publishing both views of a table gave: each view's newest metadata, or why that
+/// view failed (the other stands on its own).
+#[derive(Debug)]
 pub(crate) struct Views {
-    pub v3: Published,
-    pub v2: Published,
+    pub v3: Result<Published, TableError>,
+    pub v2: Result<Published, TableError>,
 }
 
 impl Views {
-    /// The metadata of `view`.
-    pub(crate) fn get(&self, view: View) -> &Published {
+    /// The outcome for `view`.
+    pub(crate) fn get(&self, view: View) -> Result<&Published, &TableError> {
         match view {
-            View::V3 => &self.v3,
-            View::V2 => &self.v2,
+            View::V3 => self.v3.as_ref(),
+            View::V2 => self.v2.as_ref(),
         }
     }
 }
@@ -372,29 +400,61 @@ pub(crate) async fn latest(
 }
 
 /// Makes the newest metadata of both views of table `id` describe `state`, with expired
-/// snapshots dropped (`grace` is the garbage-collection grace period), and returns them.
-/// Writes nothing to a view whose newest metadata is already that (or is newer). Metadata
-/// that names another location (the data directory moved) is replaced, with only the current
-/// snapshot. An error of either view is the answer (garbage collection then deletes nothing).
-///
-/// It runs on a task of its own: a panic in this derived, best-effort work must not take its
-/// caller down (a flush, a compaction, a collection pass, a catalog load).
+/// snapshots dropped (`grace` is the garbage-collection grace period), and returns each
+/// view's outcome ([`publish_view`]). Both views judge expiry at one instant, so from the
+/// same history they keep the same snapshots. A failure of one view is that view's alone
+/// (garbage collection deletes no data file unless both succeeded).
 pub(crate) async fn publish(
     storage: &Storage,
     id: &str,
     state: &ManifestState,
     grace: Duration,
-) -> Result<Views, TableError> {
-    let (storage, id, state) = (storage.clone(), id.to_owned(), state.clone());
-    tokio::spawn(async move {
-        let (v3, v2) = tokio::join!(
-            publish_here(&storage, View::V3, &id, &state, grace),
-            publish_here(&storage, View::V2, &id, &state, grace),
-        );
-        Ok(Views { v3: v3?, v2: v2? })
-    })
+) -> Views {
+    let now = crate::table::manifest::now_ms();
+    let (v3, v2) = tokio::join!(
+        publish_at(storage, View::V3, id, state, grace, now),
+        publish_at(storage, View::V2, id, state, grace, now),
+    );
+    Views { v3, v2 }
+}
+
+/// Makes the newest metadata of table `id`'s `view` describe `state` (see [`publish`]) and
+/// returns it. Writes nothing when the newest metadata is already that (or is newer).
+/// Metadata that names another location (the data directory moved) is replaced, with only
+/// the current snapshot.
+pub(crate) async fn publish_view(
+    storage: &Storage,
+    view: View,
+    id: &str,
+    state: &ManifestState,
+    grace: Duration,
+) -> Result<Published, TableError> {
+    publish_at(
+        storage,
+        view,
+        id,
+        state,
+        grace,
+        crate::table::manifest::now_ms(),
+    )
     .await
-    .map_err(|e| TableError::Task(format!("publishing the Iceberg view: {e}")))?
+}
+
+/// [`publish_view`] judging expiry at `now_ms`. It runs on a task of its own: a panic in
+/// this derived, best-effort work must not take its caller down (a flush, a compaction, a
+/// collection pass, a catalog load), nor the other view's publication.
+async fn publish_at(
+    storage: &Storage,
+    view: View,
+    id: &str,
+    state: &ManifestState,
+    grace: Duration,
+    now_ms: u64,
+) -> Result<Published, TableError> {
+    let (storage, id, state) = (storage.clone(), id.to_owned(), state.clone());
+    tokio::spawn(async move { publish_here(&storage, view, &id, &state, grace, now_ms).await })
+        .await
+        .map_err(|e| TableError::Task(format!("publishing the Iceberg {view:?} view: {e}")))?
 }
 
 async fn publish_here(
@@ -403,13 +463,13 @@ async fn publish_here(
     id: &str,
     state: &ManifestState,
     grace: Duration,
+    now: u64,
 ) -> Result<Published, TableError> {
     const ATTEMPTS: usize = 8;
     let columns = state.table_columns()?;
     let location = storage.location_of(&paths::table(id));
     let mut wrote_snapshot = false;
     for _ in 0..ATTEMPTS {
-        let now = crate::table::manifest::now_ms();
         let current = latest(storage, view, id).await?;
         if let Some(c) = &current
             && let Some(from) = c.manifest_version()
@@ -430,6 +490,7 @@ async fn publish_here(
         }
         let same_place = current.as_ref().is_some_and(|c| {
             c.metadata["location"].as_str() == Some(location.as_str())
+                && c.metadata["properties"][LAYOUT_PROPERTY].as_str() == Some(LAYOUT)
                 && c.manifest_version() <= Some(state.version)
         });
         let carried: Vec<Value> = match &current {
@@ -473,14 +534,16 @@ async fn publish_here(
         }
         let number = match &current {
             None => 1,
-            Some(c) => c
-                .number
-                .checked_add(1)
-                .ok_or_else(|| TableError::CorruptManifest {
-                    path: metadata_file(view, id, c.number),
-                    reason: "the Iceberg metadata number is at its limit".into(),
-                })?,
+            Some(c) => c.number + 1,
         };
+        if number >= MAX_METADATA_NUMBER {
+            // Only a foreign name at the last number gets here: the view cannot go on (a
+            // number past it would not be taken for the newest), the other view can.
+            return Err(TableError::CorruptManifest {
+                path: metadata_file(view, id, number - 1),
+                reason: "the Iceberg metadata numbers of this view are used up".into(),
+            });
+        }
         let metadata = metadata_json(view, &location, id, &columns, state, &snapshots, now);
         let path = metadata_file(view, id, number);
         let body = serde_json::to_vec_pretty(&metadata)
@@ -643,6 +706,7 @@ fn metadata_json(
             "write.format.default": "parquet",
             "sluice.table-id": id,
             MANIFEST_VERSION_PROPERTY: state.version.to_string(),
+            LAYOUT_PROPERTY: LAYOUT,
         },
         // -1 for none, as Iceberg's Java library writes it: DuckDB refuses a null here,
         // and other readers take -1 for none.
@@ -691,7 +755,8 @@ fn table_uuid(view: View, id: &str) -> String {
 /// only in v3's `first_row_id`.
 fn manifest_entry_schema(view: View) -> Value {
     let optional_long = |name: &str, id: i32| json!({"name": name, "type": ["null", "long"], "default": null, "field-id": id});
-    let bounds = |name: &str, id: i32, key: i32, value: i32| {
+    // An Iceberg map keyed by field id, as Avro writes it: an array of key-value records.
+    let id_map = |name: &str, id: i32, key: i32, value: i32, value_type: &str| {
         json!({"name": name, "field-id": id, "default": null, "type": ["null", {
             "type": "array",
             "logicalType": "map",
@@ -700,7 +765,7 @@ fn manifest_entry_schema(view: View) -> Value {
                 "name": format!("k{key}_v{value}"),
                 "fields": [
                     {"name": "key", "type": "int", "field-id": key},
-                    {"name": "value", "type": "bytes", "field-id": value},
+                    {"name": "value", "type": value_type, "field-id": value},
                 ],
             },
         }]})
@@ -713,8 +778,10 @@ fn manifest_entry_schema(view: View) -> Value {
          "type": {"type": "record", "name": "r102", "fields": []}}),
         json!({"name": "record_count", "type": "long", "field-id": 103}),
         json!({"name": "file_size_in_bytes", "type": "long", "field-id": 104}),
-        bounds("lower_bounds", 125, 126, 127),
-        bounds("upper_bounds", 128, 129, 130),
+        id_map("value_counts", 109, 119, 120, "long"),
+        id_map("null_value_counts", 110, 121, 122, "long"),
+        id_map("lower_bounds", 125, 126, 127, "bytes"),
+        id_map("upper_bounds", 128, 129, 130, "bytes"),
     ];
     if view == View::V3 {
         data_file.push(optional_long("first_row_id", 142));
@@ -764,12 +831,18 @@ fn manifest_list_schema(view: View) -> Value {
 
 /// The bounds in `view` of a timestamp column whose values lie in `lo..=hi` nanoseconds, as
 /// Iceberg's single-value serialization (little-endian `long`). In v2 they are
-/// microseconds: the lower floored and the upper truncated toward zero, which holds every
-/// value a reader makes of the file's nanoseconds whether it floors or truncates them.
+/// microseconds: the lower floored and the upper rounded up, which holds every value a
+/// reader makes of the file's nanoseconds whether it floors or truncates them, and every
+/// time in the last, partial microsecond (a filter on microseconds never prunes a file
+/// that holds one). No overflow: `i64::MAX` nanoseconds round up to far below `i64::MAX`
+/// microseconds.
 fn time_bounds(view: View, lo: i64, hi: i64) -> ([u8; 8], [u8; 8]) {
     let (lo, hi) = match view {
         View::V3 => (lo, hi),
-        View::V2 => (lo.div_euclid(1_000), hi / 1_000),
+        View::V2 => (
+            lo.div_euclid(1_000),
+            hi.div_euclid(1_000) + i64::from(hi.rem_euclid(1_000) != 0),
+        ),
     };
     (lo.to_le_bytes(), hi.to_le_bytes())
 }
@@ -794,6 +867,7 @@ async fn write_snapshot_objects(
         .filter(|(_, c)| c.data_type == ColumnType::Timestamp)
         .map(|(i, c)| (c.name.as_str(), field_id(i)))
         .collect();
+    let column_ids: Vec<i32> = (0..columns.len()).map(field_id).collect();
     let mut records = Vec::with_capacity(state.files.len());
     let (mut added, mut existing) = ((0i64, 0i64), (0i64, 0i64));
     let mut min_sequence = v;
@@ -815,9 +889,11 @@ async fn write_snapshot_objects(
                 upper.push((field, hi));
             }
         }
-        let bound = |e: &mut Encoder, items: Vec<(i32, [u8; 8])>| {
-            e.optional((!items.is_empty()).then_some(items), |e, items| {
-                e.array(&items, |e, (key, value)| {
+        // Every map present (empty when there is nothing to say): readers of filtered
+        // scans (Polars) look entries up in each and fail on a missing map.
+        let bound = |e: &mut Encoder, items: &[(i32, [u8; 8])]| {
+            e.optional(Some(items), |e, items| {
+                e.array(items, |e, (key, value)| {
                     e.long(i64::from(*key)).bytes(value);
                 });
             });
@@ -833,9 +909,19 @@ async fn write_snapshot_objects(
             .string(&storage.location_of(&f.path))
             .string("PARQUET")
             .long(to_i64(f.rows))
-            .long(to_i64(f.bytes));
-        bound(&mut e, lower);
-        bound(&mut e, upper);
+            .long(to_i64(f.bytes))
+            // value_counts: every column holds a value (or a null) per row.
+            .optional(Some(&column_ids), |e, ids| {
+                e.array(ids, |e, id| {
+                    e.long(i64::from(*id)).long(to_i64(f.rows));
+                });
+            })
+            // null_value_counts: not counted, so no entry (unknown).
+            .optional(Some(&[] as &[i32]), |e, ids| {
+                e.array(ids, |_, _| {});
+            });
+        bound(&mut e, &lower);
+        bound(&mut e, &upper);
         if view == View::V3 {
             e.optional_long(lineage.map(|l| to_i64(l.first_row_id)));
         }
@@ -1011,6 +1097,15 @@ mod tests {
             metadata_number(&format!("v{}.metadata.json", u64::MAX)),
             None
         );
+        // Numbers at or past the bound are foreign: none could be followed.
+        assert_eq!(
+            metadata_number(&format!("v{}.metadata.json", MAX_METADATA_NUMBER - 1)),
+            Some(MAX_METADATA_NUMBER - 1)
+        );
+        assert_eq!(
+            metadata_number(&format!("v{}.metadata.json", MAX_METADATA_NUMBER)),
+            None
+        );
         assert_eq!(
             avro_version("snap-00000000000000000007-0a1b2c3d.avro"),
             Some(7)
@@ -1032,11 +1127,14 @@ mod tests {
         // Whether a reader truncates (-1 ns to 0 µs) or floors (to -1 µs), its value lies
         // within the bounds.
         assert_eq!(bounds(View::V2, -1, -1), (-1, 0));
-        assert_eq!(bounds(View::V2, -1_001, 1_999), (-2, 1));
+        assert_eq!(bounds(View::V2, -1_001, -1_001), (-2, -1));
+        // The upper bound rounds up: a time in a partial microsecond is below it.
+        assert_eq!(bounds(View::V2, -1_001, 1_999), (-2, 2));
+        assert_eq!(bounds(View::V2, 1_000, 1_001), (1, 2));
         assert_eq!(bounds(View::V2, 1_000, 2_000), (1, 2));
         assert_eq!(
             bounds(View::V2, i64::MIN, i64::MAX),
-            (i64::MIN.div_euclid(1_000), i64::MAX / 1_000)
+            (i64::MIN.div_euclid(1_000), i64::MAX / 1_000 + 1)
         );
     }
 

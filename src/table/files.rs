@@ -627,6 +627,20 @@ fn writer_properties(
     Ok(builder.build())
 }
 
+/// Whether a Parquet column carries an unsigned integer annotation (the logical type, or
+/// the older converted type).
+fn unsigned(column: &parquet::schema::types::ColumnDescriptor) -> bool {
+    use parquet::basic::{ConvertedType, LogicalType};
+    matches!(column.logical_type_ref(), Some(LogicalType::Integer(int)) if !int.is_signed)
+        || matches!(
+            column.converted_type(),
+            ConvertedType::UINT_8
+                | ConvertedType::UINT_16
+                | ConvertedType::UINT_32
+                | ConvertedType::UINT_64
+        )
+}
+
 /// Concatenates Parquet files by copying their encoded column chunks, without decoding or
 /// re-encoding: row groups, statistics and page indexes carry over, so merging costs about a
 /// memory copy. Files are appended one at a time, so only the output and the file being
@@ -654,7 +668,8 @@ impl Splicer {
     }
 
     /// Appends every row group of `input`. `Ok(false)` when its schema is not the first
-    /// file's (nothing of it was appended; the caller re-encodes instead).
+    /// file's, or is one sluice no longer writes (an unsigned annotation): nothing of it was
+    /// appended; the caller re-encodes instead.
     pub(super) fn append(&mut self, input: &Bytes) -> Result<bool, TableError> {
         use parquet::column::writer::ColumnCloseResult;
         use parquet::file::metadata::{PageIndexPolicy, ParquetMetaDataReader};
@@ -665,6 +680,12 @@ impl Splicer {
             .parse_and_finish(input)
             .map_err(encoding)?;
         let schema = meta.file_metadata().schema_descr_ptr();
+        if schema.columns().iter().any(|c| unsigned(c)) {
+            // Written before uints were plain INT64: Iceberg readers refuse the unsigned
+            // annotation (Polars; Iceberg-Java's schema conversion), so such a file is not
+            // copied on as it is; the caller re-encodes it in the current file schema.
+            return Ok(false);
+        }
         let kv = meta.file_metadata().key_value_metadata().cloned();
         match &self.first {
             Some((s, k)) if s.root_schema() != schema.root_schema() || *k != kv => {

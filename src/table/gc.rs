@@ -130,24 +130,36 @@ impl Tables {
         let state = table.manifest.load(self.storage.store().as_ref()).await?;
         table.lock().install(state.clone(), self.node.id());
         // The Iceberg views first: their expired snapshots leave the metadata before any
-        // file they list can be due (see [`crate::iceberg`]). No deletion without both.
-        let published = crate::iceberg::publish(&self.storage, id, &state, self.gc_grace).await?;
-        let live: HashSet<&str> = state.files.iter().map(|f| f.path.as_str()).collect();
-        let data = list(self, &paths::table_data(id)).await?;
-        let mut sizes: HashMap<String, u64> = data
-            .iter()
-            .map(|m| (m.location.to_string(), m.size))
-            .collect();
-        let mut candidates: Vec<String> = sizes
-            .keys()
-            .filter(|p| !live.contains(p.as_str()))
-            .cloned()
-            .collect();
+        // file they list can be due (see [`crate::iceberg`]). No data file is deleted
+        // unless both were published; each view's own objects are collected whenever that
+        // view was (one view's trouble does not stop the other's collection).
+        let published = crate::iceberg::publish(&self.storage, id, &state, self.gc_grace).await;
+        let mut sizes: HashMap<String, u64> = HashMap::new();
+        let mut candidates: Vec<String> = Vec::new();
+        let mut both_published = true;
         for view in crate::iceberg::View::ALL {
-            let view = published.get(view);
-            for (path, size) in crate::iceberg::collectable(&self.storage, id, view).await? {
-                candidates.push(path.clone());
-                sizes.insert(path, size);
+            match published.get(view) {
+                Ok(view) => {
+                    for (path, size) in crate::iceberg::collectable(&self.storage, id, view).await?
+                    {
+                        candidates.push(path.clone());
+                        sizes.insert(path, size);
+                    }
+                }
+                Err(e) => {
+                    both_published = false;
+                    tracing::warn!(table = %id, ?view, error = %e, "the Iceberg view could not be published; no data file of the table is collected until it is");
+                }
+            }
+        }
+        if both_published {
+            let live: HashSet<&str> = state.files.iter().map(|f| f.path.as_str()).collect();
+            for meta in list(self, &paths::table_data(id)).await? {
+                let path = meta.location.to_string();
+                if !live.contains(path.as_str()) {
+                    candidates.push(path.clone());
+                    sizes.insert(path, meta.size);
+                }
             }
         }
         let scope = format!("{}/", paths::table(id));

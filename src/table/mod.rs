@@ -1353,11 +1353,16 @@ impl Tables {
     }
 
     /// The table's newest manifest state (read from the object store, so commits of other
-    /// nodes are in it) with both its Iceberg views published for it.
-    pub(crate) async fn iceberg_view(&self, id: &str) -> Result<crate::iceberg::Views, TableError> {
+    /// nodes are in it) with its Iceberg `view` published for it (that view alone: the
+    /// other's trouble is not this load's).
+    pub(crate) async fn iceberg_view(
+        &self,
+        id: &str,
+        view: crate::iceberg::View,
+    ) -> Result<crate::iceberg::Published, TableError> {
         self.refresh(id).await?;
         let state = self.table(id).await?.lock().manifest.clone();
-        crate::iceberg::publish(&self.storage, id, &state, self.gc_grace).await
+        crate::iceberg::publish_view(&self.storage, view, id, &state, self.gc_grace).await
     }
 
     /// Tells the log which records tables still need: those of unflushed batches.
@@ -1452,8 +1457,11 @@ enum Publish {
 /// way, and the view is published again by the next commit, by garbage collection's pass and
 /// by a catalog reader's load.
 async fn publish_iceberg(storage: &Storage, id: &str, state: &ManifestState, grace: Duration) {
-    if let Err(e) = crate::iceberg::publish(storage, id, state, grace).await {
-        tracing::debug!(table = %id, error = %e, "publishing the Iceberg view failed");
+    let views = crate::iceberg::publish(storage, id, state, grace).await;
+    for view in crate::iceberg::View::ALL {
+        if let Err(e) = views.get(view) {
+            tracing::debug!(table = %id, ?view, error = %e, "publishing the Iceberg view failed");
+        }
     }
 }
 

@@ -8,7 +8,8 @@ packages, never downloaded; it ATTACHes the REST catalog itself with the key as 
 bearer token).
 
 Usage: read_table.py CATALOG_URI NAMESPACE TABLE [--token KEY] [--warehouse NAME]
-       [--s3-key ID SECRET] [--readers daft,polars,duckdb]
+       [--s3-key ID SECRET] [--readers daft,polars,duckdb] [--time-filter INSTANT]
+       [--time-after INSTANT]
 
 Each reader's rows come as lists of JSON objects, ordered by the first column: integers as
 they are, timestamps and durations as integers in the unit the reader gave (named in its
@@ -59,6 +60,24 @@ def rows_of(arrow):
         key = arrow.column_names[0]
         rows.sort(key=lambda r: (r[key] is None, r[key]))
     return {"types": types, "rows": rows}
+
+
+def bound_of(bounds, field_id):
+    """A `long`-encoded bound (Iceberg's single-value serialization) of `field_id` as an
+    integer, or None when the map or the entry is missing."""
+    raw = (bounds or {}).get(field_id)
+    return None if raw is None else int.from_bytes(raw, "little", signed=True)
+
+
+def polars_filtered_count(table, instant):
+    """Polars: the rows with `t` at or before `instant` (ISO 8601), a filter Polars pushes
+    into its scan and prunes files with by the manifests' statistics."""
+    import datetime
+
+    import polars as pl
+
+    at = datetime.datetime.fromisoformat(instant)
+    return pl.scan_iceberg(table).filter(pl.col("t") <= at).select(pl.len()).collect().item()
 
 
 def attempt(read):
@@ -130,9 +149,12 @@ def main():
     p.add_argument("--warehouse")
     p.add_argument("--s3-key", nargs=2)
     p.add_argument("--readers", default="")
-    # An instant (ISO 8601, UTC): pyiceberg and DuckDB also count the rows with `t` at or
-    # before it, a filter they prune files with by the manifests' bounds of `t`.
+    # An instant (ISO 8601, UTC): pyiceberg, Polars and DuckDB also count the rows with `t`
+    # at or before it, a filter they prune files with by the manifests' statistics of `t`.
     p.add_argument("--time-filter")
+    # An instant (ISO 8601, UTC, microseconds): pyiceberg also counts the rows with `t` after
+    # it (pyiceberg prunes by the manifests' bounds, then compares the files' own values).
+    p.add_argument("--time-after")
     args = p.parse_args()
     readers = [r for r in args.readers.split(",") if r]
 
@@ -163,7 +185,20 @@ def main():
         for s in table.snapshots()
     }
     scan = table.scan()
-    out["files"] = sorted(t.file.file_path for t in scan.plan_files())
+    tasks = list(scan.plan_files())
+    out["files"] = sorted(t.file.file_path for t in tasks)
+    # The manifests' bounds of `t` (the lower and upper of each planned file, as the integers
+    # of the view's unit; null where a file has none), when the table has a `t`.
+    try:
+        t_id = table.schema().find_field("t").field_id
+    except ValueError:
+        t_id = None
+    if t_id is not None:
+        bounds = [
+            [bound_of(t.file.lower_bounds, t_id), bound_of(t.file.upper_bounds, t_id)]
+            for t in tasks
+        ]
+        out["t_bounds"] = sorted(bounds, key=lambda b: (b[0] is None, b[0] or 0, b[1] or 0))
     seen = rows_of(scan.to_arrow())
     out["arrow_types"] = seen["types"]
     out["rows"] = seen["rows"]
@@ -172,6 +207,12 @@ def main():
 
         out["filtered_count"] = attempt(
             lambda: table.scan(row_filter=LessThanOrEqual("t", args.time_filter)).to_arrow().num_rows
+        )
+    if args.time_after:
+        from pyiceberg.expressions import GreaterThan
+
+        out["after_count"] = attempt(
+            lambda: table.scan(row_filter=GreaterThan("t", args.time_after)).to_arrow().num_rows
         )
     out["readers"] = {}
     if "daft" in readers:
@@ -182,6 +223,10 @@ def main():
         import polars as pl
 
         out["readers"]["polars"] = attempt(lambda: rows_of(pl.scan_iceberg(table).collect().to_arrow()))
+        if args.time_filter and "error" not in out["readers"]["polars"]:
+            out["readers"]["polars"]["filtered_count"] = attempt(
+                lambda: polars_filtered_count(table, args.time_filter)
+            )
     if "duckdb" in readers:
         out["readers"]["duckdb"] = attempt(lambda: duckdb_rows(args, args.namespace, args.table))
     json.dump(out, sys.stdout)

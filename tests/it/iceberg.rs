@@ -37,11 +37,12 @@ const ALL_READERS: &str = "daft,polars,duckdb";
 /// at `base`, in the view `warehouse` names (the default view for `None`), and returns what
 /// they saw.
 fn read(base: &str, key: &str, table: &str, warehouse: Option<&str>, readers: &str) -> Value {
-    read_filtered(base, key, table, warehouse, readers, None)
+    read_filtered(base, key, table, warehouse, readers, None, None)
 }
 
 /// [`read`], and with `time_filter` (an instant) the count of rows with `t` at or before it
-/// by pyiceberg and DuckDB, which prune files by the manifests' bounds.
+/// by pyiceberg, Polars and DuckDB, which prune files by the manifests' bounds; with
+/// `time_after` (an instant) pyiceberg's count of rows with `t` after it.
 fn read_filtered(
     base: &str,
     key: &str,
@@ -49,6 +50,7 @@ fn read_filtered(
     warehouse: Option<&str>,
     readers: &str,
     time_filter: Option<&str>,
+    time_after: Option<&str>,
 ) -> Value {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/iceberg/read_table.py");
     let mut command = std::process::Command::new(python());
@@ -63,6 +65,9 @@ fn read_filtered(
     }
     if let Some(instant) = time_filter {
         command.args(["--time-filter", instant]);
+    }
+    if let Some(instant) = time_after {
+        command.args(["--time-after", instant]);
     }
     if let (Ok(id), Ok(secret)) = (
         std::env::var("AWS_ACCESS_KEY_ID"),
@@ -428,23 +433,25 @@ async fn every_type_reads_back_before_and_after_compaction(
     let id = served.create(ALL_TYPES).await;
     let mut expected = Vec::new();
     let mut counts = Vec::new();
+    // Each file's range of `t` (nanoseconds), as the manifests' bounds must hold it.
+    let mut file_ranges = Vec::new();
     for batch in 0..3 {
         let mut body = String::new();
+        let mut batch_rows = Vec::new();
         for n in batch * 4..batch * 4 + 4 {
-            let (line, value) = row(n);
-            body.push_str(&line);
-            body.push('\n');
-            expected.push(value);
+            batch_rows.push(row(n));
         }
         // The extremes in the last file: the first two hold only times of 2024, so a
         // filter on times prunes them by their bounds.
         if batch == 2 {
-            for (line, value) in extreme_rows() {
-                body.push_str(&line);
-                body.push('\n');
-                expected.push(value);
-            }
+            batch_rows.extend(extreme_rows());
         }
+        for (line, value) in batch_rows {
+            body.push_str(&line);
+            body.push('\n');
+            expected.push(value);
+        }
+        file_ranges.push(time_range(&expected[counts.last().copied().unwrap_or(0)..]));
         served.ingest("all_types", body).await;
         assert!(served.db.tables().flush(&id).await.unwrap().is_some());
         counts.push(expected.len());
@@ -466,30 +473,38 @@ async fn every_type_reads_back_before_and_after_compaction(
         })
         .count();
     assert_eq!(until, 4);
+    // Row 3, the last of the first file, is at 2024-01-02T03:04:08.123456792Z: in the v2
+    // view 08.123456. pyiceberg compares a filter's microseconds with the files' own
+    // nanoseconds, so it finds row 3 after 08.123456; an upper bound of the first file
+    // rounded down to 08.123456 would prune that file and lose the row.
+    let after_instant = "2024-01-02T03:04:08.123456+00:00";
+    let after_ns = 1_704_164_648_123_456_000i64;
+    let after_count = expected
+        .iter()
+        .filter(|r| r["t"].as_i64().is_some_and(|t| t > after_ns))
+        .count();
+    let mut snapshots_of_views = Vec::new();
     for warehouse in [None, Some("v2")] {
+        let v2 = warehouse == Some("v2");
         let before = read_filtered(
             &served.base,
             "r-key",
             "all_types",
             warehouse,
             ALL_READERS,
-            // pyiceberg 0.12 binds no literal to a `timestamptz_ns`: v2 only.
-            warehouse.and(Some(instant)),
+            Some(instant),
+            v2.then_some(after_instant),
         );
         for line in check_readers(&before, warehouse, &expected) {
             report.push(format!("{storage} before compaction: {line}"));
         }
-        if warehouse == Some("v2") {
-            assert_eq!(before["filtered_count"], until, "pyiceberg");
-            assert_eq!(
-                before["readers"]["duckdb"]["filtered_count"], until,
-                "duckdb"
-            );
-            report.push(format!(
-                "{storage} before compaction: v2: pyiceberg and duckdb: {until} rows at or \
-                 before {instant}"
-            ));
-        }
+        check_filters(&before, v2, until, after_count);
+        report.push(format!(
+            "{storage} before compaction: {}",
+            filter_report(v2, until, instant, after_count, after_instant)
+        ));
+        assert_eq!(before["t_bounds"], time_bounds(&file_ranges, v2));
+        snapshots_of_views.push(before["snapshots"].clone());
         assert_eq!(before["snapshots"], json!([1, 2, 3]));
         assert_eq!(
             before["snapshot_rows"],
@@ -509,11 +524,27 @@ async fn every_type_reads_back_before_and_after_compaction(
     let live = served.live_files("all_types").await;
     assert_eq!(live.len(), 1);
     assert!(live.is_disjoint(&old));
+    // Both views list the same snapshots, in the same order.
+    assert_eq!(snapshots_of_views[0], snapshots_of_views[1]);
+    snapshots_of_views.clear();
     for warehouse in [None, Some("v2")] {
-        let after = read(&served.base, "r-key", "all_types", warehouse, ALL_READERS);
+        let v2 = warehouse == Some("v2");
+        let after = read_filtered(
+            &served.base,
+            "r-key",
+            "all_types",
+            warehouse,
+            ALL_READERS,
+            Some(instant),
+            v2.then_some(after_instant),
+        );
         for line in check_readers(&after, warehouse, &expected) {
             report.push(format!("{storage} after compaction: {line}"));
         }
+        check_filters(&after, v2, until, after_count);
+        // The compacted file's bounds cover every row.
+        assert_eq!(after["t_bounds"], time_bounds(&[time_range(&expected)], v2));
+        snapshots_of_views.push(after["snapshots"].clone());
         assert_files(&after, &live, &location);
         assert_eq!(after["snapshots"], json!([1, 2, 3, 4]));
         // The snapshots before compaction still read, from the files compaction replaced.
@@ -522,9 +553,77 @@ async fn every_type_reads_back_before_and_after_compaction(
             json!({"1": counts[0], "2": counts[1], "3": counts[2], "4": counts[2]})
         );
     }
+    assert_eq!(snapshots_of_views[0], snapshots_of_views[1]);
     for line in report {
         println!("iceberg readers: {line}");
     }
+}
+
+/// Checks the filtered counts of a read of the all-types table (see
+/// [`every_type_reads_back_before_and_after_compaction`]): `until` rows at or before the
+/// first instant for every reader of the v2 view, `after` rows after the second for
+/// pyiceberg; in v3, where pyiceberg 0.12 binds no literal to a `timestamptz_ns` (and Polars
+/// hands its filter to pyiceberg), the refusal.
+fn check_filters(seen: &Value, v2: bool, until: usize, after: usize) {
+    let polars = &seen["readers"]["polars"]["filtered_count"];
+    if v2 {
+        assert_eq!(seen["filtered_count"], until, "pyiceberg");
+        assert_eq!(*polars, until, "polars: {polars}");
+        assert_eq!(seen["readers"]["duckdb"]["filtered_count"], until, "duckdb");
+        assert_eq!(seen["after_count"], after, "pyiceberg, after");
+    } else {
+        for refusal in [&seen["filtered_count"], polars] {
+            let error = refusal["error"].as_str().unwrap_or_default();
+            assert!(error.contains("timestamptz_ns"), "{refusal}");
+        }
+    }
+}
+
+/// The line of the test's report on [`check_filters`].
+fn filter_report(v2: bool, until: usize, instant: &str, after: usize, after_at: &str) -> String {
+    if v2 {
+        format!(
+            "v2: pyiceberg, polars and duckdb: {until} rows at or before {instant}; \
+             pyiceberg: {after} rows after {after_at}"
+        )
+    } else {
+        "v3: pyiceberg and polars refuse a time filter (no timestamptz_ns literals)".into()
+    }
+}
+
+/// The smallest and largest `t` (nanoseconds) of `rows`.
+fn time_range(rows: &[Value]) -> (i64, i64) {
+    let times = rows.iter().filter_map(|r| r["t"].as_i64());
+    let lo = times.clone().min().expect("a time");
+    (lo, times.max().expect("a time"))
+}
+
+/// The bounds of `t` a reader must see in the manifests of files holding the times
+/// `ranges`, ordered as `read_table.py` prints them: nanoseconds in v3; in v2 microseconds,
+/// the lower floored and the upper rounded up, so that they hold every value a reader makes
+/// of the nanoseconds, whether it floors or truncates, and no microsecond filter prunes a
+/// file holding a row in its last partial microsecond.
+fn time_bounds(ranges: &[(i64, i64)], v2: bool) -> Value {
+    let mut bounds: Vec<(i64, i64)> = ranges
+        .iter()
+        .map(|&(lo, hi)| {
+            if v2 {
+                (
+                    lo.div_euclid(1_000),
+                    hi.div_euclid(1_000) + i64::from(hi.rem_euclid(1_000) != 0),
+                )
+            } else {
+                (lo, hi)
+            }
+        })
+        .collect();
+    bounds.sort();
+    json!(
+        bounds
+            .iter()
+            .map(|&(lo, hi)| json!([lo, hi]))
+            .collect::<Vec<_>>()
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -693,6 +792,13 @@ async fn garbage_collection_never_deletes_a_file_a_listed_snapshot_reads() {
     for dir in &metadata_dirs {
         assert_eq!(listed_snapshots(dir), [1, 2, 3]);
     }
+    // Both views list the same snapshots (ids, times and order) after compaction.
+    let same_snapshots = || {
+        let [v3, v2] = metadata_dirs.each_ref().map(|d| listed_snapshot_times(d));
+        assert_eq!(v3, v2, "the two views list different snapshots");
+        v3
+    };
+    assert_eq!(same_snapshots().len(), 3);
     let compacted_away: Vec<PathBuf> = files_at[1].iter().map(|p| objects.join(p)).collect();
 
     // Collect repeatedly through and past the grace period: whatever the newest metadata of
@@ -702,6 +808,8 @@ async fn garbage_collection_never_deletes_a_file_a_listed_snapshot_reads() {
     let mut deleted_at = None;
     while started.elapsed() < grace * 4 && deleted_at.is_none() {
         served.db.collect_garbage().await;
+        // And through expiry.
+        same_snapshots();
         for (view, dir) in metadata_dirs.iter().enumerate() {
             let listed = listed_snapshots(dir);
             for snapshot in &listed {
@@ -747,6 +855,236 @@ async fn garbage_collection_never_deletes_a_file_a_listed_snapshot_reads() {
     for dir in &metadata_dirs {
         assert!(!snap(dir, 1), "{}", dir.display());
         assert!(snap(dir, 3), "{}", dir.display());
+    }
+    assert_eq!(
+        same_snapshots().iter().map(|s| s.0).collect::<Vec<_>>(),
+        [3]
+    );
+}
+
+/// The newest metadata of a table in a local data directory: its snapshots' ids and times,
+/// in the order listed.
+fn listed_snapshot_times(metadata_dir: &Path) -> Vec<(u64, u64)> {
+    let metadata: Value =
+        serde_json::from_slice(&std::fs::read(newest_metadata(metadata_dir)).unwrap()).unwrap();
+    metadata["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["snapshot-id"].as_u64().unwrap(),
+                s["timestamp-ms"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Loads `table` through the REST catalog under `prefix` (`"v2"`, `"v3"`): the status and
+/// the answer.
+async fn load_view(served: &Served, prefix: &str, table: &str) -> (u16, Value) {
+    let r = served
+        .client
+        .get(format!(
+            "{}/iceberg/v1/{prefix}/namespaces/scopedb%1Fpublic/tables/{table}",
+            served.base
+        ))
+        .bearer_auth("r-key")
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_metadata_names_are_left_alone_and_one_view_never_blocks_the_other() {
+    let dir = common::temp_dir("iceberg-foreign");
+    let grace = Duration::from_secs(2);
+    let mut config = DbConfig::new(&dir);
+    config.gc_grace = grace;
+    let served = Served::start(config).await;
+    let id = served
+        .create(r#"{"name": "f", "columns": [{"name": "i", "data_type": "int"}]}"#)
+        .await;
+    served.ingest("f", "{\"i\":1}\n".into()).await;
+    served.db.tables().flush(&id).await.unwrap().unwrap();
+    let objects = dir.join("objects");
+    let v2_dir = objects.join(format!("tables/{id}/metadata-v2"));
+    let first = newest_metadata(&v2_dir);
+
+    // Names with numbers at or past the largest sluice writes (another program's, or
+    // damage), holding metadata that looks like sluice's: not sluice's, so never the newest
+    // and never collected.
+    let foreign: Vec<PathBuf> = [1u64 << 32, (1 << 32) + 1, u64::MAX]
+        .iter()
+        .map(|n| v2_dir.join(format!("v{n}.metadata.json")))
+        .collect();
+    for path in &foreign {
+        std::fs::copy(&first, path).unwrap();
+    }
+    for n in 2..=3 {
+        served.ingest("f", format!("{{\"i\":{n}}}\n")).await;
+        served.db.tables().flush(&id).await.unwrap().unwrap();
+        for prefix in ["v3", "v2"] {
+            let (status, answer) = load_view(&served, prefix, "f").await;
+            assert_eq!(status, 200, "{prefix}: {answer}");
+            assert_eq!(answer["metadata"]["current-snapshot-id"], n, "{prefix}");
+        }
+    }
+    for warehouse in [None, Some("v2")] {
+        let seen = read(&served.base, "r-key", "f", warehouse, "");
+        assert_eq!(seen["rows"], json!([{"i": 1}, {"i": 2}, {"i": 3}]));
+    }
+    // Collection goes on for both views: replaced metadata goes after the grace period,
+    // the foreign files stay.
+    let until = Instant::now() + grace * 4;
+    while first.exists() && Instant::now() < until {
+        served.db.collect_garbage().await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(!first.exists(), "replaced v2 metadata is collected");
+    for path in &foreign {
+        assert!(path.exists(), "{} was deleted", path.display());
+    }
+
+    // A view whose numbers are used up (a name at the last number): its publication fails,
+    // and the other view goes on.
+    std::fs::copy(
+        newest_metadata(&v2_dir),
+        v2_dir.join(format!("v{}.metadata.json", (1u64 << 32) - 1)),
+    )
+    .unwrap();
+    served.ingest("f", "{\"i\":4}\n".into()).await;
+    served.db.tables().flush(&id).await.unwrap().unwrap();
+    let (status, answer) = load_view(&served, "v3", "f").await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["metadata"]["current-snapshot-id"], 4);
+    let (status, answer) = load_view(&served, "v2", "f").await;
+    assert_eq!(status, 500, "{answer}");
+    // Collection still collects the healthy view's replaced metadata.
+    let v3_dir = objects.join(format!("tables/{id}/metadata"));
+    let v3_old = newest_metadata(&v3_dir);
+    served.ingest("f", "{\"i\":5}\n".into()).await;
+    served.db.tables().flush(&id).await.unwrap().unwrap();
+    let seen = read(&served.base, "r-key", "f", None, "");
+    assert_eq!(
+        seen["rows"],
+        json!([{"i": 1}, {"i": 2}, {"i": 3}, {"i": 4}, {"i": 5}])
+    );
+    let until = Instant::now() + grace * 4;
+    while v3_old.exists() && Instant::now() < until {
+        served.db.collect_garbage().await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        !v3_old.exists(),
+        "the v3 view's replaced metadata is collected"
+    );
+}
+
+/// Whether any column of the Parquet file at `path` carries an unsigned integer annotation.
+fn has_unsigned_columns(path: &Path) -> bool {
+    use parquet::basic::{ConvertedType, LogicalType};
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let reader = SerializedFileReader::new(std::fs::File::open(path).unwrap()).unwrap();
+    let schema = reader.metadata().file_metadata().schema_descr_ptr();
+    schema.columns().iter().any(|c| {
+        matches!(c.logical_type_ref(), Some(LogicalType::Integer(int)) if !int.is_signed)
+            || c.converted_type() == ConvertedType::UINT_64
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_rewrites_files_with_unsigned_columns() {
+    use parquet::arrow::ArrowWriter;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+    let dir = common::temp_dir("iceberg-unsigned");
+    let mut config = DbConfig::new(&dir);
+    config.tables.compact_min_files = 2;
+    // Rows in full row groups: compaction would splice the files as they are.
+    config.tables.row_group_rows = 2;
+    let served = Served::start(config).await;
+    let id = served
+        .create(r#"{"name": "w", "columns": [{"name": "i", "data_type": "int"}, {"name": "u", "data_type": "uint"}]}"#)
+        .await;
+    let objects = dir.join("objects");
+    for batch in 0..2i64 {
+        let body: String = (batch * 4..batch * 4 + 4)
+            .map(|n| format!("{{\"i\":{n},\"u\":{}}}\n", i64::MAX - n))
+            .collect();
+        served.ingest("w", body).await;
+        served.db.tables().flush(&id).await.unwrap().unwrap();
+    }
+    // Rewrite both files as sluice wrote them before uints were plain INT64: `u` as
+    // Arrow's UInt64, which Parquet annotates as unsigned.
+    for file in served.live_files("w").await {
+        let path = objects.join(file);
+        let bytes = bytes::Bytes::from(std::fs::read(&path).unwrap());
+        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .unwrap()
+            .build()
+            .unwrap();
+        let batches: Vec<_> = reader.map(Result::unwrap).collect();
+        let old = batches[0].schema();
+        let schema = Arc::new(arrow_schema::Schema::new_with_metadata(
+            old.fields()
+                .iter()
+                .map(|f| match f.name().as_str() {
+                    "u" => f
+                        .as_ref()
+                        .clone()
+                        .with_data_type(arrow_schema::DataType::UInt64),
+                    _ => f.as_ref().clone(),
+                })
+                .collect::<Vec<_>>(),
+            old.metadata().clone(),
+        ));
+        let props = parquet::file::properties::WriterProperties::builder()
+            .set_max_row_group_row_count(Some(2))
+            .build();
+        let mut out = Vec::new();
+        let mut writer = ArrowWriter::try_new(&mut out, schema.clone(), Some(props)).unwrap();
+        for b in batches {
+            let columns: Vec<_> = b
+                .columns()
+                .iter()
+                .zip(schema.fields())
+                .map(|(c, f)| arrow_cast::cast(c, f.data_type()).unwrap())
+                .collect();
+            writer
+                .write(&arrow_array::RecordBatch::try_new(schema.clone(), columns).unwrap())
+                .unwrap();
+        }
+        writer.close().unwrap();
+        std::fs::write(&path, &out).unwrap();
+        assert!(has_unsigned_columns(&path));
+    }
+    let rows: Vec<Value> = (0..8i64)
+        .map(|n| json!({"i": n, "u": i64::MAX - n}))
+        .collect();
+    let before = read(&served.base, "r-key", "w", Some("v2"), "polars");
+    let refused = before["readers"]["polars"]["error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(!refused.is_empty(), "Polars reads unsigned files: {before}");
+    println!("iceberg unsigned: polars before compaction: {refused}");
+
+    served.db.tables().compact(&id).await.unwrap().unwrap();
+    let live = served.live_files("w").await;
+    assert_eq!(live.len(), 1);
+    let compacted = objects.join(live.first().unwrap());
+    assert!(
+        !has_unsigned_columns(&compacted),
+        "the compacted file keeps the unsigned annotation"
+    );
+    for warehouse in [None, Some("v2")] {
+        let seen = read(&served.base, "r-key", "w", warehouse, "polars");
+        assert_eq!(seen_rows(&seen), rows, "pyiceberg");
+        let polars = &seen["readers"]["polars"];
+        assert!(polars.get("error").is_none(), "{polars}");
+        assert_eq!(seen_rows(polars), rows, "polars");
     }
 }
 
@@ -1307,7 +1645,7 @@ async fn a_damaged_view_is_published_anew_and_never_stops_flushing() {
 }
 
 /// The newest metadata file of a table in a local data directory (of the names sluice
-/// writes: canonical numbers up to 2^32).
+/// writes: canonical numbers below 2^32).
 fn newest_metadata(metadata_dir: &Path) -> PathBuf {
     let newest = std::fs::read_dir(metadata_dir)
         .unwrap()
@@ -1318,7 +1656,7 @@ fn newest_metadata(metadata_dir: &Path) -> PathBuf {
                 .strip_suffix(".metadata.json")?
                 .parse::<u64>()
                 .ok()?;
-            (n <= 1 << 32 && name == format!("v{n}.metadata.json")).then_some(n)
+            (n < 1 << 32 && name == format!("v{n}.metadata.json")).then_some(n)
         })
         .max()
         .unwrap();
