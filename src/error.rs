@@ -12,6 +12,7 @@
 //! | [`Kind::TooComplex`] | 400 | `statement_too_complex` | no |
 //! | [`Kind::QueryFailed`] | 400 | `query_error` | no |
 //! | [`Kind::InvalidRows`] | 422 | `invalid_schema` | no |
+//! | [`Kind::ResourcesExhausted`] | 422 | `resources_exhausted` | no |
 //! | [`Kind::TooLarge`] | 413 | `payload_too_large` | no |
 //! | [`Kind::ResultTooLarge`] | 413 | `result_too_large` | no |
 //! | [`Kind::UnsupportedMedia`] | 415 | `unsupported_media_type` | no |
@@ -55,6 +56,9 @@ pub enum Kind {
     QueryFailed,
     /// Rows the table's column checks refuse.
     InvalidRows,
+    /// A statement that needs more memory (or work in one call) than a statement may
+    /// have, whatever else runs: it fails the same way when sent again.
+    ResourcesExhausted,
     /// A body over its limit.
     TooLarge,
     /// A statement result over its limit.
@@ -298,6 +302,11 @@ impl Classify for SubmitError {
     fn class(&self) -> ErrorClass {
         match self {
             SubmitError::Busy(_) => ErrorClass::retry("StatementsBusy"),
+            // The key's own share is taken: too many requests of this client, retry shortly.
+            SubmitError::OwnerBusy(_) => ErrorClass {
+                kind: Kind::TooMany,
+                ..ErrorClass::retry("StatementsBusy")
+            },
         }
     }
 }
@@ -321,6 +330,13 @@ impl Classify for QueryError {
             // A statement is cancelled only before it writes anything (see
             // `query::statements`).
             QueryError::Cancelled => ErrorClass::rejected(Kind::Cancelled),
+            // Other statements hold the memory: the same statement may succeed shortly.
+            QueryError::ResourcesExhausted { retry: true, .. } => {
+                ErrorClass::retry("statement_memory")
+            }
+            QueryError::ResourcesExhausted { retry: false, .. } => {
+                ErrorClass::rejected(Kind::ResourcesExhausted)
+            }
         }
     }
 }

@@ -10,6 +10,7 @@ mod console;
 mod crash;
 mod decoder;
 mod durability;
+mod hostile;
 mod iceberg;
 mod log;
 mod metrics;

@@ -124,3 +124,64 @@ pub async fn statement(client: &reqwest::Client, base: &str, sql: &str) -> Value
     }
     body
 }
+
+/// A `sluice serve` process for one test; killed when dropped.
+pub struct Server {
+    pub child: std::process::Child,
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    /// The test's directory (the data directory is `data` in it).
+    pub dir: std::path::PathBuf,
+}
+
+impl Server {
+    /// Starts the binary with `args` and, if given, a config file with `config` (TOML).
+    pub fn start(name: &str, args: &[&str], config: &str) -> Server {
+        let dir = temp_dir(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = free_port();
+        let mut command = sluice_serve(&dir.join("data"), port);
+        command.args(args);
+        if !config.is_empty() {
+            let path = dir.join("sluice.toml");
+            std::fs::write(&path, config).unwrap();
+            command.arg("--config").arg(path);
+        }
+        let child = command.spawn().unwrap();
+        wait_healthy(port);
+        Server {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            dir,
+        }
+    }
+
+    /// The process is still running.
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// A field of the process's `/proc/PID/status` in bytes (`VmRSS`, `VmHWM`: its resident
+    /// memory now, and at its peak).
+    pub fn memory(&self, field: &str) -> u64 {
+        process_memory(self.child.id(), field).unwrap_or_else(|| panic!("no {field}"))
+    }
+}
+
+/// A memory field of process `pid`'s `/proc/PID/status` in bytes (`VmRSS`, `VmHWM`); `None`
+/// once the process is gone.
+pub fn process_memory(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status
+        .lines()
+        .find(|l| l.starts_with(&format!("{field}:")))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
