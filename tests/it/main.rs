@@ -4,6 +4,7 @@
 mod common;
 
 mod bad_input;
+mod checkpoints;
 mod cli;
 mod clients;
 mod console;
@@ -21,6 +22,8 @@ mod roundtrip;
 mod s3;
 mod security;
 mod server;
+mod sim;
 mod slt;
 mod streams;
 mod table;
+mod uploads;

@@ -1,6 +1,6 @@
 //! Keys and what they may do: read, write and admin roles, and keys never reaching the logs.
 
-use crate::common::{self, Server};
+use crate::common;
 
 use std::io::Read as _;
 use std::process::{Command, Stdio};
@@ -322,6 +322,8 @@ async fn slow_or_missing_request_headers_are_cut_off() {
 }
 
 // ---- attacks, each through the real binary ------------------------------------------------
+
+use common::Server;
 
 const KEYS: [&str; 6] = [
     "--api-key",
