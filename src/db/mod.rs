@@ -934,8 +934,8 @@ fn compile_plan(
                 c.name
             )));
         }
-        let expr = crate::query::guarded_expression(expr, &df_schema, COMPUTED_BYTES)
-            .map_err(invalid)?;
+        let expr =
+            crate::query::guarded_expression(expr, &df_schema, COMPUTED_BYTES).map_err(invalid)?;
         let expr = ctx
             .create_physical_expr(expr, &df_schema)
             .map_err(invalid)?;
@@ -1012,7 +1012,10 @@ impl IngestPlan {
             };
             match self.computed.iter().find(|c| c.index == index) {
                 Some(c) => {
-                    let value = c.expr.evaluate(&input).map_err(|e| fail(e.strip_backtrace()))?;
+                    let value = c
+                        .expr
+                        .evaluate(&input)
+                        .map_err(|e| fail(e.strip_backtrace()))?;
                     // A constant is copied to every row.
                     if let datafusion::logical_expr::ColumnarValue::Scalar(v) = &value
                         && v.size().saturating_mul(rows) > COMPUTED_BYTES

@@ -125,7 +125,10 @@ impl AggregateUDFImpl for BoundedStringAgg {
         self.inner.groups_accumulator_supported(args)
     }
 
-    fn create_groups_accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn GroupsAccumulator>> {
+    fn create_groups_accumulator(
+        &self,
+        args: AccumulatorArgs,
+    ) -> Result<Box<dyn GroupsAccumulator>> {
         let separator = separator_bytes(args.exprs);
         Ok(Box::new(BoundedGroups {
             inner: self.inner.create_groups_accumulator(args)?,

@@ -45,6 +45,7 @@ use arrow_array::types::{
 use arrow_array::{Array, ArrayRef, RecordBatch, make_array};
 use arrow_buffer::{BooleanBuffer, Buffer, NullBuffer};
 use arrow_schema::{DataType, Field, FieldRef, Schema, TimeUnit};
+use datafusion::arrow::array::ArrayData;
 use datafusion::common::tree_node::{Transformed, TreeNode as _};
 use datafusion::common::{DFSchema, ScalarValue};
 use datafusion::config::ConfigOptions;
@@ -53,8 +54,8 @@ use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::simplify::{ExprSimplifyResult, SimplifyContext};
 use datafusion::logical_expr::{
-    BinaryExpr, ColumnarValue, Documentation, Expr, ExprSchemable as _, ExpressionPlacement,
-    Like, LogicalPlan, Operator, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
+    BinaryExpr, ColumnarValue, Documentation, Expr, ExprSchemable as _, ExpressionPlacement, Like,
+    LogicalPlan, Operator, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
     Signature, Volatility,
 };
 use datafusion::physical_expr::PhysicalExpr as _;
@@ -407,10 +408,7 @@ pub(crate) const MAX_TYPE_DEPTH: usize = 64;
 
 /// Refuses, for the functions that parse a type from a string argument, a string that nests
 /// deeper than [`MAX_TYPE_DEPTH`], before it is parsed.
-fn check_type_strings<'a>(
-    name: &str,
-    values: impl Iterator<Item = &'a ScalarValue>,
-) -> Result<()> {
+fn check_type_strings<'a>(name: &str, values: impl Iterator<Item = &'a ScalarValue>) -> Result<()> {
     if !matches!(name, "arrow_cast" | "arrow_try_cast") {
         return Ok(());
     }
@@ -499,10 +497,7 @@ fn rewrite_operators(expr: Expr, schema: &DFSchema, limit: usize) -> Result<Tran
     };
     expr.transform_up(|e| {
         let regexp = |l: Expr, r: Expr, negated: bool, insensitive: bool| {
-            let like = super::guard::guard(
-                &datafusion::functions::regex::regexp_like(),
-                limit,
-            );
+            let like = super::guard::guard(&datafusion::functions::regex::regexp_like(), limit);
             let mut args = vec![l, r];
             if insensitive {
                 args.push(Expr::Literal(ScalarValue::Utf8(Some("i".into())), None));
@@ -517,12 +512,12 @@ fn rewrite_operators(expr: Expr, schema: &DFSchema, limit: usize) -> Result<Tran
         Ok(match e {
             Expr::BinaryExpr(BinaryExpr { left, op, right }) if same_strings(&left, &right) => {
                 match op {
-                    Operator::StringConcat => Transformed::yes(Expr::ScalarFunction(
-                        ScalarFunction::new_udf(
+                    Operator::StringConcat => {
+                        Transformed::yes(Expr::ScalarFunction(ScalarFunction::new_udf(
                             Arc::new(ScalarUDF::new_from_impl(StringConcat::new(limit))),
                             vec![*left, *right],
-                        ),
-                    )),
+                        )))
+                    }
                     Operator::RegexMatch => regexp(*left, *right, false, false),
                     Operator::RegexIMatch => regexp(*left, *right, false, true),
                     Operator::RegexNotMatch => regexp(*left, *right, true, false),
@@ -639,7 +634,9 @@ impl ScalarUDFImpl for StringConcatKernel {
         let out = op.evaluate(&batch)?;
         if scalars {
             let array = out.to_array(1)?;
-            return Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(&array, 0)?));
+            return Ok(ColumnarValue::Scalar(ScalarValue::try_from_array(
+                &array, 0,
+            )?));
         }
         Ok(out)
     }
@@ -700,9 +697,9 @@ fn estimate(
         }),
         Sizing::RegexpReplace => {
             let patterns = check_patterns(name, &call, 1, Some(3), budget)?;
-            patterns.saturating_add(call.per_row(|row| {
-                (arg(0, row) + 1).saturating_mul(2 * arg(2, row) + 1)
-            }))
+            patterns.saturating_add(
+                call.per_row(|row| (arg(0, row) + 1).saturating_mul(2 * arg(2, row) + 1)),
+            )
         }
         Sizing::Regexp => {
             let flags = match name {
@@ -720,9 +717,9 @@ fn estimate(
             let per_element = arg(1, row) + arg(2, row) + 48;
             arg(0, row) + call.leaves(0, row).saturating_mul(per_element)
         }),
-        Sizing::ReplaceElements => call.per_row(|row| {
-            arg(0, row) + call.leaves(0, row).saturating_mul(arg(2, row) + 16)
-        }),
+        Sizing::ReplaceElements => {
+            call.per_row(|row| arg(0, row) + call.leaves(0, row).saturating_mul(arg(2, row) + 16))
+        }
         Sizing::SplitString => call.per_row(|row| 17 * arg(0, row) + 16),
         Sizing::Format => call.per_row(|row| 16 * arg(1, row) + 64),
         Sizing::Levenshtein => {
@@ -1014,8 +1011,7 @@ impl<'a> Call<'a> {
                 if row >= a.len() || a.is_null(row) {
                     return None;
                 }
-                a.as_primitive_opt::<IntervalMonthDayNanoType>()?
-                    .value(row)
+                a.as_primitive_opt::<IntervalMonthDayNanoType>()?.value(row)
             }
             _ => return None,
         };
@@ -1069,8 +1065,9 @@ pub(crate) fn scalar_bytes(s: &ScalarValue) -> u128 {
         ScalarValue::Map(a) => row_bytes(a.as_ref(), 0),
         other => match other.try_as_str() {
             Some(text) => text.map_or(0, |t| t.len() as u128),
-            None => (other.size().saturating_sub(size_of::<ScalarValue>()) as u128)
-                .max(u128::from(width_of(&other.data_type(), &mut 10_000).unwrap_or(0))),
+            None => (other.size().saturating_sub(size_of::<ScalarValue>()) as u128).max(
+                u128::from(width_of(&other.data_type(), &mut 10_000).unwrap_or(0)),
+            ),
         },
     }
 }
@@ -1206,7 +1203,7 @@ pub(crate) fn width_of(t: &DataType, budget: &mut usize) -> Option<u64> {
 // ---- holding a reservation for as long as a result lives -----------------------------------
 
 /// The start and end addresses of every buffer of `data` and its children.
-fn buffer_ranges(data: &arrow_data::ArrayData) -> Vec<(usize, usize)> {
+fn buffer_ranges(data: &ArrayData) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     let mut stack = vec![data.clone()];
     while let Some(d) = stack.pop() {
@@ -1225,7 +1222,7 @@ fn buffer_ranges(data: &arrow_data::ArrayData) -> Vec<(usize, usize)> {
 }
 
 /// The bytes of `data`'s buffers that are not within any of `inputs`' buffers.
-fn new_bytes(data: &arrow_data::ArrayData, inputs: &[(usize, usize)]) -> usize {
+fn new_bytes(data: &ArrayData, inputs: &[(usize, usize)]) -> usize {
     buffer_ranges(data)
         .into_iter()
         .filter(|(start, end)| {
@@ -1245,7 +1242,7 @@ struct Kept {
 }
 
 /// `data` as an array whose buffers each keep `reservation` until they are dropped.
-fn hold_array(data: arrow_data::ArrayData, reservation: MemoryReservation) -> ArrayRef {
+fn hold_array(data: ArrayData, reservation: MemoryReservation) -> ArrayRef {
     let reservation = Arc::new(Mutex::new(reservation));
     make_array(hold_data(data, &reservation))
 }
@@ -1266,16 +1263,13 @@ fn hold_buffer(b: &Buffer, reservation: &Arc<Mutex<MemoryReservation>>) -> Buffe
     unsafe { Buffer::from_custom_allocation(ptr, b.len(), owner) }
 }
 
-fn hold_data(
-    data: arrow_data::ArrayData,
-    reservation: &Arc<Mutex<MemoryReservation>>,
-) -> arrow_data::ArrayData {
+fn hold_data(data: ArrayData, reservation: &Arc<Mutex<MemoryReservation>>) -> ArrayData {
     let buffers: Vec<Buffer> = data
         .buffers()
         .iter()
         .map(|b| hold_buffer(b, reservation))
         .collect();
-    let children: Vec<arrow_data::ArrayData> = data
+    let children: Vec<ArrayData> = data
         .child_data()
         .iter()
         .map(|c| hold_data(c.clone(), reservation))
@@ -1381,14 +1375,19 @@ mod tests {
             ("SELECT 'abc' ~ 'b'", "true"),
             ("SELECT 'abc' !~* 'B'", "false"),
             ("SELECT 'abc' SIMILAR TO 'a.c'", "true"),
-            ("SELECT s ~ p FROM (VALUES ('abc', '^a')) AS t(s, p)", "true"),
+            (
+                "SELECT s ~ p FROM (VALUES ('abc', '^a')) AS t(s, p)",
+                "true",
+            ),
             ("SELECT lpad('a', 3, 'é')", "ééa"),
             ("SELECT cardinality(range(1, 10))", "9"),
             ("SELECT array_to_string(make_array(1, 2), '-')", "1-2"),
             ("SELECT regexp_replace('aaa', 'a', 'b', 'g')", "bbb"),
             ("SELECT levenshtein('kitten', 'sitting')", "3"),
         ] {
-            let batches = run(&ctx, sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+            let batches = run(&ctx, sql)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
             assert_eq!(cell(&batches), expected, "{sql}");
         }
     }
@@ -1399,14 +1398,18 @@ mod tests {
     #[tokio::test]
     async fn results_are_held_while_they_live() {
         let (ctx, _, _) = context(64 << 20);
-        let sql = "SELECT length(a) + length(b) + length(c) FROM (SELECT \
+        // `concat` evaluates its three arguments before it runs: all three are held at once.
+        let sql = "SELECT length(concat(a, b, c)) FROM (SELECT \
                    repeat('a', 25000000 + v - v) AS a, repeat('b', 25000000 + v - v) AS b, \
                    repeat('c', 25000000 + v - v) AS c FROM (VALUES (1)) AS t(v))";
         exhausted(run(&ctx, sql).await, sql);
         let (ctx, budget, server) = context(64 << 20);
-        let held = run(&ctx, "SELECT repeat('a', 10000000 + v - v) FROM (VALUES (1)) AS t(v)")
-            .await
-            .unwrap();
+        let held = run(
+            &ctx,
+            "SELECT repeat('a', 10000000 + v - v) FROM (VALUES (1)) AS t(v)",
+        )
+        .await
+        .unwrap();
         assert!(server.reserved() >= 10_000_000, "{}", server.reserved());
         drop(held);
         assert_eq!(server.reserved(), 0);
@@ -1472,33 +1475,174 @@ mod tests {
     /// width: checked by reading each one's implementation in DataFusion 55.2 and
     /// datafusion-functions-json 0.55.
     const REVIEWED_LINEAR: &[&str] = &[
-        "abs", "acos", "acosh", "array_add", "array_any_value", "array_append", "array_avg",
-        "array_compact", "array_concat", "array_distance", "array_distinct", "array_dims",
-        "array_element", "array_empty", "array_except", "array_has", "array_has_all",
-        "array_has_any", "array_intersect", "array_length", "array_max", "array_min",
-        "array_ndims", "array_normalize", "array_pop_back", "array_pop_front", "array_position",
-        "array_positions", "array_prepend", "array_product", "array_remove", "array_remove_all",
-        "array_remove_n", "array_reverse", "array_scale", "array_slice", "array_sort",
-        "array_subtract", "array_sum", "array_union", "arrays_overlap", "arrays_zip",
-        "arrow_cast", "arrow_field", "arrow_metadata", "arrow_try_cast", "arrow_typeof", "ascii",
-        "asin", "asinh", "atan", "atan2", "atanh", "bit_length", "btrim", "cardinality",
-        "cast_to_type", "cbrt", "ceil", "character_length", "chr", "coalesce", "concat",
-        "contains", "cos", "cosh", "cosine_distance", "cot", "current_date", "current_time",
-        "current_timestamp", "date_bin", "date_part", "date_trunc", "decode", "degrees",
-        "dot_product", "encode", "ends_with", "exp", "factorial", "file_row_index",
-        "find_in_set", "flatten", "floor", "from_unixtime", "gcd", "greatest", "inner_product",
-        "input_file_name", "isnan", "iszero", "json_as_text", "json_contains",
-        "json_from_scalar", "json_get", "json_get_array", "json_get_bool", "json_get_float",
-        "json_get_int", "json_get_json", "json_get_str", "json_length", "json_object_keys",
-        "json_union_to_text", "lcm", "least", "left", "length", "ln", "log", "log10", "log2",
-        "ltrim", "make_array", "make_date", "make_time", "map", "map_entries", "map_extract",
-        "map_keys", "map_values", "named_struct", "nanvl", "now", "nullif", "nvl", "nvl2",
-        "octet_length", "overlay", "pi", "power", "radians", "random", "reverse", "right",
-        "round", "rtrim", "scalar_to_json", "signum", "sin", "sinh", "split_part", "sqrt",
-        "starts_with", "strpos", "struct", "substr", "substr_index", "tan", "tanh",
-        "to_date", "to_hex", "to_local_time", "to_time", "to_timestamp", "to_timestamp_micros",
-        "to_timestamp_millis", "to_timestamp_nanos", "to_timestamp_seconds", "to_unixtime",
-        "trunc", "try_cast_to_type", "union_extract", "union_tag", "uuid", "version",
+        "abs",
+        "acos",
+        "acosh",
+        "array_add",
+        "array_any_value",
+        "array_append",
+        "array_avg",
+        "array_compact",
+        "array_concat",
+        "array_distance",
+        "array_distinct",
+        "array_dims",
+        "array_element",
+        "array_empty",
+        "array_except",
+        "array_has",
+        "array_has_all",
+        "array_has_any",
+        "array_intersect",
+        "array_length",
+        "array_max",
+        "array_min",
+        "array_ndims",
+        "array_normalize",
+        "array_pop_back",
+        "array_pop_front",
+        "array_position",
+        "array_positions",
+        "array_prepend",
+        "array_product",
+        "array_remove",
+        "array_remove_all",
+        "array_remove_n",
+        "array_reverse",
+        "array_scale",
+        "array_slice",
+        "array_sort",
+        "array_subtract",
+        "array_sum",
+        "array_union",
+        "arrays_overlap",
+        "arrays_zip",
+        "arrow_cast",
+        "arrow_field",
+        "arrow_metadata",
+        "arrow_try_cast",
+        "arrow_typeof",
+        "ascii",
+        "asin",
+        "asinh",
+        "atan",
+        "atan2",
+        "atanh",
+        "bit_length",
+        "btrim",
+        "cardinality",
+        "cast_to_type",
+        "cbrt",
+        "ceil",
+        "character_length",
+        "chr",
+        "coalesce",
+        "concat",
+        "contains",
+        "cos",
+        "cosh",
+        "cosine_distance",
+        "cot",
+        "current_date",
+        "current_time",
+        "current_timestamp",
+        "date_bin",
+        "date_part",
+        "date_trunc",
+        "decode",
+        "degrees",
+        "dot_product",
+        "empty",
+        "encode",
+        "ends_with",
+        "exp",
+        "factorial",
+        "file_row_index",
+        "find_in_set",
+        "flatten",
+        "floor",
+        "from_unixtime",
+        "gcd",
+        "greatest",
+        "inner_product",
+        "input_file_name",
+        "isnan",
+        "iszero",
+        "json_as_text",
+        "json_contains",
+        "json_from_scalar",
+        "json_get",
+        "json_get_array",
+        "json_get_bool",
+        "json_get_float",
+        "json_get_int",
+        "json_get_json",
+        "json_get_str",
+        "json_length",
+        "json_object_keys",
+        "json_union_to_text",
+        "lcm",
+        "least",
+        "left",
+        "length",
+        "ln",
+        "log",
+        "log10",
+        "log2",
+        "ltrim",
+        "make_array",
+        "make_date",
+        "make_time",
+        "map",
+        "map_entries",
+        "map_extract",
+        "map_keys",
+        "map_values",
+        "named_struct",
+        "nanvl",
+        "now",
+        "nullif",
+        "nvl",
+        "nvl2",
+        "octet_length",
+        "overlay",
+        "pi",
+        "power",
+        "radians",
+        "random",
+        "reverse",
+        "right",
+        "round",
+        "rtrim",
+        "scalar_to_json",
+        "signum",
+        "sin",
+        "sinh",
+        "split_part",
+        "sqrt",
+        "starts_with",
+        "strpos",
+        "struct",
+        "substr",
+        "substr_index",
+        "tan",
+        "tanh",
+        "to_date",
+        "to_hex",
+        "to_local_time",
+        "to_time",
+        "to_timestamp",
+        "to_timestamp_micros",
+        "to_timestamp_millis",
+        "to_timestamp_nanos",
+        "to_timestamp_seconds",
+        "to_unixtime",
+        "trunc",
+        "try_cast_to_type",
+        "union_extract",
+        "union_tag",
+        "uuid",
+        "version",
         "with_metadata",
     ];
 }

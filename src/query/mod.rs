@@ -637,7 +637,9 @@ impl QueryEngine {
         let kept = session.plan(&statement);
         let planning = {
             let budget = Arc::clone(budget);
-            move |handle: &tokio::runtime::Handle| plan(handle, session, state, statement, kept, &budget)
+            move |handle: &tokio::runtime::Handle| {
+                plan(handle, session, state, statement, kept, &budget)
+            }
         };
         let (state, plan, physical) = match self.runtime.plan(planning).await {
             Ok(planned) => planned?,
@@ -651,8 +653,10 @@ impl QueryEngine {
                 return Err(QueryError::Panicked { wrote: false });
             }
         };
-        let task = TaskContext::from(&state)
-            .with_runtime(runtime::statement_env(state.runtime_env(), Arc::clone(budget.pool())));
+        let task = TaskContext::from(&state).with_runtime(runtime::statement_env(
+            state.runtime_env(),
+            Arc::clone(budget.pool()),
+        ));
         let result = self.collect(physical, Arc::new(task), plan.schema).await;
         result.map_err(|e| match e {
             Collected::DataFusion(e) => budget.error(e),

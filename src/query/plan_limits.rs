@@ -31,8 +31,8 @@ use std::collections::HashMap;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
-use datafusion::common::tree_node::{Transformed, TreeNode as _, TreeNodeRecursion};
 use datafusion::common::ScalarValue;
+use datafusion::common::tree_node::{Transformed, TreeNode as _, TreeNodeRecursion};
 use datafusion::config::ConfigOptions;
 use datafusion::error::Result;
 use datafusion::logical_expr::{Expr, LogicalPlan};
@@ -462,11 +462,13 @@ impl CheckTypes {
     fn check(&self, t: &arrow_schema::DataType) -> Result<()> {
         let width = width_of(t, &mut 100_000).unwrap_or(u64::MAX);
         if width > self.max_value_bytes as u64 {
-            return Err(datafusion::error::DataFusionError::ResourcesExhausted(format!(
-                "a value of type {} takes {width} bytes; a value may take {}",
-                short(t),
-                self.max_value_bytes
-            )));
+            return Err(datafusion::error::DataFusionError::ResourcesExhausted(
+                format!(
+                    "a value of type {} takes {width} bytes; a value may take {}",
+                    short(t),
+                    self.max_value_bytes
+                ),
+            ));
         }
         Ok(())
     }
@@ -486,7 +488,10 @@ impl std::fmt::Write for Limited<'_> {
     fn write_str(&mut self, s: &str) -> std::fmt::Result {
         let room = self.1.saturating_sub(self.0.len());
         if s.len() > room {
-            let cut = (0..=room).rev().find(|i| s.is_char_boundary(*i)).unwrap_or(0);
+            let cut = (0..=room)
+                .rev()
+                .find(|i| s.is_char_boundary(*i))
+                .unwrap_or(0);
             self.0.push_str(&s[..cut]);
             self.0.push('…');
             return Err(std::fmt::Error);
@@ -618,16 +623,13 @@ mod tests {
         assert!(matches!(e, QueryError::TooComplex(_)), "{e}");
         let mut inside = "SELECT 1 AS x".to_owned();
         for _ in 0..40 {
-            inside = format!(
-                "WITH a AS ({inside}) SELECT x FROM a WHERE x IN (SELECT x FROM a)"
-            );
+            inside = format!("WITH a AS ({inside}) SELECT x FROM a WHERE x IN (SELECT x FROM a)");
         }
         let e = check_expansion(&parsed(&inside)).unwrap_err();
         assert!(matches!(e, QueryError::TooComplex(_)), "{e}");
         // A recursive CTE's reference to itself is its working table, not a copy.
-        check_expansion(
-            &parsed(
-                "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 10) \
+        check_expansion(&parsed(
+            "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 10) \
                  SELECT * FROM r",
         ))
         .unwrap();

@@ -258,12 +258,13 @@ impl StatementRuntime {
                 let _guard = guard;
                 PLANNING.with(|normal| normal.set(true));
                 PLANNING_THREAD.with(|planning| planning.set(true));
-                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    work(&handle)
-                }));
+                let result =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(&handle)));
                 let _ = answer.send(result);
             })
-            .map_err(|e| PlanThreadError::NoThread(format!("cannot start a planning thread: {e}")))?;
+            .map_err(|e| {
+                PlanThreadError::NoThread(format!("cannot start a planning thread: {e}"))
+            })?;
         match answered.await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(_)) | Err(_) => Err(PlanThreadError::Panicked),

@@ -381,12 +381,10 @@ mod tests {
     async fn planned(session: &CatalogSession, sql: &str) -> (DfStatement, LogicalPlan) {
         let mut parsed = DFParser::parse_sql(sql).unwrap();
         let statement = parsed.pop_front().unwrap();
-        let plan = session
-            .state
-            .clone()
-            .statement_to_plan(statement.clone())
-            .await
-            .unwrap();
+        // As a statement's state is: started now (`now()` is folded while planning).
+        let mut state = session.state.clone();
+        state.mark_start_execution();
+        let plan = state.statement_to_plan(statement.clone()).await.unwrap();
         (statement, plan)
     }
 

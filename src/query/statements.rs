@@ -548,15 +548,19 @@ mod tests {
         assert!(statements.kept().0 <= 3, "{:?}", statements.kept());
         // The reader's flood pushed out its own statements, not the admin's.
         assert!(statements.get(&owner("admin"), "s1").is_some());
-        // Running statements are capped.
         let forever = || async {
             std::future::pending::<()>().await;
             Ok(StatementOutput::text("x", Vec::new()))
         };
-        statements.submit(&owner("r"), None, forever()).unwrap();
+        // Running statements are capped, one owner's to a quarter of them (at least one).
         statements.submit(&owner("r"), None, forever()).unwrap();
         assert_eq!(
             statements.submit(&owner("r"), None, forever()).unwrap_err(),
+            SubmitError::OwnerBusy(1)
+        );
+        statements.submit(&owner("w"), None, forever()).unwrap();
+        assert_eq!(
+            statements.submit(&owner("x"), None, forever()).unwrap_err(),
             SubmitError::Busy(2)
         );
     }

@@ -168,7 +168,10 @@ fn hostile(class: Class) -> Vec<String> {
             "'(a*)*(b|c){50}$'".into(),
             "'((((x{100}){100}){100}){100})'".into(),
         ],
-        Json => vec![deep_json, format!("'{{{}\"a\":1}}'", "\"k\":1,".repeat(20_000))],
+        Json => vec![
+            deep_json,
+            format!("'{{{}\"a\":1}}'", "\"k\":1,".repeat(20_000)),
+        ],
         Arr => vec![
             "make_array()".into(),
             "range(1, 300000)".into(),
@@ -576,7 +579,12 @@ async fn every_function_with_hostile_arguments_leaves_the_server_up_and_within_i
         peak >> 20
     );
     assert!(server.alive(), "the server died");
-    assert!(failures.is_empty(), "{} broken answers:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} broken answers:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
     assert!(
         peak <= BUDGET + MARGIN,
         "peak RSS {} MiB, more than the statement memory ({} MiB) and the margin ({} MiB)",
@@ -676,7 +684,10 @@ async fn the_hostile_corpus_is_refused_or_bounded() {
                 server.memory("VmHWM") >> 20
             );
             if !right {
-                wrong.push(format!("{}: expected {}, got {answer:?}", case.name, case.expect));
+                wrong.push(format!(
+                    "{}: expected {}, got {answer:?}",
+                    case.name, case.expect
+                ));
             }
         }
         assert!(server.alive(), "{} ended the server", case.name);
@@ -713,8 +724,16 @@ fn long_planning() -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn planning_runs_beside_other_statements_and_stops_at_the_timeout() {
     let keys = [
-        "--api-key", "read=k1", "--api-key", "read=k2", "--api-key", "read=k3", "--api-key",
-        "read=k4", "--api-key", "admin=a-key",
+        "--api-key",
+        "read=k1",
+        "--api-key",
+        "read=k2",
+        "--api-key",
+        "read=k3",
+        "--api-key",
+        "read=k4",
+        "--api-key",
+        "admin=a-key",
     ];
     // Five statements at once (two per key), stopped after 3 seconds.
     let config = "statement_timeout_seconds = 3\nmax_running_statements = 5\n";
