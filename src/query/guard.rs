@@ -194,6 +194,47 @@ pub(crate) fn guard_functions(ctx: &mut SessionContext, limit: usize) {
     }
 }
 
+/// Refuses a cast in `expr` to a type one value of which takes more than `max` bytes: what a
+/// function simplifies to (`arrow_cast` becomes a cast) is folded by the simplifier, which
+/// makes the value without a function call to guard it.
+fn check_cast_widths(expr: &Expr, max: usize) -> Result<()> {
+    expr.apply(|e| {
+        let target = match e {
+            Expr::Cast(c) => Some(c.field.data_type()),
+            Expr::TryCast(c) => Some(c.field.data_type()),
+            _ => None,
+        };
+        if let Some(t) = target {
+            let width = width_of(t, &mut 100_000).unwrap_or(u64::MAX);
+            if width > max as u64 {
+                return Err(DataFusionError::ResourcesExhausted(format!(
+                    "a value of the type cast to takes {width} bytes; a value may take {max}"
+                )));
+            }
+        }
+        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+    })
+    .map(|_| ())
+}
+
+/// `array_position(a, v, start)` subtracts one from `start` unchecked (DataFusion 55):
+/// the smallest 64-bit integer overflows.
+fn check_start_index(args: &[ColumnarValue]) -> Result<()> {
+    let out_of_range = match args.get(2) {
+        Some(ColumnarValue::Scalar(ScalarValue::Int64(Some(v)))) => *v == i64::MIN,
+        Some(ColumnarValue::Array(a)) => a
+            .as_primitive_opt::<Int64Type>()
+            .is_some_and(|a| a.iter().any(|v| v == Some(i64::MIN))),
+        _ => false,
+    };
+    if out_of_range {
+        return Err(DataFusionError::Execution(
+            "array_position: the start index is out of range".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// A scalar function that checks what its result can take before it runs (module docs).
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Guarded {
@@ -265,6 +306,9 @@ impl ScalarUDFImpl for Guarded {
             ColumnarValue::Array(_) => None,
         });
         check_type_strings(self.name(), scalars)?;
+        if self.name() == "array_position" {
+            check_start_index(&args.args)?;
+        }
         let budget = BudgetOption::of(&args.config_options).cloned();
         if let Some(budget) = &budget {
             budget.checkpoint()?;
@@ -347,6 +391,7 @@ impl ScalarUDFImpl for Guarded {
         // becomes `concat`): those are guarded too, before the simplifier folds them.
         Ok(match self.inner.simplify(args, info)? {
             ExprSimplifyResult::Simplified(expr) => {
+                check_cast_widths(&expr, self.limit / PLAN_CONSTANT_SHARE)?;
                 ExprSimplifyResult::Simplified(guard_expr(expr, self.limit)?.data)
             }
             original => original,
@@ -443,8 +488,9 @@ fn check_type_strings<'a>(name: &str, values: impl Iterator<Item = &'a ScalarVal
 pub(crate) fn guard_expr(expr: Expr, limit: usize) -> Result<Transformed<Expr>> {
     expr.transform_up(|e| match e {
         Expr::ScalarFunction(ScalarFunction { func, args })
-            if !(func.inner().is::<Guarded>() || func.inner().is::<StringConcat>())
-                && !unguarded(func.name()) =>
+            if !(func.inner().is::<Guarded>()
+                || func.inner().is::<StringConcat>()
+                || unguarded(func.name())) =>
         {
             Ok(Transformed::yes(Expr::ScalarFunction(ScalarFunction {
                 func: guard(&func, limit),

@@ -8,7 +8,8 @@
 //! planning) is synchronous and can be long, so each statement plans on a thread of its own
 //! ([`StatementRuntime::plan`]): a statement that plans for long never holds a thread other
 //! statements need, and the operating system shares the cores between planning threads.
-//! A planning thread counts as the statement's work in flight until it ends, so there are
+//! A planning thread counts as the statement's work in flight until it ends (once: with its
+//! statement's task while that waits for it, by itself after), so there are
 //! never more of them than statements may run at once; a timeout or cancel stops it at its
 //! next checkpoint ([`super::budget`]), and what it planned is dropped. A statement that has
 //! planned for more than [`PLANNING_SLICE`] of CPU time goes on at the lowest priority
@@ -225,6 +226,39 @@ fn lower_priority() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn lower_priority() {}
 
+/// How a planning thread counts as work in flight (see [`StatementRuntime::plan`]).
+enum PlanThread {
+    /// Its statement waits for it, and counts for it.
+    Waited,
+    /// Its statement stopped waiting (a timeout, a cancel): the thread counts by itself.
+    Orphaned {
+        /// Held for its drop, when the thread ends.
+        _count: InFlight,
+    },
+    /// The thread ended.
+    Ended,
+}
+
+/// Held while a statement waits for its planning thread: when the wait ends before the
+/// thread does, the thread starts counting as work in flight by itself.
+struct Waiting {
+    thread: Arc<std::sync::Mutex<PlanThread>>,
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let mut thread = self.thread.lock().unwrap_or_else(|p| p.into_inner());
+        if matches!(*thread, PlanThread::Waited) {
+            self.in_flight
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            *thread = PlanThread::Orphaned {
+                _count: InFlight(Arc::clone(&self.in_flight)),
+            };
+        }
+    }
+}
+
 /// Why planning on a thread of its own gave no answer.
 #[derive(Debug)]
 pub(crate) enum PlanThreadError {
@@ -249,22 +283,34 @@ impl StatementRuntime {
             ));
         };
         let handle = runtime.handle().clone();
-        let guard = self.guard();
         let (answer, answered) = tokio::sync::oneshot::channel();
+        let counted = Arc::new(std::sync::Mutex::new(PlanThread::Waited));
+        let ended = Arc::clone(&counted);
         std::thread::Builder::new()
             .name("sluice-plan".into())
             .stack_size(STACK_BYTES)
             .spawn(move || {
-                let _guard = guard;
                 PLANNING.with(|normal| normal.set(true));
                 PLANNING_THREAD.with(|planning| planning.set(true));
                 let result =
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(&handle)));
                 let _ = answer.send(result);
+                // No longer work in flight (if it counted, its count ends here).
+                let was = std::mem::replace(
+                    &mut *ended.lock().unwrap_or_else(|p| p.into_inner()),
+                    PlanThread::Ended,
+                );
+                drop(was);
             })
             .map_err(|e| {
                 PlanThreadError::NoThread(format!("cannot start a planning thread: {e}"))
             })?;
+        // From here until the thread ends, it counts once: as its statement's task while the
+        // statement waits for it, by itself once the statement stopped waiting.
+        let _waiting = Waiting {
+            thread: counted,
+            in_flight: Arc::clone(&self.in_flight),
+        };
         match answered.await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(_)) | Err(_) => Err(PlanThreadError::Panicked),
