@@ -104,7 +104,7 @@ pub struct FileConfig {
     pub cors_origins: Option<Vec<String>>,
     /// Networks webhooks may reach although they are not public (`127.0.0.0/8`).
     pub webhook_allowed_networks: Option<Vec<String>>,
-    /// Bytes all running statements' operators may hold.
+    /// Bytes all running statements may hold together, and one statement at most.
     pub query_memory_bytes: Option<usize>,
     /// Longest a statement may run, in seconds.
     pub statement_timeout_seconds: Option<f64>,

@@ -12,6 +12,7 @@
 //! | [`Kind::TooComplex`] | 400 | `statement_too_complex` | no |
 //! | [`Kind::QueryFailed`] | 400 | `query_error` | no |
 //! | [`Kind::InvalidRows`] | 422 | `invalid_schema` | no |
+//! | [`Kind::ResourcesExhausted`] | 422 | `resources_exhausted` | no |
 //! | [`Kind::TooLarge`] | 413 | `payload_too_large` | no |
 //! | [`Kind::ResultTooLarge`] | 413 | `result_too_large` | no |
 //! | [`Kind::UnsupportedMedia`] | 415 | `unsupported_media_type` | no |
@@ -50,6 +51,7 @@
 //! | [`Cause::StorageUnavailable`] | | the object store did not answer |
 //! | [`Cause::TableBackpressure`] | | a table's unflushed data is over its budget |
 //! | [`Cause::StatementsBusy`] | | too many statements are running |
+//! | [`Cause::StatementMemory`] | | other statements hold the server's statement memory |
 //!
 //! The contract's other names (`RaftLogPressure`, `ColdBackpressure`,
 //! `RaftUncommittedBackpressure`) are refusals of a Raft group and its cold tier, which sluice
@@ -80,6 +82,9 @@ pub enum Kind {
     QueryFailed,
     /// Rows the table's column checks refuse.
     InvalidRows,
+    /// A statement that needs more memory (or work in one call) than a statement may
+    /// have, whatever else runs: it fails the same way when sent again.
+    ResourcesExhausted,
     /// A body over its limit.
     TooLarge,
     /// A statement result over its limit.
@@ -153,6 +158,8 @@ pub enum Cause {
     TableBackpressure,
     /// Too many statements are running.
     StatementsBusy,
+    /// Other statements hold the server's statement memory.
+    StatementMemory,
     /// No live process serves the stream: its owner died (and was not taken over yet), or did
     /// not answer a forwarded request it never received.
     OwnerUnavailable,
@@ -179,6 +186,7 @@ impl Cause {
             Cause::StorageUnavailable => "StorageUnavailable",
             Cause::TableBackpressure => "TableBackpressure",
             Cause::StatementsBusy => "StatementsBusy",
+            Cause::StatementMemory => "StatementMemory",
             Cause::OwnerUnavailable => "OwnerUnavailable",
             Cause::OwnerMoved => "OwnerMoved",
             Cause::BodyAdmission => "BodyAdmission",
@@ -199,7 +207,8 @@ impl Cause {
             | Cause::StreamStateFull
             | Cause::StorageUnavailable
             | Cause::TableBackpressure
-            | Cause::StatementsBusy => None,
+            | Cause::StatementsBusy
+            | Cause::StatementMemory => None,
         }
     }
 }
@@ -408,6 +417,11 @@ impl Classify for SubmitError {
     fn class(&self) -> ErrorClass {
         match self {
             SubmitError::Busy(_) => ErrorClass::retry(Cause::StatementsBusy),
+            // The key's own share is taken: too many requests of this client, retry shortly.
+            SubmitError::OwnerBusy(_) => ErrorClass {
+                kind: Kind::TooMany,
+                ..ErrorClass::retry(Cause::StatementsBusy)
+            },
         }
     }
 }
@@ -431,6 +445,13 @@ impl Classify for QueryError {
             // A statement is cancelled only before it writes anything (see
             // `query::statements`).
             QueryError::Cancelled => ErrorClass::rejected(Kind::Cancelled),
+            // Other statements hold the memory: the same statement may succeed shortly.
+            QueryError::ResourcesExhausted { retry: true, .. } => {
+                ErrorClass::retry(Cause::StatementMemory)
+            }
+            QueryError::ResourcesExhausted { retry: false, .. } => {
+                ErrorClass::rejected(Kind::ResourcesExhausted)
+            }
         }
     }
 }

@@ -30,7 +30,6 @@ use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::SchemaRef;
 use datafusion::common::DFSchema;
 use datafusion::physical_expr::PhysicalExpr;
-use datafusion::prelude::SessionContext;
 
 use crate::catalog::{Catalog, CatalogError, CatalogPath, MutateOptions, Mutation, ResolvedTable};
 use crate::ingest::{ContentEncoding, Decoder, IngestError, Limits, decompress};
@@ -874,6 +873,11 @@ const INLINE_DECODE_BYTES: usize = 16 << 10;
 /// Deepest a computed column's expression may nest (see [`crate::query::expression_depth`]).
 const MAX_COMPUTED_DEPTH: usize = 64;
 
+/// The most a computed column's function call, or a constant copied to every row of a batch,
+/// may take: the largest `INSERT` (a batch of rows is at most an ingest body, 16 MiB, or an
+/// `INSERT` of 128 MiB).
+const COMPUTED_BYTES: usize = 128 << 20;
+
 /// Checks that a table definition's computed-column expressions compile.
 pub(crate) fn check_table_def(def: &crate::catalog::TableDef) -> Result<(), CatalogError> {
     compile_plan(def, &crate::catalog::table_columns(def)?).map(|_| ())
@@ -889,7 +893,9 @@ fn compile_plan(
     let stored_schema = crate::types::arrow_schema(columns);
     let input_schema = decoder.schema().clone();
     let mut computed = Vec::new();
-    let ctx = SessionContext::new();
+    // Functions guarded as in statements: a write key's rows must not size an allocation
+    // unchecked (`repeat(a, b)` with `b` from the rows).
+    let ctx = crate::query::guarded_context(COMPUTED_BYTES);
     let df_schema = DFSchema::try_from(input_schema.as_ref().clone())
         .map_err(|e| CatalogError::Invalid(e.to_string()))?;
     for (index, c) in def.columns.iter().enumerate() {
@@ -928,6 +934,8 @@ fn compile_plan(
                 c.name
             )));
         }
+        let expr =
+            crate::query::guarded_expression(expr, &df_schema, COMPUTED_BYTES).map_err(invalid)?;
         let expr = ctx
             .create_physical_expr(expr, &df_schema)
             .map_err(invalid)?;
@@ -1007,7 +1015,19 @@ impl IngestPlan {
                     let value = c
                         .expr
                         .evaluate(&input)
-                        .and_then(|v| v.into_array(rows))
+                        .map_err(|e| fail(e.strip_backtrace()))?;
+                    // A constant is copied to every row.
+                    if let datafusion::logical_expr::ColumnarValue::Scalar(v) = &value
+                        && v.size().saturating_mul(rows) > COMPUTED_BYTES
+                    {
+                        return Err(fail(format!(
+                            "its value takes {} bytes, {rows} times; a batch's column may take \
+                             {COMPUTED_BYTES}",
+                            v.size()
+                        )));
+                    }
+                    let value = value
+                        .into_array(rows)
                         .map_err(|e| fail(e.strip_backtrace()))?;
                     columns.push(c.values(&value)?);
                 }

@@ -160,6 +160,7 @@ pub(crate) fn status_and_code(kind: Kind) -> (StatusCode, &'static str) {
         Kind::TooComplex => (StatusCode::BAD_REQUEST, "statement_too_complex"),
         Kind::QueryFailed => (StatusCode::BAD_REQUEST, "query_error"),
         Kind::InvalidRows => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_schema"),
+        Kind::ResourcesExhausted => (StatusCode::UNPROCESSABLE_ENTITY, "resources_exhausted"),
         Kind::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
         Kind::ResultTooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "result_too_large"),
         Kind::UnsupportedMedia => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type"),

@@ -7,14 +7,24 @@
 //! plan is checked again to be free of DDL, DML and session statements, and it runs on a
 //! runtime of its own (`runtime`) whose DataFusion environment reaches only sluice's store.
 //!
+//! What a statement may cost is bounded before it is spent: each statement has a budget
+//! (`budget`: memory in the server's statement pool, a deadline, a stop flag), its plan's
+//! size is checked before it is optimized (`plan_limits`), it plans on a thread of its own
+//! that stops at checkpoints (`runtime`), and every function it calls checks what its result
+//! can take before it runs (`guard`).
+//!
 //! A table is named `db.schema.table` (DataFusion's catalog.schema.table); `scopedb.public` is
 //! the default, so `FROM events` works too.
 
+mod bounded_aggregates;
+mod budget;
 pub(crate) mod ddl;
 mod dictionary_scan;
 mod grouping;
+mod guard;
 mod json_functions;
 mod lex;
+mod plan_limits;
 mod prepare;
 mod provider;
 mod pruning;
@@ -114,6 +124,16 @@ pub enum QueryError {
     /// The statement was cancelled.
     #[error("statement cancelled")]
     Cancelled,
+    /// The statement needs more memory than it may have (`retry`: false), or than the
+    /// server's statement memory has left while other statements hold the rest (`retry`:
+    /// true). Nothing was applied.
+    #[error("resources exhausted: {message}")]
+    ResourcesExhausted {
+        /// What was asked for, and the limit.
+        message: String,
+        /// Whether the same statement may succeed once other statements end.
+        retry: bool,
+    },
 }
 
 impl QueryError {
@@ -150,6 +170,17 @@ impl From<DataFusionError> for QueryError {
                 line: 0,
                 column: 0,
             },
+            // A shape refused where DataFusion plans it (a type string nested too deep).
+            other
+                if matches!(other.find_root(), DataFusionError::External(e)
+                    if e.is::<plan_limits::TooComplex>()) =>
+            {
+                let message = match other.find_root() {
+                    DataFusionError::External(e) => e.to_string(),
+                    root => root.strip_backtrace(),
+                };
+                QueryError::TooComplex(message)
+            }
             // Table storage failing under a scan is the server's trouble, not the query's.
             DataFusionError::External(e) => match e.downcast::<TableError>() {
                 Ok(table) => QueryError::Table(*table),
@@ -166,6 +197,19 @@ impl From<DataFusionError> for QueryError {
                     store: "object store",
                     source: text.into(),
                 }))
+            }
+            // An exhausted budget, however deeply DataFusion wrapped it. (Statements classify
+            // it with their budget, which knows whether other statements hold the memory:
+            // `budget::StatementBudget::error`.)
+            other if matches!(other.find_root(), DataFusionError::ResourcesExhausted(_)) => {
+                let message = match other.find_root() {
+                    DataFusionError::ResourcesExhausted(m) => m.clone(),
+                    root => root.strip_backtrace(),
+                };
+                QueryError::ResourcesExhausted {
+                    message,
+                    retry: false,
+                }
             }
             // DataFusion wraps our own errors as External; surface the message cleanly.
             other => QueryError::Query(other.strip_backtrace()),
@@ -392,15 +436,34 @@ pub(crate) fn qualify(name: &[String]) -> Result<(String, String, String), Query
     }
 }
 
-/// The session statements start from (see [`QueryEngine::base`]).
-fn base_session(env: Arc<RuntimeEnv>) -> Result<SessionState, QueryError> {
+/// The session statements start from (see [`QueryEngine::base`]): every function guarded,
+/// a checkpoint between analyzer and optimizer rules (see [`plan_limits`]).
+fn base_session(env: Arc<RuntimeEnv>, limits: &QueryLimits) -> Result<SessionState, QueryError> {
+    use datafusion::optimizer::analyzer::{Analyzer, AnalyzerRule};
+    use datafusion::optimizer::{Optimizer, OptimizerRule};
     let config = SessionConfig::new()
         .with_default_catalog_and_schema(DEFAULT_DATABASE, DEFAULT_SCHEMA)
         .with_information_schema(true);
+    let checkpoint = Arc::new(plan_limits::Checkpoint);
+    let mut analyzer: Vec<Arc<dyn AnalyzerRule + Send + Sync>> =
+        vec![Arc::new(plan_limits::CheckTypes {
+            max_value_bytes: limits.memory_bytes / guard::PLAN_CONSTANT_SHARE,
+        })];
+    analyzer.extend(plan_limits::with_checkpoints(
+        Analyzer::new().rules,
+        checkpoint.clone() as _,
+    ));
+    analyzer.push(Arc::new(plan_limits::GuardFunctions {
+        limit: limits.memory_bytes,
+    }));
+    let optimizer: Vec<Arc<dyn OptimizerRule + Send + Sync>> =
+        plan_limits::with_checkpoints(Optimizer::new().rules, checkpoint as _);
     let state = SessionStateBuilder::new()
         .with_config(config)
         .with_runtime_env(env)
         .with_default_features()
+        .with_analyzer_rules(analyzer)
+        .with_optimizer_rules(optimizer)
         .with_physical_optimizer_rule(Arc::new(topn::UnionTopN))
         // After `UnionTopN`, which looks for a union right under the sort.
         .with_physical_optimizer_rule(Arc::new(topn::BatchTopN))
@@ -413,7 +476,35 @@ fn base_session(env: Arc<RuntimeEnv>) -> Result<SessionState, QueryError> {
     // v['k'] in ScopeQL, and json_get* in SQL.
     json_functions::register(&mut ctx)?;
     time_functions::register(&mut ctx);
+    guard::guard_functions(&mut ctx, limits.memory_bytes);
+    bounded_aggregates::register(&mut ctx, limits.memory_bytes);
     Ok(ctx.state())
+}
+
+/// A DataFusion context for expressions evaluated outside statements (computed columns):
+/// DataFusion's functions, guarded with `limit` bytes per call (see [`guard`]).
+pub(crate) fn guarded_context(limit: usize) -> SessionContext {
+    let mut ctx = SessionContext::new();
+    guard::guard_functions(&mut ctx, limit);
+    ctx
+}
+
+/// `expr` over `schema`, with its functions guarded and its string operators rewritten into
+/// guarded functions (see [`guard`]), with `limit` bytes per call.
+pub(crate) fn guarded_expression(
+    expr: datafusion::logical_expr::Expr,
+    schema: &datafusion::common::DFSchema,
+    limit: usize,
+) -> Result<datafusion::logical_expr::Expr, DataFusionError> {
+    guard::guard_expression(expr, schema, limit)
+}
+
+/// The session statements start from, for tests that look at the engine's registry.
+#[cfg(test)]
+pub(crate) fn testing_session(limits: QueryLimits) -> SessionState {
+    let store: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let env = runtime::runtime_env(provider::STORE_URL, store, &limits).unwrap();
+    base_session(env, &limits).unwrap()
 }
 
 /// Runs read-only queries against one sluice database.
@@ -431,6 +522,8 @@ pub(crate) struct QueryEngine {
     sessions: Arc<sessions::Sessions>,
     runtime: Arc<StatementRuntime>,
     limits: QueryLimits,
+    /// The server's statement memory, which each statement's budget draws from.
+    memory: Arc<dyn datafusion::execution::memory_pool::MemoryPool>,
 }
 
 /// What a query's plan may contain: no DDL, no DML (`INSERT`, `COPY`), no session
@@ -453,7 +546,8 @@ impl QueryEngine {
         let env = runtime::runtime_env(provider::STORE_URL, storage.store().clone(), &limits)?;
         let runtime = StatementRuntime::new()
             .map_err(|e| QueryError::Query(format!("cannot start the query runtime: {e}")))?;
-        let base = Arc::new(base_session(env)?);
+        let memory = Arc::clone(&env.memory_pool);
+        let base = Arc::new(base_session(env, &limits)?);
         Ok(QueryEngine {
             catalog,
             tables,
@@ -461,6 +555,7 @@ impl QueryEngine {
             sessions: Arc::new(sessions::Sessions::default()),
             runtime: Arc::new(runtime),
             limits,
+            memory,
         })
     }
 
@@ -531,69 +626,160 @@ impl QueryEngine {
         Ok(session)
     }
 
-    /// Runs a read-only query to completion, within the statement limits.
+    /// Runs a read-only query to completion, within the statement limits: its budget
+    /// (memory, deadline) and its plan's caps (see the module docs).
     pub(crate) async fn query(
         &self,
         statement: DfStatement,
     ) -> Result<StatementOutput, QueryError> {
         let engine = self.clone();
         let timeout = self.limits.timeout;
+        let budget = budget::StatementBudget::new(&self.memory, self.limits.memory_bytes, timeout);
         let run = async move {
-            match tokio::time::timeout(timeout, engine.query_inner(statement)).await {
+            // Whatever ends this (an answer, the timeout, a cancel that drops it) stops the
+            // statement's planning thread and returns its memory.
+            let _stop = budget::StopOnDrop(Arc::clone(&budget));
+            match tokio::time::timeout(timeout, engine.query_inner(statement, &budget)).await {
                 Ok(result) => result,
-                Err(_) => Err(QueryError::Timeout(timeout.as_secs())),
+                Err(_) => {
+                    budget.time_out();
+                    Err(QueryError::Timeout(timeout.as_secs()))
+                }
             }
         };
         self.runtime.run(run).await.map_err(QueryError::Query)?
     }
 
-    async fn query_inner(&self, statement: DfStatement) -> Result<StatementOutput, QueryError> {
+    async fn query_inner(
+        &self,
+        statement: DfStatement,
+        budget: &Arc<budget::StatementBudget>,
+    ) -> Result<StatementOutput, QueryError> {
         let session = self.session().await?;
-        let state = session.state();
-        let plan = match session.plan(&statement) {
-            Some(plan) => plan,
-            None => {
-                let planned = state.statement_to_plan(statement.clone()).await?;
-                read_only().verify_plan(&planned)?;
-                let plan = sessions::ReusedPlan {
-                    optimized: state.optimize(&planned)?,
-                    schema: Arc::new(planned.schema().as_arrow().clone()),
-                };
-                session.keep(&statement, &planned, &plan);
-                plan
+        let state = session.state(budget);
+        let kept = session.plan(&statement);
+        let planning = {
+            let budget = Arc::clone(budget);
+            move |handle: &tokio::runtime::Handle| {
+                plan(handle, session, state, statement, kept, &budget)
             }
         };
-        // What `SessionState::create_physical_plan` does after optimizing.
-        let physical = state
-            .query_planner()
-            .create_physical_plan(&plan.optimized, &state)
-            .await?;
-        let mut stream = execute_stream(physical, Arc::new(TaskContext::from(&state)))?;
+        let (state, plan, physical) = match self.runtime.plan(planning).await {
+            Ok(planned) => planned?,
+            Err(runtime::PlanThreadError::NoThread(message)) => {
+                return Err(QueryError::ResourcesExhausted {
+                    message,
+                    retry: true,
+                });
+            }
+            Err(runtime::PlanThreadError::Panicked) => {
+                return Err(QueryError::Panicked { wrote: false });
+            }
+        };
+        let task = TaskContext::from(&state).with_runtime(runtime::statement_env(
+            state.runtime_env(),
+            Arc::clone(budget.pool()),
+        ));
+        let result = self.collect(physical, Arc::new(task), plan.schema).await;
+        result.map_err(|e| match e {
+            Collected::DataFusion(e) => budget.error(e),
+            Collected::Query(e) => e,
+        })
+    }
+
+    /// Runs `physical` and gathers its rows, within the result limits.
+    async fn collect(
+        &self,
+        physical: Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+        task: Arc<TaskContext>,
+        schema: SchemaRef,
+    ) -> Result<StatementOutput, Collected> {
+        let mut stream = execute_stream(physical, task).map_err(Collected::DataFusion)?;
         let mut batches = Vec::new();
         let (mut rows, mut bytes) = (0usize, 0usize);
         while let Some(batch) = stream.next().await {
-            let batch = batch?;
+            let batch = batch.map_err(Collected::DataFusion)?;
             rows += batch.num_rows();
             bytes += rendered_bytes(&batch);
             if rows > self.limits.max_result_rows {
-                return Err(QueryError::ResultTooLarge {
+                return Err(Collected::Query(QueryError::ResultTooLarge {
                     limit: self.limits.max_result_rows,
                     unit: "rows",
-                });
+                }));
             }
             if bytes > self.limits.max_result_bytes {
-                return Err(QueryError::ResultTooLarge {
+                return Err(Collected::Query(QueryError::ResultTooLarge {
                     limit: self.limits.max_result_bytes,
                     unit: "bytes",
-                });
+                }));
             }
             batches.push(batch);
         }
-        Ok(StatementOutput {
-            schema: plan.schema,
-            batches,
-        })
+        Ok(StatementOutput { schema, batches })
     }
+}
+
+/// Why gathering a result failed: DataFusion's error (classified by the statement's
+/// budget), or a limit of sluice's.
+enum Collected {
+    DataFusion(DataFusionError),
+    Query(QueryError),
+}
+
+/// What planning answers: the state the statement runs in, its plan and its physical plan.
+type Planned = (
+    SessionState,
+    sessions::ReusedPlan,
+    Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+);
+
+/// Plans `statement` (on its planning thread; `handle` waits for the asynchronous parts):
+/// SQL to a logical plan, whose size is checked and charged before it is analyzed and
+/// optimized (unless `kept` is its plan from before), its constants charged, then the
+/// physical plan.
+fn plan(
+    handle: &tokio::runtime::Handle,
+    session: Arc<sessions::CatalogSession>,
+    state: SessionState,
+    statement: DfStatement,
+    kept: Option<sessions::ReusedPlan>,
+    budget: &budget::StatementBudget,
+) -> Result<Planned, QueryError> {
+    let fail = |e: DataFusionError| budget.error(e);
+    let plan = match kept {
+        Some(plan) => plan,
+        None => {
+            let planned = handle
+                .block_on(state.statement_to_plan(statement.clone()))
+                .map_err(fail)?;
+            let size = plan_limits::check_size(&planned)?;
+            budget.hold(size.bytes()).map_err(fail)?;
+            read_only().verify_plan(&planned).map_err(fail)?;
+            let optimized = state.optimize(&planned).map_err(fail)?;
+            plan_limits::check_size(&optimized)?;
+            let plan = sessions::ReusedPlan {
+                optimized,
+                schema: Arc::new(planned.schema().as_arrow().clone()),
+            };
+            session.keep(&statement, &planned, &plan);
+            plan
+        }
+    };
+    let batch_size = state.config().batch_size();
+    let constants = plan_limits::broadcast_bytes(&plan.optimized, batch_size);
+    budget
+        .hold(usize::try_from(constants).unwrap_or(usize::MAX))
+        .map_err(fail)?;
+    budget.checkpoint().map_err(fail)?;
+    // What `SessionState::create_physical_plan` does after optimizing.
+    let physical = handle
+        .block_on(
+            state
+                .query_planner()
+                .create_physical_plan(&plan.optimized, &state),
+        )
+        .map_err(fail)?;
+    Ok((state, plan, physical))
 }
 
 #[cfg(test)]

@@ -14,7 +14,9 @@
 //!
 //! Before either parser sees a statement, [`check_size`] bounds its length and the depth of
 //! the expressions it can build, so that no parser, planner or destructor recursing on it
-//! can exhaust a thread's stack.
+//! can exhaust a thread's stack. Once parsed, a SQL statement whose common table expressions
+//! expand past what may be planned is refused ([`super::plan_limits::check_expansion`]): SQL
+//! planning would take exponential time on it.
 
 use datafusion::sql::parser::{DFParserBuilder, Statement as DfStatement};
 use datafusion::sql::sqlparser::ast::{
@@ -133,7 +135,9 @@ pub(crate) fn prepare(text: &str) -> Result<Prepared, QueryError> {
         // to the same depth as SQL.
         let sql = pipeline.to_sql();
         check_size(&sql)?;
-        let source = Box::new(parse_one_sql(&sql)?);
+        let source = parse_one_sql(&sql)?;
+        super::plan_limits::check_expansion(&source)?;
+        let source = Box::new(source);
         return Ok(match pipeline.insert_into {
             Some(table) => Prepared::Insert(Insert {
                 table,
@@ -143,7 +147,11 @@ pub(crate) fn prepare(text: &str) -> Result<Prepared, QueryError> {
             None => Prepared::Query(source),
         });
     }
-    classify(parse_one_sql(text)?)
+    let statement = parse_one_sql(text)?;
+    // Common table expressions that expand past what may be planned are refused here, before
+    // SQL planning, which walks every copy.
+    super::plan_limits::check_expansion(&statement)?;
+    classify(statement)
 }
 
 /// Parses exactly one SQL statement with DataFusion's parser.
@@ -362,7 +370,7 @@ fn statement_kind(statement: &SqlStatement) -> String {
 /// An identifier as DataFusion resolves it: unquoted ones are folded to ASCII lower case (as
 /// DataFusion folds them: `K`, the Kelvin sign, stays), quoted ones kept as written, so an
 /// `INSERT` names the same table and columns its source would.
-fn normalized(ident: &Ident) -> String {
+pub(super) fn normalized(ident: &Ident) -> String {
     if ident.quote_style.is_some() {
         ident.value.clone()
     } else {

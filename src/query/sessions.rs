@@ -160,9 +160,15 @@ impl CatalogSession {
         }
     }
 
-    /// The state a statement starts from: a clone, marked as starting now (`now()`).
-    pub(super) fn state(&self) -> SessionState {
+    /// The state a statement starts from: a clone that carries the statement's budget
+    /// (to its functions and rules), marked as starting now (`now()`).
+    pub(super) fn state(&self, budget: &Arc<super::budget::StatementBudget>) -> SessionState {
         let mut state = self.state.clone();
+        state
+            .config_mut()
+            .options_mut()
+            .extensions
+            .insert(super::budget::BudgetOption(Arc::clone(budget)));
         state.mark_start_execution();
         state
     }
@@ -375,11 +381,10 @@ mod tests {
     async fn planned(session: &CatalogSession, sql: &str) -> (DfStatement, LogicalPlan) {
         let mut parsed = DFParser::parse_sql(sql).unwrap();
         let statement = parsed.pop_front().unwrap();
-        let plan = session
-            .state()
-            .statement_to_plan(statement.clone())
-            .await
-            .unwrap();
+        // As a statement's state is: started now (`now()` is folded while planning).
+        let mut state = session.state.clone();
+        state.mark_start_execution();
+        let plan = state.statement_to_plan(statement.clone()).await.unwrap();
         (statement, plan)
     }
 
@@ -447,7 +452,7 @@ mod tests {
     async fn optimized(s: &CatalogSession, sql: &str) -> (DfStatement, LogicalPlan, ReusedPlan) {
         let (statement, planned) = planned(s, sql).await;
         let plan = ReusedPlan {
-            optimized: s.state().optimize(&planned).unwrap(),
+            optimized: s.state.optimize(&planned).unwrap(),
             schema: Arc::new(planned.schema().as_arrow().clone()),
         };
         (statement, planned, plan)

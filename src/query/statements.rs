@@ -11,8 +11,9 @@
 //!
 //! A statement belongs to the key that submitted it (its *owner*): ids live in one namespace
 //! per owner, so another key can neither read, cancel nor take over a statement by naming
-//! its id. What is kept is bounded: running statements by count, finished ones by count,
-//! by the bytes of their results and by age ([`StatementLimits`]).
+//! its id. What is kept is bounded: running statements by count (and one owner's to a
+//! quarter of them, so that one key cannot hold every slot), finished ones by count, by the
+//! bytes of their results and by age ([`StatementLimits`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -25,7 +26,8 @@ use super::{QueryError, StatementOutput};
 /// Bounds on the statements a server keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StatementLimits {
-    /// Statements running at once; past it a submit is refused (retry later).
+    /// Statements running at once; past it a submit is refused (retry later). One owner
+    /// (key) may run a quarter of them ([`StatementLimits::max_running_per_owner`]).
     pub max_running: usize,
     /// Finished statements kept for fetching; the oldest are forgotten first.
     pub max_retained: usize,
@@ -43,6 +45,14 @@ impl Default for StatementLimits {
             max_retained_bytes: 256 << 20,
             retention: Duration::from_secs(15 * 60),
         }
+    }
+}
+
+impl StatementLimits {
+    /// Statements one owner may run at once: a quarter of [`Self::max_running`] (at least
+    /// one), so that statements of one key that run long leave room for other keys'.
+    pub fn max_running_per_owner(&self) -> usize {
+        self.max_running.div_ceil(4).max(1)
     }
 }
 
@@ -176,6 +186,12 @@ pub(crate) enum SubmitError {
     /// As many statements as allowed are running.
     #[error("{0} statements are running, the most this server runs at once; retry shortly")]
     Busy(usize),
+    /// As many statements of this owner as one owner may run are running.
+    #[error(
+        "{0} statements of this key are running, the most one key runs at once; retry \
+         shortly"
+    )]
+    OwnerBusy(usize),
 }
 
 /// Who a statement belongs to: an opaque name of the key that submitted it.
@@ -216,6 +232,13 @@ struct OwnerKept {
     /// Finished statements kept, and the bytes of their results.
     finished: usize,
     bytes: usize,
+}
+
+impl OwnerKept {
+    /// The owner's statements still running.
+    fn running(&self) -> usize {
+        self.by_id.len() - self.finished
+    }
 }
 
 #[derive(Debug)]
@@ -375,6 +398,14 @@ impl Statements {
         if retained.running >= self.limits.max_running {
             return Err(SubmitError::Busy(self.limits.max_running));
         }
+        let per_owner = self.limits.max_running_per_owner();
+        if retained
+            .by_owner
+            .get(owner)
+            .is_some_and(|k| k.running() >= per_owner)
+        {
+            return Err(SubmitError::OwnerBusy(per_owner));
+        }
         let (state, _) = watch::channel(StatementState::Running);
         let statement = Arc::new(Statement {
             id,
@@ -517,15 +548,19 @@ mod tests {
         assert!(statements.kept().0 <= 3, "{:?}", statements.kept());
         // The reader's flood pushed out its own statements, not the admin's.
         assert!(statements.get(&owner("admin"), "s1").is_some());
-        // Running statements are capped.
         let forever = || async {
             std::future::pending::<()>().await;
             Ok(StatementOutput::text("x", Vec::new()))
         };
-        statements.submit(&owner("r"), None, forever()).unwrap();
+        // Running statements are capped, one owner's to a quarter of them (at least one).
         statements.submit(&owner("r"), None, forever()).unwrap();
         assert_eq!(
             statements.submit(&owner("r"), None, forever()).unwrap_err(),
+            SubmitError::OwnerBusy(1)
+        );
+        statements.submit(&owner("w"), None, forever()).unwrap();
+        assert_eq!(
+            statements.submit(&owner("x"), None, forever()).unwrap_err(),
             SubmitError::Busy(2)
         );
     }

@@ -12,6 +12,7 @@ mod contracts;
 mod crash;
 mod decoder;
 mod durability;
+mod hostile;
 mod iceberg;
 mod log;
 mod metrics;

@@ -259,6 +259,23 @@ impl Server {
     pub fn alive(&mut self) -> bool {
         self.child.try_wait().unwrap().is_none()
     }
+
+    /// A field of the process's `/proc/PID/status` in bytes (`VmRSS`, `VmHWM`: its resident
+    /// memory now, and at its peak).
+    pub fn memory(&self, field: &str) -> u64 {
+        process_memory(self.child.id(), field).unwrap_or_else(|| panic!("no {field}"))
+    }
+}
+
+/// A memory field of process `pid`'s `/proc/PID/status` in bytes (`VmRSS`, `VmHWM`); `None`
+/// once the process is gone.
+pub fn process_memory(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status
+        .lines()
+        .find(|l| l.starts_with(&format!("{field}:")))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 impl Drop for Server {

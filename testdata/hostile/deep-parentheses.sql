@@ -1,0 +1,3 @@
+-- Expressions nested past the depth limit.
+-- expect: statement_too_complex
+SELECT {{5000*(}}1{{5000*)}}
