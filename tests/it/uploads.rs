@@ -437,11 +437,13 @@ async fn idle_producers_expire_and_byte_budgets_hold() {
     // The junk producers were idle past the expiry: a new producer gets in.
     let (status, _) = produce(&client, &base, "junk", "late", 0).await;
     assert_eq!(status, 200);
-    // A forgotten producer is new again: a retry of a later sequence is a gap (409,
-    // expecting 0), never appended a second time.
-    let (status, headers) = produce(&client, &base, "junk", "j1", 1).await;
+    // An expired producer is retired, not forgotten: a retry of the append it made is a
+    // duplicate (204), never appended a second time, and a skipped sequence is a gap.
+    let (status, _) = produce(&client, &base, "junk", "j1", 0).await;
+    assert_eq!(status, 204);
+    let (status, headers) = produce(&client, &base, "junk", "j1", 2).await;
     assert_eq!(status, 409);
-    assert_eq!(headers["producer-expected-seq"], "0");
+    assert_eq!(headers["producer-expected-seq"], "1");
     // The producer budget: 4 KiB holds a few more entries, then 503 with Retry-After.
     let mut refused = None;
     for i in 0..10 {
@@ -493,5 +495,18 @@ async fn idle_producers_expire_and_byte_budgets_hold() {
     assert_eq!(produce(&client, &base, "other", "live", seq).await.0, 204);
     let after = common::metric(&client, &base, "sluice_stream_producer_bytes").await;
     assert!(after > 0.0 && after <= 4096.0, "{after}");
-    assert_eq!(produce(&client, &base, "junk", "j2", 1).await.0, 409);
+    // Retired producers are kept across the restart too: still a duplicate, and the
+    // stream holds each junk append once.
+    assert_eq!(produce(&client, &base, "junk", "j2", 0).await.0, 204);
+    let body = client
+        .get(format!("{base}/v1/stream/junk?offset=-1"))
+        .send()
+        .await
+        .expect("read")
+        .text()
+        .await
+        .expect("body");
+    for i in 0..5 {
+        assert_eq!(body.matches(&format!("j{i}:0;")).count(), 1, "{body}");
+    }
 }
