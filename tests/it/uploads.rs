@@ -510,3 +510,68 @@ async fn idle_producers_expire_and_byte_budgets_hold() {
         assert_eq!(body.matches(&format!("j{i}:0;")).count(), 1, "{body}");
     }
 }
+
+/// The resident memory of process `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("status")
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// Opens a connection and sends a request head that grows to `bytes` and never ends; the
+/// connection is returned open (or closed by the server).
+fn unfinished_header(addr: SocketAddr, bytes: usize) -> std::net::TcpStream {
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_write_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let _ = s.write_all(b"GET /v1/health HTTP/1.1\r\nHost: localhost\r\nX-Pad: ");
+    let piece = vec![b'a'; 8 << 10];
+    let mut sent = 0;
+    while sent < bytes && s.write_all(&piece).is_ok() {
+        sent += piece.len();
+    }
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unfinished_header_is_refused_before_it_is_buffered() {
+    let server = Server::start("header-buffer", &[], "");
+    let (at, pid) = (addr(&server), server.child.id());
+    let base = server.base.clone();
+    let said = tokio::task::spawn_blocking(move || {
+        // One: refused (431) or closed long before its header timeout (30 s).
+        let mut s = unfinished_header(at, 400 << 10);
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let mut said = Vec::new();
+        let _ = s.read_to_end(&mut said);
+        String::from_utf8_lossy(&said).into_owned()
+    })
+    .await
+    .expect("join");
+    assert!(
+        said.is_empty() || said.starts_with("HTTP/1.1 431"),
+        "an unfinished 400 KB header was kept: {said:?}"
+    );
+    // Many: the server does not buffer them (hyper's default would keep ~400 KB each).
+    let before = rss_kib(pid);
+    let open = tokio::task::spawn_blocking(move || {
+        (0..200)
+            .map(|_| unfinished_header(at, 400 << 10))
+            .collect::<Vec<_>>()
+    })
+    .await
+    .expect("join");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let grown = rss_kib(pid).saturating_sub(before);
+    println!("RSS grew by {grown} KiB with 200 unfinished 400 KB headers");
+    assert!(grown < 30 << 10, "RSS grew by {grown} KiB");
+    let r = reqwest::get(format!("{base}/v1/health"))
+        .await
+        .expect("health");
+    assert_eq!(r.status(), 200);
+    drop(open);
+}
