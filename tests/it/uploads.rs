@@ -575,3 +575,83 @@ async fn an_unfinished_header_is_refused_before_it_is_buffered() {
     assert_eq!(r.status(), 200);
     drop(open);
 }
+
+/// A body to `path` (JSON, declared twice as long) that sends `sent` bytes at once and then
+/// nothing: what the server answered, and when.
+fn hold_json(
+    addr: SocketAddr,
+    key: &str,
+    path: &str,
+    sent: usize,
+) -> std::thread::JoinHandle<(String, Duration)> {
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {key}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        sent * 2
+    );
+    std::thread::spawn(move || {
+        let mut s = std::net::TcpStream::connect(addr).expect("connect");
+        s.write_all(head.as_bytes()).expect("head");
+        s.write_all(&vec![b' '; sent]).expect("body");
+        let started = Instant::now();
+        s.set_read_timeout(Some(Duration::from_secs(60)))
+            .expect("timeout");
+        let mut said = String::new();
+        let _ = s.read_to_string(&mut said);
+        (said, started.elapsed())
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_key_holding_statement_bodies_stalls_no_one() {
+    // A 2 MiB budget, 2 s of waiting, a pace of 1 KiB/s, bodies time out after 60 s.
+    let config = "ingest_inflight_bytes = 2097152\ningest_admission_timeout_seconds = 2\n\
+                  min_body_bytes_per_second = 1024\nrequest_body_timeout_seconds = 60\n";
+    let server = Server::start(
+        "statement-bodies",
+        &[
+            "--api-key",
+            "admin=a-key",
+            "--api-key",
+            "read=r1",
+            "--api-key",
+            "write=w1",
+        ],
+        config,
+    );
+    let base = server.base.clone();
+    let client = reqwest::Client::new();
+    create_events(&client, &base, Some("a-key")).await;
+    let at = addr(&server);
+    // The read key sends 1.5 MiB of two statement bodies each and goes quiet: it holds its
+    // share (1 MiB) at most, never the whole budget.
+    let hogs: Vec<_> = (0..2)
+        .map(|_| hold_json(at, "r1", "/v1/statements", 1536 << 10))
+        .collect();
+    wait_held(&client, &base, f64::from(1 << 20)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held = common::metric(&client, &base, "sluice_request_body_bytes_held").await;
+    println!("a read key's two stalled statement bodies hold {held} bytes");
+    assert!(held <= f64::from(1 << 20), "{held}");
+    // Another key's ingest is answered at once.
+    let (status, took) = one_row(&client, &base, Some("w1")).await;
+    println!("another key's ingest beside them: {status} in {took:?}");
+    assert_eq!(status, 200);
+    assert!(took < Duration::from_secs(2), "waited {took:?}");
+    // Sending much at once banks no time: quiet past the grace, the bodies are cut (408,
+    // or 503 for the one that found no room in the key's share) long before their timeout.
+    for h in hogs {
+        let (said, took) = tokio::task::spawn_blocking(move || h.join().expect("hold"))
+            .await
+            .expect("join");
+        println!(
+            "stalled body answered after {took:?}: {}",
+            said.lines().next().unwrap_or("")
+        );
+        assert!(
+            said.starts_with("HTTP/1.1 408") || said.starts_with("HTTP/1.1 503"),
+            "{said}"
+        );
+        assert!(took < Duration::from_secs(25), "held for {took:?}");
+    }
+}
