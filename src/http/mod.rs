@@ -30,7 +30,7 @@ use crate::db::Database;
 use crate::metrics::{Metrics, RequestLabels, RouteLabels};
 use crate::query::statements::{Owner, StatementLimits, Statements};
 pub(crate) use error::ApiError;
-pub use listener::{LimitedListener, LimitedStream};
+pub use listener::{ConnectionLimits, LimitedListener, LimitedStream};
 pub use serve::serve;
 pub use streams::format_offset;
 pub(crate) use subscriptions::SubscriptionLimits;

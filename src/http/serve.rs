@@ -1,7 +1,8 @@
 //! The server loop: HTTP/1.1 connections from a [`LimitedListener`], each with a deadline for
 //! its request headers (so a client that sends headers slowly, or nothing at all, cannot hold a
 //! connection and its slot), a read buffer bounded near the header limit (so an unfinished
-//! head costs at most that), and a graceful shutdown that lets open requests finish.
+//! head costs at most that), and a graceful shutdown that lets open requests finish within a
+//! bound.
 
 use std::future::Future;
 use std::time::Duration;
@@ -23,11 +24,12 @@ const READ_BUFFER_SLACK: usize = 16 << 10;
 const MAX_HEADERS: usize = 100;
 
 /// Serves `app` until `shutdown` resolves, then waits for open connections to finish their
-/// requests.
+/// requests, at most `drain` (connections still open then are dropped).
 pub async fn serve(
     mut listener: LimitedListener,
     app: Router,
     header_timeout: Duration,
+    drain: Duration,
     shutdown: impl Future<Output = ()>,
 ) {
     let graceful = GracefulShutdown::new();
@@ -54,5 +56,13 @@ pub async fn serve(
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    if tokio::time::timeout(drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            ?drain,
+            "shutdown: connections still open after the drain timeout are dropped"
+        );
+    }
 }

@@ -655,3 +655,78 @@ async fn a_read_key_holding_statement_bodies_stalls_no_one() {
         assert!(took < Duration::from_secs(25), "held for {took:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_its_answer_is_cut_off() {
+    let config = "response_write_timeout_seconds = 2\n";
+    let server = Server::start("slow-reader", &[], config);
+    let base = server.base.clone();
+    let client = reqwest::Client::new();
+    let r = client
+        .put(format!("{base}/v1/stream/big"))
+        .header("content-type", "application/octet-stream")
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(r.status(), 201);
+    for _ in 0..8 {
+        let r = client
+            .post(format!("{base}/v1/stream/big"))
+            .header("content-type", "application/octet-stream")
+            .body(vec![b'x'; 1 << 20])
+            .send()
+            .await
+            .expect("append");
+        assert!(r.status().is_success());
+    }
+    let at = addr(&server);
+    let received = tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(at).expect("connect");
+        s.write_all(b"GET /v1/stream/big?offset=-1 HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .expect("request");
+        // Read nothing for longer than the write timeout, then all there is.
+        std::thread::sleep(Duration::from_secs(6));
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 64 << 10];
+        while let Ok(n) = s.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        got
+    })
+    .await
+    .expect("join");
+    println!("a client that read nothing for 6 s then got {received} bytes of an 8 MiB answer");
+    assert!(received < 8 << 20, "the whole answer waited for it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_from_one_peer_cannot_take_every_slot() {
+    let config = "max_connections = 20\nmax_connections_per_peer = 5\n";
+    let server = Server::start("peers", &[], config);
+    let at = addr(&server);
+    // 30 idle connections from 127.0.0.1: five are kept, the rest closed at once.
+    let idle: Vec<_> = (0..30)
+        .map(|_| std::net::TcpStream::connect(at).expect("connect"))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Another address on loopback is served at once.
+    let other = reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+        .timeout(Duration::from_secs(5))
+        .build()
+        .expect("client");
+    let started = Instant::now();
+    let r = other
+        .get(format!("{}/v1/health", server.base))
+        .send()
+        .await
+        .expect("health beside 30 idle connections");
+    println!("health beside 30 idle connections: {:?}", started.elapsed());
+    assert_eq!(r.status(), 200);
+    drop(idle);
+}
