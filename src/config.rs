@@ -94,8 +94,15 @@ pub struct FileConfig {
     pub request_body_timeout_seconds: Option<f64>,
     /// Most client connections open at once.
     pub max_connections: Option<usize>,
+    /// Most client connections open at once from one address.
+    pub max_connections_per_peer: Option<usize>,
     /// How long a client may take to send a request's headers, in seconds.
     pub header_timeout_seconds: Option<f64>,
+    /// How long an answer's write may make no progress (the client reads nothing) before
+    /// the connection is closed, in seconds.
+    pub response_write_timeout_seconds: Option<f64>,
+    /// How long a shutdown waits for open requests to finish, in seconds.
+    pub shutdown_timeout_seconds: Option<f64>,
     /// Host names the server answers to besides loopback, `localhost` and its listen address.
     pub allowed_hosts: Option<Vec<String>>,
     /// The URL other nodes reach this one at (stream requests are forwarded to their owner).
@@ -204,8 +211,14 @@ pub struct ServeConfig {
     pub min_body_rate: u64,
     /// Most client connections open at once.
     pub max_connections: usize,
+    /// Most client connections open at once from one address.
+    pub max_connections_per_peer: usize,
     /// How long a client may take to send a request's headers (idle keep-alive included).
     pub header_timeout: Duration,
+    /// How long an answer's write may make no progress before the connection is closed.
+    pub response_write_timeout: Duration,
+    /// How long a shutdown waits for open requests to finish.
+    pub shutdown_timeout: Duration,
     /// Which hosts and origins browsers may use.
     pub browser: BrowserPolicy,
     /// Bounds on running and kept statements.
@@ -222,6 +235,15 @@ pub(crate) const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Default connection limit.
 pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+
+/// Default for `max_connections_per_peer`: a tenth of the default connection limit.
+pub(crate) const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 1_000;
+
+/// Default for `response_write_timeout_seconds`.
+pub(crate) const DEFAULT_RESPONSE_WRITE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Default for `shutdown_timeout_seconds`.
+pub(crate) const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl ServeConfig {
     /// The effective configuration as TOML-like lines, API keys masked.
@@ -244,7 +266,9 @@ impl ServeConfig {
              ingest_inflight_bytes = {}\ningest_admission_timeout_seconds = {}\n\
              min_body_bytes_per_second = {}\n\
              long_poll_timeout_ms = {}\nstream_checkpoint_interval_seconds = {}\n\
-             request_body_timeout_seconds = {}\nmax_connections = {}\nheader_timeout_seconds = {}\n\
+             request_body_timeout_seconds = {}\nmax_connections = {}\nmax_connections_per_peer = {}\n\
+             header_timeout_seconds = {}\nresponse_write_timeout_seconds = {}\n\
+             shutdown_timeout_seconds = {}\n\
              allowed_hosts = {:?}\ncors_origins = {:?}\nwebhook_allowed_networks = {}\n\
              query_memory_bytes = {}\nstatement_timeout_seconds = {}\nmax_result_rows = {}\n\
              max_result_bytes = {}\nmax_running_statements = {}\nmax_kept_statements = {}\n\
@@ -276,7 +300,10 @@ impl ServeConfig {
             db.streams.checkpoint_interval.as_secs_f64(),
             self.body_timeout.as_secs_f64(),
             self.max_connections,
+            self.max_connections_per_peer,
             self.header_timeout.as_secs_f64(),
+            self.response_write_timeout.as_secs_f64(),
+            self.shutdown_timeout.as_secs_f64(),
             self.browser.allowed_hosts,
             self.browser.cors_origins,
             self.subscriptions.webhook_allowed_networks.len(),
@@ -628,6 +655,23 @@ impl ServeConfig {
                 }
                 None => DEFAULT_HEADER_TIMEOUT,
             },
+            max_connections_per_peer: match file.max_connections_per_peer {
+                Some(0) => {
+                    return Err(ConfigError::Invalid {
+                        name: "max_connections_per_peer",
+                        message: "must be at least 1".into(),
+                    });
+                }
+                Some(n) => n,
+                None => DEFAULT_MAX_CONNECTIONS_PER_PEER,
+            },
+            response_write_timeout: seconds(
+                "response_write_timeout_seconds",
+                file.response_write_timeout_seconds,
+            )?
+            .unwrap_or(DEFAULT_RESPONSE_WRITE_TIMEOUT),
+            shutdown_timeout: seconds("shutdown_timeout_seconds", file.shutdown_timeout_seconds)?
+                .unwrap_or(DEFAULT_SHUTDOWN_TIMEOUT),
             browser,
             statements,
             subscriptions,

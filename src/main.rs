@@ -525,7 +525,14 @@ async fn run(config: ServeConfig) -> Result<(), String> {
         .await;
     let app = router(state);
     let streams = db.streams().clone();
-    let listener = sluice::http::LimitedListener::new(listener, config.max_connections);
+    let listener = sluice::http::LimitedListener::new(
+        listener,
+        sluice::http::ConnectionLimits {
+            total: config.max_connections,
+            per_peer: config.max_connections_per_peer,
+            write_timeout: config.response_write_timeout,
+        },
+    );
     let fenced = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stopping = {
         let (db, fenced) = (db.clone(), fenced.clone());
@@ -541,7 +548,14 @@ async fn run(config: ServeConfig) -> Result<(), String> {
             streams.shutdown();
         }
     };
-    sluice::http::serve(listener, app, config.header_timeout, stopping).await;
+    sluice::http::serve(
+        listener,
+        app,
+        config.header_timeout,
+        config.shutdown_timeout,
+        stopping,
+    )
+    .await;
     tracing::info!("shutting down: flushing tables and closing the log");
     let _ = stop_tx.send(true);
     let _ = maintenance.await;

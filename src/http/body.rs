@@ -25,7 +25,7 @@ use crate::ingest::{ContentEncoding, Decompressor};
 const MAX_DRAIN_BYTES: usize = 64 << 20;
 
 /// The first step of a body buffer whose length is not declared.
-const FIRST_STEP: usize = 64 << 10;
+const FIRST_STEP: usize = 16 << 10;
 
 /// How much decompressed output is decoded (and reserved) per step.
 const DECODE_STEP: usize = 1 << 20;
@@ -34,10 +34,10 @@ const DECODE_STEP: usize = 1 << 20;
 /// holds in `reservation` as it comes (see the module docs).
 ///
 /// The buffer grows to the next step before the bytes that need it are copied: the declared
-/// length at once when enough of it already arrived to make that the next step, else by
-/// doubling (from [`FIRST_STEP`]), never past the declared length or the limit. So a body
-/// holds at most twice what it sent, and a declared body ends in a buffer of its exact
-/// size.
+/// length at once when enough of it already arrived to make that the next step, else by a
+/// quarter (from [`FIRST_STEP`]), never past the declared length or the limit. So a body
+/// holds (and reserves) at most a quarter more than it sent, or [`FIRST_STEP`], and a
+/// declared body ends in a buffer of its exact size.
 ///
 /// Past the limit the rest of the body, up to [`MAX_DRAIN_BYTES`] more (and at most its
 /// limit's worth), is read and dropped before the 413 goes out, holding nothing: a client
@@ -84,7 +84,7 @@ pub(super) async fn read_body(
         }
         if needed > read.capacity() {
             let step = needed
-                .max(read.capacity().saturating_mul(2))
+                .max(read.capacity().saturating_add(read.capacity() / 4))
                 .max(FIRST_STEP)
                 .min(ceiling.max(needed));
             reservation

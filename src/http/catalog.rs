@@ -68,7 +68,7 @@ pub(super) async fn put_root(
     body: axum::body::Body,
 ) -> Result<Response, ApiError> {
     let body: serde_json::Value =
-        super::read_json(&state, &headers, body, "a JSON definition").await?;
+        super::read_json(&state, None, &headers, body, "a JSON definition").await?;
     write(&state, CatalogPath::Root, &headers, params, Some(body)).await
 }
 
@@ -87,7 +87,7 @@ pub(super) async fn put_database(
     body: axum::body::Body,
 ) -> Result<Response, ApiError> {
     let body: serde_json::Value =
-        super::read_json(&state, &headers, body, "a JSON definition").await?;
+        super::read_json(&state, None, &headers, body, "a JSON definition").await?;
     write(
         &state,
         CatalogPath::Database(db),
@@ -122,7 +122,7 @@ pub(super) async fn put_schema(
     body: axum::body::Body,
 ) -> Result<Response, ApiError> {
     let body: serde_json::Value =
-        super::read_json(&state, &headers, body, "a JSON definition").await?;
+        super::read_json(&state, None, &headers, body, "a JSON definition").await?;
     write(
         &state,
         CatalogPath::Schema(db, schema),
@@ -164,7 +164,7 @@ pub(super) async fn put_table(
     body: axum::body::Body,
 ) -> Result<Response, ApiError> {
     let body: serde_json::Value =
-        super::read_json(&state, &headers, body, "a JSON definition").await?;
+        super::read_json(&state, None, &headers, body, "a JSON definition").await?;
     write(
         &state,
         CatalogPath::Table(db, schema, table),

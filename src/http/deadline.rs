@@ -7,7 +7,9 @@
 //! found no data to the data's arrival. Time the handler spends elsewhere between reads
 //! (waiting for room in the body budget, decoding) is the server's, and a client whose
 //! bytes wait in the socket meanwhile is not blamed for it. Each byte that arrived buys
-//! `1 / min_body_bytes_per_second` more seconds.
+//! `1 / min_body_bytes_per_second` more seconds of waiting, but the credit never exceeds
+//! [`PACE_GRACE`]: a body cannot bank time by sending much at once and then go quiet for
+//! longer than the grace (every wait is judged on what arrived in about the last grace).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -47,10 +49,9 @@ struct Deadlined {
     limit: Duration,
     /// Bytes per second the body must keep up after [`PACE_GRACE`] (0: no pace).
     min_rate: u64,
-    /// Bytes that arrived.
-    received: u64,
-    /// Time spent waiting for the client, and since when it is being waited for now.
-    client_time: Duration,
+    /// How long the client may still make the server wait (at most [`PACE_GRACE`]), and
+    /// since when it is being waited for now.
+    credit: Duration,
     waiting_since: Option<Instant>,
 }
 
@@ -61,17 +62,26 @@ impl Deadlined {
         if self.min_rate == 0 {
             return (self.deadline, false);
         }
-        let earned = PACE_GRACE
-            .saturating_add(Duration::from_secs_f64(
-                self.received as f64 / self.min_rate as f64,
-            ))
-            .saturating_sub(self.client_time);
-        let paced = since.checked_add(earned).unwrap_or(self.deadline);
+        let paced = since.checked_add(self.credit).unwrap_or(self.deadline);
         if paced < self.deadline {
             (paced, true)
         } else {
             (self.deadline, false)
         }
+    }
+
+    /// Counts `bytes` that arrived after a wait of `waited`: the wait is spent, the bytes
+    /// buy time, and the credit is capped at [`PACE_GRACE`].
+    fn arrived(&mut self, waited: Duration, bytes: u64) {
+        if self.min_rate == 0 {
+            return;
+        }
+        let bought = Duration::from_secs_f64(bytes as f64 / self.min_rate as f64);
+        self.credit = self
+            .credit
+            .saturating_sub(waited)
+            .saturating_add(bought)
+            .min(PACE_GRACE);
     }
 }
 
@@ -85,14 +95,15 @@ impl http_body::Body for Deadlined {
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
-            if let Some(since) = this.waiting_since.take() {
-                this.client_time = this.client_time.saturating_add(since.elapsed());
-            }
-            if let Some(Ok(data)) = frame.as_ref().map(|f| f.as_ref().map(Frame::data_ref)) {
-                this.received = this
-                    .received
-                    .saturating_add(data.map_or(0, |d| d.len() as u64));
-            }
+            let waited = this
+                .waiting_since
+                .take()
+                .map_or(Duration::ZERO, |since| since.elapsed());
+            let bytes = match frame.as_ref().map(|f| f.as_ref().map(Frame::data_ref)) {
+                Some(Ok(Some(data))) => data.len() as u64,
+                _ => 0,
+            };
+            this.arrived(waited, bytes);
             return Poll::Ready(frame.map(|r| r.map_err(Into::into)));
         }
         let starts = this.waiting_since.is_none();
@@ -156,8 +167,7 @@ pub(super) fn body_deadline(state: &AppState, request: Request) -> Request {
             sleep: None,
             limit,
             min_rate,
-            received: 0,
-            client_time: Duration::ZERO,
+            credit: PACE_GRACE,
             waiting_since: None,
         })
     })

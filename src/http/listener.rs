@@ -1,39 +1,138 @@
-//! A connection limit: the listener accepts a new connection only while fewer than the limit
+//! Connection limits: the listener accepts a new connection only while fewer than the limit
 //! are open, so a flood of idle connections cannot exhaust the server's file descriptors or
-//! memory; past the limit, clients wait in the kernel's accept queue.
+//! memory; past the limit, clients wait in the kernel's accept queue. One peer address holds
+//! at most [`ConnectionLimits::per_peer`] of them (a connection past it is closed as soon as
+//! it is accepted), so one client cannot take every slot. A connection whose writes make no
+//! progress for [`ConnectionLimits::write_timeout`] (a client that does not read its
+//! answer) fails its write, so the request ends and gives back what its answer held.
 
+use std::collections::HashMap;
+use std::future::Future as _;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// A TCP listener that holds at most `limit` connections open.
-#[derive(Debug)]
-pub struct LimitedListener {
-    inner: TcpListener,
-    slots: Arc<Semaphore>,
+/// The limits a [`LimitedListener`] holds connections to.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    /// Connections open at once.
+    pub total: usize,
+    /// Connections open at once from one peer address.
+    pub per_peer: usize,
+    /// How long a write may make no progress before the connection fails.
+    pub write_timeout: Duration,
 }
 
-impl LimitedListener {
-    /// Wraps a bound listener.
-    pub fn new(inner: TcpListener, limit: usize) -> Self {
-        LimitedListener {
-            inner,
-            slots: Arc::new(Semaphore::new(limit.max(1))),
+impl ConnectionLimits {
+    /// `total` connections, all of which one peer may hold, writes stalled up to a minute.
+    pub fn total(total: usize) -> Self {
+        ConnectionLimits {
+            total,
+            per_peer: total,
+            write_timeout: Duration::from_secs(60),
         }
     }
 }
 
-/// An accepted connection; its slot is given back when it closes.
+/// A TCP listener that holds at most [`ConnectionLimits::total`] connections open, at most
+/// [`ConnectionLimits::per_peer`] from one address.
+#[derive(Debug)]
+pub struct LimitedListener {
+    inner: TcpListener,
+    slots: Arc<Semaphore>,
+    peers: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    limits: ConnectionLimits,
+}
+
+impl LimitedListener {
+    /// Wraps a bound listener.
+    pub fn new(inner: TcpListener, limits: ConnectionLimits) -> Self {
+        LimitedListener {
+            inner,
+            slots: Arc::new(Semaphore::new(limits.total.max(1))),
+            peers: Arc::new(Mutex::new(HashMap::new())),
+            limits,
+        }
+    }
+
+    /// Counts a connection from `ip`, unless that address holds its share already.
+    fn admit_peer(&self, ip: IpAddr) -> Option<PeerSlot> {
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        let open = peers.entry(ip).or_insert(0);
+        if *open >= self.limits.per_peer.max(1) {
+            return None;
+        }
+        *open += 1;
+        Some(PeerSlot {
+            peers: self.peers.clone(),
+            ip,
+        })
+    }
+}
+
+/// One connection counted against its peer address; uncounted when dropped. The map holds
+/// only addresses with connections open, so it is at most as large as the connection limit.
+#[derive(Debug)]
+struct PeerSlot {
+    peers: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    ip: IpAddr,
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(open) = peers.get_mut(&self.ip) {
+            *open = open.saturating_sub(1);
+            if *open == 0 {
+                peers.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// An accepted connection; its slots are given back when it closes.
 #[derive(Debug)]
 pub struct LimitedStream {
     stream: TcpStream,
     _slot: OwnedSemaphorePermit,
+    _peer: PeerSlot,
+    write_timeout: Duration,
+    /// Armed while a write waits for the client to read.
+    write_stall: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl LimitedStream {
+    /// Passes a write's result on, failing it once writes made no progress for the write
+    /// timeout.
+    fn progress<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if poll.is_ready() {
+            self.write_stall = None;
+            return poll;
+        }
+        let timeout = self.write_timeout;
+        let stall = self
+            .write_stall
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        if stall.as_mut().poll(cx).is_ready() {
+            self.write_stall = None;
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the client read nothing of its answer for {timeout:?}"),
+            )));
+        }
+        Poll::Pending
+    }
 }
 
 impl axum::serve::Listener for LimitedListener {
@@ -50,11 +149,19 @@ impl axum::serve::Listener for LimitedListener {
         loop {
             match self.inner.accept().await {
                 Ok((stream, addr)) => {
+                    // A peer past its share: closed at once, its slot kept for another.
+                    let Some(peer) = self.admit_peer(addr.ip()) else {
+                        drop(stream);
+                        continue;
+                    };
                     let _ = stream.set_nodelay(true);
                     return (
                         LimitedStream {
                             stream,
                             _slot: slot,
+                            _peer: peer,
+                            write_timeout: self.limits.write_timeout,
+                            write_stall: None,
                         },
                         addr,
                     );
@@ -89,11 +196,13 @@ impl AsyncWrite for LimitedStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        let poll = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.progress(cx, poll)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
+        let poll = Pin::new(&mut self.stream).poll_flush(cx);
+        self.progress(cx, poll)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -105,7 +214,8 @@ impl AsyncWrite for LimitedStream {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        let poll = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.progress(cx, poll)
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -30,7 +30,7 @@ use crate::db::Database;
 use crate::metrics::{Metrics, RequestLabels, RouteLabels};
 use crate::query::statements::{Owner, StatementLimits, Statements};
 pub(crate) use error::ApiError;
-pub use listener::{LimitedListener, LimitedStream};
+pub use listener::{ConnectionLimits, LimitedListener, LimitedStream};
 pub use serve::serve;
 pub use streams::format_offset;
 pub(crate) use subscriptions::SubscriptionLimits;
@@ -200,9 +200,11 @@ pub(crate) fn not_json() -> ApiError {
 
 /// Reads a JSON request body, undoing its `Content-Encoding` (clients compress statements and
 /// catalog definitions too), within [`MAX_JSON_BODY_BYTES`] and the request-body budget
-/// (held while the body is read, decoded and parsed).
+/// (held while the body is read, decoded and parsed), under the share of `owner` (the
+/// request's key, [`body_owner`]) where it has one.
 pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
     state: &AppState,
+    owner: Option<&Owner>,
     headers: &axum::http::HeaderMap,
     body: axum::body::Body,
     expected: &str,
@@ -211,7 +213,7 @@ pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
         return Err(not_json());
     }
     let encoding = ingest::encoding(headers)?;
-    let mut reservation = state.db.body_reservation(None);
+    let mut reservation = state.db.body_reservation(owner);
     let raw = body::read_body(body, MAX_JSON_BODY_BYTES, &mut reservation).await?;
     let plain = body::decode_body(raw, encoding, MAX_JSON_BODY_BYTES, &mut reservation).await?;
     serde_json::from_slice(&plain)

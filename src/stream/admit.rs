@@ -56,7 +56,12 @@ impl Pending {
             let tail = self.tail;
             self.producers
                 .entry(p.id.clone())
-                .or_insert_with(|| applied.producers.get(&p.id).cloned().unwrap_or_default())
+                .or_insert_with(|| {
+                    applied
+                        .standing(&p.id)
+                        .map(std::borrow::Cow::into_owned)
+                        .unwrap_or_default()
+                })
                 .record(p, tail);
         }
         if let Some(seq) = stream_seq {
@@ -100,6 +105,15 @@ impl View<'_> {
         self.pending
             .and_then(|p| p.producers.get(id))
             .or_else(|| self.applied.producers.get(id))
+    }
+
+    /// What a producer's tuple is checked against: its entry, or what is kept of it if it
+    /// expired.
+    fn standing(&self, id: &str) -> Option<std::borrow::Cow<'_, ProducerState>> {
+        match self.producer(id) {
+            Some(state) => Some(std::borrow::Cow::Borrowed(state)),
+            None => self.applied.standing(id),
+        }
     }
 
     /// How many producers the stream has, counting those only appends in flight name.
@@ -165,7 +179,7 @@ pub(super) fn append(
     let producer = req
         .producer
         .as_ref()
-        .map(|p| (p, ProducerState::check(view.producer(&p.id), p)));
+        .map(|p| (p, ProducerState::check(view.standing(&p.id).as_deref(), p)));
     let duplicate = |last_seq: u64, next: Option<u64>, epoch: u64| {
         Admission::Answer(AppendOutcome::Duplicate {
             next,

@@ -57,7 +57,7 @@ use object_store::path::Path;
 use object_store::{ObjectStoreExt as _, PutPayload};
 
 use super::codec::{ForkSpec, Lifetime, ProducerTuple};
-use super::state::{Chunk, ColdExtent, ProducerState, StreamState};
+use super::state::{Chunk, ColdExtent, ProducerState, Retired, StreamState};
 use super::{StreamError, Streams};
 use crate::log::Lsn;
 use crate::storage::Storage;
@@ -164,6 +164,9 @@ struct SnapshotStream {
     closed_by: Option<ProducerTuple>,
     stream_seq: Option<String>,
     producers: Vec<(String, ProducerState)>,
+    /// Retired producers: `(key, state)`, the key as 32 hex digits.
+    #[serde(default)]
+    retired: Vec<(String, Retired)>,
     fork: Option<ForkSpec>,
     ref_count: u32,
     soft_deleted: bool,
@@ -410,7 +413,12 @@ impl ColdStore {
                 state.closed_by = s.closed_by;
                 state.stream_seq = s.stream_seq;
                 state.producers = s.producers.into_iter().collect();
-                state.recount_producers(super::now_ms());
+                state.recount_producers(super::producer_clock_ms());
+                state.retired = s
+                    .retired
+                    .into_iter()
+                    .filter_map(|(key, r)| Some((u128::from_str_radix(&key, 16).ok()?, r)))
+                    .collect();
                 state.ref_count = s.ref_count;
                 state.soft_deleted = s.soft_deleted;
                 state.tail = s.tail;
@@ -770,6 +778,11 @@ async fn write_checkpoint(
                     .producers
                     .iter()
                     .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+                retired: s
+                    .retired
+                    .iter()
+                    .map(|(k, r)| (format!("{k:032x}"), *r))
                     .collect(),
                 fork: s.fork.clone(),
                 ref_count: s.ref_count,

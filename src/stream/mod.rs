@@ -26,7 +26,9 @@
 //! [`StreamsConfig::max_state_bytes`], producers also against
 //! [`StreamsConfig::max_producer_bytes`]; the counts change only where changes apply (and
 //! where producers expire), so replay counts as live does. Producers idle longer than
-//! [`StreamsConfig::producer_expiry`] are forgotten.
+//! [`StreamsConfig::producer_expiry`] are retired: only their last epoch and sequence stay
+//! (a small record counted in the stream state), so their old appends are still
+//! recognized.
 //!
 //! The module's seams: `api` (requests, answers, errors), `admit` (what an append does to a
 //! stream, a pure function of its state), `state` (one stream's state and how each committed
@@ -231,6 +233,17 @@ pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// The clock producer idleness is judged on (ms): the wall clock when the process started,
+/// advanced by a monotonic clock since, so a wall-clock jump while it runs neither expires
+/// producers early nor keeps them forever. Across a restart it is as good as the wall
+/// clock; expiry only retires a producer ([`state::Retired`]), so an early one changes no
+/// answer but a duplicate's offset.
+pub(crate) fn producer_clock_ms() -> i64 {
+    static START: std::sync::OnceLock<(std::time::Instant, i64)> = std::sync::OnceLock::new();
+    let (at, wall) = START.get_or_init(|| (std::time::Instant::now(), now_ms()));
+    wall.saturating_add(i64::try_from(at.elapsed().as_millis()).unwrap_or(i64::MAX))
 }
 
 pub(crate) fn new_incarnation() -> String {
@@ -1323,13 +1336,14 @@ impl Streams {
         .await;
     }
 
-    /// Forgets producers idle longer than [`StreamsConfig::producer_expiry`], at most once
-    /// a minute unless `now`; returns how many were forgotten. A producer idle less than
-    /// that is never forgotten, so its retries are still recognized; one forgotten is
-    /// treated as new, as the protocol allows (its sequence must start again at 0: a retry
-    /// of an older append is refused as a gap, never appended twice). Snapshots written
-    /// after it no longer hold it; a restart from an older one brings it back until the
-    /// next sweep, which only keeps it longer.
+    /// Retires producers idle longer than [`StreamsConfig::producer_expiry`], at most once
+    /// a minute unless `now`; returns how many were retired. A retired producer's entry
+    /// (its id and receipts) goes; its last epoch and sequence stay ([`state::Retired`],
+    /// at most `max_producers_per_stream` per stream, the oldest retired go first), so a
+    /// retry of an append it made is still a duplicate (204, without its original offset),
+    /// never a second append, and it may go on where it stopped. Snapshots written after
+    /// it hold the retired record; a restart from an older one brings the entry back until
+    /// the next sweep, which only keeps it longer.
     pub(crate) fn expire_producers(&self, now: bool) -> usize {
         let inner = &self.inner;
         {
@@ -1342,7 +1356,9 @@ impl Streams {
             *last = std::time::Instant::now();
         }
         let expiry = i64::try_from(inner.config.producer_expiry.as_millis()).unwrap_or(i64::MAX);
-        let before = now_ms().saturating_sub(expiry);
+        let now = producer_clock_ms();
+        let before = now.saturating_sub(expiry);
+        let max_retired = inner.config.max_producers_per_stream;
         let registry = inner.registry();
         let mut forgotten = 0;
         for (name, stream) in &registry.streams {
@@ -1350,12 +1366,10 @@ impl Streams {
             if s.producers.values().all(|p| p.last_ms >= before) {
                 continue;
             }
-            let count = s.producers.len();
             let was = counted(name, &s);
-            s.expire_producers(before);
+            forgotten += s.expire_producers(before, now, max_retired);
             inner.footprint.change(was, counted(name, &s));
             inner.cold.touch(name);
-            forgotten += count - s.producers.len();
         }
         forgotten
     }
@@ -1365,12 +1379,15 @@ impl Streams {
     fn expire_stream_producers(&self, stream: &Stream) -> usize {
         let inner = &self.inner;
         let expiry = i64::try_from(inner.config.producer_expiry.as_millis()).unwrap_or(i64::MAX);
+        let now = producer_clock_ms();
         let mut s = stream.write_state();
-        let count = s.producers.len();
         let was = counted(&stream.name, &s);
-        s.expire_producers(now_ms().saturating_sub(expiry));
+        let forgotten = s.expire_producers(
+            now.saturating_sub(expiry),
+            now,
+            inner.config.max_producers_per_stream,
+        );
         inner.footprint.change(was, counted(&stream.name, &s));
-        let forgotten = count - s.producers.len();
         if forgotten > 0 {
             inner.cold.touch(&stream.name);
         }

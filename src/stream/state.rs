@@ -4,6 +4,7 @@
 //! record is durable) and for replay after a restart, so the two cannot drift apart.
 
 use bytes::Bytes;
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 
 use super::codec::{ForkSpec, Lifetime, ProducerTuple};
@@ -62,6 +63,31 @@ pub(crate) const STREAM_ENTRY_BYTES: u64 = 1280;
 /// The bytes producer `id`'s entry counts against the producer-bytes budget.
 pub(crate) fn producer_cost(id: &str) -> u64 {
     PRODUCER_ENTRY_BYTES + id.len() as u64
+}
+
+/// What one retired producer's entry holds in memory (its key, epoch, sequence, time and
+/// the map slot), for the stream-state budget.
+pub(crate) const RETIRED_ENTRY_BYTES: u64 = 64;
+
+/// What is kept of a producer once it expires: its last epoch and sequence, under
+/// [`producer_key`] of its id, so a retry of an append it made is still a duplicate (204)
+/// and never appended a second time. Only the duplicate's original offset is forgotten.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Retired {
+    pub(crate) epoch: u64,
+    pub(crate) last_seq: u64,
+    /// When it was retired ([`super::producer_clock_ms`]); the oldest go first when a
+    /// stream holds more than its cap.
+    pub(crate) at_ms: i64,
+}
+
+/// The key a retired producer is kept under: the first 128 bits of the SHA-256 of its id
+/// (stable across restarts, and no client can pick an id that lands on another's).
+pub(crate) fn producer_key(id: &str) -> u128 {
+    let digest = ring::digest::digest(&ring::digest::SHA256, id.as_bytes());
+    let mut key = [0u8; 16];
+    key.copy_from_slice(&digest.as_ref()[..16]);
+    u128::from_be_bytes(key)
 }
 
 /// An idempotent producer's state on one stream.
@@ -132,7 +158,7 @@ impl ProducerState {
         }
         self.epoch = p.epoch;
         self.last_seq = p.seq;
-        self.last_ms = super::now_ms();
+        self.last_ms = super::producer_clock_ms();
         self.receipts.push_back((p.seq, next));
         while self.receipts.len() > RECEIPT_WINDOW {
             self.receipts.pop_front();
@@ -168,6 +194,9 @@ pub(crate) struct StreamState {
     pub(crate) producers: HashMap<String, ProducerState>,
     /// What `producers` counts against the producer-bytes budget ([`producer_cost`] each).
     pub(crate) producer_bytes: u64,
+    /// Producers that expired, by [`producer_key`]: counted in the stream-state budget
+    /// ([`RETIRED_ENTRY_BYTES`] each), not as producers.
+    pub(crate) retired: HashMap<u128, Retired>,
     pub(crate) fork: Option<ForkSpec>,
     /// Live forks that read this stream's prefix.
     pub(crate) ref_count: u32,
@@ -204,6 +233,7 @@ impl StreamState {
             stream_seq: None,
             producers: HashMap::new(),
             producer_bytes: 0,
+            retired: HashMap::new(),
             fork,
             ref_count: 0,
             soft_deleted: false,
@@ -256,7 +286,29 @@ impl StreamState {
             + self.content_type.len()
             + self.stream_seq.as_ref().map_or(0, String::len)
             + self.fork.as_ref().map_or(0, |f| f.source.len());
-        STREAM_ENTRY_BYTES + strings as u64 + self.producer_bytes
+        STREAM_ENTRY_BYTES
+            + strings as u64
+            + self.producer_bytes
+            + self.retired.len() as u64 * RETIRED_ENTRY_BYTES
+    }
+
+    /// Producer `id`'s standing on the stream: its entry, or what is kept of it if it
+    /// expired (no receipts: a duplicate then answers without its original offset).
+    pub(crate) fn standing(&self, id: &str) -> Option<Cow<'_, ProducerState>> {
+        if let Some(state) = self.producers.get(id) {
+            return Some(Cow::Borrowed(state));
+        }
+        if self.retired.is_empty() {
+            return None;
+        }
+        self.retired.get(&producer_key(id)).map(|r| {
+            Cow::Owned(ProducerState {
+                epoch: r.epoch,
+                last_seq: r.last_seq,
+                receipts: VecDeque::new(),
+                last_ms: 0,
+            })
+        })
     }
 
     /// Counts `producers` afresh (after loading them), giving entries without a time
@@ -271,19 +323,45 @@ impl StreamState {
         }
     }
 
-    /// Forgets producers whose last append was applied before `before_ms` (the protocol
-    /// allows it: an expired producer is treated as new). Returns the bytes freed.
-    pub(crate) fn expire_producers(&mut self, before_ms: i64) -> u64 {
+    /// Retires producers whose last append was applied before `before_ms` (at `now_ms`):
+    /// their entries go, a [`Retired`] record of each stays, at most `max_retired` on the
+    /// stream (the oldest retired go first). Returns how many were retired.
+    pub(crate) fn expire_producers(
+        &mut self,
+        before_ms: i64,
+        now_ms: i64,
+        max_retired: usize,
+    ) -> usize {
         let mut freed = 0;
+        let mut gone = Vec::new();
         self.producers.retain(|id, state| {
             let keep = state.last_ms >= before_ms;
             if !keep {
                 freed += producer_cost(id);
+                gone.push((
+                    producer_key(id),
+                    Retired {
+                        epoch: state.epoch,
+                        last_seq: state.last_seq,
+                        at_ms: now_ms,
+                    },
+                ));
             }
             keep
         });
         self.producer_bytes -= freed;
-        freed
+        let count = gone.len();
+        self.retired.extend(gone);
+        if self.retired.len() > max_retired {
+            let mut by_age: Vec<(i64, u128)> =
+                self.retired.iter().map(|(k, r)| (r.at_ms, *k)).collect();
+            by_age.sort_unstable();
+            let excess = self.retired.len() - max_retired;
+            for (_, key) in by_age.into_iter().take(excess) {
+                self.retired.remove(&key);
+            }
+        }
+        count
     }
 
     /// Applies an admitted append (or close).
@@ -307,6 +385,9 @@ impl StreamState {
                     state.record(p, tail);
                     self.producers.insert(p.id.clone(), state);
                     self.producer_bytes += producer_cost(&p.id);
+                    if !self.retired.is_empty() {
+                        self.retired.remove(&producer_key(&p.id));
+                    }
                 }
             }
         }
@@ -398,10 +479,11 @@ mod tests {
     }
 
     /// Producers are counted as they come and go; only those idle since before the cut
-    /// are forgotten, and a forgotten one is a new producer again (a retry of a later
-    /// sequence is a gap, never a second append).
+    /// are retired, and a retired one is still known by its last epoch and sequence: a
+    /// retry of an append it made is a duplicate (never a second append), it may go on
+    /// where it stopped, and the oldest retired go first past the cap.
     #[test]
-    fn producers_are_counted_and_expire_only_when_idle() {
+    fn producers_are_counted_and_retire_only_when_idle() {
         let mut s = StreamState::new(
             "i".into(),
             "text/plain".into(),
@@ -447,9 +529,13 @@ mod tests {
         if let Some(o) = s.producers.get_mut("other") {
             o.last_ms = 1;
         }
-        let cut = super::super::now_ms() - 60_000;
-        assert_eq!(s.expire_producers(cut), producer_cost("other"));
+        let now = super::super::producer_clock_ms();
+        assert_eq!(s.expire_producers(now - 60_000, now, 10), 1);
         assert_eq!(s.producer_bytes, producer_cost("p"));
+        assert_eq!(
+            s.footprint("name"),
+            base + producer_cost("p") + RETIRED_ENTRY_BYTES
+        );
         assert_eq!(
             check(&s, &tuple(0, 1)),
             ProducerCheck::Duplicate {
@@ -457,17 +543,60 @@ mod tests {
                 next: Some(3)
             }
         );
-        let retry = ProducerTuple {
-            seq: 1,
+        let standing = |s: &StreamState, t: &ProducerTuple| {
+            ProducerState::check(s.standing(&t.id).as_deref(), t)
+        };
+        // A retry of its last append is a duplicate (offset forgotten), a later one a gap,
+        // the next one goes on.
+        assert!(s.producers.get("other").is_none());
+        assert_eq!(
+            standing(&s, &other),
+            ProducerCheck::Duplicate {
+                last_seq: 0,
+                next: None
+            }
+        );
+        let skip = ProducerTuple {
+            seq: 2,
             ..other.clone()
         };
         assert_eq!(
-            ProducerState::check(s.producers.get("other"), &retry),
+            standing(&s, &skip),
             ProducerCheck::Gap {
-                expected: 0,
-                received: 1
+                expected: 1,
+                received: 2
             }
         );
+        let next = ProducerTuple {
+            seq: 1,
+            ..other.clone()
+        };
+        assert_eq!(standing(&s, &next), ProducerCheck::Accept);
+        s.apply_append(5, Some(Bytes::from_static(b"d")), false, Some(next), None);
+        assert!(s.retired.is_empty());
+        assert_eq!(s.producers["other"].last_seq, 1);
+        // Past the cap, the oldest retired go first.
+        for (i, id) in ["x", "y", "z"].into_iter().enumerate() {
+            let t = ProducerTuple {
+                id: id.into(),
+                epoch: 0,
+                seq: 0,
+            };
+            s.apply_append(
+                6 + i as u64,
+                Some(Bytes::from_static(b"e")),
+                false,
+                Some(t),
+                None,
+            );
+            if let Some(p) = s.producers.get_mut(id) {
+                p.last_ms = 1;
+            }
+            assert_eq!(s.expire_producers(2, 100 + i as i64, 2), 1);
+        }
+        assert_eq!(s.retired.len(), 2);
+        assert!(!s.retired.contains_key(&producer_key("x")));
+        assert!(s.retired.contains_key(&producer_key("z")));
         // Loaded without a time: counted from the load.
         if let Some(p) = s.producers.get_mut("p") {
             p.last_ms = 0;

@@ -224,7 +224,8 @@ async fn connections_past_the_limit_wait_their_turn() {
     let db = Database::open(DbConfig::new(&dir)).await.unwrap();
     let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = tcp.local_addr().unwrap();
-    let listener = sluice::http::LimitedListener::new(tcp, 2);
+    let listener =
+        sluice::http::LimitedListener::new(tcp, sluice::http::ConnectionLimits::total(2));
     let app = sluice::http::router(sluice::http::AppState::new(db, vec![]));
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     let answer = tokio::task::spawn_blocking(move || {
@@ -267,12 +268,14 @@ async fn slow_or_missing_request_headers_are_cut_off() {
     let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = tcp.local_addr().unwrap();
     // Two slots only: if cut-off connections kept theirs, the last request would never run.
-    let listener = sluice::http::LimitedListener::new(tcp, 2);
+    let listener =
+        sluice::http::LimitedListener::new(tcp, sluice::http::ConnectionLimits::total(2));
     let app = sluice::http::router(sluice::http::AppState::new(db, vec![]));
     tokio::spawn(sluice::http::serve(
         listener,
         app,
         Duration::from_millis(500),
+        Duration::from_secs(30),
         std::future::pending(),
     ));
     let answer = tokio::task::spawn_blocking(move || {

@@ -437,11 +437,13 @@ async fn idle_producers_expire_and_byte_budgets_hold() {
     // The junk producers were idle past the expiry: a new producer gets in.
     let (status, _) = produce(&client, &base, "junk", "late", 0).await;
     assert_eq!(status, 200);
-    // A forgotten producer is new again: a retry of a later sequence is a gap (409,
-    // expecting 0), never appended a second time.
-    let (status, headers) = produce(&client, &base, "junk", "j1", 1).await;
+    // An expired producer is retired, not forgotten: a retry of the append it made is a
+    // duplicate (204), never appended a second time, and a skipped sequence is a gap.
+    let (status, _) = produce(&client, &base, "junk", "j1", 0).await;
+    assert_eq!(status, 204);
+    let (status, headers) = produce(&client, &base, "junk", "j1", 2).await;
     assert_eq!(status, 409);
-    assert_eq!(headers["producer-expected-seq"], "0");
+    assert_eq!(headers["producer-expected-seq"], "1");
     // The producer budget: 4 KiB holds a few more entries, then 503 with Retry-After.
     let mut refused = None;
     for i in 0..10 {
@@ -493,5 +495,243 @@ async fn idle_producers_expire_and_byte_budgets_hold() {
     assert_eq!(produce(&client, &base, "other", "live", seq).await.0, 204);
     let after = common::metric(&client, &base, "sluice_stream_producer_bytes").await;
     assert!(after > 0.0 && after <= 4096.0, "{after}");
-    assert_eq!(produce(&client, &base, "junk", "j2", 1).await.0, 409);
+    // Retired producers are kept across the restart too: still a duplicate, and the
+    // stream holds each junk append once.
+    assert_eq!(produce(&client, &base, "junk", "j2", 0).await.0, 204);
+    let body = client
+        .get(format!("{base}/v1/stream/junk?offset=-1"))
+        .send()
+        .await
+        .expect("read")
+        .text()
+        .await
+        .expect("body");
+    for i in 0..5 {
+        assert_eq!(body.matches(&format!("j{i}:0;")).count(), 1, "{body}");
+    }
+}
+
+/// The resident memory of process `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("status")
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// Opens a connection and sends a request head that grows to `bytes` and never ends; the
+/// connection is returned open (or closed by the server).
+fn unfinished_header(addr: SocketAddr, bytes: usize) -> std::net::TcpStream {
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_write_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let _ = s.write_all(b"GET /v1/health HTTP/1.1\r\nHost: localhost\r\nX-Pad: ");
+    let piece = vec![b'a'; 8 << 10];
+    let mut sent = 0;
+    while sent < bytes && s.write_all(&piece).is_ok() {
+        sent += piece.len();
+    }
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unfinished_header_is_refused_before_it_is_buffered() {
+    let server = Server::start("header-buffer", &[], "");
+    let (at, pid) = (addr(&server), server.child.id());
+    let base = server.base.clone();
+    let said = tokio::task::spawn_blocking(move || {
+        // One: refused (431) or closed long before its header timeout (30 s).
+        let mut s = unfinished_header(at, 400 << 10);
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let mut said = Vec::new();
+        let timed_out = matches!(
+            s.read_to_end(&mut said),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
+        );
+        (timed_out, String::from_utf8_lossy(&said).into_owned())
+    })
+    .await
+    .expect("join");
+    let (timed_out, said) = said;
+    assert!(
+        !timed_out && (said.is_empty() || said.starts_with("HTTP/1.1 431")),
+        "an unfinished 400 KB header was kept: {said:?}"
+    );
+    // Many: the server does not buffer them (hyper's default would keep ~400 KB each).
+    let before = rss_kib(pid);
+    let open = tokio::task::spawn_blocking(move || {
+        (0..200)
+            .map(|_| unfinished_header(at, 400 << 10))
+            .collect::<Vec<_>>()
+    })
+    .await
+    .expect("join");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let grown = rss_kib(pid).saturating_sub(before);
+    println!("RSS grew by {grown} KiB with 200 unfinished 400 KB headers");
+    assert!(grown < 30 << 10, "RSS grew by {grown} KiB");
+    let r = reqwest::get(format!("{base}/v1/health"))
+        .await
+        .expect("health");
+    assert_eq!(r.status(), 200);
+    drop(open);
+}
+
+/// A body to `path` (JSON, declared twice as long) that sends `sent` bytes at once and then
+/// nothing: what the server answered, and when.
+fn hold_json(
+    addr: SocketAddr,
+    key: &str,
+    path: &str,
+    sent: usize,
+) -> std::thread::JoinHandle<(String, Duration)> {
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {key}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        sent * 2
+    );
+    std::thread::spawn(move || {
+        let mut s = std::net::TcpStream::connect(addr).expect("connect");
+        s.write_all(head.as_bytes()).expect("head");
+        s.write_all(&vec![b' '; sent]).expect("body");
+        let started = Instant::now();
+        s.set_read_timeout(Some(Duration::from_secs(60)))
+            .expect("timeout");
+        let mut said = String::new();
+        let _ = s.read_to_string(&mut said);
+        (said, started.elapsed())
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_key_holding_statement_bodies_stalls_no_one() {
+    // A 2 MiB budget, 2 s of waiting, a pace of 1 KiB/s, bodies time out after 60 s.
+    let config = "ingest_inflight_bytes = 2097152\ningest_admission_timeout_seconds = 2\n\
+                  min_body_bytes_per_second = 1024\nrequest_body_timeout_seconds = 60\n";
+    let server = Server::start(
+        "statement-bodies",
+        &[
+            "--api-key",
+            "admin=a-key",
+            "--api-key",
+            "read=r1",
+            "--api-key",
+            "write=w1",
+        ],
+        config,
+    );
+    let base = server.base.clone();
+    let client = reqwest::Client::new();
+    create_events(&client, &base, Some("a-key")).await;
+    let at = addr(&server);
+    // The read key sends 1.5 MiB of two statement bodies each and goes quiet: it holds its
+    // share (1 MiB) at most, never the whole budget.
+    let hogs: Vec<_> = (0..2)
+        .map(|_| hold_json(at, "r1", "/v1/statements", 1536 << 10))
+        .collect();
+    wait_held(&client, &base, f64::from(1 << 20)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held = common::metric(&client, &base, "sluice_request_body_bytes_held").await;
+    println!("a read key's two stalled statement bodies hold {held} bytes");
+    assert!(held <= f64::from(1 << 20), "{held}");
+    // Another key's ingest is answered at once.
+    let (status, took) = one_row(&client, &base, Some("w1")).await;
+    println!("another key's ingest beside them: {status} in {took:?}");
+    assert_eq!(status, 200);
+    assert!(took < Duration::from_secs(2), "waited {took:?}");
+    // Sending much at once banks no time: quiet past the grace, the bodies are cut (408,
+    // or 503 for the one that found no room in the key's share) long before their timeout.
+    for h in hogs {
+        let (said, took) = tokio::task::spawn_blocking(move || h.join().expect("hold"))
+            .await
+            .expect("join");
+        println!(
+            "stalled body answered after {took:?}: {}",
+            said.lines().next().unwrap_or("")
+        );
+        assert!(
+            said.starts_with("HTTP/1.1 408") || said.starts_with("HTTP/1.1 503"),
+            "{said}"
+        );
+        assert!(took < Duration::from_secs(25), "held for {took:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_its_answer_is_cut_off() {
+    let config = "response_write_timeout_seconds = 2\n";
+    let server = Server::start("slow-reader", &[], config);
+    let base = server.base.clone();
+    let client = reqwest::Client::new();
+    let r = client
+        .put(format!("{base}/v1/stream/big"))
+        .header("content-type", "application/octet-stream")
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(r.status(), 201);
+    for _ in 0..8 {
+        let r = client
+            .post(format!("{base}/v1/stream/big"))
+            .header("content-type", "application/octet-stream")
+            .body(vec![b'x'; 1 << 20])
+            .send()
+            .await
+            .expect("append");
+        assert!(r.status().is_success());
+    }
+    let at = addr(&server);
+    let received = tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(at).expect("connect");
+        // Two reads of 8 MiB each, pipelined: more than the kernel's socket buffers hold.
+        let get = "GET /v1/stream/big?offset=-1 HTTP/1.1\r\nHost: localhost\r\n\r\n";
+        s.write_all(get.repeat(2).as_bytes()).expect("requests");
+        // Read nothing for longer than the write timeout, then all there is.
+        std::thread::sleep(Duration::from_secs(6));
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 64 << 10];
+        while let Ok(n) = s.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        got
+    })
+    .await
+    .expect("join");
+    println!("a client that read nothing for 6 s then got {received} bytes of 2 x 8 MiB");
+    assert!(received < 16 << 20, "the whole answer waited for it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_from_one_peer_cannot_take_every_slot() {
+    let config = "max_connections = 20\nmax_connections_per_peer = 5\n";
+    let server = Server::start("peers", &[], config);
+    let at = addr(&server);
+    // 30 idle connections from 127.0.0.1: five are kept, the rest closed at once.
+    let idle: Vec<_> = (0..30)
+        .map(|_| std::net::TcpStream::connect(at).expect("connect"))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Another address on loopback is served at once.
+    let other = reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+        .timeout(Duration::from_secs(5))
+        .build()
+        .expect("client");
+    let started = Instant::now();
+    let r = other
+        .get(format!("{}/v1/health", server.base))
+        .send()
+        .await
+        .expect("health beside 30 idle connections");
+    println!("health beside 30 idle connections: {:?}", started.elapsed());
+    assert_eq!(r.status(), 200);
+    drop(idle);
 }
