@@ -371,6 +371,8 @@ mod tests {
             (Cause::OwnerUnavailable, "GroupNotHosted"),
             (Cause::ShuttingDown, "NotLeader"),
             (Cause::LeaseExpired, "NotLeader"),
+            (Cause::Fenced, "NotLeader"),
+            (Cause::OwnerMoved, "GroupNotHosted"),
         ] {
             let (_, headers, body) = rendered(ErrorClass::retry(cause)).await;
             assert_eq!(headers[NOT_APPLIED], cause.name());

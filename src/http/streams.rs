@@ -321,9 +321,9 @@ fn producer(headers: &HeaderMap) -> Result<Option<ProducerTuple>, ApiError> {
             "Producer-Id must be 1 to {MAX_TOKEN_BYTES} bytes"
         )));
     }
+    // A decimal integer in its one spelling: digits only, no leading zero ("01" is not 1).
     let number = |name: &str, text: &str| {
-        text.bytes()
-            .all(|b| b.is_ascii_digit())
+        (text.bytes().all(|b| b.is_ascii_digit()) && (text == "0" || !text.starts_with('0')))
             .then(|| text.parse::<u64>().ok())
             .flatten()
             .filter(|n| !text.is_empty() && *n <= MAX_PRODUCER_NUMBER)
@@ -438,7 +438,11 @@ impl From<StreamError> for ApiError {
             StreamError::StaleEpoch { current } => {
                 error.header(PRODUCER_EPOCH, current.to_string())
             }
-            StreamError::SequenceGap { expected, received } => error
+            StreamError::SequenceGap {
+                expected,
+                received,
+                tail,
+            } => offset_error(error, tail)
                 .header("producer-expected-seq", expected.to_string())
                 .header("producer-received-seq", received.to_string()),
             StreamError::IncarnationMismatch { current } => error.header(INCARNATION, current),

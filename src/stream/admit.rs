@@ -250,7 +250,11 @@ pub(super) fn append(
             return Err(StreamError::NewEpochNotAtZero);
         }
         Some((_, ProducerCheck::Gap { expected, received })) => {
-            return Err(StreamError::SequenceGap { expected, received });
+            return Err(StreamError::SequenceGap {
+                expected,
+                received,
+                tail,
+            });
         }
         Some((_, ProducerCheck::Accept)) | None => {}
     }
@@ -456,7 +460,8 @@ mod tests {
             decide(&s, &gap, 10),
             Err(StreamError::SequenceGap {
                 expected: 1,
-                received: 5
+                received: 5,
+                ..
             })
         ));
         let mut new_epoch = req("d");
@@ -546,7 +551,8 @@ mod tests {
             append(&view, &gap, &caps(10)),
             Err(StreamError::SequenceGap {
                 expected: 1,
-                received: 2
+                received: 2,
+                ..
             })
         ));
         // Stream-Seq must grow past the one in flight.

@@ -83,6 +83,8 @@ pub enum StreamError {
         expected: u64,
         /// The one received.
         received: u64,
+        /// The stream's tail (`Stream-Next-Offset` of the 409).
+        tail: u64,
     },
     /// `Stream-Incarnation` names another incarnation.
     #[error("stream incarnation does not match")]

@@ -270,7 +270,8 @@ async fn producer_state_and_stream_settings_survive_restarts() {
         s.append(produced("f", b"z", 3, 2)).await,
         Err(StreamError::SequenceGap {
             expected: 1,
-            received: 2
+            received: 2,
+            ..
         })
     ));
     let mut stale = append("f", b"c");
