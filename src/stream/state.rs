@@ -548,7 +548,7 @@ mod tests {
         };
         // A retry of its last append is a duplicate (offset forgotten), a later one a gap,
         // the next one goes on.
-        assert!(s.producers.get("other").is_none());
+        assert!(!s.producers.contains_key("other"));
         assert_eq!(
             standing(&s, &other),
             ProducerCheck::Duplicate {
