@@ -1259,6 +1259,7 @@ fn every_cause() -> Vec<sluice::error::Cause> {
         StorageUnavailable,
         TableBackpressure,
         StatementsBusy,
+        StatementMemory,
         OwnerUnavailable,
         OwnerMoved,
         BodyAdmission,
@@ -1268,7 +1269,8 @@ fn every_cause() -> Vec<sluice::error::Cause> {
         match cause {
             LogDiskPressure | LogUnavailable | ShuttingDown | LeaseExpired | EarlierWriteFailed
             | Fenced | StorageUnavailable | TableBackpressure | StatementsBusy
-            | OwnerUnavailable | OwnerMoved | BodyAdmission | StreamStateFull => {}
+            | StatementMemory | OwnerUnavailable | OwnerMoved | BodyAdmission | StreamStateFull => {
+            }
         }
     }
     all
