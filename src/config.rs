@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::db::DbConfig;
-use crate::http::{BrowserPolicy, SubscriptionLimits};
+use crate::http::BrowserPolicy;
 use crate::ingest::Limits;
 use crate::log::Durability;
 use crate::query::statements::StatementLimits;
@@ -117,6 +117,9 @@ pub struct FileConfig {
     pub max_producers_per_stream: Option<usize>,
     /// Subscriptions per server.
     pub max_subscriptions: Option<usize>,
+    /// Names of changed streams a stream engine holds for subscriptions before it has them
+    /// rescan instead.
+    pub max_pending_stream_changes: Option<usize>,
     /// How long unreferenced objects are kept before garbage collection deletes them.
     pub gc_grace_seconds: Option<f64>,
     /// How long a node's heartbeat must stay still before another process may take its id.
@@ -195,8 +198,6 @@ pub struct ServeConfig {
     pub browser: BrowserPolicy,
     /// Bounds on running and kept statements.
     pub statements: StatementLimits,
-    /// Bounds on subscriptions, and where webhooks may point.
-    pub subscriptions: SubscriptionLimits,
 }
 
 /// Default time a client may take to send its request headers.
@@ -230,7 +231,7 @@ impl ServeConfig {
              query_memory_bytes = {}\nstatement_timeout_seconds = {}\nmax_result_rows = {}\n\
              max_result_bytes = {}\nmax_running_statements = {}\nmax_kept_statements = {}\n\
              max_kept_result_bytes = {}\nmax_streams = {}\nmax_producers_per_stream = {}\n\
-             max_subscriptions = {}\ngc_grace_seconds = {}\nnode_lease_seconds = {}\n\
+             max_subscriptions = {}\nmax_pending_stream_changes = {}\ngc_grace_seconds = {}\nnode_lease_seconds = {}\n\
              log_segment_bytes = {}\nmaintenance_interval_seconds = {}",
             self.listen,
             db.data_dir.display(),
@@ -257,7 +258,7 @@ impl ServeConfig {
             self.header_timeout.as_secs_f64(),
             self.browser.allowed_hosts,
             self.browser.cors_origins,
-            self.subscriptions.webhook_allowed_networks.len(),
+            db.subscriptions.webhook_allowed_networks.len(),
             db.query.memory_bytes,
             db.query.timeout.as_secs_f64(),
             db.query.max_result_rows,
@@ -267,7 +268,8 @@ impl ServeConfig {
             self.statements.max_retained_bytes,
             db.streams.max_streams,
             db.streams.max_producers_per_stream,
-            self.subscriptions.max_subscriptions,
+            db.subscriptions.max_subscriptions,
+            db.streams.max_pending_changes,
             db.gc_grace.as_secs_f64(),
             db.node_lease.as_secs_f64(),
             db.log_segment_bytes,
@@ -491,7 +493,13 @@ impl ServeConfig {
         if let Some(n) = positive("max_kept_result_bytes", file.max_kept_result_bytes)? {
             statements.max_retained_bytes = n;
         }
-        let mut subscriptions = SubscriptionLimits::default();
+        if let Some(n) = positive(
+            "max_pending_stream_changes",
+            file.max_pending_stream_changes,
+        )? {
+            db.streams.max_pending_changes = n;
+        }
+        let subscriptions = &mut db.subscriptions;
         if let Some(n) = positive("max_subscriptions", file.max_subscriptions)? {
             subscriptions.max_subscriptions = n;
         }
@@ -584,7 +592,6 @@ impl ServeConfig {
             },
             browser,
             statements,
-            subscriptions,
         })
     }
 }

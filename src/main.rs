@@ -504,9 +504,7 @@ async fn run(config: ServeConfig) -> Result<(), String> {
         .with_long_poll_timeout(config.long_poll_timeout)
         .with_body_timeout(config.body_timeout)
         .with_browser_policy(config.browser.clone())
-        .with_statement_limits(config.statements)
-        .with_subscriptions(config.subscriptions.clone())
-        .await;
+        .with_statement_limits(config.statements);
     let app = router(state);
     let streams = db.streams().clone();
     let listener = sluice::http::LimitedListener::new(listener, config.max_connections);

@@ -39,26 +39,8 @@ const SSE_EVENT_BYTES: usize = 1 << 20;
 
 // ---- wire forms ------------------------------------------------------------------------
 
-/// Formats an offset as the protocol sees it: opaque, fixed width, sorting as strings.
-pub fn format_offset(offset: u64) -> String {
-    format!("{:016}_{:016}", 0, offset)
-}
-
-/// Parses an offset this server issued.
-pub(crate) fn parse_offset(text: &str) -> Option<u64> {
-    let (epoch, bytes) = text.split_once('_')?;
-    if epoch.is_empty()
-        || bytes.is_empty()
-        || !epoch.bytes().all(|b| b.is_ascii_digit())
-        || !bytes.bytes().all(|b| b.is_ascii_digit())
-    {
-        return None;
-    }
-    if epoch.parse::<u64>().ok()? != 0 {
-        return None;
-    }
-    bytes.parse().ok()
-}
+pub use crate::stream::format_offset;
+pub(crate) use crate::stream::parse_offset;
 
 /// Normalizes a content type: split on `;`, trim, drop empty parts, lowercase, join `"; "`.
 fn normalize_content_type(raw: &str) -> String {
@@ -443,16 +425,25 @@ fn info_headers(headers: &mut HeaderMap, info: &StreamInfo) {
 /// Serves the reserved `__ds/` namespace (subscriptions).
 async fn reserved(
     state: &AppState,
+    principal: Option<&super::Principal>,
     method: Method,
     name: &str,
     headers: &HeaderMap,
     body: Body,
 ) -> Response {
-    match &state.subscriptions {
-        Some(subs) => super::subscriptions::handle(subs, &method, name, headers, body).await,
-        None => ApiError::not_found("subscriptions are not available").into_response(),
-    }
+    super::subscriptions::handle(
+        state.db.subscriptions(),
+        principal,
+        &method,
+        name,
+        headers,
+        body,
+    )
+    .await
 }
+
+/// Who made a request, as `authenticate` found it.
+type Caller = Option<axum::Extension<super::Principal>>;
 
 fn is_reserved(name: &str) -> bool {
     super::subscriptions::reserved(name)
@@ -534,13 +525,17 @@ async fn at_owner(
 
 pub(super) async fn put(
     State(state): State<AppState>,
+    principal: Caller,
     target: Target,
     headers: HeaderMap,
     uri: axum::http::Uri,
     body: Body,
 ) -> Result<Response, ApiError> {
     match target {
-        Target::Reserved(name) => Ok(reserved(&state, Method::PUT, &name, &headers, body).await),
+        Target::Reserved(name) => {
+            let principal = principal.as_ref().map(|p| &p.0);
+            Ok(reserved(&state, principal, Method::PUT, &name, &headers, body).await)
+        }
         Target::Stream(name) => {
             match at_owner(&state, &name, Method::PUT, &uri, &headers, body).await? {
                 Ok(answer) => Ok(answer),
@@ -552,13 +547,17 @@ pub(super) async fn put(
 
 pub(super) async fn post(
     State(state): State<AppState>,
+    principal: Caller,
     target: Target,
     headers: HeaderMap,
     uri: axum::http::Uri,
     body: Body,
 ) -> Result<Response, ApiError> {
     match target {
-        Target::Reserved(name) => Ok(reserved(&state, Method::POST, &name, &headers, body).await),
+        Target::Reserved(name) => {
+            let principal = principal.as_ref().map(|p| &p.0);
+            Ok(reserved(&state, principal, Method::POST, &name, &headers, body).await)
+        }
         Target::Stream(name) => {
             match at_owner(&state, &name, Method::POST, &uri, &headers, body).await? {
                 Ok(answer) => Ok(answer),
@@ -570,6 +569,7 @@ pub(super) async fn post(
 
 pub(super) async fn get(
     State(state): State<AppState>,
+    principal: Caller,
     target: Target,
     headers: HeaderMap,
     uri: axum::http::Uri,
@@ -577,7 +577,16 @@ pub(super) async fn get(
 ) -> Result<Response, ApiError> {
     match target {
         Target::Reserved(name) => {
-            Ok(reserved(&state, Method::GET, &name, &headers, Body::empty()).await)
+            let principal = principal.as_ref().map(|p| &p.0);
+            Ok(reserved(
+                &state,
+                principal,
+                Method::GET,
+                &name,
+                &headers,
+                Body::empty(),
+            )
+            .await)
         }
         Target::Stream(name) => {
             if let Some(answer) = sealed_read(&state, &name, &headers, query.as_deref()).await? {
@@ -610,13 +619,23 @@ pub(super) async fn head_stream(
 
 pub(super) async fn delete_stream(
     State(state): State<AppState>,
+    principal: Caller,
     target: Target,
     headers: HeaderMap,
     uri: axum::http::Uri,
 ) -> Result<Response, ApiError> {
     match target {
         Target::Reserved(name) => {
-            Ok(reserved(&state, Method::DELETE, &name, &headers, Body::empty()).await)
+            let principal = principal.as_ref().map(|p| &p.0);
+            Ok(reserved(
+                &state,
+                principal,
+                Method::DELETE,
+                &name,
+                &headers,
+                Body::empty(),
+            )
+            .await)
         }
         Target::Stream(name) => {
             match at_owner(&state, &name, Method::DELETE, &uri, &headers, Body::empty()).await? {

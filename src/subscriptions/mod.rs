@@ -1,0 +1,879 @@
+//! Stream subscriptions, the Durable Streams protocol's reserved `/v1/stream/__ds/` APIs: a
+//! subscription watches streams (by pattern, or listed) and, when one of them receives data,
+//! wakes its consumer: a webhook (a signed POST; the consumer acks through a callback) or a
+//! pull-wake stream (an event appended there; a worker claims the wake, acks, releases).
+//! `http/subscriptions.rs` parses requests and renders answers; everything else is here.
+//!
+//! # Who holds what
+//! Subscriptions belong to a node id, like streams: node `n`'s are stored under
+//! `subscriptions/{n}/` ([`store`]) and held in memory by a [`registry::Registry`]. A
+//! process holds its own id's registry and, after taking a dead node over, that node's
+//! (`db/takeover.rs` attaches and releases it with the node's streams). New subscriptions go
+//! to the process's own registry; requests name a subscription by id, found in any registry
+//! the process holds (its own first). Every registry watches every stream engine the
+//! process serves: its own and the ones it took over.
+//!
+//! # No missed wakes
+//! Wakes are at least once. The argument, step by step:
+//! 1. Every stream engine notes the name of each stream that receives data in its change set
+//!    before its applied LSN moves past the change, and keeps each stream's last-change LSN
+//!    (in snapshots too) ([`crate::stream::Streams::take_changes`]). The set is bounded;
+//!    past the bound the engine only records that it overflowed.
+//! 2. A dispatcher round ([`Subscriptions`]) takes each engine's changes and hands them to
+//!    every registry: a stream a subscription's pattern matches is linked, its tail noted,
+//!    and a wake raised when a link's tail passes its acked offset. After an overflow, a
+//!    restart or a takeover, the registry rescans the engine for streams changed since its
+//!    cursor or stored watermark instead.
+//! 3. A subscription with pending data always has a wake: raised when data arrives, and
+//!    again when a wake ends (done) with data still pending. A wake is delivered until it
+//!    is done: failed deliveries are retried with backoff (1 s doubling to 60 s), a webhook
+//!    consumer that does not finish within its lease gets the wake again, and a pull-wake
+//!    claim whose lease runs out (or that is released) is announced again.
+//! 4. What survives a restart is stored before it counts: links and acks are written to the
+//!    subscription's object (at once for API changes, within a flush for the dispatcher's),
+//!    a wake's generation before the wake is delivered or claimed, and an engine's watermark
+//!    only once every link change up to it is written. After a restart each link's tail is
+//!    read again, the engines are rescanned from their watermarks, and every pending link
+//!    gets a wake (with a new generation). The same happens on the node that takes a dead
+//!    node over.
+//!
+//! # Limits that hold after a restart
+//! Everything keyed by client input is bounded ([`SubscriptionLimits`]): subscriptions per
+//! node, streams linked to one (listed, or matched by its pattern: the dispatcher stops
+//! linking at the limit and logs it), bytes all of them hold, pattern length and wildcards
+//! (the matcher is linear, [`matching`]). What is accepted is stored in a typed form checked
+//! to load back under the loader's own limits ([`store::encode`]). A wake names at most
+//! [`registry::MAX_WAKE_STREAMS`] streams; at most `max_deliveries` deliveries run at once,
+//! each reading at most [`delivery::MAX_ANSWER_BYTES`] of a webhook's answer (its status is
+//! what counts, and a `{"done": true}` body acks the wake).
+//!
+//! # Ownership and secrecy
+//! A subscription belongs to the key that made it ([`Caller::subject`]): any other key gets
+//! 404 for it (and 409 for a `PUT` of its id), unless it is an admin key. A webhook URL is
+//! shown whole only to the owner; anyone else sees it without user info, query or fragment
+//! ([`network::redacted_url`]). Wake callbacks (ack, release) are authorized by the wake's
+//! token, never by a key. Without API keys (a server on loopback only) every request is the
+//! one local user, subject `local`, who owns every subscription made then; subscriptions
+//! stored by an earlier version belong to `local` too. Configured keys later, they are
+//! visible to admin keys only.
+//!
+//! # Webhooks stay outside
+//! See [`network`]: every address a webhook host resolves to is checked at every delivery,
+//! the request goes to the checked address, and redirects are not followed. Webhooks are
+//! signed with the node's Ed25519 key, stored with its subscriptions (so signatures keep
+//! their key id across restarts and takeovers); `jwks.json` lists the keys of every
+//! registry the process holds.
+
+mod delivery;
+mod matching;
+mod network;
+mod registry;
+mod store;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, RwLock, Weak};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+pub use network::Network;
+
+use crate::error::{Applied, Classify, ErrorClass, Kind};
+use crate::log::Lsn;
+use crate::node::Node;
+use crate::storage::Storage;
+use crate::stream::Streams;
+use registry::Registry;
+
+/// Where the reserved APIs live, from the server root.
+pub(crate) const RESERVED_PREFIX: &str = "/v1/stream/__ds/";
+
+/// The owner of subscriptions made without keys, and of those an earlier version stored.
+pub(crate) const LEGACY_OWNER: &str = "local";
+
+/// Longest subscription id, in bytes.
+pub(crate) const MAX_ID_BYTES: usize = 256;
+
+/// The lease a subscription gets when it names none, and the shortest and longest it may.
+const DEFAULT_LEASE_MS: u64 = 30_000;
+const MIN_LEASE_MS: u64 = 1_000;
+const MAX_LEASE_MS: u64 = 3_600_000;
+
+/// How often the dispatcher takes the engines' changes and starts due deliveries.
+const ROUND: Duration = Duration::from_millis(50);
+
+/// How often dirty subscriptions and watermarks are written.
+const FLUSH: Duration = Duration::from_millis(250);
+
+/// Bounds on subscriptions, and the networks webhooks may reach.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscriptionLimits {
+    /// Subscriptions per node.
+    pub max_subscriptions: usize,
+    /// Streams linked to one subscription (listed, or matched by its pattern).
+    pub max_links: usize,
+    /// Longest pattern, in bytes.
+    pub max_pattern_bytes: usize,
+    /// Most wildcards (`*`, `**`) in a pattern.
+    pub max_wildcards: usize,
+    /// Webhook deliveries and wake-stream appends in flight at once.
+    pub max_deliveries: usize,
+    /// Bytes of definitions and linked stream names one node's subscriptions may hold.
+    pub max_stored_bytes: usize,
+    /// Networks webhooks may reach although they are not public (`127.0.0.0/8`, …).
+    pub webhook_allowed_networks: Vec<Network>,
+}
+
+impl Default for SubscriptionLimits {
+    fn default() -> Self {
+        SubscriptionLimits {
+            max_subscriptions: 1000,
+            max_links: 10_000,
+            max_pattern_bytes: 256,
+            max_wildcards: 8,
+            max_deliveries: 16,
+            max_stored_bytes: 16 << 20,
+            webhook_allowed_networks: Vec::new(),
+        }
+    }
+}
+
+/// Whom a subscription wakes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub(crate) enum Target {
+    /// A signed POST to this URL.
+    Webhook {
+        /// The URL.
+        url: String,
+    },
+    /// An event appended to this stream.
+    PullWake {
+        /// The stream.
+        wake_stream: String,
+    },
+}
+
+/// What a subscription was created with; two `PUT`s with equal definitions are one
+/// subscription.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Definition {
+    pub(crate) target: Target,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) pattern: Option<String>,
+    /// Streams listed at creation (sorted, each once).
+    #[serde(default)]
+    pub(crate) streams: Vec<String>,
+    pub(crate) lease_ttl_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) description: Option<String>,
+}
+
+impl Definition {
+    /// A definition; the lease is held to 1 s … 1 h (30 s when none is given).
+    pub(crate) fn new(
+        target: Target,
+        pattern: Option<String>,
+        mut streams: Vec<String>,
+        lease_ttl_ms: Option<u64>,
+        description: Option<String>,
+    ) -> Definition {
+        streams.sort();
+        streams.dedup();
+        Definition {
+            target,
+            pattern,
+            streams,
+            lease_ttl_ms: lease_ttl_ms
+                .unwrap_or(DEFAULT_LEASE_MS)
+                .clamp(MIN_LEASE_MS, MAX_LEASE_MS),
+            description,
+        }
+    }
+
+    /// What it costs in memory and in the stored object, roughly.
+    fn bytes(&self) -> usize {
+        let target = match &self.target {
+            Target::Webhook { url } => url.len(),
+            Target::PullWake { wake_stream } => wake_stream.len(),
+        };
+        target
+            + self.pattern.as_ref().map_or(0, String::len)
+            + self.description.as_ref().map_or(0, |d| 2 * d.len())
+            + self.streams.iter().map(|s| 2 * s.len() + 4).sum::<usize>()
+    }
+}
+
+/// Who makes a request: a subject (the key's identity, or `local` without keys) and
+/// whether it may see and change every subscription (an admin key).
+#[derive(Debug, Clone)]
+pub(crate) struct Caller {
+    pub(crate) subject: Arc<str>,
+    pub(crate) admin: bool,
+}
+
+/// A subscription as its readers see it.
+#[derive(Debug, Clone)]
+pub(crate) struct View {
+    pub(crate) id: String,
+    pub(crate) target: TargetView,
+    pub(crate) pattern: Option<String>,
+    pub(crate) description: Option<String>,
+    pub(crate) lease_ttl_ms: u64,
+    pub(crate) streams: Vec<LinkView>,
+}
+
+/// Whom a subscription wakes, as its readers see it.
+#[derive(Debug, Clone)]
+pub(crate) enum TargetView {
+    Webhook {
+        /// The URL, without its secrets unless the reader owns the subscription.
+        url: String,
+        /// Whether secrets were taken out.
+        redacted: bool,
+        kid: String,
+        jwks_url: String,
+    },
+    PullWake {
+        wake_stream: String,
+    },
+}
+
+/// A linked stream, as readers see it.
+#[derive(Debug, Clone)]
+pub(crate) struct LinkView {
+    pub(crate) path: String,
+    /// Listed (rather than matched by the pattern).
+    pub(crate) explicit: bool,
+    pub(crate) acked: u64,
+    pub(crate) tail: u64,
+}
+
+/// A claimed wake.
+#[derive(Debug, Clone)]
+pub(crate) struct ClaimView {
+    pub(crate) wake_id: String,
+    pub(crate) generation: u64,
+    pub(crate) token: String,
+    pub(crate) streams: Vec<(String, u64)>,
+}
+
+/// A consumer's acks for a wake.
+#[derive(Debug, Clone)]
+pub(crate) struct Ack {
+    pub(crate) wake_id: String,
+    pub(crate) generation: u64,
+    /// Streams and the offsets read up to.
+    pub(crate) acks: Vec<(String, u64)>,
+    /// The consumer is finished with the wake.
+    pub(crate) done: bool,
+}
+
+/// A signing key as `jwks.json` lists it.
+#[derive(Debug, Clone)]
+pub(crate) struct PublicKey {
+    pub(crate) kid: String,
+    pub(crate) key: Vec<u8>,
+}
+
+/// Why a subscription request failed. [`SubscriptionError::code`] is the protocol's code;
+/// the class ([`Classify`]) gives the status.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum SubscriptionError {
+    /// No such subscription (or another key's).
+    #[error("no such subscription")]
+    NotFound,
+    /// A request the protocol refuses.
+    #[error("{0}")]
+    Invalid(String),
+    /// A pattern over the limits.
+    #[error("{0}")]
+    InvalidPattern(String),
+    /// A webhook URL that is not http(s) or points where webhooks may not go.
+    #[error("webhook URL {0:?} is not allowed (not http(s), user info, or a private network)")]
+    WebhookUrlRejected(String),
+    /// More linked streams than a subscription may have.
+    #[error("a subscription links at most {0} streams")]
+    TooManyStreams(usize),
+    /// More subscriptions than a node keeps.
+    #[error("this server keeps at most {0} subscriptions")]
+    TooManySubscriptions(usize),
+    /// More bytes than subscriptions may hold together.
+    #[error("subscriptions hold {stored} bytes; the limit is {limit}")]
+    TooMuchStored { stored: usize, limit: usize },
+    /// The id is taken by another definition, or another key's subscription.
+    #[error("a subscription with this id exists with another definition")]
+    Conflict,
+    /// The wake (its id, generation or token) is not current.
+    #[error("this wake is no longer current")]
+    Fenced,
+    /// Another worker holds the wake.
+    #[error("another worker holds this wake")]
+    AlreadyClaimed { holder: String },
+    /// Applied in memory, but the store did not take it (it is written again later).
+    #[error("the change was applied but is not stored yet: {0}")]
+    NotDurable(String),
+    /// The store or the node cannot take it now; nothing was applied.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl SubscriptionError {
+    /// The protocol's error code.
+    pub(crate) fn code(&self) -> &'static str {
+        match self {
+            SubscriptionError::NotFound => "NOT_FOUND",
+            SubscriptionError::Invalid(_) => "INVALID",
+            SubscriptionError::InvalidPattern(_) => "INVALID_PATTERN",
+            SubscriptionError::WebhookUrlRejected(_) => "WEBHOOK_URL_REJECTED",
+            SubscriptionError::TooManyStreams(_) => "TOO_MANY_STREAMS",
+            SubscriptionError::TooManySubscriptions(_) => "TOO_MANY_SUBSCRIPTIONS",
+            SubscriptionError::TooMuchStored { .. } => "TOO_MUCH_STORED",
+            SubscriptionError::Conflict => "CONFLICT",
+            SubscriptionError::Fenced => "FENCED",
+            SubscriptionError::AlreadyClaimed { .. } => "ALREADY_CLAIMED",
+            SubscriptionError::NotDurable(_) => "NOT_DURABLE",
+            SubscriptionError::Unavailable(_) => "UNAVAILABLE",
+        }
+    }
+}
+
+impl Classify for SubscriptionError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            SubscriptionError::NotFound => ErrorClass::rejected(Kind::NotFound),
+            SubscriptionError::Invalid(_)
+            | SubscriptionError::InvalidPattern(_)
+            | SubscriptionError::WebhookUrlRejected(_)
+            | SubscriptionError::TooManyStreams(_) => ErrorClass::rejected(Kind::Invalid),
+            SubscriptionError::TooManySubscriptions(_)
+            | SubscriptionError::TooMuchStored { .. } => ErrorClass::rejected(Kind::TooMany),
+            SubscriptionError::Conflict
+            | SubscriptionError::Fenced
+            | SubscriptionError::AlreadyClaimed { .. } => ErrorClass::rejected(Kind::Conflict),
+            SubscriptionError::NotDurable(_) => ErrorClass {
+                applied: Applied::Unknown,
+                ..ErrorClass::retry("StorageUnavailable")
+            },
+            SubscriptionError::Unavailable(_) => ErrorClass::retry("StorageUnavailable"),
+        }
+    }
+}
+
+fn not_durable(e: SubscriptionError) -> SubscriptionError {
+    SubscriptionError::NotDurable(e.to_string())
+}
+
+/// A registry loaded for a node id this process takes over, not yet attached.
+#[derive(Debug)]
+pub(crate) struct LoadedRegistry(Arc<Registry>);
+
+impl LoadedRegistry {
+    /// Whether it holds no subscription.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// Every subscription this process holds, and the dispatcher that feeds them.
+pub(crate) struct Subscriptions {
+    storage: Storage,
+    limits: Arc<SubscriptionLimits>,
+    /// The own node's registry first, then those of node ids taken over.
+    registries: RwLock<Vec<Arc<Registry>>>,
+    /// The stream engines the process serves: its own first.
+    engines: Arc<RwLock<Vec<Streams>>>,
+    /// Deliveries in flight.
+    deliveries: Arc<tokio::sync::Semaphore>,
+    /// One dispatcher round at a time.
+    round: tokio::sync::Mutex<()>,
+    /// Stops the background loops.
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+impl std::fmt::Debug for Subscriptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscriptions")
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The tails and incarnations of `names`, where the engines hold them.
+fn tails_in(
+    engines: &[Streams],
+    names: impl IntoIterator<Item = String>,
+) -> HashMap<String, (u64, String)> {
+    names
+        .into_iter()
+        .filter_map(|name| {
+            let found = engines.iter().find_map(|e| e.tail_of(&name))?;
+            Some((name, found))
+        })
+        .collect()
+}
+
+/// `names` with their tails and incarnations in `engine` (names it no longer holds left out).
+fn resolve(engine: &Streams, names: Vec<String>) -> Vec<(String, u64, String)> {
+    names
+        .into_iter()
+        .filter_map(|name| {
+            let (tail, incarnation) = engine.tail_of(&name)?;
+            Some((name, tail, incarnation))
+        })
+        .collect()
+}
+
+/// Checks an id: 1 to [`MAX_ID_BYTES`] bytes, no control characters.
+fn check_id(id: &str) -> Result<(), SubscriptionError> {
+    if id.is_empty() || id.len() > MAX_ID_BYTES || id.chars().any(char::is_control) {
+        return Err(SubscriptionError::Invalid(format!(
+            "a subscription id is 1 to {MAX_ID_BYTES} bytes without control characters"
+        )));
+    }
+    Ok(())
+}
+
+impl Subscriptions {
+    /// Loads node `node`'s subscriptions over its engine `streams`, and starts the
+    /// dispatcher and the flusher (they stop at [`Subscriptions::close`], or when this is
+    /// dropped).
+    pub(crate) async fn open(
+        storage: Storage,
+        node: Arc<Node>,
+        streams: Streams,
+        limits: SubscriptionLimits,
+    ) -> Result<Arc<Subscriptions>, SubscriptionError> {
+        let limits = Arc::new(limits);
+        let own = Registry::load(storage.clone(), node, limits.clone()).await?;
+        let subscriptions = Arc::new(Subscriptions {
+            storage,
+            deliveries: Arc::new(tokio::sync::Semaphore::new(limits.max_deliveries.max(1))),
+            limits,
+            registries: RwLock::new(vec![Arc::new(own)]),
+            engines: Arc::new(RwLock::new(vec![streams])),
+            round: tokio::sync::Mutex::new(()),
+            stop: tokio::sync::watch::channel(false).0,
+        });
+        let weak = Arc::downgrade(&subscriptions);
+        tokio::spawn(run_rounds(weak.clone(), subscriptions.stop.subscribe()));
+        tokio::spawn(run_flushes(weak, subscriptions.stop.subscribe()));
+        Ok(subscriptions)
+    }
+
+    fn registries(&self) -> Vec<Arc<Registry>> {
+        self.registries
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|r| !r.is_fenced())
+            .cloned()
+            .collect()
+    }
+
+    fn engines(&self) -> Vec<Streams> {
+        self.engines
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The registry holding subscription `id`, if any.
+    fn find(&self, id: &str) -> Option<Arc<Registry>> {
+        self.registries()
+            .into_iter()
+            .find(|r| r.state().contains(id))
+    }
+
+    fn own(&self) -> Result<Arc<Registry>, SubscriptionError> {
+        self.registries()
+            .into_iter()
+            .next()
+            .ok_or_else(|| SubscriptionError::Unavailable("this node was taken over".into()))
+    }
+
+    fn tails(&self, names: impl IntoIterator<Item = String>) -> HashMap<String, (u64, String)> {
+        tails_in(&self.engines(), names)
+    }
+
+    /// Loads the subscriptions of node id `node`, which this process is taking over.
+    pub(crate) async fn load(&self, node: Arc<Node>) -> Result<LoadedRegistry, SubscriptionError> {
+        Ok(LoadedRegistry(Arc::new(
+            Registry::load(self.storage.clone(), node, self.limits.clone()).await?,
+        )))
+    }
+
+    /// Serves a taken-over node id's subscriptions and stream engine from now on (its
+    /// registry rescans every engine from its watermarks at the next round).
+    pub(crate) fn attach(&self, registry: LoadedRegistry, streams: Streams) {
+        self.engines
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(streams);
+        self.registries
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(registry.0);
+    }
+
+    /// Stops serving node id `node`'s subscriptions and engine (another process took it,
+    /// or this one releases it); with `flush`, what is dirty is written first.
+    pub(crate) async fn detach(&self, node: &str, flush: bool) {
+        let _round = self.round.lock().await;
+        let removed: Vec<Arc<Registry>> = {
+            let mut registries = self.registries.write().unwrap_or_else(|p| p.into_inner());
+            let (removed, kept) = registries.drain(..).partition(|r| r.node_id() == node);
+            *registries = kept;
+            removed
+        };
+        self.engines
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|e| e.node_id() != node);
+        if flush {
+            for registry in removed {
+                if let Err(e) = registry.flush().await {
+                    tracing::warn!(node, error = %e, "subscriptions of a released node id not stored; the next owner raises their wakes again");
+                }
+            }
+        }
+    }
+
+    /// Stops the loops, takes the engines' last changes and stores everything (part of the
+    /// database's shutdown).
+    pub(crate) async fn close(&self) {
+        self.stop.send_replace(true);
+        self.round().await;
+        for registry in self.registries() {
+            if let Err(e) = registry.flush().await {
+                tracing::warn!(node = %registry.node_id(), error = %e, "subscriptions not stored at shutdown; a restart raises their wakes again");
+            }
+        }
+    }
+
+    /// One dispatcher round: every engine's changes to every registry, then the deliveries
+    /// that are due.
+    async fn round(&self) {
+        let _round = self.round.lock().await;
+        let engines = self.engines();
+        let registries = self.registries();
+        let served: HashSet<&str> = engines.iter().map(Streams::node_id).collect();
+        for registry in &registries {
+            registry.state().keep_cursors(&served);
+        }
+        for engine in &engines {
+            let batch = engine.take_changes();
+            let names = batch.names.map(|names| resolve(engine, names));
+            for registry in &registries {
+                self.feed(registry, engine, batch.upto, names.as_deref())
+                    .await;
+            }
+        }
+        for registry in &registries {
+            registry.log_refusals();
+        }
+        self.start_deliveries(&registries);
+    }
+
+    /// Hands one engine's changes to one registry: the batch's names, or a rescan (the
+    /// registry just attached to the engine, or the batch overflowed).
+    async fn feed(
+        &self,
+        registry: &Registry,
+        engine: &Streams,
+        upto: Lsn,
+        names: Option<&[(String, u64, String)]>,
+    ) {
+        let id = engine.node_id();
+        let (cursor, watermark) = {
+            let state = registry.state();
+            (state.cursor(id), state.watermark(id))
+        };
+        let rescan_from = match cursor {
+            None => {
+                // Newly attached: every link's tail afresh, then what changed since the
+                // stored watermark (none stored: from now on).
+                let linked = registry.state().all_linked();
+                let tails = tails_in(std::slice::from_ref(engine), linked);
+                registry.state().note_all_tails(&tails, Instant::now());
+                watermark
+            }
+            Some(cursor) => names.is_none().then_some(cursor),
+        };
+        match (rescan_from, names) {
+            (Some(from), _) => {
+                let changed = resolve(engine, engine.changed_since(from));
+                self.observe(registry, &changed).await;
+            }
+            (None, Some(names)) => self.observe(registry, names).await,
+            (None, None) => {}
+        }
+        registry.state().set_cursor(id, upto);
+    }
+
+    /// Applies changed streams to a registry, a slice at a time (other tasks run between).
+    async fn observe(&self, registry: &Registry, changed: &[(String, u64, String)]) {
+        for slice in changed.chunks(512) {
+            {
+                let now = Instant::now();
+                let mut state = registry.state();
+                for (name, tail, incarnation) in slice {
+                    state.observe(name, *tail, incarnation, registry.limits(), now);
+                }
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Starts the deliveries that are due, within the limit of deliveries in flight.
+    fn start_deliveries(&self, registries: &[Arc<Registry>]) {
+        for registry in registries {
+            let free = self.deliveries.available_permits();
+            if free == 0 {
+                return;
+            }
+            let due = registry.state().take_due(Instant::now(), free);
+            for wake in due {
+                match self.deliveries.clone().try_acquire_owned() {
+                    Ok(permit) => {
+                        tokio::spawn(delivery::deliver(
+                            registry.clone(),
+                            wake,
+                            self.engines.clone(),
+                            permit,
+                        ));
+                    }
+                    Err(_) => registry.state().delivered(
+                        &wake.id,
+                        &wake.wake_id,
+                        &Err("no delivery slot".into()),
+                        Instant::now(),
+                    ),
+                }
+            }
+        }
+    }
+
+    /// Writes what is dirty in every registry.
+    async fn flush(&self) -> Result<(), SubscriptionError> {
+        let mut result = Ok(());
+        for registry in self.registries() {
+            if let Err(e) = registry.flush().await {
+                result = Err(e);
+            }
+        }
+        result
+    }
+
+    fn check_definition(&self, d: &Definition) -> Result<(), SubscriptionError> {
+        match &d.target {
+            Target::Webhook { url } => {
+                if !network::url_allowed(url, &self.limits.webhook_allowed_networks) {
+                    return Err(SubscriptionError::WebhookUrlRejected(url.clone()));
+                }
+            }
+            Target::PullWake { wake_stream } => {
+                if !matching::valid_stream_name(wake_stream) {
+                    return Err(SubscriptionError::Invalid(format!(
+                        "wake_stream {wake_stream:?} is not a stream name"
+                    )));
+                }
+            }
+        }
+        if d.streams.len() > self.limits.max_links {
+            return Err(SubscriptionError::TooManyStreams(self.limits.max_links));
+        }
+        registry::check_names(&d.streams)
+    }
+
+    /// Creates subscription `id` (`true`), or confirms the caller's subscription of the
+    /// same definition (`false`); either way it is stored when this answers.
+    /// `base_url` is where its consumers reach this server.
+    pub(crate) async fn put(
+        &self,
+        caller: &Caller,
+        id: &str,
+        definition: Definition,
+        base_url: &str,
+    ) -> Result<(bool, View), SubscriptionError> {
+        check_id(id)?;
+        self.check_definition(&definition)?;
+        let registry = match self.find(id) {
+            Some(registry) => registry,
+            None => self.own()?,
+        };
+        let tails = self.tails(definition.streams.iter().cloned());
+        let created = registry.state().create(
+            caller,
+            id,
+            definition,
+            base_url,
+            &tails,
+            &self.limits,
+            Instant::now(),
+        )?;
+        registry.persist(id).await.map_err(not_durable)?;
+        let view = registry.state().view(caller, id, registry.key())?;
+        Ok((created, view))
+    }
+
+    /// Subscription `id`, as `caller` may see it.
+    pub(crate) fn get(&self, caller: &Caller, id: &str) -> Result<View, SubscriptionError> {
+        let registry = self.find(id).ok_or(SubscriptionError::NotFound)?;
+        let state = registry.state();
+        state.view(caller, id, registry.key())
+    }
+
+    /// Deletes subscription `id`; its object is gone when this answers.
+    pub(crate) async fn delete(&self, caller: &Caller, id: &str) -> Result<(), SubscriptionError> {
+        let registry = self.find(id).ok_or(SubscriptionError::NotFound)?;
+        registry.state().delete(caller, id)?;
+        registry.persist(id).await.map_err(not_durable)
+    }
+
+    /// Links `names` to subscription `id` explicitly.
+    pub(crate) async fn add_streams(
+        &self,
+        caller: &Caller,
+        id: &str,
+        names: Vec<String>,
+    ) -> Result<(), SubscriptionError> {
+        if names.len() > self.limits.max_links {
+            return Err(SubscriptionError::TooManyStreams(self.limits.max_links));
+        }
+        registry::check_names(&names)?;
+        let registry = self.find(id).ok_or(SubscriptionError::NotFound)?;
+        let tails = self.tails(names.iter().cloned());
+        registry
+            .state()
+            .add_streams(caller, id, &names, &tails, &self.limits, Instant::now())?;
+        registry.persist(id).await.map_err(not_durable)
+    }
+
+    /// Unlinks stream `name` from subscription `id`.
+    pub(crate) async fn remove_stream(
+        &self,
+        caller: &Caller,
+        id: &str,
+        name: &str,
+    ) -> Result<(), SubscriptionError> {
+        let registry = self.find(id).ok_or(SubscriptionError::NotFound)?;
+        registry.state().remove_stream(caller, id, name)?;
+        registry.persist(id).await.map_err(not_durable)
+    }
+
+    /// A consumer acks (and may finish) the current wake of `id`, presenting the wake's
+    /// token. Returns whether more is pending (another wake follows). An ack the store does
+    /// not take at once is written later; lost in a crash, it costs a repeated wake.
+    pub(crate) async fn ack(
+        &self,
+        id: &str,
+        token: Option<&str>,
+        ack: Ack,
+    ) -> Result<bool, SubscriptionError> {
+        let registry = self.find(id).ok_or(SubscriptionError::Fenced)?;
+        let tails = self.tails(ack.acks.iter().map(|(name, _)| name.clone()));
+        let next = registry.state().ack(
+            id,
+            token,
+            &ack.wake_id,
+            ack.generation,
+            &ack.acks,
+            ack.done,
+            &tails,
+            Instant::now(),
+        )?;
+        if let Err(e) = registry.persist(id).await {
+            tracing::warn!(subscription = id, error = %e, "an ack is not stored yet; it is written later");
+        }
+        Ok(next)
+    }
+
+    /// Worker `worker` claims the wake of pull-wake subscription `id`: `None` when nothing
+    /// is pending. The wake's generation is stored when this answers.
+    pub(crate) async fn claim(
+        &self,
+        caller: &Caller,
+        id: &str,
+        worker: &str,
+    ) -> Result<Option<ClaimView>, SubscriptionError> {
+        let registry = self.find(id).ok_or(SubscriptionError::NotFound)?;
+        // The dispatcher runs behind the appends: a claim sees the data already there.
+        let linked = registry.state().linked(caller, id)?;
+        let tails = self.tails(linked);
+        let claimed = registry
+            .state()
+            .claim(caller, id, worker, &tails, Instant::now())?;
+        registry.persist(id).await.map_err(not_durable)?;
+        Ok(claimed)
+    }
+
+    /// The claiming worker releases the wake of `id`, presenting its token.
+    pub(crate) fn release(
+        &self,
+        id: &str,
+        token: Option<&str>,
+        wake_id: &str,
+        generation: Option<u64>,
+    ) -> Result<(), SubscriptionError> {
+        let registry = self.find(id).ok_or(SubscriptionError::Fenced)?;
+        registry
+            .state()
+            .release(id, token, wake_id, generation, Instant::now())
+    }
+
+    /// The keys webhooks are signed with (every registry's).
+    pub(crate) fn public_keys(&self) -> Vec<PublicKey> {
+        self.registries()
+            .iter()
+            .map(|r| PublicKey {
+                kid: r.key().kid().to_owned(),
+                key: r.key().public_key().to_vec(),
+            })
+            .collect()
+    }
+}
+
+async fn run_rounds(
+    subscriptions: Weak<Subscriptions>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(ROUND);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|stop| *stop) => break,
+            _ = tick.tick() => {}
+        }
+        let Some(subscriptions) = subscriptions.upgrade() else {
+            break;
+        };
+        subscriptions.round().await;
+    }
+}
+
+async fn run_flushes(
+    subscriptions: Weak<Subscriptions>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(FLUSH);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut warned: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|stop| *stop) => break,
+            _ = tick.tick() => {}
+        }
+        let Some(subscriptions) = subscriptions.upgrade() else {
+            break;
+        };
+        if let Err(e) = subscriptions.flush().await {
+            if warned.is_none_or(|at| at.elapsed() > Duration::from_secs(30)) {
+                tracing::warn!(error = %e, "subscription changes not stored yet; retrying");
+                warned = Some(Instant::now());
+            } else {
+                tracing::debug!(error = %e, "subscription changes not stored yet; retrying");
+            }
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! Where webhooks may go, and how their URLs are shown.
+//!
+//! Webhooks reach public addresses only: a URL's host is resolved at every delivery and
+//! every address it resolves to is checked against private, loopback, link-local, shared,
+//! documentation, benchmarking, multicast and reserved ranges (and the IPv4 address inside
+//! mapped, translated, NAT64 and 6to4 IPv6 addresses). A delivery connects to the address
+//! that was checked. [`SubscriptionLimits::webhook_allowed_networks`] opens ranges on
+//! purpose (a consumer on the same machine, tests).
+//!
+//! A webhook URL may carry a secret (a token in its query string); [`redacted_url`] is what
+//! anyone but the subscription's owner sees.
+//!
+//! [`SubscriptionLimits::webhook_allowed_networks`]: super::SubscriptionLimits
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// An IP network, `address/prefix` (a bare address is a network of one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Network {
+    address: IpAddr,
+    prefix: u8,
+}
+
+impl std::str::FromStr for Network {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let (address, prefix) = match text.trim().split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (text.trim(), None),
+        };
+        let address: IpAddr = address
+            .parse()
+            .map_err(|_| format!("{text:?} is not an IP address or network"))?;
+        let max = if address.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            Some(p) => p
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(|| format!("{text:?}: the prefix must be 0 to {max}"))?,
+            None => max,
+        };
+        Ok(Network { address, prefix })
+    }
+}
+
+impl Network {
+    fn contains(&self, ip: IpAddr) -> bool {
+        match (self.address, ip) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Whether an IPv4 address is on the public internet: not private, loopback, link-local,
+/// shared (CGNAT), documentation, benchmarking, multicast, reserved or broadcast.
+fn public_v4(ip: Ipv4Addr) -> bool {
+    let [a, b, c, _] = ip.octets();
+    !(a == 0
+        || a == 10
+        || a == 127
+        || (a == 100 && (64..128).contains(&b))
+        || (a == 169 && b == 254)
+        || (a == 172 && (16..32).contains(&b))
+        || (a == 192 && b == 168)
+        || (a == 192 && b == 0 && (c == 0 || c == 2))
+        || (a == 192 && b == 88 && c == 99)
+        || (a == 198 && (b == 18 || b == 19))
+        || (a == 198 && b == 51 && c == 100)
+        || (a == 203 && b == 0 && c == 113)
+        || a >= 224)
+}
+
+/// Whether an IPv6 address is on the public internet. Addresses that carry an IPv4 address
+/// (mapped, compatible, NAT64, 6to4) are judged by it.
+fn public_v6(ip: Ipv6Addr) -> bool {
+    let s = ip.segments();
+    let embedded = |hi: usize| {
+        Ipv4Addr::new(
+            (s[hi] >> 8) as u8,
+            s[hi] as u8,
+            (s[hi + 1] >> 8) as u8,
+            s[hi + 1] as u8,
+        )
+    };
+    if s[..5] == [0; 5] && (s[5] == 0xffff || s[5] == 0) {
+        // ::ffff:a.b.c.d (mapped), ::a.b.c.d (compatible), ::, ::1
+        return public_v4(embedded(6)) && !(s[5] == 0 && s[6] == 0);
+    }
+    if s[..4] == [0; 4] && s[4] == 0xffff && s[5] == 0 {
+        // ::ffff:0:a.b.c.d (IPv4-translated)
+        return public_v4(embedded(6));
+    }
+    if s[0] == 0x64 && s[1] == 0xff9b {
+        // NAT64: 64:ff9b::/96 carries the IPv4 address last; 64:ff9b:1::/48 (local use)
+        // carries it where its operator chose, so it is refused whole.
+        return s[2] != 1 && public_v4(embedded(6));
+    }
+    if s[0] == 0x2002 {
+        // 6to4: the IPv4 address is in the next 32 bits.
+        return public_v4(embedded(1));
+    }
+    !((s[0] & 0xfe00) == 0xfc00 // unique local fc00::/7
+        || (s[0] & 0xffc0) == 0xfe80 // link-local fe80::/10
+        || (s[0] & 0xffc0) == 0xfec0 // site-local fec0::/10
+        || (s[0] & 0xff00) == 0xff00 // multicast
+        || (s[0] == 0x2001 && s[1] < 0x0200) // protocol assignments, Teredo 2001::/23
+        || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation
+        || (s[0] == 0x0100 && s[1..4] == [0, 0, 0])) // discard 100::/64
+}
+
+/// Whether a webhook may be sent to `ip`: a public address, or one in an allowed network.
+pub(crate) fn address_allowed(ip: IpAddr, allowed: &[Network]) -> bool {
+    if allowed.iter().any(|n| n.contains(ip)) {
+        return true;
+    }
+    match ip {
+        IpAddr::V4(v4) => public_v4(v4),
+        IpAddr::V6(v6) => public_v6(v6),
+    }
+}
+
+/// Longest webhook URL, in bytes.
+pub(crate) const MAX_URL_BYTES: usize = 2048;
+
+/// Whether `url` may be a webhook target: a plain http(s) URL of at most [`MAX_URL_BYTES`],
+/// without user info, whose host, when it is an address, is one a webhook may reach. Names
+/// are resolved and checked at each delivery.
+pub(crate) fn url_allowed(url: &str, allowed: &[Network]) -> bool {
+    if url.len() > MAX_URL_BYTES {
+        return false;
+    }
+    let Ok(parsed) = url::Url::parse(url) else {
+        return false;
+    };
+    if !matches!(parsed.scheme(), "http" | "https")
+        || !parsed.username().is_empty()
+        || parsed.password().is_some()
+    {
+        return false;
+    }
+    match parsed.host() {
+        Some(url::Host::Ipv4(ip)) => address_allowed(IpAddr::V4(ip), allowed),
+        Some(url::Host::Ipv6(ip)) => address_allowed(IpAddr::V6(ip), allowed),
+        Some(url::Host::Domain(d)) => !d.is_empty(),
+        None => false,
+    }
+}
+
+/// The address a delivery to `url` connects to: its host resolved, every address it
+/// resolves to checked (a name that resolves to any inside address is refused).
+pub(crate) async fn target(url: &url::Url, allowed: &[Network]) -> Result<SocketAddr, String> {
+    let port = url.port_or_known_default().unwrap_or(80);
+    let addresses: Vec<SocketAddr> = match url.host() {
+        Some(url::Host::Ipv4(ip)) => vec![SocketAddr::new(IpAddr::V4(ip), port)],
+        Some(url::Host::Ipv6(ip)) => vec![SocketAddr::new(IpAddr::V6(ip), port)],
+        Some(url::Host::Domain(d)) => tokio::net::lookup_host((d, port))
+            .await
+            .map_err(|e| format!("cannot resolve {d}: {e}"))?
+            .collect(),
+        None => Vec::new(),
+    };
+    if let Some(bad) = addresses.iter().find(|a| !address_allowed(a.ip(), allowed)) {
+        return Err(format!("{} is not an address webhooks may reach", bad.ip()));
+    }
+    addresses
+        .into_iter()
+        .next()
+        .ok_or_else(|| "the webhook host has no address".to_owned())
+}
+
+/// A webhook URL as anyone but its owner sees it: without user info, query or fragment
+/// (where a URL carries secrets). The second value says whether anything was removed.
+pub(crate) fn redacted_url(url: &str) -> (String, bool) {
+    let Ok(mut parsed) = url::Url::parse(url) else {
+        return (String::new(), !url.is_empty());
+    };
+    let secret = parsed.query().is_some()
+        || parsed.fragment().is_some()
+        || !parsed.username().is_empty()
+        || parsed.password().is_some();
+    if !secret {
+        return (url.to_owned(), false);
+    }
+    parsed.set_query(None);
+    parsed.set_fragment(None);
+    let _ = parsed.set_username("");
+    let _ = parsed.set_password(None);
+    (parsed.to_string(), true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn webhook_targets() {
+        let none: &[Network] = &[];
+        assert!(url_allowed("https://example.com/hook", none));
+        assert!(url_allowed("http://8.8.8.8/hook", none));
+        assert!(!url_allowed("ftp://example.com/", none));
+        assert!(!url_allowed("http://user:pw@example.com/", none));
+        assert!(!url_allowed(
+            &format!("https://example.com/{}", "a".repeat(MAX_URL_BYTES)),
+            none
+        ));
+        for url in [
+            "http://127.0.0.1:9/hook",
+            "http://10.0.0.1/hook",
+            "http://192.168.1.2/hook",
+            "http://172.16.0.1/",
+            "http://100.64.0.1/",
+            "http://169.254.169.254/latest/meta-data",
+            "http://0.0.0.0/",
+            "http://[::1]/",
+            "http://[::ffff:127.0.0.1]/",
+            "http://[::ffff:10.0.0.1]/",
+            "http://[::ffff:169.254.169.254]/",
+            "http://[::ffff:0:127.0.0.1]/",
+            "http://[64:ff9b:1::808:808]/",
+            "http://[64:ff9b::a00:1]/",
+            "http://[2002:a00:1::]/",
+            "http://[fd00::1]/",
+            "http://[fe80::1]/",
+            "http://[ff02::1]/",
+            "http://[::]/",
+            "http://224.0.0.1/",
+            "http://255.255.255.255/",
+        ] {
+            assert!(!url_allowed(url, none), "{url} is allowed");
+        }
+        let loopback: Vec<Network> = vec!["127.0.0.0/8".parse().unwrap()];
+        assert!(url_allowed("http://127.0.0.1:9/hook", &loopback));
+        assert!(!url_allowed("http://10.0.0.1/hook", &loopback));
+        assert!("300.0.0.0/8".parse::<Network>().is_err());
+        assert!("10.0.0.0/33".parse::<Network>().is_err());
+    }
+
+    #[test]
+    fn secrets_are_taken_out_of_shown_urls() {
+        assert_eq!(
+            redacted_url("https://example.com/hook?token=s3cret#frag"),
+            ("https://example.com/hook".to_owned(), true)
+        );
+        assert_eq!(
+            redacted_url("https://example.com/hook"),
+            ("https://example.com/hook".to_owned(), false)
+        );
+        let (shown, redacted) = redacted_url("https://u:p@example.com/h?x=1");
+        assert!(redacted);
+        assert_eq!(shown, "https://example.com/h");
+    }
+}
