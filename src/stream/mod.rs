@@ -329,6 +329,25 @@ struct ChangeSet {
     overflowed: bool,
 }
 
+/// Where a stream stands, for subscriptions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StreamMark {
+    pub(crate) tail: u64,
+    pub(crate) incarnation: String,
+    /// The LSN of its last change.
+    pub(crate) changed_lsn: Lsn,
+}
+
+impl StreamMark {
+    fn of(s: &StreamState) -> Option<StreamMark> {
+        (!s.gone && !s.soft_deleted).then(|| StreamMark {
+            tail: s.tail,
+            incarnation: s.incarnation.clone(),
+            changed_lsn: s.applied_lsn,
+        })
+    }
+}
+
 /// What changed in an engine since the last [`Streams::take_changes`].
 #[derive(Debug)]
 pub(crate) struct ChangeBatch {
@@ -627,28 +646,32 @@ impl Streams {
         }
     }
 
-    /// The live streams whose last change is past `lsn` (a stream loaded from a snapshot
-    /// written before the per-stream LSN was kept counts as changed at the snapshot's LSN).
-    /// A scan of every stream: for rescans after a restart, a takeover or an overflow.
-    pub(crate) fn changed_since(&self, lsn: Lsn) -> Vec<String> {
+    /// The LSN of the last change applied: every change at or below it is in the change set
+    /// or was taken from it.
+    pub(crate) fn applied_lsn(&self) -> Lsn {
+        self.inner.applied_lsn.load(Ordering::Acquire)
+    }
+
+    /// The live streams with data whose last change is past `lsn` (a stream loaded from a
+    /// snapshot written before the per-stream LSN was kept counts as changed at the
+    /// snapshot's LSN), with where they stand. A scan of every stream: for rescans after a
+    /// restart, a takeover or an overflow.
+    pub(crate) fn changed_since(&self, lsn: Lsn) -> Vec<(String, StreamMark)> {
         let registry = self.inner.registry();
         registry
             .streams
             .iter()
-            .filter(|(_, stream)| {
-                let s = stream.read_state();
-                !s.gone && !s.soft_deleted && s.tail > 0 && s.applied_lsn > lsn
+            .filter_map(|(name, stream)| {
+                let mark = StreamMark::of(&stream.read_state())?;
+                (mark.tail > 0 && mark.changed_lsn > lsn).then(|| (name.clone(), mark))
             })
-            .map(|(name, _)| name.clone())
             .collect()
     }
 
-    /// The tail and incarnation of live stream `name`, from memory (an expired stream that
-    /// no request deleted yet still answers).
-    pub(crate) fn tail_of(&self, name: &str) -> Option<(u64, String)> {
-        let stream = self.lookup(name)?;
-        let s = stream.read_state();
-        (!s.gone && !s.soft_deleted).then(|| (s.tail, s.incarnation.clone()))
+    /// Where live stream `name` stands, from memory (an expired stream that no request
+    /// deleted yet still answers).
+    pub(crate) fn mark_of(&self, name: &str) -> Option<StreamMark> {
+        StreamMark::of(&self.lookup(name)?.read_state())
     }
 
     /// The node id whose streams these are.

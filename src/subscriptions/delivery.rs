@@ -5,13 +5,13 @@
 //!
 //! A webhook's answer is read up to [`MAX_ANSWER_BYTES`] and the connection dropped after:
 //! its status is what counts (2xx delivered), and a short `{"done": true}` body acks every
-//! stream the wake named. The request has a 10 s deadline, follows no redirect, uses no
-//! proxy and connects only to the address [`super::network::target`] checked. The body is
-//! signed: `webhook-signature: t={unix seconds},kid={key id},ed25519={base64url signature of
+//! stream the wake named. The request goes through the one webhook client
+//! ([`super::network::webhook_client`]: a 10 s deadline, no redirect, no proxy, only
+//! addresses its resolver checked). The body is signed: `webhook-signature: t={unix seconds},kid={key id},ed25519={base64url signature of
 //! "{t}.{body}"}`.
 
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
 use bytes::Bytes;
@@ -24,17 +24,15 @@ use crate::stream::{AppendRequest, Streams};
 /// Most bytes of a webhook's answer read.
 pub(super) const MAX_ANSWER_BYTES: usize = 4 << 10;
 
-/// How long a webhook request may take, answer included.
-const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// Delivers wake `due` of `registry` and reports how it went.
 pub(super) async fn deliver(
     registry: Arc<Registry>,
     due: Due,
     engines: Arc<RwLock<Vec<Streams>>>,
+    client: reqwest::Client,
     permit: tokio::sync::OwnedSemaphorePermit,
 ) {
-    let outcome = attempt(&registry, &due, &engines).await;
+    let outcome = attempt(&registry, &due, &engines, &client).await;
     if let Err(reason) = &outcome {
         tracing::debug!(subscription = %due.id, %reason, "wake not delivered; retrying later");
     }
@@ -48,6 +46,7 @@ async fn attempt(
     registry: &Registry,
     due: &Due,
     engines: &RwLock<Vec<Streams>>,
+    client: &reqwest::Client,
 ) -> Result<Delivered, String> {
     // The wake's generation is stored before anyone hears of it.
     registry.persist(&due.id).await.map_err(|e| e.to_string())?;
@@ -59,6 +58,7 @@ async fn attempt(
         Target::Webhook { url } => {
             let signature = signature(registry, &payload.body);
             post_webhook(
+                client,
                 &url,
                 payload.body,
                 signature,
@@ -113,21 +113,14 @@ struct Answer {
 }
 
 async fn post_webhook(
+    client: &reqwest::Client,
     url: &str,
     body: String,
     signature: String,
     allowed: &[super::Network],
 ) -> Result<Delivered, String> {
     let parsed = url::Url::parse(url).map_err(|e| e.to_string())?;
-    let target = super::network::target(&parsed, allowed).await?;
-    let mut builder = reqwest::Client::builder()
-        .timeout(WEBHOOK_TIMEOUT)
-        .redirect(reqwest::redirect::Policy::none())
-        .no_proxy();
-    if let Some(url::Host::Domain(d)) = parsed.host() {
-        builder = builder.resolve(d, target);
-    }
-    let client = builder.build().map_err(|e| e.to_string())?;
+    super::network::check_target(&parsed, allowed)?;
     let mut response = client
         .post(parsed)
         .header("content-type", "application/json")

@@ -106,6 +106,15 @@ impl Pattern {
         })
     }
 
+    /// The literal text before the first wildcard: every name the pattern matches starts
+    /// with it.
+    pub(crate) fn head(&self) -> &str {
+        match self.parts.first() {
+            Some(Part::Text(start, end)) => &self.text[*start..*end],
+            _ => "",
+        }
+    }
+
     fn text_of(&self, part: Part) -> &[u8] {
         match part {
             Part::Text(start, end) => &self.text.as_bytes()[start..end],
@@ -186,6 +195,12 @@ mod tests {
         assert!(glob("a*", "a"));
         assert!(glob("*a", "ba"));
         assert!(!glob("*a", "ab"));
+        assert_eq!(
+            Pattern::parse("events/*/x", None).unwrap().head(),
+            "events/"
+        );
+        assert_eq!(Pattern::parse("**", None).unwrap().head(), "");
+        assert_eq!(Pattern::parse("plain", None).unwrap().head(), "plain");
     }
 
     #[test]

@@ -21,21 +21,24 @@
 //!    past the bound the engine only records that it overflowed.
 //! 2. A dispatcher round ([`Subscriptions`]) takes each engine's changes and hands them to
 //!    every registry: a stream a subscription's pattern matches is linked, its tail noted,
-//!    and a wake raised when a link's tail passes its acked offset. After an overflow, a
-//!    restart or a takeover, the registry rescans the engine for streams changed since its
-//!    cursor or stored watermark instead.
+//!    and a wake raised when a link's tail passes its acked offset. After an overflow the
+//!    registry rescans the engine for streams changed since its cursor instead; after a
+//!    restart or a takeover, for streams changed since it first watched the engine (its
+//!    stored watermark), leaving out, per subscription, streams last changed before the
+//!    subscription was made.
 //! 3. A subscription with pending data always has a wake: raised when data arrives, and
 //!    again when a wake ends (done) with data still pending. A wake is delivered until it
 //!    is done: failed deliveries are retried with backoff (1 s doubling to 60 s), a webhook
 //!    consumer that does not finish within its lease gets the wake again, and a pull-wake
 //!    claim whose lease runs out (or that is released) is announced again.
-//! 4. What survives a restart is stored before it counts: links and acks are written to the
-//!    subscription's object (at once for API changes, within a flush for the dispatcher's),
-//!    a wake's generation before the wake is delivered or claimed, and an engine's watermark
-//!    only once every link change up to it is written. After a restart each link's tail is
-//!    read again, the engines are rescanned from their watermarks, and every pending link
-//!    gets a wake (with a new generation). The same happens on the node that takes a dead
-//!    node over.
+//! 4. What cannot be found again is stored: a subscription's definition and listed streams
+//!    (before the API answers), acked offsets (within a flush, 1 s), the block a wake's
+//!    generation comes from (before the wake is delivered or claimed), and where the
+//!    registry started watching each engine (before anything of it is applied). Links a
+//!    pattern made are not stored until something is acked: after a restart each stored
+//!    link's tail is read again, the engines are rescanned from where the registry started
+//!    watching them, and every pending link gets a wake (with a new generation). The same
+//!    happens on the node that takes a dead node over.
 //!
 //! # Limits that hold after a restart
 //! Everything keyed by client input is bounded ([`SubscriptionLimits`]): subscriptions per
@@ -58,8 +61,8 @@
 //! visible to admin keys only.
 //!
 //! # Webhooks stay outside
-//! See [`network`]: every address a webhook host resolves to is checked at every delivery,
-//! the request goes to the checked address, and redirects are not followed. Webhooks are
+//! See [`network`]: every address a webhook host resolves to is checked before the client
+//! connects to it, literal addresses at every delivery, and redirects are not followed. Webhooks are
 //! signed with the node's Ed25519 key, stored with its subscriptions (so signatures keep
 //! their key id across restarts and takeovers); `jwks.json` lists the keys of every
 //! registry the process holds.
@@ -82,7 +85,7 @@ use crate::error::{Applied, Classify, ErrorClass, Kind};
 use crate::log::Lsn;
 use crate::node::Node;
 use crate::storage::Storage;
-use crate::stream::Streams;
+use crate::stream::{StreamMark, Streams};
 use registry::Registry;
 
 /// Where the reserved APIs live, from the server root.
@@ -102,8 +105,8 @@ const MAX_LEASE_MS: u64 = 3_600_000;
 /// How often the dispatcher takes the engines' changes and starts due deliveries.
 const ROUND: Duration = Duration::from_millis(50);
 
-/// How often dirty subscriptions and watermarks are written.
-const FLUSH: Duration = Duration::from_millis(250);
+/// How often subscriptions whose objects are behind (acks, mostly) are written.
+const FLUSH: Duration = Duration::from_secs(1);
 
 /// Bounds on subscriptions, and the networks webhooks may reach.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -385,6 +388,8 @@ pub(crate) struct Subscriptions {
     engines: Arc<RwLock<Vec<Streams>>>,
     /// Deliveries in flight.
     deliveries: Arc<tokio::sync::Semaphore>,
+    /// What webhooks are sent with.
+    client: reqwest::Client,
     /// One dispatcher round at a time.
     round: tokio::sync::Mutex<()>,
     /// Stops the background loops.
@@ -399,27 +404,27 @@ impl std::fmt::Debug for Subscriptions {
     }
 }
 
-/// The tails and incarnations of `names`, where the engines hold them.
+/// Where `names` stand, in whichever engine holds them.
 fn tails_in(
     engines: &[Streams],
     names: impl IntoIterator<Item = String>,
-) -> HashMap<String, (u64, String)> {
+) -> HashMap<String, StreamMark> {
     names
         .into_iter()
         .filter_map(|name| {
-            let found = engines.iter().find_map(|e| e.tail_of(&name))?;
+            let found = engines.iter().find_map(|e| e.mark_of(&name))?;
             Some((name, found))
         })
         .collect()
 }
 
-/// `names` with their tails and incarnations in `engine` (names it no longer holds left out).
-fn resolve(engine: &Streams, names: Vec<String>) -> Vec<(String, u64, String)> {
+/// Where `names` stand in `engine` (names it no longer holds left out).
+fn resolve(engine: &Streams, names: Vec<String>) -> Vec<(String, StreamMark)> {
     names
         .into_iter()
         .filter_map(|name| {
-            let (tail, incarnation) = engine.tail_of(&name)?;
-            Some((name, tail, incarnation))
+            let mark = engine.mark_of(&name)?;
+            Some((name, mark))
         })
         .collect()
 }
@@ -445,9 +450,12 @@ impl Subscriptions {
         limits: SubscriptionLimits,
     ) -> Result<Arc<Subscriptions>, SubscriptionError> {
         let limits = Arc::new(limits);
+        let client = network::webhook_client(&limits.webhook_allowed_networks)
+            .map_err(SubscriptionError::Unavailable)?;
         let own = Registry::load(storage.clone(), node, limits.clone()).await?;
         let subscriptions = Arc::new(Subscriptions {
             storage,
+            client,
             deliveries: Arc::new(tokio::sync::Semaphore::new(limits.max_deliveries.max(1))),
             limits,
             registries: RwLock::new(vec![Arc::new(own)]),
@@ -492,7 +500,7 @@ impl Subscriptions {
             .ok_or_else(|| SubscriptionError::Unavailable("this node was taken over".into()))
     }
 
-    fn tails(&self, names: impl IntoIterator<Item = String>) -> HashMap<String, (u64, String)> {
+    fn tails(&self, names: impl IntoIterator<Item = String>) -> HashMap<String, StreamMark> {
         tails_in(&self.engines(), names)
     }
 
@@ -582,43 +590,66 @@ impl Subscriptions {
         registry: &Registry,
         engine: &Streams,
         upto: Lsn,
-        names: Option<&[(String, u64, String)]>,
+        names: Option<&[(String, StreamMark)]>,
     ) {
         let id = engine.node_id();
         let (cursor, watermark) = {
             let state = registry.state();
             (state.cursor(id), state.watermark(id))
         };
-        let rescan_from = match cursor {
+        match cursor {
             None => {
-                // Newly attached: every link's tail afresh, then what changed since the
-                // stored watermark (none stored: from now on).
+                // Newly attached (at start, or after a takeover): every link's tail afresh,
+                // then every stream changed since the registry first watched the engine.
+                // The first time, that position is stored before anything is applied.
+                if watermark.is_none()
+                    && let Err(e) = registry.watch_from(id, upto).await
+                {
+                    tracing::warn!(node = %registry.node_id(), engine = %id, error = %e, "cannot store where subscriptions start watching an engine; retrying");
+                    return;
+                }
                 let linked = registry.state().all_linked();
                 let tails = tails_in(std::slice::from_ref(engine), linked);
                 registry.state().note_all_tails(&tails, Instant::now());
-                watermark
+                match watermark {
+                    Some(from) => {
+                        let changed = engine.changed_since(from);
+                        self.observe(registry, id, &changed, true).await;
+                    }
+                    // Names the batch took past `upto` are news.
+                    None => {
+                        if let Some(names) = names {
+                            self.observe(registry, id, names, false).await;
+                        }
+                    }
+                }
             }
-            Some(cursor) => names.is_none().then_some(cursor),
-        };
-        match (rescan_from, names) {
-            (Some(from), _) => {
-                let changed = resolve(engine, engine.changed_since(from));
-                self.observe(registry, &changed).await;
-            }
-            (None, Some(names)) => self.observe(registry, names).await,
-            (None, None) => {}
+            Some(cursor) => match names {
+                Some(names) => self.observe(registry, id, names, false).await,
+                None => {
+                    let changed = engine.changed_since(cursor);
+                    self.observe(registry, id, &changed, false).await;
+                }
+            },
         }
         registry.state().set_cursor(id, upto);
     }
 
-    /// Applies changed streams to a registry, a slice at a time (other tasks run between).
-    async fn observe(&self, registry: &Registry, changed: &[(String, u64, String)]) {
+    /// Applies changed streams of engine `engine` to a registry, a slice at a time (other
+    /// tasks run between).
+    async fn observe(
+        &self,
+        registry: &Registry,
+        engine: &str,
+        changed: &[(String, StreamMark)],
+        rescan: bool,
+    ) {
         for slice in changed.chunks(512) {
             {
                 let now = Instant::now();
                 let mut state = registry.state();
-                for (name, tail, incarnation) in slice {
-                    state.observe(name, *tail, incarnation, registry.limits(), now);
+                for (name, mark) in slice {
+                    state.observe(engine, name, mark, rescan, registry.limits(), now);
                 }
             }
             tokio::task::yield_now().await;
@@ -640,6 +671,7 @@ impl Subscriptions {
                             registry.clone(),
                             wake,
                             self.engines.clone(),
+                            self.client.clone(),
                             permit,
                         ));
                     }
@@ -703,11 +735,17 @@ impl Subscriptions {
             None => self.own()?,
         };
         let tails = self.tails(definition.streams.iter().cloned());
+        let since = self
+            .engines()
+            .iter()
+            .map(|e| (e.node_id().to_owned(), e.applied_lsn()))
+            .collect();
         let created = registry.state().create(
             caller,
             id,
             definition,
             base_url,
+            since,
             &tails,
             &self.limits,
             Instant::now(),

@@ -1,11 +1,13 @@
 //! Where webhooks may go, and how their URLs are shown.
 //!
-//! Webhooks reach public addresses only: a URL's host is resolved at every delivery and
-//! every address it resolves to is checked against private, loopback, link-local, shared,
-//! documentation, benchmarking, multicast and reserved ranges (and the IPv4 address inside
-//! mapped, translated, NAT64 and 6to4 IPv6 addresses). A delivery connects to the address
-//! that was checked. [`SubscriptionLimits::webhook_allowed_networks`] opens ranges on
-//! purpose (a consumer on the same machine, tests).
+//! Webhooks reach public addresses only: every address a URL's host resolves to, whenever
+//! the webhook client opens a connection ([`webhook_client`]'s resolver), and an address
+//! given literally, at every delivery ([`check_target`]), is checked against private,
+//! loopback, link-local, shared, documentation, benchmarking, multicast and reserved ranges
+//! (and the IPv4 address inside mapped, translated, NAT64 and 6to4 IPv6 addresses). A name
+//! that resolves to any address outside is refused whole, and the client connects only to
+//! the addresses its resolver checked. [`SubscriptionLimits::webhook_allowed_networks`]
+//! opens ranges on purpose (a consumer on the same machine, tests).
 //!
 //! A webhook URL may carry a secret (a token in its query string); [`redacted_url`] is what
 //! anyone but the subscription's owner sees.
@@ -160,26 +162,71 @@ pub(crate) fn url_allowed(url: &str, allowed: &[Network]) -> bool {
     }
 }
 
-/// The address a delivery to `url` connects to: its host resolved, every address it
-/// resolves to checked (a name that resolves to any inside address is refused).
-pub(crate) async fn target(url: &url::Url, allowed: &[Network]) -> Result<SocketAddr, String> {
-    let port = url.port_or_known_default().unwrap_or(80);
-    let addresses: Vec<SocketAddr> = match url.host() {
-        Some(url::Host::Ipv4(ip)) => vec![SocketAddr::new(IpAddr::V4(ip), port)],
-        Some(url::Host::Ipv6(ip)) => vec![SocketAddr::new(IpAddr::V6(ip), port)],
-        Some(url::Host::Domain(d)) => tokio::net::lookup_host((d, port))
-            .await
-            .map_err(|e| format!("cannot resolve {d}: {e}"))?
-            .collect(),
-        None => Vec::new(),
-    };
-    if let Some(bad) = addresses.iter().find(|a| !address_allowed(a.ip(), allowed)) {
-        return Err(format!("{} is not an address webhooks may reach", bad.ip()));
+/// Checks a delivery's URL before it is sent: http(s), and an address given literally one a
+/// webhook may reach (the client connects to a literal address without resolving it; names
+/// are checked by the client's resolver).
+pub(crate) fn check_target(url: &url::Url, allowed: &[Network]) -> Result<(), String> {
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!("{} is not a webhook scheme", url.scheme()));
     }
-    addresses
-        .into_iter()
-        .next()
-        .ok_or_else(|| "the webhook host has no address".to_owned())
+    let literal = match url.host() {
+        Some(url::Host::Ipv4(ip)) => IpAddr::V4(ip),
+        Some(url::Host::Ipv6(ip)) => IpAddr::V6(ip),
+        Some(url::Host::Domain(_)) => return Ok(()),
+        None => return Err("the webhook URL has no host".into()),
+    };
+    if address_allowed(literal, allowed) {
+        Ok(())
+    } else {
+        Err(format!("{literal} is not an address webhooks may reach"))
+    }
+}
+
+/// Resolves webhook hosts for the client, handing it only addresses webhooks may reach.
+struct CheckedResolver {
+    allowed: std::sync::Arc<[Network]>,
+}
+
+impl reqwest::dns::Resolve for CheckedResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let allowed = self.allowed.clone();
+        let host = name.as_str().to_owned();
+        Box::pin(async move {
+            let addresses: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            if let Some(bad) = addresses
+                .iter()
+                .find(|a| !address_allowed(a.ip(), &allowed))
+            {
+                return Err(format!(
+                    "{host} resolves to {}, which webhooks may not reach",
+                    bad.ip()
+                )
+                .into());
+            }
+            if addresses.is_empty() {
+                return Err(format!("{host} has no address").into());
+            }
+            Ok(Box::new(addresses.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+/// The one client webhooks are sent with: addresses checked by its resolver, a 10 s
+/// deadline per request (answer included), no redirects, no proxy, a few idle connections
+/// kept per host.
+pub(crate) fn webhook_client(allowed: &[Network]) -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(10))
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .pool_max_idle_per_host(2)
+        .pool_idle_timeout(std::time::Duration::from_secs(30))
+        .dns_resolver(std::sync::Arc::new(CheckedResolver {
+            allowed: allowed.into(),
+        }))
+        .build()
+        .map_err(|e| format!("the webhook client: {e}"))
 }
 
 /// A webhook URL as anyone but its owner sees it: without user info, query or fragment

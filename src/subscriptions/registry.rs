@@ -2,14 +2,20 @@
 //! that change it) and the [`Registry`] that stores it.
 //!
 //! Invariants:
-//! - A subscription's `version` counts its stored changes and `written` the last version
-//!   stored; `version > written` means its object is behind ("dirty"). Every change that
-//!   must survive a restart (links, acks, generations) bumps `version`.
-//! - A wake's generation is stored before the wake is delivered or claimed: a restart never
-//!   hands out a generation twice.
-//! - `cursors[engine]` is how far the engine's changes were applied to the links in memory;
-//!   the stored watermark moves to a cursor only after every subscription dirtied up to it
-//!   was written ([`Registry::flush`]). A restart rescans each engine from its watermark.
+//! - A subscription's `version` counts changes to its stored form and `written` the last
+//!   version stored; `version > written` means its object is behind ("dirty"). What is
+//!   stored is what cannot be found again: the definition, listed links, acked offsets (with
+//!   the incarnation they belong to) and the generation block. A link a pattern made and
+//!   nothing acked is not stored: after a restart the rescan links it again.
+//! - Generations are handed out from blocks of [`GENERATION_BLOCK`]: the end of the block is
+//!   what is stored, and it is stored before a wake of the block is delivered or claimed. A
+//!   restart goes on after the stored end, so a generation is never handed out twice (and a
+//!   wake costs no write of its own).
+//! - `cursors[engine]` is how far the engine's changes were applied to the links in memory.
+//!   `watermarks[engine]` is the engine's position when the registry first watched it,
+//!   stored before anything of the engine is applied: a restart (or the node that takes
+//!   this one over) rescans every stream changed after it, skipping, for each subscription,
+//!   streams whose last change is older than the subscription (`since`).
 //! - A link is pending while its tail is past its acked offset; a subscription with a
 //!   pending link always has a wake (raised when the link became pending, or when the
 //!   previous wake ended), so no data goes unannounced.
@@ -29,10 +35,13 @@ use super::{
 };
 use crate::log::Lsn;
 use crate::node::Node;
-use crate::stream::format_offset;
+use crate::stream::{StreamMark, format_offset};
 
 /// Most streams one wake names.
 pub(super) const MAX_WAKE_STREAMS: usize = 1000;
+
+/// How many generations one stored write reserves.
+const GENERATION_BLOCK: u64 = 1024;
 
 /// Longest wait before a failed delivery is tried again.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -88,6 +97,15 @@ impl Link {
     fn pending(&self) -> bool {
         self.tail > self.acked
     }
+
+    /// What is stored of it: listed links, and links with something acked.
+    fn stored(&self) -> Option<StoredLink> {
+        (self.explicit || self.acked > 0).then(|| StoredLink {
+            explicit: self.explicit,
+            acked: self.acked,
+            incarnation: self.incarnation.clone(),
+        })
+    }
 }
 
 /// A subscription's current wake.
@@ -122,7 +140,13 @@ struct Sub {
     pattern: Option<Pattern>,
     base_url: String,
     links: BTreeMap<String, Link>,
+    /// Each engine's position when the subscription was made: a rescan skips streams whose
+    /// last change is older.
+    since: BTreeMap<String, Lsn>,
+    /// The last generation handed out.
     generation: u64,
+    /// The end of the block of generations reserved (what is stored).
+    reserved: u64,
     wake: Option<Wake>,
     version: u64,
     written: u64,
@@ -157,7 +181,10 @@ impl Sub {
                     )
                 })
                 .collect(),
+            since: stored.since,
+            // A restart goes on after every generation an earlier run may have used.
             generation: stored.generation,
+            reserved: stored.generation,
             definition: stored.definition,
             wake: None,
             version: 0,
@@ -178,18 +205,10 @@ impl Sub {
             links: self
                 .links
                 .iter()
-                .map(|(name, l)| {
-                    (
-                        name.clone(),
-                        StoredLink {
-                            explicit: l.explicit,
-                            acked: l.acked,
-                            incarnation: l.incarnation.clone(),
-                        },
-                    )
-                })
+                .filter_map(|(name, l)| Some((name.clone(), l.stored()?)))
                 .collect(),
-            generation: self.generation,
+            since: self.since.clone(),
+            generation: self.reserved,
         }
     }
 
@@ -214,13 +233,17 @@ impl Sub {
     }
 
     /// Raises a wake when there is none and a link is pending (`known_pending` says one is,
-    /// sparing the scan). Bumps the generation, which must be stored before delivery.
+    /// sparing the scan). Takes the next generation, reserving a new block (to be stored
+    /// before delivery) when the stored one is used up.
     fn raise(&mut self, known_pending: bool, now: Instant) -> bool {
         if self.wake.is_some() || !(known_pending || self.pending()) {
             return false;
         }
         self.generation += 1;
-        self.version += 1;
+        if self.generation > self.reserved {
+            self.reserved = self.generation.saturating_add(GENERATION_BLOCK - 1);
+            self.version += 1;
+        }
         self.wake = Some(Wake {
             id: token(),
             generation: self.generation,
@@ -249,18 +272,17 @@ impl Sub {
         caller.admin || *self.owner == *caller.subject
     }
 
-    /// Takes in fresh tails of linked streams; `true` when a stored field changed.
-    fn note_tails(&mut self, tails: &HashMap<String, (u64, String)>) -> bool {
+    /// Takes in fresh tails of linked streams.
+    fn note_tails(&mut self, tails: &HashMap<String, StreamMark>) {
         let mut changed = false;
         for (name, link) in self.links.iter_mut() {
-            if let Some((tail, incarnation)) = tails.get(name) {
-                changed |= link.note(*tail, incarnation);
+            if let Some(mark) = tails.get(name) {
+                changed |= note_stored(link, mark);
             }
         }
         if changed {
             self.version += 1;
         }
-        changed
     }
 
     fn view(&self, caller: &Caller, key: &SigningKey) -> View {
@@ -327,15 +349,100 @@ pub(super) struct Due {
     pub(super) wake_id: String,
 }
 
+/// Which subscriptions may watch a stream, so that a change is matched against those only:
+/// the ones that list it, and the ones whose pattern's literal head starts its name.
+#[derive(Debug, Default)]
+struct Index {
+    /// Listed stream name -> the subscriptions that list it.
+    listed: HashMap<String, HashSet<String>>,
+    /// Pattern head -> the subscriptions with a pattern of that head.
+    heads: HashMap<String, HashSet<String>>,
+    /// How many heads there are of each length.
+    head_lengths: BTreeMap<usize, usize>,
+}
+
+impl Index {
+    fn add_listed(&mut self, id: &str, name: &str) {
+        self.listed
+            .entry(name.to_owned())
+            .or_default()
+            .insert(id.to_owned());
+    }
+
+    fn remove_listed(&mut self, id: &str, name: &str) {
+        if let Some(ids) = self.listed.get_mut(name) {
+            ids.remove(id);
+            if ids.is_empty() {
+                self.listed.remove(name);
+            }
+        }
+    }
+
+    fn add(&mut self, sub: &Sub) {
+        if let Some(head) = sub.pattern.as_ref().map(Pattern::head) {
+            let ids = self.heads.entry(head.to_owned()).or_default();
+            if ids.is_empty() {
+                *self.head_lengths.entry(head.len()).or_default() += 1;
+            }
+            ids.insert(sub.id.clone());
+        }
+        for (name, link) in &sub.links {
+            if link.explicit {
+                self.add_listed(&sub.id, name);
+            }
+        }
+    }
+
+    fn remove(&mut self, sub: &Sub) {
+        if let Some(head) = sub.pattern.as_ref().map(Pattern::head)
+            && let Some(ids) = self.heads.get_mut(head)
+        {
+            ids.remove(&sub.id);
+            if ids.is_empty() {
+                self.heads.remove(head);
+                if let Some(n) = self.head_lengths.get_mut(&head.len()) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.head_lengths.remove(&head.len());
+                    }
+                }
+            }
+        }
+        for (name, link) in &sub.links {
+            if link.explicit {
+                self.remove_listed(&sub.id, name);
+            }
+        }
+    }
+
+    /// The subscriptions that may watch stream `name` (one lookup per distinct head length,
+    /// at most the longest pattern's bytes).
+    fn candidates(&self, name: &str) -> Vec<String> {
+        let mut found: HashSet<&String> = HashSet::new();
+        if let Some(ids) = self.listed.get(name) {
+            found.extend(ids);
+        }
+        for len in self.head_lengths.keys().take_while(|l| **l <= name.len()) {
+            if let Some(head) = name.get(..*len)
+                && let Some(ids) = self.heads.get(head)
+            {
+                found.extend(ids);
+            }
+        }
+        found.into_iter().cloned().collect()
+    }
+}
+
 /// Every subscription of one node id, in memory.
 #[derive(Debug, Default)]
 pub(super) struct State {
     subs: HashMap<String, Sub>,
+    index: Index,
     /// Removed; their objects are deleted at the next write.
     deleted: HashSet<String>,
     /// How far each attached engine's changes are applied to the links in memory.
     cursors: HashMap<String, Lsn>,
-    /// As last stored (or loaded).
+    /// Each engine's position when this registry first watched it (as stored).
     watermarks: BTreeMap<String, Lsn>,
     stored_bytes: usize,
     /// Links a pattern matched but the limits did not leave room for.
@@ -379,7 +486,8 @@ impl State {
         id: &str,
         definition: Definition,
         base_url: &str,
-        tails: &HashMap<String, (u64, String)>,
+        since: BTreeMap<String, Lsn>,
+        tails: &HashMap<String, StreamMark>,
         limits: &SubscriptionLimits,
         now: Instant,
     ) -> Result<bool, SubscriptionError> {
@@ -412,8 +520,10 @@ impl State {
                 .iter()
                 .map(|name| (name.clone(), Link::new(true)))
                 .collect(),
+            since,
             definition,
             generation: 0,
+            reserved: 0,
             wake: None,
             version: 1,
             written: 0,
@@ -432,6 +542,7 @@ impl State {
         sub.raise(false, now);
         self.stored_bytes += sub.bytes;
         self.deleted.remove(id);
+        self.index.add(&sub);
         self.subs.insert(id.to_owned(), sub);
         Ok(true)
     }
@@ -448,6 +559,7 @@ impl State {
     pub(super) fn delete(&mut self, caller: &Caller, id: &str) -> Result<(), SubscriptionError> {
         self.get(caller, id)?;
         if let Some(sub) = self.subs.remove(id) {
+            self.index.remove(&sub);
             self.stored_bytes = self.stored_bytes.saturating_sub(sub.bytes);
             self.deleted.insert(id.to_owned());
         }
@@ -460,7 +572,7 @@ impl State {
         caller: &Caller,
         id: &str,
         names: &[String],
-        tails: &HashMap<String, (u64, String)>,
+        tails: &HashMap<String, StreamMark>,
         limits: &SubscriptionLimits,
         now: Instant,
     ) -> Result<(), SubscriptionError> {
@@ -491,6 +603,9 @@ impl State {
         sub.note_tails(tails);
         sub.raise(false, now);
         self.stored_bytes += more;
+        for name in names {
+            self.index.add_listed(id, name);
+        }
         Ok(())
     }
 
@@ -501,11 +616,15 @@ impl State {
         name: &str,
     ) -> Result<(), SubscriptionError> {
         let sub = self.get_mut(caller, id)?;
-        if sub.links.remove(name).is_some() {
-            let freed = link_bytes(name);
-            sub.bytes = sub.bytes.saturating_sub(freed);
-            sub.version += 1;
-            self.stored_bytes = self.stored_bytes.saturating_sub(freed);
+        let Some(link) = sub.links.remove(name) else {
+            return Ok(());
+        };
+        let freed = link_bytes(name);
+        sub.bytes = sub.bytes.saturating_sub(freed);
+        sub.version += 1;
+        self.stored_bytes = self.stored_bytes.saturating_sub(freed);
+        if link.explicit {
+            self.index.remove_listed(id, name);
         }
         Ok(())
     }
@@ -527,29 +646,41 @@ impl State {
             .collect()
     }
 
-    /// Stream `name` has (at least) `tail` bytes as incarnation `incarnation`: links it to
-    /// the subscriptions whose pattern matches, and raises their wakes.
+    /// Stream `name` of engine `engine` stands at `mark`: links it to the subscriptions
+    /// whose pattern matches, and raises their wakes. In a rescan, a subscription is not
+    /// linked to a stream whose last change is older than the subscription.
     pub(super) fn observe(
         &mut self,
+        engine: &str,
         name: &str,
-        tail: u64,
-        incarnation: &str,
+        mark: &StreamMark,
+        rescan: bool,
         limits: &SubscriptionLimits,
         now: Instant,
     ) {
         let State {
             subs,
+            index,
             stored_bytes,
             refused_links,
             ..
         } = self;
-        for sub in subs.values_mut() {
+        for id in index.candidates(name) {
+            let Some(sub) = subs.get_mut(&id) else {
+                continue;
+            };
             // A subscription never wakes itself with its own wake events.
             if sub.wake_stream() == Some(name) {
                 continue;
             }
             if !sub.links.contains_key(name) {
-                if !sub.pattern.as_ref().is_some_and(|p| p.matches(name)) {
+                if !sub.pattern.as_ref().is_some_and(|p| p.matches(name))
+                    || (rescan
+                        && sub
+                            .since
+                            .get(engine)
+                            .is_some_and(|s| mark.changed_lsn <= *s))
+                {
                     continue;
                 }
                 let cost = link_bytes(name);
@@ -559,15 +690,15 @@ impl State {
                     *refused_links += 1;
                     continue;
                 }
+                // Not stored until something is acked: a rescan finds it again.
                 sub.links.insert(name.to_owned(), Link::new(false));
                 sub.bytes += cost;
                 *stored_bytes += cost;
-                sub.version += 1;
             }
             let Some(link) = sub.links.get_mut(name) else {
                 continue;
             };
-            if link.note(tail, incarnation) {
+            if note_stored(link, mark) {
                 sub.version += 1;
             }
             let pending = link.pending();
@@ -576,7 +707,7 @@ impl State {
     }
 
     /// Takes in fresh tails for every subscription (after a restart or a takeover).
-    pub(super) fn note_all_tails(&mut self, tails: &HashMap<String, (u64, String)>, now: Instant) {
+    pub(super) fn note_all_tails(&mut self, tails: &HashMap<String, StreamMark>, now: Instant) {
         for sub in self.subs.values_mut() {
             sub.note_tails(tails);
             sub.raise(false, now);
@@ -617,7 +748,7 @@ impl State {
         generation: u64,
         acks: &[(String, u64)],
         done: bool,
-        tails: &HashMap<String, (u64, String)>,
+        tails: &HashMap<String, StreamMark>,
         now: Instant,
     ) -> Result<bool, SubscriptionError> {
         let sub = self.subs.get_mut(id).ok_or(SubscriptionError::Fenced)?;
@@ -654,7 +785,7 @@ impl State {
         caller: &Caller,
         id: &str,
         worker: &str,
-        tails: &HashMap<String, (u64, String)>,
+        tails: &HashMap<String, StreamMark>,
         now: Instant,
     ) -> Result<Option<ClaimView>, SubscriptionError> {
         let sub = self.get_mut(caller, id)?;
@@ -867,22 +998,15 @@ impl State {
         }
     }
 
-    /// The watermarks to store once everything dirty now is written: the stored ones, moved
-    /// to the cursors of the attached engines.
-    pub(super) fn next_watermarks(&self) -> BTreeMap<String, Lsn> {
+    /// The watermarks with engine `engine` added at `lsn`.
+    pub(super) fn watermarks_with(&self, engine: &str, lsn: Lsn) -> BTreeMap<String, Lsn> {
         let mut next = self.watermarks.clone();
-        for (engine, lsn) in &self.cursors {
-            next.insert(engine.clone(), *lsn);
-        }
+        next.insert(engine.to_owned(), lsn);
         next
     }
 
     pub(super) fn watermarks_stored(&mut self, watermarks: BTreeMap<String, Lsn>) {
         self.watermarks = watermarks;
-    }
-
-    pub(super) fn watermarks_stored_are(&self, watermarks: &BTreeMap<String, Lsn>) -> bool {
-        self.watermarks == *watermarks
     }
 }
 
@@ -892,6 +1016,13 @@ pub(super) enum ToStore {
     Write(u64, Vec<u8>),
     Delete,
     Nothing,
+}
+
+/// Takes a stream's mark into a link; `true` when what is stored of the link changed.
+fn note_stored(link: &mut Link, mark: &StreamMark) -> bool {
+    let before = link.stored();
+    link.note(mark.tail, &mark.incarnation);
+    link.stored() != before
 }
 
 fn apply_acks(sub: &mut Sub, acks: &[(String, u64)]) {
@@ -971,6 +1102,7 @@ impl Registry {
             sub.version = 1;
             sub.written = 1;
             state.stored_bytes += sub.bytes;
+            state.index.add(&sub);
             state.subs.insert(sub.id.clone(), sub);
         }
         Ok(Registry {
@@ -1038,19 +1170,13 @@ impl Registry {
         Ok(())
     }
 
-    /// Writes every subscription whose object is behind, deletes removed ones, then moves
-    /// the stored watermarks to the cursors that held when it began.
+    /// Writes every subscription whose object is behind, and deletes removed ones.
     pub(super) async fn flush(&self) -> Result<(), SubscriptionError> {
         let _flushing = self.flushing.lock().await;
-        let (next, dirty, deleted) = {
-            let state = self.state();
-            let next = state.next_watermarks();
-            let (dirty, deleted) = state.dirty();
-            if dirty.is_empty() && deleted.is_empty() && state.watermarks_stored_are(&next) {
-                return Ok(());
-            }
-            (next, dirty, deleted)
-        };
+        let (dirty, deleted) = self.state().dirty();
+        if dirty.is_empty() && deleted.is_empty() {
+            return Ok(());
+        }
         self.node
             .ensure_current()
             .await
@@ -1064,10 +1190,21 @@ impl Registry {
         )
         .await;
         results.into_iter().collect::<Result<Vec<()>, _>>()?;
-        if !self.state().watermarks_stored_are(&next) {
-            self.store.write_watermarks(&next).await?;
-            self.state().watermarks_stored(next);
+        Ok(())
+    }
+
+    /// Stores that this registry watches engine `engine` from `lsn` on (before anything of
+    /// the engine is applied, so that a restart rescans from there).
+    pub(super) async fn watch_from(&self, engine: &str, lsn: Lsn) -> Result<(), SubscriptionError> {
+        if self.node.is_fenced() {
+            return Err(SubscriptionError::Unavailable(format!(
+                "node {} was taken over",
+                self.node.id()
+            )));
         }
+        let next = self.state().watermarks_with(engine, lsn);
+        self.store.write_watermarks(&next).await?;
+        self.state().watermarks_stored(next);
         Ok(())
     }
 
@@ -1119,8 +1256,16 @@ mod tests {
         )
     }
 
-    fn no_tails() -> HashMap<String, (u64, String)> {
+    fn no_tails() -> HashMap<String, StreamMark> {
         HashMap::new()
+    }
+
+    fn mark(tail: u64, incarnation: &str) -> StreamMark {
+        StreamMark {
+            tail,
+            incarnation: incarnation.to_owned(),
+            changed_lsn: 1,
+        }
     }
 
     #[test]
@@ -1136,21 +1281,22 @@ mod tests {
                     "s",
                     webhook("events/*"),
                     "http://h",
+                    BTreeMap::new(),
                     &no_tails(),
                     &limits,
                     now
                 )
                 .unwrap()
         );
-        state.observe("events/a", 10, "i1", &limits, now);
-        state.observe("other/a", 10, "i1", &limits, now);
+        state.observe("n", "events/a", &mark(10, "i1"), false, &limits, now);
+        state.observe("n", "other/a", &mark(10, "i1"), false, &limits, now);
         let due = state.take_due(now, 10);
         assert_eq!(due.len(), 1);
         let payload = state.payload("s", &due[0].wake_id).unwrap();
         assert!(payload.body.contains("events/a"), "{}", payload.body);
         assert!(!payload.body.contains("other/a"));
         // More data while the wake is out; the consumer says done for what it was told.
-        state.observe("events/b", 5, "i1", &limits, now);
+        state.observe("n", "events/b", &mark(5, "i1"), false, &limits, now);
         state.delivered("s", &due[0].wake_id, &Ok(Delivered::WebhookDone), now);
         // events/b is still pending: a new wake, with a new generation, at once.
         let again = state.take_due(now, 10);
@@ -1173,12 +1319,13 @@ mod tests {
                 "s",
                 webhook("e/*"),
                 "http://h",
+                BTreeMap::new(),
                 &no_tails(),
                 &limits,
                 now,
             )
             .unwrap();
-        state.observe("e/a", 1, "i", &limits, now);
+        state.observe("n", "e/a", &mark(1, "i"), false, &limits, now);
         let due = state.take_due(now, 10);
         assert!(state.take_due(now, 10).is_empty(), "being delivered");
         state.delivered("s", &due[0].wake_id, &Err("refused".into()), now);
@@ -1200,6 +1347,7 @@ mod tests {
                 "s",
                 webhook("e/*"),
                 "http://h",
+                BTreeMap::new(),
                 &no_tails(),
                 &limits,
                 now,
@@ -1225,6 +1373,7 @@ mod tests {
                 "s",
                 webhook("e/*"),
                 "http://h",
+                BTreeMap::new(),
                 &no_tails(),
                 &limits,
                 now
@@ -1258,12 +1407,13 @@ mod tests {
                 "s",
                 webhook("e/*"),
                 "http://h",
+                BTreeMap::new(),
                 &no_tails(),
                 &limits,
                 now,
             )
             .unwrap();
-        state.observe("e/a", 10, "i1", &limits, now);
+        state.observe("n", "e/a", &mark(10, "i1"), false, &limits, now);
         let due = state.take_due(now, 1);
         let (token, generation) = {
             let w = state.subs["s"].wake.as_ref().unwrap();
@@ -1299,7 +1449,7 @@ mod tests {
             Err(SubscriptionError::Fenced)
         ));
         // Deleted and created again, with less data than was acked: pending from 0.
-        state.observe("e/a", 4, "i2", &limits, now);
+        state.observe("n", "e/a", &mark(4, "i2"), false, &limits, now);
         assert_eq!(state.subs["s"].links["e/a"].acked, 0);
         assert_eq!(state.take_due(now, 1).len(), 1);
     }
@@ -1318,13 +1468,14 @@ mod tests {
                 "s",
                 webhook("e/*"),
                 "http://h",
+                BTreeMap::new(),
                 &no_tails(),
                 &limits,
                 now,
             )
             .unwrap();
         for i in 0..5 {
-            state.observe(&format!("e/{i}"), 1, "i", &limits, now);
+            state.observe("n", &format!("e/{i}"), &mark(1, "i"), false, &limits, now);
         }
         assert_eq!(state.subs["s"].links.len(), 2);
         assert_eq!(state.take_refused_links(), 3);
@@ -1346,10 +1497,19 @@ mod tests {
             None,
         );
         state
-            .create(&alice, "p", def, "http://h", &no_tails(), &limits, now)
+            .create(
+                &alice,
+                "p",
+                def,
+                "http://h",
+                BTreeMap::new(),
+                &no_tails(),
+                &limits,
+                now,
+            )
             .unwrap();
         // Its own wake stream never wakes it.
-        state.observe("w", 5, "i", &limits, now);
+        state.observe("n", "w", &mark(5, "i"), false, &limits, now);
         assert!(state.subs["p"].wake.is_none());
         assert!(
             state
@@ -1357,7 +1517,7 @@ mod tests {
                 .unwrap()
                 .is_none()
         );
-        state.observe("e/a", 5, "i", &limits, now);
+        state.observe("n", "e/a", &mark(5, "i"), false, &limits, now);
         let claim = state
             .claim(&alice, "p", "w1", &no_tails(), now)
             .unwrap()

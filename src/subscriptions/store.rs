@@ -4,10 +4,14 @@
 //! Formats (JSON, `format` 1):
 //! - `subs/{key}.json`, `key` the first 32 hex digits of SHA-256 of the id:
 //!   `{"format", "id", "owner", "definition", "base_url", "links": {name: {"explicit",
-//!   "acked", "incarnation"?}}, "generation"}`. The definition is the typed [`Definition`],
+//!   "acked", "incarnation"?}}, "since": {node id: lsn}, "generation"}`: `links` holds the
+//!   listed streams and those with something acked (a pattern's other links are found again
+//!   by the rescan), `since` each engine's position when the subscription was made,
+//!   `generation` the end of the block of generations reserved (a restart hands out the
+//!   ones after it). The definition is the typed [`Definition`],
 //!   never the request's JSON, so an object nests a fixed few levels whatever a client sent.
-//! - `watermarks.json`: `{"format", "engines": {node id: lsn}}`: every change of that engine
-//!   at or below `lsn` is reflected in the subscription objects (links and tails to rescan).
+//! - `watermarks.json`: `{"format", "engines": {node id: lsn}}`: each engine's position when
+//!   the registry first watched it; a restart rescans every stream changed after it.
 //! - `signing-key.json`: `{"format", "pkcs8"}` (base64), created once with a conditional
 //!   create.
 //!
@@ -45,6 +49,9 @@ pub(super) struct StoredSubscription {
     pub(super) definition: Definition,
     pub(super) base_url: String,
     pub(super) links: BTreeMap<String, StoredLink>,
+    /// Each engine's position when the subscription was made.
+    #[serde(default)]
+    pub(super) since: BTreeMap<String, Lsn>,
     pub(super) generation: u64,
 }
 
@@ -474,6 +481,7 @@ mod legacy {
                         )
                     })
                     .collect(),
+                since: BTreeMap::new(),
                 generation: self.generation,
             })
         }
@@ -507,6 +515,7 @@ mod tests {
                     incarnation: Some("i".into()),
                 },
             )]),
+            since: BTreeMap::from([("n".to_owned(), 5)]),
             generation: 7,
         }
     }

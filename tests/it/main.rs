@@ -22,4 +22,5 @@ mod security;
 mod server;
 mod slt;
 mod streams;
+mod subscriptions;
 mod table;
