@@ -50,10 +50,18 @@ async fn attempt(
 ) -> Result<Delivered, String> {
     // The wake's generation is stored before anyone hears of it.
     registry.persist(&due.id).await.map_err(|e| e.to_string())?;
+    // Streams deleted since they were linked have nothing to read: settled first, so that a
+    // wake never names (and never comes again and again for) a stream that is gone.
+    let pending = registry.state().pending_names(&due.id);
+    let marks = {
+        let engines = engines.read().unwrap_or_else(|p| p.into_inner());
+        super::tails_in(&engines, pending.iter().cloned())
+    };
+    registry.state().settle(&due.id, &pending, &marks);
     let payload = registry
         .state()
         .payload(&due.id, &due.wake_id)
-        .ok_or_else(|| "the wake ended".to_owned())?;
+        .ok_or_else(|| "the wake ended: nothing is pending".to_owned())?;
     match payload.target {
         Target::Webhook { url } => {
             let signature = signature(registry, &payload.body);

@@ -759,11 +759,18 @@ impl State {
             return Err(SubscriptionError::Fenced);
         }
         sub.note_tails(tails);
-        apply_acks(sub, acks);
+        let progress = apply_acks(sub, acks);
         let lease = sub.lease();
         if done {
             sub.wake = None;
-            sub.raise(false, now);
+            if sub.raise(false, now)
+                && !progress
+                && let Some(w) = sub.wake.as_mut()
+            {
+                // Done without acking anything that was pending: the next wake waits a
+                // lease rather than following at once, again and again.
+                w.due = Some(now + lease);
+            }
         } else if let Some(w) = sub.wake.as_mut()
             && w.holder.is_none()
             && !w.delivering
@@ -878,11 +885,71 @@ impl State {
             .collect()
     }
 
+    /// The pending streams of `id`, to look up before a delivery ([`State::settle`]).
+    pub(super) fn pending_names(&self, id: &str) -> Vec<String> {
+        self.subs.get(id).map_or_else(Vec::new, |sub| {
+            sub.links
+                .iter()
+                .filter(|(_, l)| l.pending())
+                .map(|(name, _)| name.clone())
+                .collect()
+        })
+    }
+
+    /// Takes in where `id`'s pending streams stand (`marks`): the ones no engine holds any
+    /// more were deleted, and have nothing to read. A listed one starts over (at 0 when it
+    /// is created again); one a pattern linked is unlinked.
+    pub(super) fn settle(
+        &mut self,
+        id: &str,
+        pending: &[String],
+        marks: &HashMap<String, StreamMark>,
+    ) {
+        let State {
+            subs, stored_bytes, ..
+        } = self;
+        let Some(sub) = subs.get_mut(id) else {
+            return;
+        };
+        let mut changed = false;
+        for name in pending {
+            if let Some(mark) = marks.get(name) {
+                if let Some(link) = sub.links.get_mut(name) {
+                    changed |= note_stored(link, mark);
+                }
+                continue;
+            }
+            let Some(link) = sub.links.get_mut(name) else {
+                continue;
+            };
+            if link.explicit {
+                let before = link.stored();
+                *link = Link::new(true);
+                changed |= link.stored() != before;
+            } else if let Some(gone) = sub.links.remove(name) {
+                changed |= gone.stored().is_some();
+                let freed = link_bytes(name);
+                sub.bytes = sub.bytes.saturating_sub(freed);
+                *stored_bytes = stored_bytes.saturating_sub(freed);
+            }
+        }
+        if changed {
+            sub.version += 1;
+        }
+    }
+
     /// What to send for wake `wake_id` of `id`: its pending streams now (remembered as what
-    /// the wake named), signed by the caller. `None` when the wake is no longer current.
+    /// the wake named). `None` when the wake is no longer current, or (ending it) when
+    /// nothing is pending any more.
     pub(super) fn payload(&mut self, id: &str, wake_id: &str) -> Option<Payload> {
         let sub = self.subs.get_mut(id)?;
         let streams = sub.pending_streams();
+        if streams.is_empty() {
+            if sub.wake.as_ref().is_some_and(|w| w.id == wake_id) {
+                sub.wake = None;
+            }
+            return None;
+        }
         let w = sub.wake.as_mut().filter(|w| w.id == wake_id)?;
         w.streams = streams;
         let body = match &sub.definition.target {
@@ -1025,7 +1092,8 @@ fn note_stored(link: &mut Link, mark: &StreamMark) -> bool {
     link.stored() != before
 }
 
-fn apply_acks(sub: &mut Sub, acks: &[(String, u64)]) {
+/// Applies acks (never past a link's tail); `true` when any moved.
+fn apply_acks(sub: &mut Sub, acks: &[(String, u64)]) -> bool {
     let mut changed = false;
     for (path, offset) in acks {
         if let Some(link) = sub.links.get_mut(path) {
@@ -1037,6 +1105,7 @@ fn apply_acks(sub: &mut Sub, acks: &[(String, u64)]) {
     if changed {
         sub.version += 1;
     }
+    changed
 }
 
 /// Whether a presented wake token is the wake's, compared in constant time.
@@ -1534,6 +1603,114 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(again.wake_id, claim.wake_id);
+    }
+
+    #[test]
+    fn what_a_pattern_links_is_stored_once_acked_and_found_again_by_a_rescan() {
+        let limits = SubscriptionLimits::default();
+        let now = Instant::now();
+        let mut state = State::default();
+        let alice = caller("alice", false);
+        state
+            .create(
+                &alice,
+                "s",
+                webhook("e/*"),
+                "http://h",
+                BTreeMap::from([("n".to_owned(), 10)]),
+                &no_tails(),
+                &limits,
+                now,
+            )
+            .unwrap();
+        state.subs.get_mut("s").unwrap().written = state.subs["s"].version;
+        // A rescan skips a stream last changed before the subscription was made...
+        let old = StreamMark {
+            changed_lsn: 9,
+            ..mark(5, "i")
+        };
+        state.observe("n", "e/old", &old, true, &limits, now);
+        assert!(!state.subs["s"].links.contains_key("e/old"));
+        // ...and links one changed after. The link alone dirties nothing (a generation
+        // block, once, does: it is stored before the first wake goes out).
+        let new = StreamMark {
+            changed_lsn: 11,
+            ..mark(5, "i")
+        };
+        state.observe("n", "e/new", &new, true, &limits, now);
+        assert!(state.subs["s"].links.contains_key("e/new"));
+        assert!(state.subs["s"].stored().links.is_empty());
+        let reserved = state.subs["s"].stored().generation;
+        assert!(reserved >= GENERATION_BLOCK);
+        // Acked, it is stored.
+        let due = state.take_due(now, 1);
+        state.payload("s", &due[0].wake_id).unwrap();
+        state.delivered("s", &due[0].wake_id, &Ok(Delivered::WebhookDone), now);
+        assert_eq!(state.subs["s"].stored().links["e/new"].acked, 5);
+        // The next wakes take generations from the same stored block.
+        for tail in 6..10 {
+            state.observe("n", "e/new", &mark(tail, "i"), false, &limits, now);
+            let due = state.take_due(now, 1);
+            state.payload("s", &due[0].wake_id).unwrap();
+            state.delivered("s", &due[0].wake_id, &Ok(Delivered::WebhookDone), now);
+        }
+        assert_eq!(state.subs["s"].stored().generation, reserved);
+    }
+
+    #[test]
+    fn done_without_progress_waits_and_deleted_streams_end_their_wakes() {
+        let limits = SubscriptionLimits::default();
+        let now = Instant::now();
+        let mut state = State::default();
+        let alice = caller("alice", false);
+        state
+            .create(
+                &alice,
+                "s",
+                webhook("e/*"),
+                "http://h",
+                BTreeMap::new(),
+                &no_tails(),
+                &limits,
+                now,
+            )
+            .unwrap();
+        state.observe("n", "e/a", &mark(10, "i"), false, &limits, now);
+        let due = state.take_due(now, 1);
+        state.payload("s", &due[0].wake_id).unwrap();
+        let (token, generation) = {
+            let w = state.subs["s"].wake.as_ref().unwrap();
+            (w.token.clone(), w.generation)
+        };
+        // Done, acking nothing: the data is still pending, and the next wake waits a lease.
+        let next = state
+            .ack(
+                "s",
+                Some(&token),
+                &due[0].wake_id,
+                generation,
+                &[],
+                true,
+                &no_tails(),
+                now,
+            )
+            .unwrap();
+        assert!(next);
+        assert!(state.take_due(now, 1).is_empty());
+        let later = now + Duration::from_secs(2);
+        let due = state.take_due(later, 1);
+        assert_eq!(due.len(), 1);
+        // The stream was deleted meanwhile: the wake ends without a delivery, and none
+        // follows.
+        let pending = state.pending_names("s");
+        state.settle("s", &pending, &no_tails());
+        assert!(state.payload("s", &due[0].wake_id).is_none());
+        assert!(
+            state
+                .take_due(later + Duration::from_secs(60), 1)
+                .is_empty()
+        );
+        assert!(!state.subs["s"].links.contains_key("e/a"));
     }
 
     fn signing_key() -> SigningKey {
