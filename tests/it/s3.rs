@@ -1164,7 +1164,12 @@ async fn sealed_reads_follow_a_snapshot_rewritten_in_place() {
 async fn subscriptions_wake_for_every_stream_across_a_takeover() {
     use crate::subscriptions::{Answer, Burst, Receiver, run_all};
     let url = s3_url("subscription-takeover");
-    let env = cluster_env();
+    // A longer lease than the other cluster tests: the burst keeps the store busy, and A
+    // must renew its lease through it until it is killed.
+    let env = vec![
+        ("SLUICE_DURABILITY", "object-store".to_owned()),
+        ("SLUICE_NODE_LEASE_SECONDS", "6".to_owned()),
+    ];
     let config = |extra: &str| {
         format!(
             "{extra}webhook_allowed_networks = [\"127.0.0.0/8\"]\nmax_subscriptions = 5000\n\
