@@ -29,7 +29,7 @@ use crate::error::{Applied, Classify, ErrorClass, Kind};
 use crate::stream::{format_offset, parse_offset};
 use crate::subscriptions::{
     Ack, Caller, ClaimView, Definition, RESERVED_PREFIX, SubscriptionError, Subscriptions, Target,
-    TargetView, View,
+    TargetView, View, streams_json,
 };
 
 /// The reserved namespace, as a stream name starts.
@@ -508,9 +508,7 @@ fn render_claim(claimed: &ClaimView) -> Value {
         "wake_id": claimed.wake_id,
         "generation": claimed.generation,
         "token": claimed.token,
-        "streams": claimed.streams.iter().map(|(path, tail)| json!({
-            "path": path, "tail_offset": format_offset(*tail),
-        })).collect::<Vec<_>>(),
+        "streams": streams_json(&claimed.streams, None),
     })
 }
 

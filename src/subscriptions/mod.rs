@@ -363,6 +363,29 @@ impl Classify for SubscriptionError {
     }
 }
 
+/// Streams as wakes and claims name them: `[{"path", "tail_offset"}]`, and `has_pending`
+/// when given.
+pub(crate) fn streams_json(
+    streams: &[(String, u64)],
+    has_pending: Option<bool>,
+) -> serde_json::Value {
+    streams
+        .iter()
+        .map(|(path, tail)| {
+            let mut stream = serde_json::Map::new();
+            stream.insert("path".into(), path.as_str().into());
+            stream.insert(
+                "tail_offset".into(),
+                crate::stream::format_offset(*tail).into(),
+            );
+            if let Some(pending) = has_pending {
+                stream.insert("has_pending".into(), pending.into());
+            }
+            serde_json::Value::Object(stream)
+        })
+        .collect()
+}
+
 fn not_durable(e: SubscriptionError) -> SubscriptionError {
     SubscriptionError::NotDurable(e.to_string())
 }
@@ -872,46 +895,54 @@ impl Subscriptions {
     }
 }
 
-async fn run_rounds(
+/// Runs `work` on what `subscriptions` still points to every `tick`, until the stop signal
+/// (or until the subscriptions are dropped, which drops the signal's sender).
+async fn run_every<F, Fut>(
+    tick: Duration,
     subscriptions: Weak<Subscriptions>,
     mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    let mut tick = tokio::time::interval(ROUND);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = stop.wait_for(|stop| *stop) => break,
-            _ = tick.tick() => {}
+    mut work: F,
+) where
+    F: FnMut(Arc<Subscriptions>) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let stopped = async move {
+        let _ = stop.wait_for(|stop| *stop).await;
+    };
+    crate::every(tick, stopped, || {
+        let round = subscriptions.upgrade().map(&mut work);
+        async move {
+            if let Some(round) = round {
+                round.await;
+            }
         }
-        let Some(subscriptions) = subscriptions.upgrade() else {
-            break;
-        };
-        subscriptions.round().await;
-    }
+    })
+    .await;
 }
 
-async fn run_flushes(
-    subscriptions: Weak<Subscriptions>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    let mut tick = tokio::time::interval(FLUSH);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut warned: Option<Instant> = None;
-    loop {
-        tokio::select! {
-            _ = stop.wait_for(|stop| *stop) => break,
-            _ = tick.tick() => {}
-        }
-        let Some(subscriptions) = subscriptions.upgrade() else {
-            break;
-        };
-        if let Err(e) = subscriptions.flush().await {
-            if warned.is_none_or(|at| at.elapsed() > Duration::from_secs(30)) {
+async fn run_rounds(subscriptions: Weak<Subscriptions>, stop: tokio::sync::watch::Receiver<bool>) {
+    run_every(
+        ROUND,
+        subscriptions,
+        stop,
+        |s| async move { s.round().await },
+    )
+    .await;
+}
+
+async fn run_flushes(subscriptions: Weak<Subscriptions>, stop: tokio::sync::watch::Receiver<bool>) {
+    let warned = std::sync::Mutex::new(None::<Instant>);
+    let warned = &warned;
+    run_every(FLUSH, subscriptions, stop, |s| async move {
+        if let Err(e) = s.flush().await {
+            let mut last = warned.lock().unwrap_or_else(|p| p.into_inner());
+            if last.is_none_or(|at| at.elapsed() > Duration::from_secs(30)) {
                 tracing::warn!(error = %e, "subscription changes not stored yet; retrying");
-                warned = Some(Instant::now());
+                *last = Some(Instant::now());
             } else {
                 tracing::debug!(error = %e, "subscription changes not stored yet; retrying");
             }
         }
-    }
+    })
+    .await;
 }

@@ -35,7 +35,7 @@ use super::{
 };
 use crate::log::Lsn;
 use crate::node::Node;
-use crate::stream::{StreamMark, format_offset};
+use crate::stream::StreamMark;
 
 /// Most streams one wake names.
 pub(super) const MAX_WAKE_STREAMS: usize = 1000;
@@ -963,17 +963,13 @@ impl State {
                 "callback_token": w.token,
                 "wake_id": w.id,
                 "generation": w.generation,
-                "streams": w.streams.iter().map(|(p, t)| json!({
-                    "path": p, "tail_offset": format_offset(*t), "has_pending": true,
-                })).collect::<Vec<_>>(),
+                "streams": super::streams_json(&w.streams, Some(true)),
             }),
             Target::PullWake { .. } => json!({
                 "subscription_id": sub.id,
                 "wake_id": w.id,
                 "generation": w.generation,
-                "streams": w.streams.iter().map(|(p, t)| json!({
-                    "path": p, "tail_offset": format_offset(*t),
-                })).collect::<Vec<_>>(),
+                "streams": super::streams_json(&w.streams, None),
             }),
         };
         Some(Payload {
@@ -1325,6 +1321,34 @@ mod tests {
         )
     }
 
+    /// A state holding alice's webhook subscription `s` of `pattern`.
+    fn subscribed(pattern: &str) -> (State, Caller, SubscriptionLimits, Instant) {
+        let limits = SubscriptionLimits::default();
+        let now = Instant::now();
+        let mut state = State::default();
+        let alice = caller("alice", false);
+        let created = state
+            .create(
+                &alice,
+                "s",
+                webhook(pattern),
+                "http://h",
+                BTreeMap::new(),
+                &no_tails(),
+                &limits,
+                now,
+            )
+            .unwrap();
+        assert!(created);
+        (state, alice, limits, now)
+    }
+
+    /// The current wake of `s`: its token and generation.
+    fn current(state: &State) -> (String, u64) {
+        let w = state.subs["s"].wake.as_ref().unwrap();
+        (w.token.clone(), w.generation)
+    }
+
     fn no_tails() -> HashMap<String, StreamMark> {
         HashMap::new()
     }
@@ -1339,24 +1363,7 @@ mod tests {
 
     #[test]
     fn data_raises_a_wake_that_ends_only_when_acked_to_the_tail() {
-        let limits = SubscriptionLimits::default();
-        let now = Instant::now();
-        let mut state = State::default();
-        let alice = caller("alice", false);
-        assert!(
-            state
-                .create(
-                    &alice,
-                    "s",
-                    webhook("events/*"),
-                    "http://h",
-                    BTreeMap::new(),
-                    &no_tails(),
-                    &limits,
-                    now
-                )
-                .unwrap()
-        );
+        let (mut state, _, limits, now) = subscribed("events/*");
         state.observe("n", "events/a", &mark(10, "i1"), false, &limits, now);
         state.observe("n", "other/a", &mark(10, "i1"), false, &limits, now);
         let due = state.take_due(now, 10);
@@ -1378,22 +1385,7 @@ mod tests {
 
     #[test]
     fn failed_deliveries_are_tried_again_later() {
-        let limits = SubscriptionLimits::default();
-        let now = Instant::now();
-        let mut state = State::default();
-        let alice = caller("alice", false);
-        state
-            .create(
-                &alice,
-                "s",
-                webhook("e/*"),
-                "http://h",
-                BTreeMap::new(),
-                &no_tails(),
-                &limits,
-                now,
-            )
-            .unwrap();
+        let (mut state, _, limits, now) = subscribed("e/*");
         state.observe("n", "e/a", &mark(1, "i"), false, &limits, now);
         let due = state.take_due(now, 10);
         assert!(state.take_due(now, 10).is_empty(), "being delivered");
@@ -1404,24 +1396,9 @@ mod tests {
 
     #[test]
     fn a_subscription_is_its_owners() {
-        let limits = SubscriptionLimits::default();
-        let now = Instant::now();
-        let mut state = State::default();
-        let alice = caller("alice", false);
+        let (mut state, alice, limits, now) = subscribed("e/*");
         let bob = caller("bob", false);
         let admin = caller("root", true);
-        state
-            .create(
-                &alice,
-                "s",
-                webhook("e/*"),
-                "http://h",
-                BTreeMap::new(),
-                &no_tails(),
-                &limits,
-                now,
-            )
-            .unwrap();
         let key = signing_key();
         assert!(matches!(
             state.view(&bob, "s", &key),
@@ -1466,28 +1443,10 @@ mod tests {
 
     #[test]
     fn acks_never_pass_the_tail_and_a_recreated_stream_starts_over() {
-        let limits = SubscriptionLimits::default();
-        let now = Instant::now();
-        let mut state = State::default();
-        let alice = caller("alice", false);
-        state
-            .create(
-                &alice,
-                "s",
-                webhook("e/*"),
-                "http://h",
-                BTreeMap::new(),
-                &no_tails(),
-                &limits,
-                now,
-            )
-            .unwrap();
+        let (mut state, _, limits, now) = subscribed("e/*");
         state.observe("n", "e/a", &mark(10, "i1"), false, &limits, now);
         let due = state.take_due(now, 1);
-        let (token, generation) = {
-            let w = state.subs["s"].wake.as_ref().unwrap();
-            (w.token.clone(), w.generation)
-        };
+        let (token, generation) = current(&state);
         // An ack far past the tail stops at the tail.
         let next = state
             .ack(
@@ -1659,29 +1618,11 @@ mod tests {
 
     #[test]
     fn done_without_progress_waits_and_deleted_streams_end_their_wakes() {
-        let limits = SubscriptionLimits::default();
-        let now = Instant::now();
-        let mut state = State::default();
-        let alice = caller("alice", false);
-        state
-            .create(
-                &alice,
-                "s",
-                webhook("e/*"),
-                "http://h",
-                BTreeMap::new(),
-                &no_tails(),
-                &limits,
-                now,
-            )
-            .unwrap();
+        let (mut state, _, limits, now) = subscribed("e/*");
         state.observe("n", "e/a", &mark(10, "i"), false, &limits, now);
         let due = state.take_due(now, 1);
         state.payload("s", &due[0].wake_id).unwrap();
-        let (token, generation) = {
-            let w = state.subs["s"].wake.as_ref().unwrap();
-            (w.token.clone(), w.generation)
-        };
+        let (token, generation) = current(&state);
         // Done, acking nothing: the data is still pending, and the next wake waits a lease.
         let next = state
             .ack(

@@ -145,15 +145,23 @@ impl Store {
         }
     }
 
-    /// Writes subscription `id`'s stored form (from [`encode`]).
-    pub(super) async fn write(&self, id: &str, bytes: Vec<u8>) -> Result<(), SubscriptionError> {
-        let path = Path::from(paths::subscription(&self.node, &key(id)));
+    /// Writes `bytes` at `path`.
+    async fn put(&self, path: &Path, bytes: Vec<u8>) -> Result<(), SubscriptionError> {
         self.storage
             .store()
-            .put(&path, PutPayload::from(bytes))
+            .put(path, PutPayload::from(bytes))
             .await
             .map_err(storage_error)?;
         Ok(())
+    }
+
+    /// Writes subscription `id`'s stored form (from [`encode`]).
+    pub(super) async fn write(&self, id: &str, bytes: Vec<u8>) -> Result<(), SubscriptionError> {
+        self.put(
+            &Path::from(paths::subscription(&self.node, &key(id))),
+            bytes,
+        )
+        .await
     }
 
     /// Deletes subscription `id`'s object (done when there is none).
@@ -174,13 +182,11 @@ impl Store {
             engines: engines.clone(),
         })
         .map_err(|e| SubscriptionError::Unavailable(e.to_string()))?;
-        let path = Path::from(paths::subscription_watermarks(&self.node));
-        self.storage
-            .store()
-            .put(&path, PutPayload::from(body))
-            .await
-            .map_err(storage_error)?;
-        Ok(())
+        self.put(
+            &Path::from(paths::subscription_watermarks(&self.node)),
+            body,
+        )
+        .await
     }
 
     /// Reads an object whole, if it exists and holds at most `limit` bytes.

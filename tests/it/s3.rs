@@ -1236,10 +1236,7 @@ async fn subscriptions_wake_for_every_stream_across_a_takeover() {
     .await;
     let mut expected = std::collections::BTreeMap::new();
     for answer in answers {
-        let name = answer.url().path()["/v1/stream/".len()..].to_owned();
-        let tail = crate::subscriptions::offset_bytes(
-            answer.headers()["stream-next-offset"].to_str().unwrap(),
-        );
+        let (name, tail) = crate::subscriptions::answered_tail(&answer);
         for (sub, watched) in &burst.watches {
             if watched.contains(&name) {
                 expected.insert((sub.clone(), name.clone()), tail);

@@ -125,6 +125,13 @@ impl Receiver {
     }
 }
 
+/// The stream a write went to, and the tail it left (`Stream-Next-Offset`).
+pub(crate) fn answered_tail(answer: &reqwest::Response) -> (String, u64) {
+    let name = answer.url().path()["/v1/stream/".len()..].to_owned();
+    let tail = offset_bytes(answer.headers()["stream-next-offset"].to_str().unwrap());
+    (name, tail)
+}
+
 /// The server under test: the real binary on a loopback port, with a config file.
 pub(crate) struct Server {
     child: Child,
@@ -305,13 +312,7 @@ impl Burst {
         let answers = run_all(requests, 32).await;
         let mut tails = self.tails.lock().unwrap();
         for answer in answers {
-            let name = answer
-                .url()
-                .path()
-                .strip_prefix("/v1/stream/")
-                .unwrap()
-                .to_owned();
-            let tail = offset_bytes(answer.headers()["stream-next-offset"].to_str().unwrap());
+            let (name, tail) = answered_tail(&answer);
             let entry = tails.entry(name).or_default();
             *entry = (*entry).max(tail);
         }
@@ -346,8 +347,7 @@ impl Burst {
         }
         let mut tails = self.tails.lock().unwrap();
         for answer in answers {
-            let name = answer.url().path()["/v1/stream/".len()..].to_owned();
-            let tail = offset_bytes(answer.headers()["stream-next-offset"].to_str().unwrap());
+            let (name, tail) = answered_tail(&answer);
             tails.insert(name, tail);
         }
     }
