@@ -117,6 +117,7 @@ fn main() {
                 Arc::new(node),
                 TableConfig::default(),
                 Duration::from_secs(600),
+                None,
             ))
             .expect("tables"),
     );

@@ -77,8 +77,15 @@ pub struct FileConfig {
     /// While appends come less than this far apart, flushes of tables past `flush_bytes`
     /// wait (as long as batches can be spilled), in milliseconds.
     pub flush_quiet_ms: Option<u64>,
-    /// Request-body bytes read and decoded at once; further ingest requests wait.
+    /// Request-body bytes held at once while bodies are read and decoded, reserved as
+    /// they arrive; a body that finds no room waits.
     pub ingest_inflight_bytes: Option<usize>,
+    /// The longest a request waits in all for room in `ingest_inflight_bytes` before it
+    /// answers 503, in seconds.
+    pub ingest_admission_timeout_seconds: Option<f64>,
+    /// Bytes per second a request body must keep up after its first 10 seconds, else it
+    /// answers 408 (0: no minimum).
+    pub min_body_bytes_per_second: Option<u64>,
     /// How long a long-poll read waits for data before answering 204, in milliseconds.
     pub long_poll_timeout_ms: Option<u64>,
     /// Seal stream data into object storage at least this often, in seconds.
@@ -115,6 +122,12 @@ pub struct FileConfig {
     pub max_streams: Option<usize>,
     /// Idempotent producers per stream.
     pub max_producers_per_stream: Option<usize>,
+    /// Bytes all streams' state (names, producers, ...; not their data) may hold.
+    pub max_stream_state_bytes: Option<u64>,
+    /// Bytes all streams' idempotent producer entries may hold.
+    pub max_producer_bytes: Option<u64>,
+    /// Seconds after its last append an idempotent producer is forgotten.
+    pub producer_expiry_seconds: Option<f64>,
     /// Subscriptions per server.
     pub max_subscriptions: Option<usize>,
     /// Names of changed streams a stream engine holds for subscriptions before it has them
@@ -190,6 +203,8 @@ pub struct ServeConfig {
     pub long_poll_timeout: Duration,
     /// How long a request body may take to arrive.
     pub body_timeout: Duration,
+    /// Bytes per second a request body must keep up after its first seconds (0: none).
+    pub min_body_rate: u64,
     /// Most client connections open at once.
     pub max_connections: usize,
     /// How long a client may take to send a request's headers (idle keep-alive included).
@@ -199,6 +214,9 @@ pub struct ServeConfig {
     /// Bounds on running and kept statements.
     pub statements: StatementLimits,
 }
+
+/// Default pace a request body must keep up after its first seconds, in bytes per second.
+pub(crate) const DEFAULT_MIN_BODY_RATE: u64 = 1024;
 
 /// Default time a client may take to send its request headers.
 pub(crate) const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -224,14 +242,17 @@ impl ServeConfig {
              durability = \"{}\"\nmax_body_bytes = {}\nmax_rows = {}\nmax_log_bytes = {}\n\
              flush_bytes = {}\nflush_interval_seconds = {}\nmax_unflushed_bytes = {}\n\
              max_spilled_bytes = {}\nflush_quiet_ms = {}\n\
-             ingest_inflight_bytes = {}\n\
+             ingest_inflight_bytes = {}\ningest_admission_timeout_seconds = {}\n\
+             min_body_bytes_per_second = {}\n\
              long_poll_timeout_ms = {}\nstream_checkpoint_interval_seconds = {}\n\
              request_body_timeout_seconds = {}\nmax_connections = {}\nheader_timeout_seconds = {}\n\
              allowed_hosts = {:?}\ncors_origins = {:?}\nwebhook_allowed_networks = {}\n\
              query_memory_bytes = {}\nstatement_timeout_seconds = {}\nmax_result_rows = {}\n\
              max_result_bytes = {}\nmax_running_statements = {}\nmax_kept_statements = {}\n\
              max_kept_result_bytes = {}\nmax_streams = {}\nmax_producers_per_stream = {}\n\
-             max_subscriptions = {}\nmax_pending_stream_changes = {}\ngc_grace_seconds = {}\nnode_lease_seconds = {}\n\
+             max_stream_state_bytes = {}\nmax_producer_bytes = {}\nproducer_expiry_seconds = {}\n\
+             max_subscriptions = {}\nmax_pending_stream_changes = {}\ngc_grace_seconds = {}\n\
+             node_lease_seconds = {}\n\
              log_segment_bytes = {}\nmaintenance_interval_seconds = {}",
             self.listen,
             db.data_dir.display(),
@@ -251,6 +272,8 @@ impl ServeConfig {
             db.tables.max_spilled_bytes,
             db.tables.flush_quiet.as_millis(),
             db.ingest_inflight_bytes,
+            db.ingest_admission_timeout.as_secs_f64(),
+            self.min_body_rate,
             self.long_poll_timeout.as_millis(),
             db.streams.checkpoint_interval.as_secs_f64(),
             self.body_timeout.as_secs_f64(),
@@ -268,6 +291,9 @@ impl ServeConfig {
             self.statements.max_retained_bytes,
             db.streams.max_streams,
             db.streams.max_producers_per_stream,
+            db.streams.max_state_bytes,
+            db.streams.max_producer_bytes,
+            db.streams.producer_expiry.as_secs_f64(),
             db.subscriptions.max_subscriptions,
             db.streams.max_pending_changes,
             db.gc_grace.as_secs_f64(),
@@ -373,6 +399,15 @@ impl ServeConfig {
         }
         if let Some(b) = file.ingest_inflight_bytes {
             db.ingest_inflight_bytes = b;
+        }
+        if let Some(s) = file.ingest_admission_timeout_seconds {
+            if !(s.is_finite() && s > 0.0 && s < 1e9) {
+                return Err(ConfigError::Invalid {
+                    name: "ingest_admission_timeout_seconds",
+                    message: "must be a positive number of seconds".into(),
+                });
+            }
+            db.ingest_admission_timeout = Duration::from_secs_f64(s);
         }
         if let Some(s) = file.stream_checkpoint_interval_seconds {
             if !(s.is_finite() && s > 0.0) {
@@ -483,6 +518,15 @@ impl ServeConfig {
         if let Some(n) = positive("max_producers_per_stream", file.max_producers_per_stream)? {
             db.streams.max_producers_per_stream = n;
         }
+        if let Some(n) = file.max_stream_state_bytes {
+            db.streams.max_state_bytes = n;
+        }
+        if let Some(n) = file.max_producer_bytes {
+            db.streams.max_producer_bytes = n;
+        }
+        if let Some(d) = seconds("producer_expiry_seconds", file.producer_expiry_seconds)? {
+            db.streams.producer_expiry = d;
+        }
         let mut statements = StatementLimits::default();
         if let Some(n) = positive("max_running_statements", file.max_running_statements)? {
             statements.max_running = n;
@@ -570,6 +614,9 @@ impl ServeConfig {
             db,
             long_poll_timeout,
             body_timeout,
+            min_body_rate: file
+                .min_body_bytes_per_second
+                .unwrap_or(DEFAULT_MIN_BODY_RATE),
             max_connections: match file.max_connections {
                 Some(0) => {
                     return Err(ConfigError::Invalid {

@@ -31,7 +31,7 @@
 //! status) or `unknown` (it may have been: reconcile before sending it again).
 
 use crate::catalog::CatalogError;
-use crate::db::IngestFailure;
+use crate::db::{AdmissionTimeout, IngestFailure};
 use crate::ingest::IngestError;
 use crate::log::LogError;
 use crate::node::NodeError;
@@ -259,7 +259,14 @@ impl Classify for IngestFailure {
             },
             IngestFailure::Computed { .. } => ErrorClass::rejected(Kind::InvalidRows),
             IngestFailure::Table(e) => e.class(),
+            IngestFailure::Admission(e) => e.class(),
         }
+    }
+}
+
+impl Classify for AdmissionTimeout {
+    fn class(&self) -> ErrorClass {
+        ErrorClass::retry("BodyAdmission")
     }
 }
 
@@ -286,6 +293,12 @@ impl Classify for StreamError {
             StreamError::TooManyStreams(_) | StreamError::TooManyProducers(_) => {
                 ErrorClass::rejected(Kind::TooMany)
             }
+            // The server's budget, not this request: room comes back as streams are
+            // deleted or expire and producers expire.
+            StreamError::StateFull { .. } => ErrorClass {
+                retry_after: Some(60),
+                ..ErrorClass::retry("StreamStateFull")
+            },
             StreamError::Log(e) => e.class(),
             // Reads of sealed data and checkpoints: nothing is written by the request.
             StreamError::Storage(_) => ErrorClass::retry("StorageUnavailable"),

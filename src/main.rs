@@ -467,7 +467,16 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         gc_grace_seconds: args.gc_grace_seconds,
         node_lease_seconds: args.node_lease_seconds,
     };
-    let config = ServeConfig::resolve(overrides, file).map_err(|e| e.to_string())?;
+    #[allow(unused_mut)]
+    let mut config = ServeConfig::resolve(overrides, file).map_err(|e| e.to_string())?;
+    // A test build's fault hook (never in a release build): record every write and sync of
+    // the data directory, for a test to apply a power loss after killing this process.
+    #[cfg(feature = "testing")]
+    if let Some(path) = std::env::var_os("SLUICE_TEST_SYNC_RECORD") {
+        let journal = sluice::storage::journal::SyncJournal::recording(std::path::Path::new(&path))
+            .map_err(|e| format!("SLUICE_TEST_SYNC_RECORD: {e}"))?;
+        config.db.sync_journal = Some(std::sync::Arc::new(journal));
+    }
     if args.print_config {
         println!("{}", config.describe());
         return Ok(());
@@ -503,6 +512,7 @@ async fn run(config: ServeConfig) -> Result<(), String> {
     let state = AppState::new(db.clone(), config.api_keys.clone())
         .with_long_poll_timeout(config.long_poll_timeout)
         .with_body_timeout(config.body_timeout)
+        .with_min_body_rate(config.min_body_rate)
         .with_browser_policy(config.browser.clone())
         .with_statement_limits(config.statements);
     let app = router(state);

@@ -268,6 +268,12 @@ impl Collector for StateCollector {
         )?;
         gauge(
             &mut encoder,
+            "request_body_bytes_held",
+            "Bytes of the request-body budget (ingest_inflight_bytes) held by bodies being read and decoded",
+            i64::try_from(db.body_bytes_held()).unwrap_or(i64::MAX),
+        )?;
+        gauge(
+            &mut encoder,
             "stream_hot_bytes",
             "Stream bytes held in memory and the log, not yet sealed into object storage",
             i64::try_from(db.streams().hot_bytes()).unwrap_or(i64::MAX),
@@ -277,6 +283,19 @@ impl Collector for StateCollector {
             "streams",
             "Streams that exist",
             i64::try_from(db.streams().len()).unwrap_or(i64::MAX),
+        )?;
+        let (state_bytes, producer_bytes) = db.streams().footprint();
+        gauge(
+            &mut encoder,
+            "stream_state_bytes",
+            "Bytes the streams' state counts against max_stream_state_bytes (estimated; producers included, data not)",
+            i64::try_from(state_bytes).unwrap_or(i64::MAX),
+        )?;
+        gauge(
+            &mut encoder,
+            "stream_producer_bytes",
+            "Bytes the streams' idempotent producers count against max_producer_bytes (estimated)",
+            i64::try_from(producer_bytes).unwrap_or(i64::MAX),
         )?;
         let tables = db.tables().unflushed_by_table();
         let family = Family::<TableLabels, prometheus_client::metrics::gauge::Gauge>::default();

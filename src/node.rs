@@ -88,8 +88,9 @@ pub enum NodeError {
     /// A later epoch of this id was claimed after this directory last ran.
     #[error(
         "node {id} was taken over by another process (epoch {latest}) after this data \
-         directory last ran (epoch {local}): this directory is an old copy or was replaced. \
-         Its log is not applied; move it aside"
+         directory last ran (epoch {local}): this directory is an old copy or was replaced, \
+         and its log is not applied. Start the directory that claimed epoch {latest} instead; \
+         keep this one until you have checked that nothing it holds is needed"
     )]
     Superseded {
         /// The node id.
@@ -112,9 +113,12 @@ pub enum NodeError {
     },
     /// The log ends before a position the node made durable.
     #[error(
-        "data directory {dir}: its log ends at LSN {log_last} but node {id} had made LSN \
-         {known} durable: this is a stale copy of the directory, or records were cut from its \
-         log. Move it aside (or, after `sluice repair`, start again)"
+        "data directory {dir}: its log ends at LSN {log_last}, but node {id} had made LSN \
+         {known} durable, so acknowledged writes are missing from it: either this is an older \
+         copy of the node's directory (start the newest copy instead, and keep this one: its \
+         unflushed writes live only in its log), or records were cut from its log (a disk \
+         fault; `sluice repair --data-dir DIR` accepts the shorter log, losing what was cut, \
+         and the next start goes ahead)"
     )]
     StaleCopy {
         /// The data directory.
@@ -161,6 +165,13 @@ struct Claim {
     epoch: u64,
     token: String,
     claimed_at_ms: u64,
+    /// The claimer's machine boot and data directory (empty for a takeover, and in claims
+    /// of older versions): a start that finds its own directory's claim of this boot with
+    /// no heartbeat after it knows that claimer is dead (it holds the directory's lock).
+    #[serde(default)]
+    boot: String,
+    #[serde(default)]
+    dir: String,
 }
 
 impl Tagged for Claim {
@@ -242,6 +253,11 @@ fn now_ms() -> u64 {
 /// This machine's current boot (Linux: the kernel's boot id); empty when unknown, and then
 /// no earlier owner is taken for this directory's own previous run.
 fn boot_id() -> String {
+    // A test build can play a reboot (after a simulated power loss).
+    #[cfg(feature = "testing")]
+    if let Ok(boot) = std::env::var("SLUICE_TEST_BOOT_ID") {
+        return boot;
+    }
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .map(|s| s.trim().to_owned())
         .unwrap_or_default()
@@ -471,6 +487,8 @@ impl Node {
             epoch,
             token: uuid::Uuid::new_v4().simple().to_string(),
             claimed_at_ms: now_ms(),
+            boot: boot.clone(),
+            dir: dir.clone(),
         };
         // The versioned-object protocol: a conditional create, settled by the tag on an
         // ambiguous answer.
@@ -522,6 +540,8 @@ impl Node {
             epoch,
             token: uuid::Uuid::new_v4().simple().to_string(),
             claimed_at_ms: now_ms(),
+            boot: String::new(),
+            dir: String::new(),
         };
         let claimed = VersionLog::new(paths::node_epochs(id))
             .try_create(storage.store().as_ref(), epoch, &claim)
@@ -690,8 +710,19 @@ async fn wait_until_gone(
     };
     if first.epoch != epoch {
         // The owner of the latest epoch never wrote a heartbeat: it died while claiming,
-        // or it is claiming now; give it a lease to show itself.
+        // or it is claiming now; give it a lease to show itself, unless it is this
+        // directory's own previous run on this boot (killed between its claim and its first
+        // heartbeat: the lock we hold proves it is no longer running).
         if first.epoch > epoch {
+            return Ok(Some(first.last_lsn));
+        }
+        let claim = VersionLog::new(paths::node_epochs(id))
+            .read::<Claim>(storage.store().as_ref(), epoch)
+            .await
+            .map_err(claim_error)?;
+        if claim
+            .is_some_and(|c| !boot.is_empty() && !dir.is_empty() && c.boot == boot && c.dir == dir)
+        {
             return Ok(Some(first.last_lsn));
         }
     } else if first.released
@@ -701,6 +732,13 @@ async fn wait_until_gone(
         // we hold proves it is no longer running).
         return Ok(Some(first.last_lsn));
     }
+    tracing::warn!(
+        node = %id,
+        epoch,
+        lease_ms = lease.as_millis() as u64,
+        "the last owner of this node id may still be running: waiting up to a lease for its \
+         heartbeat to stand still"
+    );
     let started = Instant::now();
     let poll = (lease / 8).max(Duration::from_millis(10));
     while started.elapsed() < lease {

@@ -12,11 +12,22 @@ fi
 export SLUICE_SCOPEQL="$PWD/.tools/venv/bin/scopeql"
 
 # The Iceberg readers tests/it/iceberg.rs drives (tests/iceberg/read_table.py): pyiceberg, and
-# Daft through it.
+# Daft and Polars on its tables; DuckDB with its iceberg, avro and httpfs extensions from
+# PyPI (loaded from the installed packages: DuckDB downloads nothing at test time).
 if ! .tools/venv/bin/python -c 'import pyiceberg, daft' 2>/dev/null \
   || [ "$(.tools/venv/bin/python -c 'import pyiceberg; print(pyiceberg.__version__)')" != 0.12.0 ]; then
   echo "installing pyiceberg 0.12.0 and daft 0.7.26 into .tools/venv" >&2
   .tools/venv/bin/pip install --quiet --disable-pip-version-check "pyiceberg[pyarrow]==0.12.0" daft==0.7.26
+fi
+ICEBERG_READERS=(polars==1.44.2 duckdb==1.4.4 duckdb-ext-iceberg==1.4.4.20260205
+  duckdb-ext-avro==1.4.4.20260205 duckdb-ext-httpfs==1.4.4.20260205)
+if ! .tools/venv/bin/python - "${ICEBERG_READERS[@]}" <<'PY' 2>/dev/null; then
+import sys
+from importlib.metadata import version
+sys.exit(any(version(name) != wanted for name, wanted in (p.split("==") for p in sys.argv[1:])))
+PY
+  echo "installing ${ICEBERG_READERS[*]} into .tools/venv" >&2
+  .tools/venv/bin/pip install --quiet --disable-pip-version-check "${ICEBERG_READERS[@]}"
 fi
 
 # Every scratch directory of this run (the tests' data directories, SeaweedFS's, the browser's

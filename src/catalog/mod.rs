@@ -637,12 +637,19 @@ impl Catalog {
             return Ok(found);
         }
         let started = std::time::Instant::now();
-        let next = self.current.read().await.version + 1;
-        let found = match self.storage.store().head(&self.log.path(next)).await {
-            Ok(_) => true,
-            Err(object_store::Error::NotFound { .. }) => false,
-            Err(e) => return Err(e.into()),
+        let current = self.current.read().await.version;
+        let exists = |version: u64| async move {
+            match self.storage.store().head(&self.log.path(version)).await {
+                Ok(_) => Ok(true),
+                Err(object_store::Error::NotFound { .. }) => Ok(false),
+                Err(e) => Err(CatalogError::from(e)),
+            }
         };
+        // No next version: either none was made, or it was collected (this node looked last
+        // longer ago than the grace period, during an outage of the store). Collection deletes
+        // versions oldest first and stops at a failure, so a collected next version means this
+        // node's own version is gone too.
+        let found = exists(current + 1).await? || !exists(current).await?;
         *probe = Some((started, found));
         Ok(found)
     }
@@ -676,13 +683,18 @@ impl Catalog {
             return Ok(report);
         };
         self.log.raise_floor(store, last + 1).await?;
+        // Oldest first, and no further after a failure: the deleted versions are always the
+        // oldest ones (`changed_since` relies on it).
         for (_, meta) in doomed {
             match store.delete(&meta.location).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {
                     report.objects += 1;
                     report.bytes += meta.size;
                 }
-                Err(e) => tracing::debug!(error = %e, "garbage collection: delete failed"),
+                Err(e) => {
+                    tracing::debug!(error = %e, "garbage collection: delete failed");
+                    break;
+                }
             }
         }
         Ok(report)
@@ -696,6 +708,17 @@ impl Catalog {
         let current = self.current.read().await;
         let value = current.root.subtree(path).ok_or_else(|| path.not_found())?;
         Ok((value, current.version))
+    }
+
+    /// The storage ids of every table the catalog names.
+    pub(crate) async fn storage_ids(&self) -> std::collections::HashSet<String> {
+        self.current
+            .read()
+            .await
+            .table_ids
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// Finds a table by its three-part name.

@@ -4,7 +4,6 @@
 //! node claims ([`crate::node`]). Each module decides what it no longer references; every
 //! object is kept for the grace period after it was seen unreferenced.
 
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -46,13 +45,7 @@ impl Database {
             let tables = match self.tables.stored_ids().await {
                 Ok(stored) => match self.catalog.reload().await {
                     Ok(()) => {
-                        let live: HashSet<String> = self
-                            .catalog
-                            .tables()
-                            .await
-                            .into_iter()
-                            .map(|t| t.id)
-                            .collect();
+                        let live = self.catalog.storage_ids().await;
                         self.tables
                             .collect_garbage(&stored, &live)
                             .await

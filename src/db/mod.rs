@@ -13,12 +13,17 @@
 //! and releases a taken-over node's subscriptions with its streams), and stored at
 //! [`Database::shutdown`].
 
+mod admission;
 mod gc;
 mod names;
 mod statements;
 mod takeover;
 
 pub use crate::subscriptions::{Network, SubscriptionLimits};
+pub use admission::AdmissionTimeout;
+#[cfg(test)]
+pub(crate) use admission::BodyBudget;
+pub(crate) use admission::BodyReservation;
 pub(crate) use gc::GcStats;
 pub(crate) use names::NamePlace;
 
@@ -71,9 +76,13 @@ pub struct DbConfig {
     /// Failure injection for the commit log (tests: failing or slow writes and syncs).
     #[cfg(feature = "testing")]
     pub log_fail_hook: Option<crate::log::FailHook>,
-    /// Request-body bytes that may be read and decoded at once; further ingest requests
-    /// wait their turn before their bodies are read (TCP pushes back on their clients).
+    /// Request-body bytes that may be held at once while bodies are read and decoded,
+    /// reserved as their bytes arrive (see `admission`); a body that finds no room waits,
+    /// and TCP pushes back on its client.
     pub ingest_inflight_bytes: usize,
+    /// The longest a request waits, in all, for room in `ingest_inflight_bytes`; then it
+    /// answers 503 with nothing applied.
+    pub ingest_admission_timeout: Duration,
     /// What one statement may use: memory, time, result size.
     pub query: QueryLimits,
     /// How long a node's heartbeat must stay still before another process may take over its
@@ -122,6 +131,7 @@ impl DbConfig {
             #[cfg(feature = "testing")]
             log_fail_hook: None,
             ingest_inflight_bytes: 32 << 20,
+            ingest_admission_timeout: Duration::from_secs(10),
             query: QueryLimits::default(),
             node_lease: Duration::from_secs(10),
             advertise_url: None,
@@ -190,6 +200,9 @@ pub enum IngestFailure {
     /// Storage refused (retryable backpressure, nothing applied) or failed (outcome unknown).
     #[error(transparent)]
     Table(#[from] TableError),
+    /// No room in the request-body budget came in time; nothing was applied.
+    #[error(transparent)]
+    Admission(#[from] AdmissionTimeout),
 }
 
 /// Work counters of table ingest (for metrics).
@@ -240,54 +253,14 @@ pub struct Database {
     ingest_stats: IngestStats,
     gc_stats: GcStats,
     plans: Mutex<HashMap<String, Arc<IngestPlan>>>,
-    /// Admission of ingest bodies, in KiB of [`DbConfig::ingest_inflight_bytes`].
-    ingest_admission: Arc<tokio::sync::Semaphore>,
+    /// Admission of request bodies ([`DbConfig::ingest_inflight_bytes`]).
+    body_budget: admission::BodyBudget,
     /// Dead nodes' ids this process took over (object-store durability).
     takeovers: takeover::Takeovers,
     /// Creates and deletes of one stream name, one at a time.
     names: names::NameLocks,
     /// Reads of other nodes' streams their snapshots did not answer lately.
     sealed_misses: names::SealedMisses,
-}
-
-/// Ingest admission permits count KiB, so a `u32` covers any budget.
-const ADMISSION_UNIT: usize = 1024;
-
-/// A request body's share of [`DbConfig::ingest_inflight_bytes`], held while it is read and
-/// decoded.
-#[derive(Debug)]
-pub(crate) struct IngestAdmission {
-    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
-    granted_bytes: usize,
-}
-
-impl IngestAdmission {
-    /// How many of the bytes asked for the budget counted: all of them, unless the body is
-    /// larger than the whole budget.
-    pub(crate) fn granted_bytes(&self) -> usize {
-        self.granted_bytes
-    }
-}
-
-/// The permits a body of `bytes` asks of a budget of `budget` permits, and the bytes they
-/// count: at least one permit, at most the whole budget (a larger body waits for every other
-/// and then runs alone, so none waits for ever).
-fn admission_grant(bytes: usize, budget: usize) -> (u32, usize) {
-    let units = bytes.div_ceil(ADMISSION_UNIT).clamp(1, budget.max(1));
-    let units = u32::try_from(units).unwrap_or(u32::MAX);
-    let granted = usize::try_from(units)
-        .unwrap_or(usize::MAX)
-        .saturating_mul(ADMISSION_UNIT)
-        .min(bytes);
-    (units, granted)
-}
-
-/// The admission semaphore's permits; no request asks for more, so none waits for ever.
-fn admission_budget(config: &DbConfig) -> usize {
-    config
-        .ingest_inflight_bytes
-        .div_ceil(ADMISSION_UNIT)
-        .clamp(1, tokio::sync::Semaphore::MAX_PERMITS)
 }
 
 impl std::fmt::Debug for Database {
@@ -473,6 +446,7 @@ impl Database {
         // This epoch's records start past every LSN an earlier epoch could have used.
         log.advance_to(node.lsn_base()).await?;
         let catalog = Arc::new(Catalog::open(storage.clone()).await?);
+        let live = catalog.storage_ids().await;
         let tables = Arc::new(
             Tables::open(
                 log.clone(),
@@ -481,6 +455,7 @@ impl Database {
                 node.clone(),
                 config.tables.clone(),
                 config.gc_grace,
+                Some(&live),
             )
             .await?,
         );
@@ -506,7 +481,7 @@ impl Database {
             storage.clone(),
             config.query,
         )?;
-        let ingest_admission = Arc::new(tokio::sync::Semaphore::new(admission_budget(&config)));
+        let body_budget = admission::BodyBudget::new(&config);
         Ok(Arc::new(Database {
             log,
             node,
@@ -521,7 +496,7 @@ impl Database {
             ingest_stats: IngestStats::default(),
             gc_stats: GcStats::default(),
             plans: Mutex::new(HashMap::new()),
-            ingest_admission,
+            body_budget,
             takeovers: takeover::Takeovers::default(),
             names: names::NameLocks::default(),
             sealed_misses: names::SealedMisses::default(),
@@ -733,24 +708,27 @@ impl Database {
         self.insert_rows(&resolved, body, limits).await
     }
 
-    /// Waits until a request body of up to `bytes` may be read and decoded, within
-    /// [`DbConfig::ingest_inflight_bytes`]; the admission releases its share when dropped.
-    /// A body larger than the whole budget is granted the whole budget (so it waits for
-    /// every other, and none waits for ever); [`IngestAdmission::granted_bytes`] says what
-    /// was counted.
-    pub(crate) async fn admit_ingest(&self, bytes: usize) -> IngestAdmission {
-        let (units, granted_bytes) = admission_grant(bytes, admission_budget(&self.config));
-        let permit = self
-            .ingest_admission
-            .clone()
-            .acquire_many_owned(units)
-            .await
-            .ok();
-        IngestAdmission {
-            // A closed semaphore (none is closed today) counted nothing.
-            granted_bytes: if permit.is_some() { granted_bytes } else { 0 },
-            _permit: permit,
-        }
+    /// A reservation of request-body bytes, holding nothing yet: it grows as the body
+    /// arrives (see `admission`). `owner` (a key's name, when keys are configured) puts it
+    /// under that key's share too.
+    pub(crate) fn body_reservation(&self, owner: Option<&Arc<str>>) -> BodyReservation {
+        self.body_budget.reservation(owner)
+    }
+
+    /// Waits (within [`DbConfig::ingest_admission_timeout`]) until `bytes` of the request-body
+    /// budget are held for work that decodes a body-sized input (an `INSERT`'s rows).
+    pub(crate) async fn admit_ingest(
+        &self,
+        bytes: usize,
+    ) -> Result<BodyReservation, AdmissionTimeout> {
+        let mut reservation = self.body_budget.reservation(None);
+        reservation.grow_to(bytes).await?;
+        Ok(reservation)
+    }
+
+    /// Bytes of the request-body budget held now.
+    pub(crate) fn body_bytes_held(&self) -> usize {
+        self.body_budget.held_bytes()
     }
 
     /// Finds a table by name, looking at the shared catalog again when this node does not know
@@ -1072,32 +1050,5 @@ impl IngestPlan {
                 message: e.to_string(),
             }
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A body is counted whole when the budget holds it, as the whole budget when it does
-    /// not, and never as nothing.
-    #[test]
-    fn admission_counts_a_body_within_the_budget() {
-        let budget_units = (32 << 20) / ADMISSION_UNIT;
-        assert_eq!(
-            admission_grant(16 << 20, budget_units),
-            (16 * 1024, 16 << 20)
-        );
-        // Partial units round up in permits; the bytes counted are the body's.
-        assert_eq!(admission_grant(1500, budget_units), (2, 1500));
-        // An empty body still takes a permit.
-        assert_eq!(admission_grant(0, budget_units), (1, 0));
-        // Larger than the budget: the whole budget, and only its bytes are counted.
-        assert_eq!(
-            admission_grant(64 << 20, budget_units),
-            (32 * 1024, 32 << 20)
-        );
-        // A budget configured as 0 is one permit.
-        assert_eq!(admission_grant(16 << 20, 0), (1, ADMISSION_UNIT));
     }
 }

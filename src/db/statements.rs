@@ -2,8 +2,8 @@
 //! the database's one write path, catalog statements on the catalog.
 
 use crate::catalog::{
-    CatalogError, CatalogPath, ColumnDef, DEFAULT_DATABASE, DatabaseDef, MutateOptions, SchemaDef,
-    TableDef,
+    CatalogError, CatalogPath, ColumnDef, DEFAULT_DATABASE, DEFAULT_SCHEMA, DatabaseDef,
+    MutateOptions, SchemaDef, TableDef,
 };
 use crate::ingest::Limits;
 use crate::ingest::encode::{Target, write_ndjson};
@@ -40,8 +40,49 @@ impl Database {
     pub(crate) async fn run(&self, statement: Prepared) -> Result<StatementOutput, QueryError> {
         match statement {
             Prepared::Catalog(ddl) => self.run_ddl(ddl).await,
-            Prepared::Query(query) => self.engine.query(*query).await,
-            Prepared::Insert(insert) => self.run_insert(insert).await,
+            Prepared::Query(query) => {
+                self.see_named_tables(&query).await;
+                self.engine.query(*query).await
+            }
+            Prepared::Insert(insert) => {
+                self.see_named_tables(&insert.source).await;
+                self.run_insert(insert).await
+            }
+        }
+    }
+
+    /// A query may name a table that another node sharing the object store created since
+    /// this node last read the catalog: when a table it names is unknown here, the catalog is
+    /// read again before it is planned (at most once per statement), as ingest does
+    /// ([`Database::resolve_table`]). A name that is still unknown then fails in planning.
+    async fn see_named_tables(&self, statement: &crate::query::DfStatement) {
+        use datafusion::common::TableReference;
+        let Ok((names, _)) = datafusion::sql::resolve::resolve_table_references(statement, true)
+        else {
+            return;
+        };
+        for name in names {
+            let (db, schema, table) = match &name {
+                TableReference::Bare { table } => (DEFAULT_DATABASE, DEFAULT_SCHEMA, table),
+                TableReference::Partial { schema, table } => {
+                    (DEFAULT_DATABASE, schema.as_ref(), table)
+                }
+                TableReference::Full {
+                    catalog,
+                    schema,
+                    table,
+                } => (catalog.as_ref(), schema.as_ref(), table),
+            };
+            if schema == "information_schema" {
+                continue;
+            }
+            if let Err(CatalogError::NotFound { .. }) = self.catalog.table(db, schema, table).await
+            {
+                if let Err(e) = self.catalog.refresh().await {
+                    tracing::debug!(error = %e, "catalog refresh before planning failed");
+                }
+                return;
+            }
         }
     }
 
@@ -129,7 +170,10 @@ impl Database {
         }
         // Within the same budget as ingest request bodies: the rows are encoded, then
         // decoded and checked like a body.
-        let _admitted = self.admit_ingest(source.memory_bytes()).await;
+        let _admitted = self
+            .admit_ingest(source.memory_bytes())
+            .await
+            .map_err(|e| QueryError::Write(e.into()))?;
         let rows = source.num_rows();
         if rows > INSERT_LIMITS.max_rows {
             return Err(QueryError::Rows(crate::ingest::IngestError::TooManyRows {

@@ -399,6 +399,9 @@ impl Database {
         log.attach_remote(remote, lease / 2);
         let opened = async {
             log.advance_to(node.lsn_base()).await?;
+            // The newest catalog: a table the dead node wrote to may have been dropped since.
+            self.catalog.reload().await?;
+            let live = self.catalog.storage_ids().await;
             let tables = Arc::new(
                 Tables::open(
                     log.clone(),
@@ -407,6 +410,7 @@ impl Database {
                     node.clone(),
                     self.config.tables.clone(),
                     self.config.gc_grace,
+                    Some(&live),
                 )
                 .await?,
             );

@@ -67,7 +67,8 @@ pub(super) async fn put_root(
     Query(params): Query<MutationParams>,
     body: axum::body::Body,
 ) -> Result<Response, ApiError> {
-    let body: serde_json::Value = super::read_json(&headers, body, "a JSON definition").await?;
+    let body: serde_json::Value =
+        super::read_json(&state, &headers, body, "a JSON definition").await?;
     write(&state, CatalogPath::Root, &headers, params, Some(body)).await
 }
 
@@ -85,7 +86,8 @@ pub(super) async fn put_database(
     Query(params): Query<MutationParams>,
     body: axum::body::Body,
 ) -> Result<Response, ApiError> {
-    let body: serde_json::Value = super::read_json(&headers, body, "a JSON definition").await?;
+    let body: serde_json::Value =
+        super::read_json(&state, &headers, body, "a JSON definition").await?;
     write(
         &state,
         CatalogPath::Database(db),
@@ -119,7 +121,8 @@ pub(super) async fn put_schema(
     Query(params): Query<MutationParams>,
     body: axum::body::Body,
 ) -> Result<Response, ApiError> {
-    let body: serde_json::Value = super::read_json(&headers, body, "a JSON definition").await?;
+    let body: serde_json::Value =
+        super::read_json(&state, &headers, body, "a JSON definition").await?;
     write(
         &state,
         CatalogPath::Schema(db, schema),
@@ -160,7 +163,8 @@ pub(super) async fn put_table(
     Query(params): Query<MutationParams>,
     body: axum::body::Body,
 ) -> Result<Response, ApiError> {
-    let body: serde_json::Value = super::read_json(&headers, body, "a JSON definition").await?;
+    let body: serde_json::Value =
+        super::read_json(&state, &headers, body, "a JSON definition").await?;
     write(
         &state,
         CatalogPath::Table(db, schema, table),

@@ -16,11 +16,15 @@
 //!   names: the client's path is appended to it, its host is never used.
 //! - A create of a name no peer serves is served here, after its claim (`db::names`) says
 //!   where: a name another node owns is created there.
+//! - The `Location` of a create made on a peer names the host the client used: the peer
+//!   builds it from the `Host` it was reached at, and this node puts its own request's
+//!   `Host` in its place as it relays the answer. No node takes a host from a header a
+//!   client can send (`X-Forwarded-Host`, `Forwarded`).
 
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{HeaderMap, HeaderName, Method, StatusCode, Uri};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse as _, Response};
 use bytes::Bytes;
 
@@ -30,9 +34,6 @@ use crate::error::{ErrorClass, Kind};
 
 /// The header that marks a forwarded request.
 pub(super) const FORWARDED: &str = "sluice-forwarded";
-
-/// The host a forwarded request's client used (for the `Location` of a create).
-pub(super) const FORWARDED_HOST: &str = "x-forwarded-host";
 
 /// How long a peer may take to say whether it serves a stream.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -62,6 +63,25 @@ fn hop_by_hop(name: &HeaderName) -> bool {
             | "trailer"
             | "upgrade"
     )
+}
+
+/// A `Location` the peer answered, with the peer's host replaced by the one this node's
+/// client used (`None` for any other header, or a value that is not an absolute `http` URL).
+fn relayed_location(
+    header: &HeaderName,
+    value: &HeaderValue,
+    client: &HeaderMap,
+) -> Option<HeaderValue> {
+    if header != axum::http::header::LOCATION {
+        return None;
+    }
+    let rest = value.to_str().ok()?.strip_prefix("http://")?;
+    let path = &rest[rest.find('/').unwrap_or(rest.len())..];
+    let host = client
+        .get(axum::http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("localhost");
+    HeaderValue::from_str(&format!("http://{host}{path}")).ok()
 }
 
 /// The peer that serves stream `name`, when this process does not and a peer does.
@@ -158,13 +178,9 @@ pub(super) async fn forward(
             && header != axum::http::header::HOST
             && header != axum::http::header::CONTENT_LENGTH
             && header.as_str() != FORWARDED
-            && header.as_str() != FORWARDED_HOST
         {
             request = request.header(header, value);
         }
-    }
-    if let Some(host) = headers.get(axum::http::header::HOST) {
-        request = request.header(FORWARDED_HOST, host);
     }
     if !body.is_empty() {
         request = request.body(body);
@@ -203,19 +219,55 @@ pub(super) async fn forward(
             .into_response();
         }
     };
-    if answer.status() == StatusCode::NOT_FOUND {
-        // Moved or deleted since it was found there.
+    if answer.status() == StatusCode::NOT_FOUND
+        || answer.status() == StatusCode::SERVICE_UNAVAILABLE
+    {
+        // Moved or deleted since it was found there (or the owner cannot serve it now): look
+        // it up afresh next time.
         state.db.note_stream_owner(name, None);
     }
     let mut response = Response::builder().status(answer.status());
     if let Some(out) = response.headers_mut() {
         for (header, value) in answer.headers() {
-            if !hop_by_hop(header) {
-                out.append(header, value.clone());
+            if hop_by_hop(header) {
+                continue;
             }
+            let value = relayed_location(header, value, headers).unwrap_or_else(|| value.clone());
+            out.append(header, value);
         }
     }
     response
         .body(Body::from_stream(answer.bytes_stream()))
         .unwrap_or_else(|e| ApiError::internal(e.to_string()).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A relayed `Location` keeps the peer's path and takes the client's host; other
+    /// headers pass as they are.
+    #[test]
+    fn a_relayed_location_names_the_clients_host() {
+        let mut client = HeaderMap::new();
+        client.insert(
+            axum::http::header::HOST,
+            HeaderValue::from_static("sluice.example:6543"),
+        );
+        let location = HeaderValue::from_static("http://10.0.0.7:6543/v1/stream/a/b");
+        assert_eq!(
+            relayed_location(&axum::http::header::LOCATION, &location, &client),
+            Some(HeaderValue::from_static(
+                "http://sluice.example:6543/v1/stream/a/b"
+            ))
+        );
+        assert_eq!(
+            relayed_location(&axum::http::header::ETAG, &location, &client),
+            None
+        );
+        assert_eq!(
+            relayed_location(&axum::http::header::LOCATION, &location, &HeaderMap::new()),
+            Some(HeaderValue::from_static("http://localhost/v1/stream/a/b"))
+        );
+    }
 }

@@ -2,19 +2,26 @@
 //! specification's `v1` routes that a reader needs): configuration, namespaces, table lists,
 //! table loads and existence checks. Namespaces are `[db]` and `[db, schema]`; tables live in
 //! `[db, schema]` under their sluice names. Keys and roles are the API's (a GET or HEAD
-//! needs the read role). A load publishes the table's Iceberg view for its newest manifest
+//! needs the read role). A load publishes the table's Iceberg views for its newest manifest
 //! version if no node has yet ([`crate::iceberg`]), so a reader always gets the committed
 //! files. Errors carry the specification's `error` object beside sluice's own body.
+//!
+//! Two views of every table ([`View`]), chosen by the specification's prefix: the routes
+//! without one and those under prefix `v3` serve the format-3 view, those under prefix `v2`
+//! the format-2 view. A client names a view as its warehouse: `v1/config?warehouse=v2` hands
+//! out prefix `v2` (and `v3` prefix `v3`; no warehouse, or an empty one, no prefix); any other
+//! warehouse or prefix is not found.
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
-use axum::http::{StatusCode, header};
+use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{ApiError, AppState};
 use crate::catalog::{CatalogPath, RootDef};
+use crate::iceberg::View;
 
 /// The separator of namespace levels in a URL (the specification's unit separator).
 const LEVELS: char = '\u{1f}';
@@ -112,8 +119,70 @@ async fn root(state: &AppState) -> Result<RootDef, ApiError> {
     serde_json::from_value(value).map_err(|e| ApiError::internal(e.to_string()))
 }
 
-/// `GET /iceberg/v1/config`.
-pub(super) async fn config() -> Answer {
+/// The prefix of `view`'s routes.
+fn prefix(view: View) -> &'static str {
+    match view {
+        View::V3 => "v3",
+        View::V2 => "v2",
+    }
+}
+
+/// The view a warehouse or prefix names (see the module docs).
+fn named_view(name: &str) -> Option<View> {
+    View::ALL.into_iter().find(|v| prefix(*v) == name)
+}
+
+/// The view a request under `/iceberg/v1/` asks for: by its prefix, the segment after `v1`
+/// (`namespaces` where there is none). The router only routes `namespaces` or a prefix there.
+/// `Err` holds a prefix that names no view.
+fn view_of(uri: &Uri) -> Result<View, &str> {
+    let first = uri
+        .path()
+        .strip_prefix("/iceberg/v1/")
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_default();
+    if first == "namespaces" {
+        return Ok(View::V3);
+    }
+    named_view(first).ok_or(first)
+}
+
+/// The answer to a prefix that names no view.
+fn no_such_prefix(prefix: &str) -> Answer {
+    no_such("prefix", prefix.to_owned())
+}
+
+/// Query parameters of the configuration.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct ConfigParams {
+    #[serde(default)]
+    warehouse: Option<String>,
+}
+
+/// `GET /iceberg/v1/config[?warehouse=v2|v3]`.
+pub(super) async fn config(
+    params: Result<Query<ConfigParams>, axum::extract::rejection::QueryRejection>,
+) -> Answer {
+    let Ok(Query(params)) = params else {
+        return ApiError::bad_request("bad query parameters").into();
+    };
+    let mut overrides = serde_json::Map::new();
+    match params.warehouse.as_deref() {
+        None | Some("") => {}
+        Some(name) => match named_view(name) {
+            Some(view) => {
+                overrides.insert("prefix".into(), json!(prefix(view)));
+            }
+            None => {
+                let mut e = ApiError::not_found(format!(
+                    "warehouse {name} does not exist: sluice serves `v3` (the default, Iceberg \
+                     format version 3) and `v2` (format version 2, microsecond timestamps)"
+                ));
+                e.details.insert("kind".into(), json!("warehouse"));
+                return Answer(Err(e));
+            }
+        },
+    }
     let endpoints = [
         "GET /v1/{prefix}/namespaces",
         "GET /v1/{prefix}/namespaces/{namespace}",
@@ -122,7 +191,20 @@ pub(super) async fn config() -> Answer {
         "GET /v1/{prefix}/namespaces/{namespace}/tables/{table}",
         "HEAD /v1/{prefix}/namespaces/{namespace}/tables/{table}",
     ];
-    ok(json!({"defaults": {}, "overrides": {}, "endpoints": endpoints}))
+    ok(json!({"defaults": {}, "overrides": overrides, "endpoints": endpoints}))
+}
+
+/// The path parameters of a namespace's routes (a prefix, if any, is read by [`view_of`]).
+#[derive(Debug, Deserialize)]
+pub(super) struct NamespacePath {
+    namespace: String,
+}
+
+/// The path parameters of a table's routes.
+#[derive(Debug, Deserialize)]
+pub(super) struct TablePath {
+    namespace: String,
+    table: String,
 }
 
 /// Query parameters of the namespace list.
@@ -135,8 +217,12 @@ pub(super) struct ListNamespaces {
 /// `GET /iceberg/v1/namespaces[?parent=db]`: the databases, or a database's schemas.
 pub(super) async fn list_namespaces(
     State(state): State<AppState>,
+    uri: Uri,
     params: Result<Query<ListNamespaces>, axum::extract::rejection::QueryRejection>,
 ) -> Answer {
+    if let Err(prefix) = view_of(&uri) {
+        return no_such_prefix(prefix);
+    }
     let Ok(Query(params)) = params else {
         return ApiError::bad_request("bad query parameters").into();
     };
@@ -165,8 +251,13 @@ pub(super) async fn list_namespaces(
     ok(json!({"namespaces": namespaces}))
 }
 
-/// Whether the namespace exists, with its levels.
-async fn find_namespace(state: &AppState, namespace: &str) -> Result<Vec<String>, Answer> {
+/// Whether the namespace exists (and the prefix of `uri`), with its levels.
+async fn find_namespace(
+    state: &AppState,
+    uri: &Uri,
+    namespace: &str,
+) -> Result<Vec<String>, Answer> {
+    view_of(uri).map_err(no_such_prefix)?;
     let root = root(state).await.map_err(Answer::from)?;
     let levels = levels(namespace);
     let found = match levels.as_slice() {
@@ -187,9 +278,10 @@ async fn find_namespace(state: &AppState, namespace: &str) -> Result<Vec<String>
 /// `GET /iceberg/v1/namespaces/{namespace}`.
 pub(super) async fn get_namespace(
     State(state): State<AppState>,
-    Path(namespace): Path<String>,
+    uri: Uri,
+    Path(NamespacePath { namespace }): Path<NamespacePath>,
 ) -> Answer {
-    match find_namespace(&state, &namespace).await {
+    match find_namespace(&state, &uri, &namespace).await {
         Ok(levels) => ok(json!({"namespace": levels, "properties": {}})),
         Err(answer) => answer,
     }
@@ -198,9 +290,10 @@ pub(super) async fn get_namespace(
 /// `HEAD /iceberg/v1/namespaces/{namespace}`.
 pub(super) async fn head_namespace(
     State(state): State<AppState>,
-    Path(namespace): Path<String>,
+    uri: Uri,
+    Path(NamespacePath { namespace }): Path<NamespacePath>,
 ) -> Answer {
-    match find_namespace(&state, &namespace).await {
+    match find_namespace(&state, &uri, &namespace).await {
         Ok(_) => no_content(),
         Err(answer) => answer,
     }
@@ -209,9 +302,10 @@ pub(super) async fn head_namespace(
 /// `GET /iceberg/v1/namespaces/{namespace}/tables`.
 pub(super) async fn list_tables(
     State(state): State<AppState>,
-    Path(namespace): Path<String>,
+    uri: Uri,
+    Path(NamespacePath { namespace }): Path<NamespacePath>,
 ) -> Answer {
-    let levels = match find_namespace(&state, &namespace).await {
+    let levels = match find_namespace(&state, &uri, &namespace).await {
         Ok(l) => l,
         Err(answer) => return answer,
     };
@@ -251,16 +345,22 @@ async fn table_id(state: &AppState, namespace: &str, table: &str) -> Result<Stri
 /// credentials).
 pub(super) async fn load_table(
     State(state): State<AppState>,
-    Path((namespace, table)): Path<(String, String)>,
+    uri: Uri,
+    Path(TablePath { namespace, table }): Path<TablePath>,
 ) -> Answer {
+    let view = match view_of(&uri) {
+        Ok(view) => view,
+        Err(prefix) => return no_such_prefix(prefix),
+    };
     let id = match table_id(&state, &namespace, &table).await {
         Ok(id) => id,
         Err(answer) => return answer,
     };
-    let published = match state.db.tables().iceberg_view(&id).await {
+    let views = match state.db.tables().iceberg_view(&id).await {
         Ok(p) => p,
         Err(e) => return ApiError::of(&e).into(),
     };
+    let published = views.get(view);
     let mut config = serde_json::Map::new();
     if let Some((endpoint, region)) = state.db.storage().s3_settings() {
         if let Some(endpoint) = endpoint {
@@ -282,8 +382,12 @@ pub(super) async fn load_table(
 /// `HEAD /iceberg/v1/namespaces/{namespace}/tables/{table}`.
 pub(super) async fn head_table(
     State(state): State<AppState>,
-    Path((namespace, table)): Path<(String, String)>,
+    uri: Uri,
+    Path(TablePath { namespace, table }): Path<TablePath>,
 ) -> Answer {
+    if let Err(prefix) = view_of(&uri) {
+        return no_such_prefix(prefix);
+    }
     match table_id(&state, &namespace, &table).await {
         Ok(_) => no_content(),
         Err(answer) => answer,

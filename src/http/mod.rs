@@ -1,6 +1,7 @@
 //! The HTTP API: routes, authentication and request ids. Each API is a module that maps
 //! requests to the database's typed calls and errors to answers.
 
+mod body;
 mod catalog;
 mod console;
 mod deadline;
@@ -68,6 +69,8 @@ pub struct Shared {
     api_keys: Arc<Vec<ApiKey>>,
     long_poll_timeout: Duration,
     body_timeout: Duration,
+    /// Bytes per second a request body must keep up (0: no pace; see [`deadline`]).
+    min_body_rate: u64,
     metrics: Arc<Metrics>,
     browser: Arc<BrowserPolicy>,
     /// The owner of every request when no keys are configured.
@@ -86,6 +89,7 @@ impl AppState {
             api_keys: Arc::new(api_keys.iter().map(|k| parse_key(k)).collect()),
             long_poll_timeout: crate::config::DEFAULT_LONG_POLL_TIMEOUT,
             body_timeout: crate::config::DEFAULT_BODY_TIMEOUT,
+            min_body_rate: crate::config::DEFAULT_MIN_BODY_RATE,
             browser: Arc::new(BrowserPolicy::default()),
             local_owner: Arc::from(crate::subscriptions::LEGACY_OWNER),
             forward_client: forward::client(),
@@ -112,6 +116,13 @@ impl AppState {
     /// Sets how long a request body may take to arrive before the request answers 408.
     pub fn with_body_timeout(mut self, timeout: Duration) -> Self {
         self.setup().body_timeout = timeout;
+        self
+    }
+
+    /// Sets the pace a request body must keep up, in bytes per second after its first
+    /// seconds (0: none), before the request answers 408 (see [`deadline`]).
+    pub fn with_min_body_rate(mut self, bytes_per_second: u64) -> Self {
+        self.setup().min_body_rate = bytes_per_second;
         self
     }
 
@@ -156,8 +167,10 @@ pub(crate) fn not_json() -> ApiError {
 }
 
 /// Reads a JSON request body, undoing its `Content-Encoding` (clients compress statements and
-/// catalog definitions too), within [`MAX_JSON_BODY_BYTES`].
+/// catalog definitions too), within [`MAX_JSON_BODY_BYTES`] and the request-body budget
+/// (held while the body is read, decoded and parsed).
 pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
+    state: &AppState,
     headers: &axum::http::HeaderMap,
     body: axum::body::Body,
     expected: &str,
@@ -166,9 +179,9 @@ pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
         return Err(not_json());
     }
     let encoding = ingest::encoding(headers)?;
-    let raw = ingest::read_body(body, MAX_JSON_BODY_BYTES, 0).await?;
-    let plain = crate::ingest::decompress(&raw, encoding, MAX_JSON_BODY_BYTES)
-        .map_err(|e| ApiError::from(crate::db::IngestFailure::Input(e)))?;
+    let mut reservation = state.db.body_reservation(None);
+    let raw = body::read_body(body, MAX_JSON_BODY_BYTES, &mut reservation).await?;
+    let plain = body::decode_body(raw, encoding, MAX_JSON_BODY_BYTES, &mut reservation).await?;
     serde_json::from_slice(&plain)
         .map_err(|e| ApiError::bad_request(format!("request body must be {expected}: {e}")))
 }
@@ -220,6 +233,13 @@ fn key_subject(key: &str) -> Owner {
     );
     let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
     Arc::from(format!("key-{hex}"))
+}
+
+/// The owner whose share of the request-body budget a request's body counts against: its
+/// key's name when keys are configured (so one key cannot take the whole budget), none
+/// without keys (one trusted local user).
+pub(crate) fn body_owner<'a>(state: &AppState, principal: &'a Principal) -> Option<&'a Owner> {
+    (!state.api_keys.is_empty()).then_some(&principal.owner)
 }
 
 /// A configured key: `read=KEY`, `write=KEY`, `admin=KEY`, or a bare `KEY` (admin).
@@ -390,6 +410,28 @@ pub(crate) fn origin_allowed(policy: &BrowserPolicy, origin: &str) -> bool {
         .any(|o| o == "*" || o.eq_ignore_ascii_case(origin))
 }
 
+/// The host names a request is addressed to: every `Host` header, and the authority of an
+/// absolute-form request target (`GET http://name/path`). A request is judged by all of
+/// them, never by the first alone.
+fn addressed_hosts(request: &Request) -> impl Iterator<Item = &str> {
+    request
+        .headers()
+        .get_all(header::HOST)
+        .iter()
+        .map(|v| v.to_str().unwrap_or("\u{fffd}"))
+        .chain(request.uri().authority().map(|a| a.as_str()))
+}
+
+/// The refusal (400) of a request that carries more than one `Host` header: HTTP/1.1 asks
+/// servers to refuse it (RFC 9112, 3.2), and two hosts cannot both be the one it is for.
+fn host_refusal(request: &Request) -> Option<Response> {
+    (request.headers().get_all(header::HOST).iter().count() > 1).then(|| {
+        ApiError::bad_request("the request carries more than one Host header")
+            .outcome(error::Outcome::Rejected)
+            .into_response()
+    })
+}
+
 /// Keeps web pages from driving the server: refuses requests addressed to a host name it does
 /// not serve (DNS rebinding; checked without keys, or whenever names are configured), and
 /// writes sent by a page of another origin that the CORS setting does not allow (a page can
@@ -400,8 +442,7 @@ fn browser_refusal(state: &AppState, request: &Request) -> Option<Response> {
     let health = request.uri().path() == "/v1/health";
     if (state.api_keys.is_empty() || !policy.allowed_hosts.is_empty())
         && !health
-        && let Some(host) = headers.get(header::HOST).and_then(|v| v.to_str().ok())
-        && !host_allowed(policy, host)
+        && let Some(host) = addressed_hosts(request).find(|host| !host_allowed(policy, host))
     {
         return Some(
             ApiError::new(
@@ -524,8 +565,9 @@ async fn edge(state: AppState, routes: Router, request: Request) -> Response {
     );
     let started = std::time::Instant::now();
     let answer = async {
-        if let Some(refusal) =
-            browser_refusal(&state, &request).or_else(|| deadline::headers_refusal(&request))
+        if let Some(refusal) = host_refusal(&request)
+            .or_else(|| browser_refusal(&state, &request))
+            .or_else(|| deadline::headers_refusal(&request))
         {
             return refusal;
         }
@@ -659,6 +701,18 @@ impl Routes {
         self
     }
 
+    /// The Iceberg catalog's namespace and table routes: `[namespaces, a namespace, its
+    /// tables, a table]`, without or with the specification's prefix (which names the view:
+    /// [`iceberg`]).
+    fn iceberg(self, [namespaces, namespace, tables, table]: [&'static str; 4]) -> Self {
+        self.add("GET", namespaces, iceberg::list_namespaces)
+            .add("GET", namespace, iceberg::get_namespace)
+            .add("HEAD", namespace, iceberg::head_namespace)
+            .add("GET", tables, iceberg::list_tables)
+            .add("GET", table, iceberg::load_table)
+            .add("HEAD", table, iceberg::head_table)
+    }
+
     /// The stream handlers, at one of the two URL layouts ([`streams::Target`] names the
     /// stream from either).
     fn streams(self, path: &'static str) -> Self {
@@ -718,32 +772,18 @@ fn api_routes() -> Routes {
         .add("POST", "/v1/statements/{id}/cancel", statements::cancel)
         .add("GET", "/v1/streams", streams::list)
         .add("GET", "/iceberg/v1/config", iceberg::config)
-        .add("GET", "/iceberg/v1/namespaces", iceberg::list_namespaces)
-        .add(
-            "GET",
+        .iceberg([
+            "/iceberg/v1/namespaces",
             "/iceberg/v1/namespaces/{namespace}",
-            iceberg::get_namespace,
-        )
-        .add(
-            "HEAD",
-            "/iceberg/v1/namespaces/{namespace}",
-            iceberg::head_namespace,
-        )
-        .add(
-            "GET",
             "/iceberg/v1/namespaces/{namespace}/tables",
-            iceberg::list_tables,
-        )
-        .add(
-            "GET",
             "/iceberg/v1/namespaces/{namespace}/tables/{table}",
-            iceberg::load_table,
-        )
-        .add(
-            "HEAD",
-            "/iceberg/v1/namespaces/{namespace}/tables/{table}",
-            iceberg::head_table,
-        )
+        ])
+        .iceberg([
+            "/iceberg/v1/{prefix}/namespaces",
+            "/iceberg/v1/{prefix}/namespaces/{namespace}",
+            "/iceberg/v1/{prefix}/namespaces/{namespace}/tables",
+            "/iceberg/v1/{prefix}/namespaces/{namespace}/tables/{table}",
+        ])
 }
 
 /// The streams, in both URL layouts.

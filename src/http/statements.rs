@@ -150,7 +150,8 @@ pub(super) async fn submit(
     headers: axum::http::HeaderMap,
     body: axum::body::Body,
 ) -> Result<Response, ApiError> {
-    let request: Submit = super::read_json(&headers, body, "{\"statement\": \"...\"}").await?;
+    let request: Submit =
+        super::read_json(&state, &headers, body, "{\"statement\": \"...\"}").await?;
     if let Some(id) = &request.statement_id
         && (id.is_empty() || id.len() > 128)
     {

@@ -370,8 +370,16 @@ fn fork(headers: &HeaderMap) -> Result<Option<ForkRequest>, ApiError> {
     }))
 }
 
-async fn body_bytes(body: Body) -> Result<Bytes, ApiError> {
-    super::ingest::read_body(body, MAX_APPEND_BYTES, 0).await
+/// Reads a create's or append's body within [`MAX_APPEND_BYTES`] and the request-body
+/// budget; the reservation is held until the request is answered.
+async fn body_bytes(
+    state: &AppState,
+    owner: Option<&super::Owner>,
+    body: Body,
+) -> Result<(Bytes, crate::db::BodyReservation), ApiError> {
+    let mut reservation = state.db.body_reservation(owner);
+    let bytes = super::body::read_body(body, MAX_APPEND_BYTES, &mut reservation).await?;
+    Ok((bytes, reservation))
 }
 
 fn set(headers: &mut HeaderMap, name: &'static str, value: impl AsRef<str>) {
@@ -486,6 +494,7 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Target {
 /// ([`forward`]); otherwise the body back, for this node to serve the request.
 async fn at_owner(
     state: &AppState,
+    owner: Option<&super::Owner>,
     name: &str,
     method: Method,
     uri: &axum::http::Uri,
@@ -497,11 +506,22 @@ async fn at_owner(
         // No live process said it serves the stream. A create claims its name itself; any
         // other request asks the name's claim, so that a stream whose owner is between
         // processes (dead, not yet taken over) answers "retry", not "not found".
-        None if method == Method::PUT
-            || headers.contains_key(forward::FORWARDED)
-            || state.db.serves_stream(name) =>
-        {
+        None if method == Method::PUT || state.db.serves_stream(name) => {
             return Ok(Err(body));
+        }
+        // Forwarded here by a peer that took this process for the stream's owner, but the
+        // stream is not served here: it moved (deleted and created again elsewhere, taken
+        // over, or this address now answers for a new process). A stream whose name is
+        // claimed elsewhere is not "not found": the peer is told to look again.
+        None if headers.contains_key(forward::FORWARDED) => {
+            return match state.db.locate_stream_name(name).await {
+                Ok(Some(NamePlace::At(_))) => Err(ApiError::classified(
+                    ErrorClass::retry("OwnerMoved"),
+                    format!("stream {name:?} is served by another node now"),
+                )),
+                Ok(Some(NamePlace::Here) | None) => Ok(Err(body)),
+                Err(e) => Err(ApiError::of(&e)),
+            };
         }
         None => match state
             .db
@@ -516,7 +536,7 @@ async fn at_owner(
             Some(NamePlace::Here) | None => return Ok(Err(body)),
         },
     };
-    let body = body_bytes(body).await?;
+    let (body, _reservation) = body_bytes(state, owner, body).await?;
     Ok(Ok(forward::forward(
         state, name, &peer, method, uri, headers, body,
     )
@@ -525,21 +545,21 @@ async fn at_owner(
 
 pub(super) async fn put(
     State(state): State<AppState>,
-    principal: Caller,
     target: Target,
+    axum::Extension(principal): axum::Extension<super::Principal>,
     headers: HeaderMap,
     uri: axum::http::Uri,
     body: Body,
 ) -> Result<Response, ApiError> {
     match target {
         Target::Reserved(name) => {
-            let principal = principal.as_ref().map(|p| &p.0);
-            Ok(reserved(&state, principal, Method::PUT, &name, &headers, body).await)
+            Ok(reserved(&state, Some(&principal), Method::PUT, &name, &headers, body).await)
         }
         Target::Stream(name) => {
-            match at_owner(&state, &name, Method::PUT, &uri, &headers, body).await? {
+            let owner = super::body_owner(&state, &principal);
+            match at_owner(&state, owner, &name, Method::PUT, &uri, &headers, body).await? {
                 Ok(answer) => Ok(answer),
-                Err(body) => create(&state, name, &headers, &uri, body).await,
+                Err(body) => create(&state, owner, name, &headers, &uri, body).await,
             }
         }
     }
@@ -547,21 +567,27 @@ pub(super) async fn put(
 
 pub(super) async fn post(
     State(state): State<AppState>,
-    principal: Caller,
     target: Target,
+    axum::Extension(principal): axum::Extension<super::Principal>,
     headers: HeaderMap,
     uri: axum::http::Uri,
     body: Body,
 ) -> Result<Response, ApiError> {
     match target {
-        Target::Reserved(name) => {
-            let principal = principal.as_ref().map(|p| &p.0);
-            Ok(reserved(&state, principal, Method::POST, &name, &headers, body).await)
-        }
+        Target::Reserved(name) => Ok(reserved(
+            &state,
+            Some(&principal),
+            Method::POST,
+            &name,
+            &headers,
+            body,
+        )
+        .await),
         Target::Stream(name) => {
-            match at_owner(&state, &name, Method::POST, &uri, &headers, body).await? {
+            let owner = super::body_owner(&state, &principal);
+            match at_owner(&state, owner, &name, Method::POST, &uri, &headers, body).await? {
                 Ok(answer) => Ok(answer),
-                Err(body) => append(&state, name, &headers, body).await,
+                Err(body) => append(&state, owner, name, &headers, body).await,
             }
         }
     }
@@ -592,7 +618,17 @@ pub(super) async fn get(
             if let Some(answer) = sealed_read(&state, &name, &headers, query.as_deref()).await? {
                 return Ok(answer);
             }
-            match at_owner(&state, &name, Method::GET, &uri, &headers, Body::empty()).await? {
+            match at_owner(
+                &state,
+                None,
+                &name,
+                Method::GET,
+                &uri,
+                &headers,
+                Body::empty(),
+            )
+            .await?
+            {
                 Ok(answer) => Ok(answer),
                 Err(_) => read(&state, name, &headers, query.as_deref()).await,
             }
@@ -609,7 +645,17 @@ pub(super) async fn head_stream(
     match target {
         Target::Reserved(_) => Err(ApiError::not_found("no stream here")),
         Target::Stream(name) => {
-            match at_owner(&state, &name, Method::HEAD, &uri, &headers, Body::empty()).await? {
+            match at_owner(
+                &state,
+                None,
+                &name,
+                Method::HEAD,
+                &uri,
+                &headers,
+                Body::empty(),
+            )
+            .await?
+            {
                 Ok(answer) => Ok(answer),
                 Err(_) => head(&state, name).await,
             }
@@ -638,7 +684,17 @@ pub(super) async fn delete_stream(
             .await)
         }
         Target::Stream(name) => {
-            match at_owner(&state, &name, Method::DELETE, &uri, &headers, Body::empty()).await? {
+            match at_owner(
+                &state,
+                None,
+                &name,
+                Method::DELETE,
+                &uri,
+                &headers,
+                Body::empty(),
+            )
+            .await?
+            {
                 Ok(answer) => Ok(answer),
                 Err(_) => delete(&state, name, &headers).await,
             }
@@ -656,19 +712,28 @@ pub(super) async fn put_bucket(Path(bucket): Path<String>) -> Result<Response, A
 
 async fn create(
     state: &AppState,
+    owner: Option<&super::Owner>,
     name: String,
     headers: &HeaderMap,
     uri: &axum::http::Uri,
     body: Body,
 ) -> Result<Response, ApiError> {
+    let (content_type, lifetime, closed, fork, incarnation) = (
+        content_type(headers)?,
+        lifetime(headers)?,
+        closed_flag(headers)?,
+        fork(headers)?,
+        incarnation(headers)?,
+    );
+    let (body, _reservation) = body_bytes(state, owner, body).await?;
     let request = CreateRequest {
         name,
-        content_type: content_type(headers)?,
-        lifetime: lifetime(headers)?,
-        closed: closed_flag(headers)?,
-        fork: fork(headers)?,
-        incarnation: incarnation(headers)?,
-        body: body_bytes(body).await?,
+        content_type,
+        lifetime,
+        closed,
+        fork,
+        incarnation,
+        body,
     };
     let forwarded = headers.contains_key(forward::FORWARDED);
     // A fork is made where its source is served.
@@ -749,11 +814,11 @@ async fn create(
     let h = response.headers_mut();
     info_headers(h, &info);
     if created {
-        // A forwarded create names the host the client used (the forwarding node passes it).
-        let host = match header_str(headers, forward::FORWARDED_HOST)? {
-            Some(host) if forwarded => host,
-            _ => header_str(headers, "host")?.unwrap_or("localhost"),
-        };
+        // The host the request was sent to (checked at the edge: one `Host`, allowed where
+        // names are checked). A forwarding node puts its client's host in its place as it
+        // relays the answer; no header a client sends (`X-Forwarded-Host`, `Forwarded`)
+        // names it.
+        let host = header_str(headers, "host")?.unwrap_or("localhost");
         set(h, "location", format!("http://{host}{}", uri.path()));
     }
     Ok(response)
@@ -761,18 +826,27 @@ async fn create(
 
 async fn append(
     state: &AppState,
+    owner: Option<&super::Owner>,
     name: String,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
+    let (content_type, close, producer, stream_seq, incarnation) = (
+        content_type(headers)?,
+        closed_flag(headers)?,
+        producer(headers)?,
+        stream_seq(headers)?,
+        incarnation(headers)?,
+    );
+    let (body, _reservation) = body_bytes(state, owner, body).await?;
     let request = AppendRequest {
         name,
-        content_type: content_type(headers)?,
-        close: closed_flag(headers)?,
-        producer: producer(headers)?,
-        stream_seq: stream_seq(headers)?,
-        incarnation: incarnation(headers)?,
-        body: body_bytes(body).await?,
+        content_type,
+        close,
+        producer,
+        stream_seq,
+        incarnation,
+        body,
     };
     let with_body = !request.body.is_empty();
     let outcome = state

@@ -1,10 +1,20 @@
-//! The Apache Iceberg view of every table: metadata derived from the table's manifest, written
-//! next to its data, so that engines that read Iceberg (format version 3) read sluice tables in
-//! place.
+//! The Apache Iceberg views of every table: metadata derived from the table's manifest,
+//! written next to its data, so that engines that read Iceberg read sluice tables in place.
+//! Two views ([`View`]) list the same data files:
+//!
+//! - **v3** (format version 3, in `metadata/`): timestamps are `timestamptz_ns`, exactly what
+//!   the files hold; row lineage (`first-row-id`, `next-row-id`) is given.
+//! - **v2** (format version 2, in `metadata-v2/`), for readers that do not know the v3 types
+//!   yet (DuckDB 1.4, older JVM engines): timestamps are `timestamptz`, microseconds. The data
+//!   files still hold `TIMESTAMP(NANOS)`; a reader converts them to microseconds as it reads
+//!   (dropping the last three digits), and the manifests' bounds of those columns are in
+//!   microseconds: the lower bound floored, the upper bound truncated toward zero, so that
+//!   they hold every value a reader makes of the file's, whether it floors or truncates.
 //!
 //! The manifest ([`crate::table::manifest`]) stays the source of truth; everything here is
-//! derived from it and can be written again from it at any time ([`publish`]). Objects, under
-//! `tables/{id}/metadata/`:
+//! derived from it and can be written again from it at any time ([`publish`], which
+//! publishes both views). Objects of a view, under `tables/{id}/{dir}/` (`dir` is
+//! [`View::dir`]):
 //!
 //! | object | what |
 //! |--------|------|
@@ -16,12 +26,13 @@
 //! (`place` tags the database root's location, which the Avro objects name in absolute
 //! URIs: a moved data directory gets new ones.)
 //!
-//! Invariants:
+//! Invariants (of each view; the two are published alike from the same manifest state):
 //! - **A snapshot per manifest version**, with snapshot id and sequence number `v` (versions
-//!   only grow). Its manifest lists exactly the files live at `v`: those `v` added as `ADDED`,
-//!   the others as `EXISTING` with the version that added them. A snapshot's objects depend on
-//!   the manifest state alone (and the Avro sync marker is derived from the path), so two
-//!   nodes that publish the same version write the same bytes.
+//!   only grow), the same in both views. Its manifest lists exactly the files live at `v`:
+//!   those `v` added as `ADDED`, the others as `EXISTING` with the version that added them. A
+//!   snapshot's objects depend on the manifest state alone (and the Avro sync marker is
+//!   derived from the path), so two nodes that publish the same version write the same
+//!   bytes.
 //! - **Publication is a conditional create** of `v{n+1}.metadata.json` after reading `v{n}`:
 //!   one writer wins each number, a loser reads again. Metadata never goes back to an older
 //!   manifest version.
@@ -30,22 +41,24 @@
 //!   history starts again at the current snapshot: a snapshot is listed only if every later
 //!   snapshot up to the current one is, so each listed snapshot's successor time is the time
 //!   its files stopped being current.
-//! - **Expiry agrees with garbage collection**: a snapshot is dropped once its successor was
-//!   committed more than half the grace period ago. A data file is deleted only after the
-//!   collector has seen it unreferenced by the manifest for the whole grace period
+//! - **Expiry agrees with garbage collection**, in both views: a snapshot is dropped once its
+//!   successor was committed more than half the grace period ago. A data file is deleted only
+//!   after the collector has seen it unreferenced by the manifest for the whole grace period
 //!   ([`crate::table`]'s collection), so every snapshot that lists it has been expired for at
 //!   least half the grace period by then (with clocks of the nodes within half the grace
-//!   period of each other). Collection publishes before it deletes, so expired snapshots leave
-//!   the metadata even when no new version comes; metadata objects that the newest metadata no
-//!   longer references are collected after the grace period like any other object.
+//!   period of each other). Collection publishes both views before it deletes (and deletes
+//!   nothing when either fails), so expired snapshots leave the metadata even when no new
+//!   version comes; metadata objects that the newest metadata of their view no longer
+//!   references are collected after the grace period like any other object.
 //! - **Field ids** are column positions from 1 (a table's columns never change). Parquet files
 //!   written since this view exists carry them; the name mapping in the table properties
 //!   (`schema.name-mapping.default`) resolves the columns of files written before.
-//! - **Types**: timestamp is `timestamptz_ns` (INT64 nanoseconds, UTC: the Parquet type we
-//!   write); int and uint are `long` (a uint column only ever holds `0..=i64::MAX`: ingest and
-//!   `INSERT` refuse larger values, so `long` holds every value exactly); interval is `long`
-//!   nanoseconds; float `double`; boolean; string; binary; object, array and any are `string`
-//!   (their JSON text).
+//! - **Types**: timestamp is `timestamptz_ns` in v3 and `timestamptz` in v2 (see above); int
+//!   and uint are `long` (a uint column only ever holds `0..=i64::MAX`: ingest and `INSERT`
+//!   refuse larger values, so `long` holds every value exactly, and files written since
+//!   store it as a signed INT64, the Parquet type of `long`); interval is `long` nanoseconds;
+//!   float `double`; boolean; string; binary; object, array and any are `string` (their JSON
+//!   text).
 
 mod avro;
 
@@ -62,20 +75,50 @@ use crate::table::{ManifestState, TableError};
 use crate::types::{Column, ColumnType};
 use avro::Encoder;
 
-/// The Iceberg format version of the metadata written here.
-pub(crate) const FORMAT_VERSION: u8 = 3;
+/// One of the two Iceberg views of every table (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum View {
+    /// Format version 3, nanosecond timestamps: the view of record.
+    V3,
+    /// Format version 2, microsecond timestamps: for readers without the v3 types.
+    V2,
+}
+
+impl View {
+    /// Both views, in the order they are published.
+    pub(crate) const ALL: [View; 2] = [View::V3, View::V2];
+
+    /// The Iceberg format version of the view's metadata.
+    pub(crate) fn format_version(self) -> u8 {
+        match self {
+            View::V3 => 3,
+            View::V2 => 2,
+        }
+    }
+
+    /// The directory of the view's objects under the table's directory.
+    pub(crate) fn dir(self) -> &'static str {
+        match self {
+            View::V3 => "metadata",
+            View::V2 => "metadata-v2",
+        }
+    }
+}
 
 /// The table property naming the manifest version a metadata file was derived from.
 const MANIFEST_VERSION_PROPERTY: &str = "sluice.manifest-version";
 
-/// The Iceberg type of a column type (see the module docs for why).
-pub(crate) fn iceberg_type(t: ColumnType) -> &'static str {
+/// The Iceberg type of a column type in `view` (see the module docs for why).
+pub(crate) fn iceberg_type(view: View, t: ColumnType) -> &'static str {
     match t {
         ColumnType::Int | ColumnType::UInt | ColumnType::Interval => "long",
         ColumnType::Float => "double",
         ColumnType::Boolean => "boolean",
         ColumnType::String | ColumnType::Object | ColumnType::Array | ColumnType::Any => "string",
-        ColumnType::Timestamp => "timestamptz_ns",
+        ColumnType::Timestamp => match view {
+            View::V3 => "timestamptz_ns",
+            View::V2 => "timestamptz",
+        },
         ColumnType::Binary => "binary",
     }
 }
@@ -85,8 +128,12 @@ pub(crate) fn field_id(index: usize) -> i32 {
     i32::try_from(index + 1).unwrap_or(i32::MAX)
 }
 
-fn field_doc(t: ColumnType) -> Option<&'static str> {
+fn field_doc(view: View, t: ColumnType) -> Option<&'static str> {
     match t {
+        ColumnType::Timestamp if view == View::V2 => Some(
+            "sluice timestamp: the data files hold nanoseconds; this view reads them as \
+             microseconds, the last three digits dropped (the v3 view has them all)",
+        ),
         ColumnType::Interval => Some("sluice interval: a duration in nanoseconds"),
         ColumnType::Object => Some("sluice object: JSON text"),
         ColumnType::Array => Some("sluice array: JSON text"),
@@ -96,8 +143,8 @@ fn field_doc(t: ColumnType) -> Option<&'static str> {
     }
 }
 
-/// The table schema (schema id 0).
-fn schema_json(columns: &[Column]) -> Value {
+/// The table schema (schema id 0) in `view`.
+fn schema_json(view: View, columns: &[Column]) -> Value {
     let fields: Vec<Value> = columns
         .iter()
         .enumerate()
@@ -106,9 +153,9 @@ fn schema_json(columns: &[Column]) -> Value {
                 "id": field_id(i),
                 "name": c.name,
                 "required": false,
-                "type": iceberg_type(c.data_type),
+                "type": iceberg_type(view, c.data_type),
             });
-            if let Some(doc) = field_doc(c.data_type) {
+            if let Some(doc) = field_doc(view, c.data_type) {
                 field["doc"] = json!(doc);
             }
             field
@@ -127,28 +174,28 @@ fn name_mapping(columns: &[Column]) -> String {
     Value::Array(mapping).to_string()
 }
 
-/// The metadata directory of table `id`.
-fn metadata_dir(id: &str) -> String {
-    paths::table_metadata(id)
+/// The metadata directory of table `id`'s `view`.
+fn metadata_dir(view: View, id: &str) -> String {
+    format!("{}/{}", paths::table(id), view.dir())
 }
 
-fn metadata_file(id: &str, n: u64) -> String {
-    format!("{}/v{n}.metadata.json", metadata_dir(id))
+fn metadata_file(view: View, id: &str, n: u64) -> String {
+    format!("{}/v{n}.metadata.json", metadata_dir(view, id))
 }
 
-fn version_hint(id: &str) -> String {
-    format!("{}/version-hint.text", metadata_dir(id))
+fn version_hint(view: View, id: &str) -> String {
+    format!("{}/version-hint.text", metadata_dir(view, id))
 }
 
 /// The Avro objects of a snapshot are named by the version and by `place`
 /// ([`place_tag`]): they hold absolute locations, so a table whose root moved gets new
 /// ones instead of reusing the old.
-fn manifest_list(id: &str, version: u64, place: &str) -> String {
-    format!("{}/snap-{version:020}-{place}.avro", metadata_dir(id))
+fn manifest_list(view: View, id: &str, version: u64, place: &str) -> String {
+    format!("{}/snap-{version:020}-{place}.avro", metadata_dir(view, id))
 }
 
-fn manifest(id: &str, version: u64, place: &str) -> String {
-    format!("{}/{version:020}-{place}-m0.avro", metadata_dir(id))
+fn manifest(view: View, id: &str, version: u64, place: &str) -> String {
+    format!("{}/{version:020}-{place}-m0.avro", metadata_dir(view, id))
 }
 
 /// 16 bytes from `text` by two FNV-1a passes: stable across builds and platforms (unlike
@@ -207,9 +254,11 @@ fn avro_version(name: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-/// The newest published metadata of a table.
+/// The newest published metadata of a table's view.
 #[derive(Debug, Clone)]
 pub(crate) struct Published {
+    /// The view it is of.
+    pub view: View,
     /// Its number.
     pub number: u64,
     /// Its URI, as readers name it.
@@ -238,17 +287,36 @@ impl Published {
     /// The objects (paths relative to the database root) this metadata needs: itself, the
     /// hint, and every listed snapshot's manifest list and manifest.
     pub(crate) fn referenced(&self, id: &str) -> HashSet<String> {
-        let mut keep = HashSet::from([metadata_file(id, self.number), version_hint(id)]);
+        let view = self.view;
+        let mut keep =
+            HashSet::from([metadata_file(view, id, self.number), version_hint(view, id)]);
         for s in self.snapshots() {
             let name = s["manifest-list"]
                 .as_str()
                 .and_then(|uri| uri.rsplit('/').next());
             if let Some((v, place)) = name.and_then(manifest_list_name) {
-                keep.insert(manifest_list(id, v, place));
-                keep.insert(manifest(id, v, place));
+                keep.insert(manifest_list(view, id, v, place));
+                keep.insert(manifest(view, id, v, place));
             }
         }
         keep
+    }
+}
+
+/// The newest published metadata of both views of a table.
+#[derive(Debug, Clone)]
+pub(crate) struct Views {
+    pub v3: Published,
+    pub v2: Published,
+}
+
+impl Views {
+    /// The metadata of `view`.
+    pub(crate) fn get(&self, view: View) -> &Published {
+        match view {
+            View::V3 => &self.v3,
+            View::V2 => &self.v2,
+        }
     }
 }
 
@@ -256,13 +324,17 @@ fn storage_error(e: object_store::Error) -> TableError {
     TableError::Storage(e)
 }
 
-/// Reads the newest metadata of table `id`, if any was published.
-pub(crate) async fn latest(storage: &Storage, id: &str) -> Result<Option<Published>, TableError> {
+/// Reads the newest metadata of table `id`'s `view`, if any was published.
+pub(crate) async fn latest(
+    storage: &Storage,
+    view: View,
+    id: &str,
+) -> Result<Option<Published>, TableError> {
     const ATTEMPTS: usize = 5;
     let store = storage.store();
     for _ in 0..ATTEMPTS {
         let listed: Vec<_> = store
-            .list(Some(&Path::from(metadata_dir(id))))
+            .list(Some(&Path::from(metadata_dir(view, id))))
             .try_collect()
             .await
             .map_err(storage_error)?;
@@ -273,7 +345,7 @@ pub(crate) async fn latest(storage: &Storage, id: &str) -> Result<Option<Publish
         else {
             return Ok(None);
         };
-        let path = metadata_file(id, number);
+        let path = metadata_file(view, id, number);
         let bytes = match store.get(&Path::from(path.as_str())).await {
             Ok(r) => r.bytes().await.map_err(storage_error)?,
             // Collected since the listing (a newer one exists): list again.
@@ -288,6 +360,7 @@ pub(crate) async fn latest(storage: &Storage, id: &str) -> Result<Option<Publish
             Value::Null
         });
         return Ok(Some(Published {
+            view,
             number,
             location: storage.location_of(&path),
             metadata,
@@ -298,10 +371,11 @@ pub(crate) async fn latest(storage: &Storage, id: &str) -> Result<Option<Publish
     )))
 }
 
-/// Makes the newest metadata of table `id` describe `state`, with expired snapshots dropped
-/// (`grace` is the garbage-collection grace period), and returns it. Writes nothing when the
-/// newest metadata is already that (or is newer). Metadata that names another location (the
-/// data directory moved) is replaced, with only the current snapshot.
+/// Makes the newest metadata of both views of table `id` describe `state`, with expired
+/// snapshots dropped (`grace` is the garbage-collection grace period), and returns them.
+/// Writes nothing to a view whose newest metadata is already that (or is newer). Metadata
+/// that names another location (the data directory moved) is replaced, with only the current
+/// snapshot. An error of either view is the answer (garbage collection then deletes nothing).
 ///
 /// It runs on a task of its own: a panic in this derived, best-effort work must not take its
 /// caller down (a flush, a compaction, a collection pass, a catalog load).
@@ -310,15 +384,22 @@ pub(crate) async fn publish(
     id: &str,
     state: &ManifestState,
     grace: Duration,
-) -> Result<Published, TableError> {
+) -> Result<Views, TableError> {
     let (storage, id, state) = (storage.clone(), id.to_owned(), state.clone());
-    tokio::spawn(async move { publish_here(&storage, &id, &state, grace).await })
-        .await
-        .map_err(|e| TableError::Task(format!("publishing the Iceberg view: {e}")))?
+    tokio::spawn(async move {
+        let (v3, v2) = tokio::join!(
+            publish_here(&storage, View::V3, &id, &state, grace),
+            publish_here(&storage, View::V2, &id, &state, grace),
+        );
+        Ok(Views { v3: v3?, v2: v2? })
+    })
+    .await
+    .map_err(|e| TableError::Task(format!("publishing the Iceberg view: {e}")))?
 }
 
 async fn publish_here(
     storage: &Storage,
+    view: View,
     id: &str,
     state: &ManifestState,
     grace: Duration,
@@ -329,7 +410,7 @@ async fn publish_here(
     let mut wrote_snapshot = false;
     for _ in 0..ATTEMPTS {
         let now = crate::table::manifest::now_ms();
-        let current = latest(storage, id).await?;
+        let current = latest(storage, view, id).await?;
         if let Some(c) = &current
             && let Some(from) = c.manifest_version()
             && from > state.version
@@ -374,11 +455,11 @@ async fn publish_here(
         let mut snapshots = carried;
         if state.version > 0 && !carried_current {
             if !wrote_snapshot {
-                write_snapshot_objects(storage, id, &columns, state).await?;
+                write_snapshot_objects(storage, view, id, &columns, state).await?;
                 wrote_snapshot = true;
             }
             let parent = snapshots.last().and_then(|s| s["snapshot-id"].as_u64());
-            let mut snapshot = snapshot_json(storage, id, state, parent, now);
+            let mut snapshot = snapshot_json(storage, view, id, state, parent, now);
             // Snapshot times never go back (readers refuse a snapshot log out of order), even
             // when the committing nodes' clocks disagree.
             if let Some(previous) = snapshots.last().and_then(|s| s["timestamp-ms"].as_u64())
@@ -396,12 +477,12 @@ async fn publish_here(
                 .number
                 .checked_add(1)
                 .ok_or_else(|| TableError::CorruptManifest {
-                    path: metadata_file(id, c.number),
+                    path: metadata_file(view, id, c.number),
                     reason: "the Iceberg metadata number is at its limit".into(),
                 })?,
         };
-        let metadata = metadata_json(&location, id, &columns, state, &snapshots, now);
-        let path = metadata_file(id, number);
+        let metadata = metadata_json(view, &location, id, &columns, state, &snapshots, now);
+        let path = metadata_file(view, id, number);
         let body = serde_json::to_vec_pretty(&metadata)
             .map_err(|e| TableError::Encoding(e.to_string()))?;
         match put_new(storage.store().as_ref(), &path, body).await? {
@@ -410,11 +491,12 @@ async fn publish_here(
                 let _ = storage
                     .store()
                     .put(
-                        &Path::from(version_hint(id)),
+                        &Path::from(version_hint(view, id)),
                         PutPayload::from(number.to_string()),
                     )
                     .await;
                 return Ok(Published {
+                    view,
                     number,
                     location: storage.location_of(&path),
                     metadata,
@@ -466,6 +548,7 @@ async fn put_new(store: &dyn ObjectStore, path: &str, body: Vec<u8>) -> Result<b
 
 fn snapshot_json(
     storage: &Storage,
+    view: View,
     id: &str,
     state: &ManifestState,
     parent: Option<u64>,
@@ -487,6 +570,7 @@ fn snapshot_json(
         "sequence-number": state.version,
         "timestamp-ms": timestamp,
         "manifest-list": storage.location_of(&manifest_list(
+            view,
             id,
             state.version,
             &place_tag(&storage.location_of(""))
@@ -504,9 +588,11 @@ fn snapshot_json(
             "total-equality-deletes": "0",
         },
         "schema-id": 0,
-        "first-row-id": state.next_row_id - change.added_rows.min(state.next_row_id),
-        "added-rows": change.added_rows,
     });
+    if view == View::V3 {
+        snapshot["first-row-id"] = json!(first_row_id(state));
+        snapshot["added-rows"] = json!(change.added_rows);
+    }
     if let Some(parent) = parent {
         snapshot["parent-snapshot-id"] = json!(parent);
     }
@@ -514,6 +600,7 @@ fn snapshot_json(
 }
 
 fn metadata_json(
+    view: View,
     location: &str,
     id: &str,
     columns: &[Column],
@@ -533,9 +620,9 @@ fn metadata_json(
             json!({"snapshot-id": current, "type": "branch"}),
         );
     }
-    json!({
-        "format-version": FORMAT_VERSION,
-        "table-uuid": table_uuid(id),
+    let mut metadata = json!({
+        "format-version": view.format_version(),
+        "table-uuid": table_uuid(view, id),
         "location": location,
         "last-sequence-number": state.version,
         // Never before the newest snapshot (readers refuse that).
@@ -545,7 +632,7 @@ fn metadata_json(
             .fold(now_ms, u64::max),
         "last-column-id": columns.len(),
         "current-schema-id": 0,
-        "schemas": [schema_json(columns)],
+        "schemas": [schema_json(view, columns)],
         "default-spec-id": 0,
         "partition-specs": [{"spec-id": 0, "fields": []}],
         "last-partition-id": 999,
@@ -557,31 +644,52 @@ fn metadata_json(
             "sluice.table-id": id,
             MANIFEST_VERSION_PROPERTY: state.version.to_string(),
         },
-        "current-snapshot-id": current,
+        // -1 for none, as Iceberg's Java library writes it: DuckDB refuses a null here,
+        // and other readers take -1 for none.
+        "current-snapshot-id": current.map_or(-1, to_i64),
         "refs": refs,
         "snapshots": snapshots,
         "snapshot-log": snapshot_log,
         "metadata-log": [],
         "statistics": [],
         "partition-statistics": [],
-        "next-row-id": state.next_row_id,
-    })
+    });
+    if view == View::V3 {
+        metadata["next-row-id"] = json!(state.next_row_id);
+    }
+    metadata
 }
 
-/// A stable UUID for table `id`: the id itself when it is one, else one derived from it.
-fn table_uuid(id: &str) -> String {
-    if let Ok(u) = uuid::Uuid::try_parse(id) {
+/// The row id of the first row the state's last change added (v3's row lineage).
+fn first_row_id(state: &ManifestState) -> u64 {
+    state.next_row_id - state.last_change.added_rows.min(state.next_row_id)
+}
+
+/// A stable UUID for table `id` in `view`. In v3 the id itself when it is one, else one
+/// derived from it; in v2 one derived from the id and the view: the two views are two
+/// Iceberg tables whose schemas give one field id two types (`timestamptz_ns`,
+/// `timestamptz`), and a reader that caches metadata by table UUID must not take one for
+/// the other.
+fn table_uuid(view: View, id: &str) -> String {
+    if view == View::V3
+        && let Ok(u) = uuid::Uuid::try_parse(id)
+    {
         return u.hyphenated().to_string();
     }
-    uuid::Builder::from_random_bytes(stable_hash_128(id))
+    let seed = match view {
+        View::V3 => id.to_owned(),
+        View::V2 => format!("{id}/{}", view.dir()),
+    };
+    uuid::Builder::from_random_bytes(stable_hash_128(&seed))
         .into_uuid()
         .hyphenated()
         .to_string()
 }
 
-/// The Avro writer schema of a v3 manifest entry: the fields sluice fills (readers resolve
-/// by field id; the others are optional and read as null).
-fn manifest_entry_schema() -> Value {
+/// The Avro writer schema of a manifest entry of `view`: the fields sluice fills (readers
+/// resolve by field id; the others are optional and read as null). The two versions differ
+/// only in v3's `first_row_id`.
+fn manifest_entry_schema(view: View) -> Value {
     let optional_long = |name: &str, id: i32| json!({"name": name, "type": ["null", "long"], "default": null, "field-id": id});
     let bounds = |name: &str, id: i32, key: i32, value: i32| {
         json!({"name": name, "field-id": id, "default": null, "type": ["null", {
@@ -597,6 +705,20 @@ fn manifest_entry_schema() -> Value {
             },
         }]})
     };
+    let mut data_file = vec![
+        json!({"name": "content", "type": "int", "field-id": 134}),
+        json!({"name": "file_path", "type": "string", "field-id": 100}),
+        json!({"name": "file_format", "type": "string", "field-id": 101}),
+        json!({"name": "partition", "field-id": 102,
+         "type": {"type": "record", "name": "r102", "fields": []}}),
+        json!({"name": "record_count", "type": "long", "field-id": 103}),
+        json!({"name": "file_size_in_bytes", "type": "long", "field-id": 104}),
+        bounds("lower_bounds", 125, 126, 127),
+        bounds("upper_bounds", 128, 129, 130),
+    ];
+    if view == View::V3 {
+        data_file.push(optional_long("first_row_id", 142));
+    }
     json!({
         "type": "record",
         "name": "manifest_entry",
@@ -608,46 +730,48 @@ fn manifest_entry_schema() -> Value {
             {"name": "data_file", "field-id": 2, "type": {
                 "type": "record",
                 "name": "r2",
-                "fields": [
-                    {"name": "content", "type": "int", "field-id": 134},
-                    {"name": "file_path", "type": "string", "field-id": 100},
-                    {"name": "file_format", "type": "string", "field-id": 101},
-                    {"name": "partition", "field-id": 102,
-                     "type": {"type": "record", "name": "r102", "fields": []}},
-                    {"name": "record_count", "type": "long", "field-id": 103},
-                    {"name": "file_size_in_bytes", "type": "long", "field-id": 104},
-                    bounds("lower_bounds", 125, 126, 127),
-                    bounds("upper_bounds", 128, 129, 130),
-                    optional_long("first_row_id", 142),
-                ],
+                "fields": data_file,
             }},
         ],
     })
 }
 
-/// The Avro writer schema of a v3 manifest list entry.
-fn manifest_list_schema() -> Value {
+/// The Avro writer schema of a manifest list entry of `view` (v3 adds `first_row_id`).
+fn manifest_list_schema(view: View) -> Value {
     let field = |name: &str, t: &str, id: i32| json!({"name": name, "type": t, "field-id": id});
-    json!({
-        "type": "record",
-        "name": "manifest_file",
-        "fields": [
-            field("manifest_path", "string", 500),
-            field("manifest_length", "long", 501),
-            field("partition_spec_id", "int", 502),
-            field("content", "int", 517),
-            field("sequence_number", "long", 515),
-            field("min_sequence_number", "long", 516),
-            field("added_snapshot_id", "long", 503),
-            field("added_files_count", "int", 504),
-            field("existing_files_count", "int", 505),
-            field("deleted_files_count", "int", 506),
-            field("added_rows_count", "long", 512),
-            field("existing_rows_count", "long", 513),
-            field("deleted_rows_count", "long", 514),
-            {"name": "first_row_id", "type": ["null", "long"], "default": null, "field-id": 520},
-        ],
-    })
+    let mut fields = vec![
+        field("manifest_path", "string", 500),
+        field("manifest_length", "long", 501),
+        field("partition_spec_id", "int", 502),
+        field("content", "int", 517),
+        field("sequence_number", "long", 515),
+        field("min_sequence_number", "long", 516),
+        field("added_snapshot_id", "long", 503),
+        field("added_files_count", "int", 504),
+        field("existing_files_count", "int", 505),
+        field("deleted_files_count", "int", 506),
+        field("added_rows_count", "long", 512),
+        field("existing_rows_count", "long", 513),
+        field("deleted_rows_count", "long", 514),
+    ];
+    if view == View::V3 {
+        fields.push(
+            json!({"name": "first_row_id", "type": ["null", "long"], "default": null, "field-id": 520}),
+        );
+    }
+    json!({"type": "record", "name": "manifest_file", "fields": fields})
+}
+
+/// The bounds in `view` of a timestamp column whose values lie in `lo..=hi` nanoseconds, as
+/// Iceberg's single-value serialization (little-endian `long`). In v2 they are
+/// microseconds: the lower floored and the upper truncated toward zero, which holds every
+/// value a reader makes of the file's nanoseconds whether it floors or truncates them.
+fn time_bounds(view: View, lo: i64, hi: i64) -> ([u8; 8], [u8; 8]) {
+    let (lo, hi) = match view {
+        View::V3 => (lo, hi),
+        View::V2 => (lo.div_euclid(1_000), hi / 1_000),
+    };
+    (lo.to_le_bytes(), hi.to_le_bytes())
 }
 
 fn to_i64(v: u64) -> i64 {
@@ -658,6 +782,7 @@ fn to_i64(v: u64) -> i64 {
 /// exist: their content depends on the state alone).
 async fn write_snapshot_objects(
     storage: &Storage,
+    view: View,
     id: &str,
     columns: &[Column],
     state: &ManifestState,
@@ -685,8 +810,9 @@ async fn write_snapshot_objects(
         let mut upper = Vec::new();
         for (name, (lo, hi)) in &f.time_ranges {
             if let Some(&field) = timestamp_ids.get(name.as_str()) {
-                lower.push((field, lo.to_le_bytes()));
-                upper.push((field, hi.to_le_bytes()));
+                let (lo, hi) = time_bounds(view, *lo, *hi);
+                lower.push((field, lo));
+                upper.push((field, hi));
             }
         }
         let bound = |e: &mut Encoder, items: Vec<(i32, [u8; 8])>| {
@@ -710,20 +836,22 @@ async fn write_snapshot_objects(
             .long(to_i64(f.bytes));
         bound(&mut e, lower);
         bound(&mut e, upper);
-        e.optional_long(lineage.map(|l| to_i64(l.first_row_id)));
+        if view == View::V3 {
+            e.optional_long(lineage.map(|l| to_i64(l.first_row_id)));
+        }
         records.push(e.into_bytes());
     }
-    let schema = schema_json(columns).to_string();
+    let schema = schema_json(view, columns).to_string();
     let place = place_tag(&storage.location_of(""));
-    let manifest_path = manifest(id, v, &place);
+    let manifest_path = manifest(view, id, v, &place);
     let manifest_bytes = avro::container(
-        &manifest_entry_schema(),
+        &manifest_entry_schema(view),
         &[
             ("schema", schema),
             ("schema-id", "0".into()),
             ("partition-spec", "[]".into()),
             ("partition-spec-id", "0".into()),
-            ("format-version", FORMAT_VERSION.to_string()),
+            ("format-version", view.format_version().to_string()),
             ("content", "data".into()),
         ],
         &records,
@@ -746,18 +874,20 @@ async fn write_snapshot_objects(
         .long(0)
         .long(added.1)
         .long(existing.1)
-        .long(0)
-        .optional_long(None);
-    let list_path = manifest_list(id, v, &place);
-    let first_row_id = state.next_row_id - state.last_change.added_rows.min(state.next_row_id);
+        .long(0);
+    let list_path = manifest_list(view, id, v, &place);
+    let mut list_metadata = vec![
+        ("snapshot-id", v.to_string()),
+        ("sequence-number", v.to_string()),
+        ("format-version", view.format_version().to_string()),
+    ];
+    if view == View::V3 {
+        entry.optional_long(None);
+        list_metadata.push(("first-row-id", first_row_id(state).to_string()));
+    }
     let list_bytes = avro::container(
-        &manifest_list_schema(),
-        &[
-            ("snapshot-id", v.to_string()),
-            ("sequence-number", v.to_string()),
-            ("first-row-id", first_row_id.to_string()),
-            ("format-version", FORMAT_VERSION.to_string()),
-        ],
+        &manifest_list_schema(view),
+        &list_metadata,
         &[entry.into_bytes()],
         &list_path,
     );
@@ -765,18 +895,20 @@ async fn write_snapshot_objects(
     Ok(())
 }
 
-/// The objects under table `id`'s metadata directory, with their sizes and ages, for garbage
-/// collection: everything but what `latest` references is a candidate.
+/// The objects under the metadata directory of table `id`'s view that `latest` is of, with
+/// their sizes, for garbage collection: everything but what `latest` references is a
+/// candidate.
 pub(crate) async fn collectable(
     storage: &Storage,
     id: &str,
     latest: &Published,
 ) -> Result<Vec<(String, u64)>, TableError> {
+    let view = latest.view;
     let keep = latest.referenced(id);
     // The hint is written after each publication without a condition, so racing publishers
     // can leave it naming an older number: set it right before that one can be collected
     // (collection runs several times per grace period).
-    let hint = Path::from(version_hint(id));
+    let hint = Path::from(version_hint(view, id));
     let hinted = match storage.store().get(&hint).await {
         Ok(r) => r.bytes().await.ok(),
         Err(_) => None,
@@ -791,7 +923,7 @@ pub(crate) async fn collectable(
     }
     let listed: Vec<_> = storage
         .store()
-        .list(Some(&Path::from(metadata_dir(id))))
+        .list(Some(&Path::from(metadata_dir(view, id))))
         .try_collect()
         .await
         .map_err(storage_error)?;
@@ -859,7 +991,7 @@ mod tests {
         let place = place_tag("file:///data/objects");
         assert_eq!(place.len(), 8);
         assert_ne!(place, place_tag("file:///moved/objects"));
-        let path = manifest_list("t", 7, &place);
+        let path = manifest_list(View::V3, "t", 7, &place);
         let name = path.rsplit('/').next().unwrap();
         assert_eq!(manifest_list_name(name), Some((7, place.as_str())));
         assert_eq!(manifest_list_name("v3.metadata.json"), None);
@@ -891,11 +1023,36 @@ mod tests {
     }
 
     #[test]
+    fn v2_time_bounds_hold_every_microsecond_a_reader_makes() {
+        let bounds = |view, lo, hi| {
+            let (lo, hi) = time_bounds(view, lo, hi);
+            (i64::from_le_bytes(lo), i64::from_le_bytes(hi))
+        };
+        assert_eq!(bounds(View::V3, -1_001, 1_999), (-1_001, 1_999));
+        // Whether a reader truncates (-1 ns to 0 µs) or floors (to -1 µs), its value lies
+        // within the bounds.
+        assert_eq!(bounds(View::V2, -1, -1), (-1, 0));
+        assert_eq!(bounds(View::V2, -1_001, 1_999), (-2, 1));
+        assert_eq!(bounds(View::V2, 1_000, 2_000), (1, 2));
+        assert_eq!(
+            bounds(View::V2, i64::MIN, i64::MAX),
+            (i64::MIN.div_euclid(1_000), i64::MAX / 1_000)
+        );
+    }
+
+    #[test]
     fn table_uuids_are_stable() {
-        assert_eq!(table_uuid("abc"), table_uuid("abc"));
-        assert_ne!(table_uuid("abc"), table_uuid("abd"));
-        assert!(uuid::Uuid::try_parse(&table_uuid("abc")).is_ok());
+        assert_eq!(table_uuid(View::V3, "abc"), table_uuid(View::V3, "abc"));
+        assert_ne!(table_uuid(View::V3, "abc"), table_uuid(View::V3, "abd"));
+        assert!(uuid::Uuid::try_parse(&table_uuid(View::V3, "abc")).is_ok());
+        assert!(uuid::Uuid::try_parse(&table_uuid(View::V2, "abc")).is_ok());
         let id = "0123456789abcdef0123456789abcdef";
-        assert_eq!(table_uuid(id), "01234567-89ab-cdef-0123-456789abcdef");
+        assert_eq!(
+            table_uuid(View::V3, id),
+            "01234567-89ab-cdef-0123-456789abcdef"
+        );
+        // Each view is a table of its own.
+        assert_ne!(table_uuid(View::V2, id), table_uuid(View::V3, id));
+        assert_eq!(table_uuid(View::V2, id), table_uuid(View::V2, id));
     }
 }

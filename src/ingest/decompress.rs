@@ -81,6 +81,76 @@ pub fn decompress(
     }
 }
 
+/// A decompression done in steps, so that what its output holds can be accounted for
+/// before it is produced (request-body admission grows its reservation between steps).
+/// The output is held to `limit` bytes as in [`decompress`].
+pub(crate) struct Decompressor {
+    reader: Box<dyn Read + Send>,
+    encoding: ContentEncoding,
+    limit: usize,
+    out: Vec<u8>,
+}
+
+impl Decompressor {
+    /// A decompression of `body`, nothing decoded yet.
+    pub(crate) fn new(
+        body: bytes::Bytes,
+        encoding: ContentEncoding,
+        limit: usize,
+    ) -> Result<Self, IngestError> {
+        let input = std::io::Cursor::new(body);
+        let reader: Box<dyn Read + Send> = match encoding {
+            ContentEncoding::Identity => Box::new(input),
+            ContentEncoding::Gzip => Box::new(flate2::read::MultiGzDecoder::new(input)),
+            ContentEncoding::Zstd => Box::new(
+                zstd::stream::read::Decoder::with_buffer(input).map_err(|e| {
+                    IngestError::Decompression {
+                        encoding: encoding.name(),
+                        reason: e.to_string(),
+                    }
+                })?,
+            ),
+        };
+        Ok(Decompressor {
+            reader,
+            encoding,
+            limit,
+            out: Vec::new(),
+        })
+    }
+
+    /// Bytes decoded so far.
+    pub(crate) fn len(&self) -> usize {
+        self.out.len()
+    }
+
+    /// Decodes up to `step` more bytes into a buffer grown by exactly that much; answers
+    /// whether the input is done. Output past the limit answers
+    /// [`IngestError::BodyTooLarge`].
+    pub(crate) fn step(&mut self, step: usize) -> Result<bool, IngestError> {
+        // One byte past the limit tells "exactly the limit" from "more".
+        let room = self.limit.saturating_add(1).saturating_sub(self.out.len());
+        let step = step.clamp(1, room.max(1));
+        self.out.reserve_exact(step);
+        let read = (&mut self.reader)
+            .take(step as u64)
+            .read_to_end(&mut self.out)
+            .map_err(|e| IngestError::Decompression {
+                encoding: self.encoding.name(),
+                reason: e.to_string(),
+            })?;
+        if self.out.len() > self.limit {
+            return Err(IngestError::BodyTooLarge { limit: self.limit });
+        }
+        Ok(read < step)
+    }
+
+    /// The decoded bytes.
+    pub(crate) fn into_output(self) -> Vec<u8> {
+        self.out
+    }
+}
+
 fn read_limited(
     reader: impl Read,
     encoding: ContentEncoding,
@@ -181,5 +251,40 @@ mod tests {
             Ok(ContentEncoding::Zstd)
         );
         assert!(ContentEncoding::from_header(Some("br")).is_err());
+    }
+
+    /// Decoding in steps gives what decoding at once gives, refuses past the limit the
+    /// same way, and fails the same way on a truncated body.
+    #[test]
+    fn stepwise_decoding_matches_decoding_at_once() {
+        let data: Vec<u8> = (0..100_000u32).flat_map(|i| i.to_le_bytes()).collect();
+        let packed = bytes::Bytes::from(gzip(&data));
+        for step in [1usize, 7, 4096, 1 << 20] {
+            let mut d = Decompressor::new(packed.clone(), ContentEncoding::Gzip, data.len())
+                .expect("decoder");
+            while !d.step(step).expect("decodes") {}
+            assert_eq!(d.into_output(), data);
+            let mut small =
+                Decompressor::new(packed.clone(), ContentEncoding::Gzip, data.len() - 1)
+                    .expect("decoder");
+            let refused = loop {
+                match small.step(step) {
+                    Ok(false) => {}
+                    Ok(true) => panic!("decoded past the limit"),
+                    Err(e) => break e,
+                }
+            };
+            assert!(matches!(refused, IngestError::BodyTooLarge { .. }));
+        }
+        let cut = packed.slice(..packed.len() / 2);
+        let mut d = Decompressor::new(cut, ContentEncoding::Gzip, data.len()).expect("decoder");
+        let failed = loop {
+            match d.step(1 << 16) {
+                Ok(false) => {}
+                Ok(true) => break None,
+                Err(e) => break Some(e),
+            }
+        };
+        assert!(matches!(failed, Some(IngestError::Decompression { .. })));
     }
 }

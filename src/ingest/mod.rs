@@ -29,6 +29,7 @@ mod decompress;
 pub(crate) mod encode;
 
 pub use decoder::Decoder;
+pub(crate) use decompress::Decompressor;
 pub use decompress::{ContentEncoding, decompress};
 
 use std::fmt;

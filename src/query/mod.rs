@@ -39,7 +39,7 @@ use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
 use datafusion::physical_plan::execute_stream;
 use datafusion::prelude::{SQLOptions, SessionConfig, SessionContext};
-use datafusion::sql::parser::Statement as DfStatement;
+pub(crate) use datafusion::sql::parser::Statement as DfStatement;
 use futures::StreamExt as _;
 
 use crate::catalog::{Catalog, CatalogError, DEFAULT_DATABASE, DEFAULT_SCHEMA};

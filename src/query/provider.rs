@@ -40,12 +40,14 @@ use crate::table::{DataFile, SpilledBatches, Tables};
 /// column with the metadata and nullability of the table's column of the same name and type.
 ///
 /// Files differ from the table's schema in field metadata (the Iceberg field ids of files
-/// written since the Iceberg view, [`crate::iceberg`]) and, for intervals, in type (`Int64`;
-/// see `table::files::file_schema`). DataFusion casts every column whose field differs in
-/// anything, metadata included, and a cast column is neither pruned by statistics nor by the
-/// page index: a difference in metadata alone must not cost that. A difference in type is
-/// still cast (and an interval column is therefore not pruned in files that store it as
-/// `Int64`).
+/// written since the Iceberg view, [`crate::iceberg`]) and, for intervals and uints, in type
+/// (`Int64`; see `table::files::file_schema`). DataFusion casts every column whose field
+/// differs in anything, metadata included: a difference in metadata alone must not cost a
+/// cast. A difference in type is cast, and a comparison with a literal still prunes row
+/// groups and pages: DataFusion casts the literal to the file's type (or the statistics to
+/// the table's), which is exact for `Int64` read as `Duration` or as `UInt64` of the values
+/// sluice writes. (A filter on an interval column with an `INTERVAL` literal is turned into
+/// one on the `Duration` first: `query::pruning`.)
 #[derive(Debug)]
 struct FileColumns;
 

@@ -24,6 +24,13 @@
 //! and `CAST(time AS TIME) > '12:00'` dropped it with its rows at 23:00). The plan still
 //! filters by them (the table's filters are inexact, a top-N sorts what it is given).
 //!
+//! Before that it turns a comparison of an interval column with an `INTERVAL` literal into
+//! one of the column with a `Duration` ([`duration_comparison`]). The planner compares a
+//! `Duration` column with `INTERVAL '90 seconds'` by casting the column to an
+//! `Interval(MonthDayNano)`, a cast that prunes nothing (and is not known to keep order in
+//! general); with no months and no days in the literal the comparison is exactly the one of
+//! the nanoseconds, which prunes like any integer column's.
+//!
 //! And it drops the statistics of a scan's ranges when the scan's predicate does not change
 //! while the query runs. They are there for top-N scans (`provider::ScanRange::statistics`);
 //! with a fixed predicate their use was a pruning predicate DataFusion built, at some
@@ -80,12 +87,15 @@ impl PhysicalOptimizerRule for ColumnPruning {
             let conjuncts = split_conjunction(&predicate);
             let count = conjuncts.len();
             let mut kept = Vec::with_capacity(count);
+            let mut rewritten = false;
             for conjunct in conjuncts {
-                if !casts_out_of_order(conjunct, table_schema)? {
-                    kept.push(Arc::clone(conjunct));
+                let conjunct = duration_comparison(conjunct, table_schema)?;
+                rewritten |= conjunct.transformed;
+                if !casts_out_of_order(&conjunct.data, table_schema)? {
+                    kept.push(conjunct.data);
                 }
             }
-            let stripped = kept.len() != count;
+            let stripped = kept.len() != count || rewritten;
             let predicate = if stripped {
                 conjunction(kept)
             } else {
@@ -128,6 +138,69 @@ impl PhysicalOptimizerRule for ColumnPruning {
     fn schema_check(&self) -> bool {
         true
     }
+}
+
+/// `expr` with each comparison of a nanosecond `Duration` column cast to
+/// `Interval(MonthDayNano)` with an interval literal of no months and no days turned into
+/// the comparison of the column with that many nanoseconds as a `Duration`. The cast gives
+/// `(0 months, 0 days, n nanoseconds)`, and intervals compare month, then day, then
+/// nanosecond, so the two comparisons agree on every row (nulls included).
+fn duration_comparison(
+    expr: &Arc<dyn PhysicalExpr>,
+    schema: &Schema,
+) -> Result<Transformed<Arc<dyn PhysicalExpr>>> {
+    use arrow_schema::{IntervalUnit, TimeUnit};
+    let duration_column = |e: &Arc<dyn PhysicalExpr>| -> Result<Option<Arc<dyn PhysicalExpr>>> {
+        let Some(cast) = e.downcast_ref::<CastExpr>() else {
+            return Ok(None);
+        };
+        let column = cast.expr();
+        let from_duration = column.downcast_ref::<Column>().is_some()
+            && column.data_type(schema)? == DataType::Duration(TimeUnit::Nanosecond);
+        let to_interval = cast.cast_type() == &DataType::Interval(IntervalUnit::MonthDayNano);
+        Ok((from_duration && to_interval).then(|| Arc::clone(column)))
+    };
+    let nanoseconds = |e: &Arc<dyn PhysicalExpr>| -> Option<Arc<dyn PhysicalExpr>> {
+        match e.downcast_ref::<Literal>()?.value() {
+            ScalarValue::IntervalMonthDayNano(Some(v)) if v.months == 0 && v.days == 0 => {
+                Some(Arc::new(Literal::new(ScalarValue::DurationNanosecond(
+                    Some(v.nanoseconds),
+                ))))
+            }
+            _ => None,
+        }
+    };
+    Arc::clone(expr).transform_up(|e| {
+        let Some(binary) = e.downcast_ref::<BinaryExpr>() else {
+            return Ok(Transformed::no(e));
+        };
+        let comparison = matches!(
+            binary.op(),
+            Operator::Eq
+                | Operator::NotEq
+                | Operator::Lt
+                | Operator::LtEq
+                | Operator::Gt
+                | Operator::GtEq
+        );
+        if !comparison {
+            return Ok(Transformed::no(e));
+        }
+        let (left, right) = (binary.left(), binary.right());
+        let operands = match (duration_column(left)?, duration_column(right)?) {
+            (Some(column), None) => nanoseconds(right).map(|value| (column, value)),
+            (None, Some(column)) => nanoseconds(left).map(|value| (value, column)),
+            _ => None,
+        };
+        Ok(match operands {
+            Some((l, r)) => {
+                let rewritten: Arc<dyn PhysicalExpr> =
+                    Arc::new(BinaryExpr::new(l, *binary.op(), r));
+                Transformed::yes(rewritten)
+            }
+            None => Transformed::no(e),
+        })
+    })
 }
 
 /// Whether pruning with `expr` may drop rows it matches: somewhere in it (or in the

@@ -38,12 +38,42 @@ struct State {
 #[derive(Debug, Default)]
 pub struct SyncJournal {
     state: Mutex<State>,
+    /// Where a recording journal also writes each operation, for a power loss applied by
+    /// another process after this one was killed ([`SyncJournal::recording`]).
+    record: Option<Mutex<std::fs::File>>,
 }
 
 impl SyncJournal {
     /// A journal with nothing recorded.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A journal that also appends every operation it is told of to the file at `path`, one
+    /// line each (`op<TAB>len<TAB>path`), after the operation itself (a sync is recorded once
+    /// it returned), so that a test can kill the process and then apply the power loss from
+    /// the record ([`power_loss_from_record`]). The record is not synced: a killed process's
+    /// writes stay in the page cache. The `sluice` binary of a test build opens one when
+    /// `SLUICE_TEST_SYNC_RECORD` names a file.
+    pub fn recording(path: &Path) -> io::Result<SyncJournal> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        Ok(SyncJournal {
+            state: Mutex::default(),
+            record: Some(Mutex::new(file)),
+        })
+    }
+
+    fn note(&self, op: &str, path: &Path, len: u64) {
+        use std::io::Write as _;
+        if let Some(record) = &self.record {
+            // One write per line, so a kill leaves whole lines and at most one cut one.
+            let line = format!("{op}\t{len}\t{}\n", path.display());
+            let mut file = record.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = file.write_all(line.as_bytes());
+        }
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -61,6 +91,7 @@ impl SyncJournal {
 
     /// A file that was there, whole and durable, when the journal started looking.
     pub(crate) fn existing(&self, path: &Path, len: u64) {
+        self.note("existing", path, len);
         self.state()
             .files
             .entry(path.to_owned())
@@ -73,6 +104,7 @@ impl SyncJournal {
 
     /// A file was created (or renamed into place): neither its data nor its entry is durable.
     pub(crate) fn created(&self, path: &Path) {
+        self.note("created", path, 0);
         self.state()
             .files
             .insert(path.to_owned(), FileState::default());
@@ -80,6 +112,7 @@ impl SyncJournal {
 
     /// A file's data was synced up to `len` bytes.
     pub(crate) fn synced(&self, path: &Path, len: u64) {
+        self.note("synced", path, len);
         let mut state = self.state();
         let file = state.files.entry(path.to_owned()).or_default();
         file.synced_len = len;
@@ -87,6 +120,7 @@ impl SyncJournal {
 
     /// A file's first `len` bytes were allocated (reading as zeros) and the allocation synced.
     pub(crate) fn preallocated(&self, path: &Path, len: u64) {
+        self.note("preallocated", path, len);
         let mut state = self.state();
         let file = state.files.entry(path.to_owned()).or_default();
         file.preallocated = len;
@@ -94,6 +128,7 @@ impl SyncJournal {
 
     /// A directory was synced: the entries of the files in it are durable.
     pub(crate) fn dir_synced(&self, dir: &Path) {
+        self.note("dir_synced", dir, 0);
         for (path, file) in self.state().files.iter_mut() {
             if path.parent() == Some(dir) {
                 file.entry_synced = true;
@@ -103,6 +138,7 @@ impl SyncJournal {
 
     /// A file was removed.
     pub(crate) fn removed(&self, path: &Path) {
+        self.note("removed", path, 0);
         self.state().files.remove(path);
     }
 
@@ -145,4 +181,37 @@ fn zero_range(file: &std::fs::File, from: u64, to: u64) -> io::Result<()> {
         at += n as u64;
     }
     Ok(())
+}
+
+/// Applies a power loss to the files a killed process's recording journal names (see
+/// [`SyncJournal::recording`]): every file is cut back to what its syncs made durable, and
+/// files whose directory entry was never synced disappear. Files the process did not touch
+/// are left as they are (what an earlier process left counts as written back). Returns how
+/// many files lost data.
+pub fn power_loss_from_record(record: &Path) -> io::Result<usize> {
+    let text = std::fs::read_to_string(record)?;
+    let journal = SyncJournal::new();
+    for line in text.lines() {
+        let mut fields = line.splitn(3, '\t');
+        let (Some(op), Some(len), Some(path)) = (fields.next(), fields.next(), fields.next())
+        else {
+            // The last line, cut by the kill: the process was still inside the journal call,
+            // so nothing it covers had been acknowledged; dropping it is the stricter reading.
+            continue;
+        };
+        let Ok(len) = len.parse::<u64>() else {
+            continue;
+        };
+        let path = Path::new(path);
+        match op {
+            "existing" => journal.existing(path, len),
+            "created" => journal.created(path),
+            "synced" => journal.synced(path, len),
+            "preallocated" => journal.preallocated(path, len),
+            "dir_synced" => journal.dir_synced(path),
+            "removed" => journal.removed(path),
+            _ => {}
+        }
+    }
+    journal.power_loss()
 }

@@ -11,7 +11,7 @@
 //! | `nodes/{id}/wal/{lsn:020}.wal` | groups of node `id`'s commit log, and fences (durability `object-store`) | `log::remote` |
 //! | `tables/{id}/_log/{v:020}.json`, … | a table's manifest versions | `table::manifest` through [`super::versioned`] |
 //! | `tables/{id}/data/{uuid}.parquet` | a table's data files | [`crate::table`] (flush, compaction) |
-//! | `tables/{id}/metadata/…` | the table's Iceberg view (metadata JSON, Avro manifests) | [`crate::iceberg`] |
+//! | `tables/{id}/metadata/…`, `tables/{id}/metadata-v2/…` | the table's Iceberg views, format versions 3 and 2 (metadata JSON, Avro manifests) | [`crate::iceberg`] |
 //! | `streams/{node}/data/{lsn:020}-{tag}.bin` | sealed stream records | `stream::cold` (checkpoint) |
 //! | `streams/{node}/snapshots/{lsn:020}.json` | every stream's state at `lsn` | `stream::cold` (checkpoint) |
 //! | `stream-names/{sha256(name)}/{v:020}.json`, `.floor` | which node id owns a stream name (durability `object-store`) | `db::names` through [`super::versioned`] |
@@ -59,11 +59,6 @@ pub(crate) fn table_data(id: &str) -> String {
     format!("{TABLES}/{id}/data")
 }
 
-/// Table `id`'s Iceberg metadata ([`crate::iceberg`]).
-pub(crate) fn table_metadata(id: &str) -> String {
-    format!("{TABLES}/{id}/metadata")
-}
-
 /// A new, unique data file of table `id`.
 pub(crate) fn new_table_data_file(id: &str) -> String {
     format!(
@@ -103,6 +98,17 @@ pub(crate) fn stream_snapshots(node: &str) -> String {
 /// The snapshot of node `node`'s streams at `lsn`.
 pub(crate) fn stream_snapshot(node: &str, lsn: u64) -> String {
     format!("{}/{lsn:020}.json", stream_snapshots(node))
+}
+
+/// The stream checkpoint deltas of node `node`.
+pub(crate) fn stream_deltas(node: &str) -> String {
+    format!("{}/deltas", streams(node))
+}
+
+/// Delta `seq` over node `node`'s snapshot at `base`: the streams that changed since the
+/// checkpoint before it.
+pub(crate) fn stream_delta(node: &str, base: u64, seq: u64) -> String {
+    format!("{}/{base:020}-{seq:010}.json", stream_deltas(node))
 }
 
 /// Node `node`'s subscriptions, one object each.

@@ -123,12 +123,24 @@ pub(super) enum Admission {
     Answer(AppendOutcome),
 }
 
+/// The caps a new producer is held to.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Caps {
+    /// Producers per stream.
+    pub(super) max_producers: usize,
+    /// Bytes left in the server's producer and state budgets (the least of the two).
+    pub(super) producer_room: u64,
+    /// The server's producer budget (for the refusal's message).
+    pub(super) producer_budget: u64,
+}
+
 /// Decides an append against the stream's state; see the module docs.
 pub(super) fn append(
     view: &View<'_>,
     req: &AppendRequest,
-    max_producers: usize,
+    caps: &Caps,
 ) -> Result<Admission, StreamError> {
+    let max_producers = caps.max_producers;
     let s = view.applied;
     if s.gone {
         return Err(StreamError::NotFound);
@@ -205,6 +217,15 @@ pub(super) fn append(
         {
             return Err(StreamError::TooManyProducers(max_producers));
         }
+        Some((p, ProducerCheck::Accept))
+            if view.producer(&p.id).is_none()
+                && super::state::producer_cost(&p.id) > caps.producer_room =>
+        {
+            return Err(StreamError::StateFull {
+                what: "producer state",
+                budget: caps.producer_budget,
+            });
+        }
         Some((p, ProducerCheck::Duplicate { last_seq, next })) => {
             return Ok(duplicate(last_seq, next, p.epoch));
         }
@@ -280,6 +301,60 @@ mod tests {
         })
     }
 
+    fn caps(max_producers: usize) -> Caps {
+        Caps {
+            max_producers,
+            producer_room: u64::MAX,
+            producer_budget: u64::MAX,
+        }
+    }
+
+    /// A new producer past the room left in the server's budgets is refused; one already
+    /// known is not (its entry is counted already).
+    #[test]
+    fn new_producers_need_room_in_the_budget() {
+        let mut s = StreamState::new(
+            "i".into(),
+            "text/plain".into(),
+            crate::stream::Lifetime::default(),
+            None,
+            1,
+        );
+        let view = View {
+            applied: &s,
+            pending: None,
+        };
+        let first = AppendRequest {
+            producer: producer(0, 0),
+            ..req("a")
+        };
+        let tight = Caps {
+            producer_room: crate::stream::state::producer_cost("p") - 1,
+            ..caps(10)
+        };
+        assert!(matches!(
+            append(&view, &first, &tight),
+            Err(StreamError::StateFull { .. })
+        ));
+        commit(&mut s, &first);
+        let view = View {
+            applied: &s,
+            pending: None,
+        };
+        let next = AppendRequest {
+            producer: producer(0, 1),
+            ..req("b")
+        };
+        let none_left = Caps {
+            producer_room: 0,
+            ..caps(10)
+        };
+        assert!(matches!(
+            append(&view, &next, &none_left),
+            Ok(Admission::Commit(_))
+        ));
+    }
+
     fn decide(
         s: &StreamState,
         r: &AppendRequest,
@@ -289,7 +364,7 @@ mod tests {
             applied: s,
             pending: None,
         };
-        append(&view, r, max_producers)
+        append(&view, r, &caps(max_producers))
     }
 
     fn commit(s: &mut StreamState, r: &AppendRequest) {
@@ -440,11 +515,11 @@ mod tests {
         let mut second = req("cd");
         second.producer = producer(0, 1);
         assert!(matches!(
-            append(&view, &second, 10),
+            append(&view, &second, &caps(10)),
             Ok(Admission::Commit(_))
         ));
         assert!(matches!(
-            append(&view, &first, 10),
+            append(&view, &first, &caps(10)),
             Ok(Admission::Answer(AppendOutcome::Duplicate {
                 next: Some(2),
                 last_seq: 0,
@@ -454,7 +529,7 @@ mod tests {
         let mut gap = req("x");
         gap.producer = producer(0, 2);
         assert!(matches!(
-            append(&view, &gap, 10),
+            append(&view, &gap, &caps(10)),
             Err(StreamError::SequenceGap {
                 expected: 1,
                 received: 2
@@ -464,7 +539,7 @@ mod tests {
         let mut seq = req("x");
         seq.stream_seq = Some("a".into());
         assert!(matches!(
-            append(&view, &seq, 10),
+            append(&view, &seq, &caps(10)),
             Err(StreamError::StreamSeqConflict { tail: 2, .. })
         ));
         // The producer cap counts the producers only appends in flight name.
@@ -475,10 +550,13 @@ mod tests {
             seq: 0,
         });
         assert!(matches!(
-            append(&view, &other, 1),
+            append(&view, &other, &caps(1)),
             Err(StreamError::TooManyProducers(1))
         ));
-        assert!(matches!(append(&view, &other, 2), Ok(Admission::Commit(_))));
+        assert!(matches!(
+            append(&view, &other, &caps(2)),
+            Ok(Admission::Commit(_))
+        ));
         // A close in flight closes the stream for what comes after it.
         let mut closing = pending.clone();
         closing.add(&applied, 0, true, None, None);
@@ -487,7 +565,7 @@ mod tests {
             pending: Some(&closing),
         };
         assert!(matches!(
-            append(&view, &second, 10),
+            append(&view, &second, &caps(10)),
             Err(StreamError::Closed { tail: 2 })
         ));
         // Nothing of it touched the applied state; once the first append is applied, the

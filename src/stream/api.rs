@@ -122,6 +122,14 @@ pub enum StreamError {
     /// Too many producers on this stream.
     #[error("too many producers on this stream (limit {0})")]
     TooManyProducers(usize),
+    /// The server's budget for stream state (or producer entries) is used up.
+    #[error("the server holds as much {what} as it may ({budget} bytes); nothing was applied")]
+    StateFull {
+        /// `stream state` or `producer state`.
+        what: &'static str,
+        /// The budget, in bytes.
+        budget: u64,
+    },
     /// The commit log refused or failed.
     #[error(transparent)]
     Log(#[from] LogError),

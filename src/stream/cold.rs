@@ -1,9 +1,26 @@
 //! Cold stream data and checkpoints.
 //!
 //! A checkpoint takes a consistent cut of every stream (no change applies while it is
-//! taken), seals all in-memory records into one data object, writes a snapshot of every
-//! stream's state that points into the data objects, and only then releases the commit log
-//! up to the cut. Restart loads the newest snapshot and replays the log after it.
+//! taken), seals all in-memory records into one data object, writes the state of the
+//! streams that changed since the last checkpoint, pointing into the data objects, and only
+//! then releases the commit log up to the cut. Restart loads the newest snapshot, the
+//! deltas over it, and replays the log after them.
+//!
+//! Checkpoints are incremental: most write a *delta*, the full state of each stream that
+//! changed since the checkpoint before (appended, created, closed, deleted, its producers
+//! forgotten, its forks' count changed) and the names of those removed, so their cost grows
+//! with what changed, not with how many streams there are. A full *snapshot* (a new base) is
+//! written when there is none yet, when deltas since the base add up to half its size (or
+//! [`MAX_DELTAS`] of them), and when objects are being rewritten; loading thus reads at most
+//! about one and a half times a snapshot's bytes.
+//!
+//! A delta is made with a conditional create under the next sequence number of its base;
+//! the sequence moves on after every attempt, so an attempt whose answer was lost but that
+//! landed is never overwritten, and one that exists already makes the next number be tried.
+//! Until a delta is known to have landed, the streams it holds stay marked changed, so the
+//! next delta holds them too: every delta holds every change since the last one known to
+//! have landed. Applying a base's deltas in sequence order, whichever of them landed, thus
+//! gives the state at the last one.
 //!
 //! Garbage collection deletes data objects no stream's sealed extents point into (those of
 //! deleted and expired streams) and superseded snapshots, once they have stayed so for the
@@ -17,7 +34,9 @@
 //! - `data/{lsn:020}-{tag}.bin` (`data/{lsn:020}.bin` before the tag was added): chunks, one
 //!   per run of sealed records of one stream:
 //!   `| count: u32 | start: u64 | count × end: u64 | record bytes |` (little endian).
-//! - `snapshots/{lsn:020}.json`: the state of every stream at `lsn`.
+//! - `snapshots/{lsn:020}.json`: the state of every stream at `lsn` (a base).
+//! - `deltas/{base:020}-{seq:010}.json`: delta `seq` over the base at `base`: its `lsn`,
+//!   the streams changed since the delta before, and the names removed since.
 //!
 //! Other nodes read a node's sealed data too ([`ColdStore::sealed_view`]): under
 //! object-store durability any node answers a read of a stream another node owns from that
@@ -67,6 +86,39 @@ pub(super) struct ColdStore {
     views: Mutex<HashMap<String, (object_store::ObjectMeta, StreamViews)>>,
     /// Held while a snapshot is read into a view, so concurrent readers wait for one read.
     view_load: tokio::sync::Mutex<()>,
+    /// Where the chain of checkpoints stands: its base and deltas.
+    chain: Mutex<ChainState>,
+    /// Streams changed since the last checkpoint in ways their applied LSN does not show
+    /// (removed, a fork's count, producers forgotten), by name.
+    touched: Mutex<std::collections::HashSet<String>>,
+}
+
+/// A base snapshot and the deltas written over it.
+#[derive(Debug, Default, Clone, Copy)]
+struct ChainState {
+    /// The base's LSN (0: none yet).
+    base: Lsn,
+    /// Its size.
+    base_bytes: u64,
+    /// The sequence number the next delta tries.
+    next_seq: u64,
+    /// Deltas known over the base, and their bytes.
+    deltas: u64,
+    delta_bytes: u64,
+}
+
+/// A full snapshot is written instead of a delta once this many deltas are over its base.
+const MAX_DELTAS: u64 = 1000;
+
+/// The streams that changed between two checkpoints.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Delta {
+    version: u32,
+    base: Lsn,
+    seq: u64,
+    lsn: Lsn,
+    streams: Vec<SnapshotStream>,
+    removed: Vec<String>,
 }
 
 /// One node's streams as its newest snapshot has them, by name.
@@ -145,7 +197,88 @@ impl ColdStore {
             rewrite: Mutex::new(std::collections::HashSet::new()),
             views: Mutex::new(HashMap::new()),
             view_load: tokio::sync::Mutex::new(()),
+            chain: Mutex::new(ChainState::default()),
+            touched: Mutex::new(std::collections::HashSet::new()),
         }
+    }
+
+    /// Marks stream `name` changed for the next checkpoint (see [`ColdStore::touched`]).
+    pub(super) fn touch(&self, name: &str) {
+        if let Ok(mut touched) = self.touched.lock()
+            && !touched.contains(name)
+        {
+            touched.insert(name.to_owned());
+        }
+    }
+
+    /// The newest base of node `node` with its deltas applied: the state at its last delta
+    /// (see the module docs), and the chain it came from.
+    async fn read_chain(&self, node: &str) -> Result<Option<(Snapshot, ChainState)>, StreamError> {
+        let Some((base, listed)) = self.newest_snapshot(node).await? else {
+            return Ok(None);
+        };
+        let mut snapshot = self.read_snapshot(node, base).await?;
+        let mut chain = ChainState {
+            base,
+            base_bytes: listed.size,
+            next_seq: 1,
+            deltas: 0,
+            delta_bytes: 0,
+        };
+        let prefix = format!("{}/{base:020}-", paths::stream_deltas(node));
+        let dir = Path::from(paths::stream_deltas(node));
+        let mut deltas: Vec<(u64, object_store::ObjectMeta)> = self
+            .storage
+            .store()
+            .list(Some(&dir))
+            .try_collect::<Vec<_>>()
+            .await
+            .map_err(storage_error)?
+            .into_iter()
+            .filter_map(|m| {
+                let seq = m
+                    .location
+                    .as_ref()
+                    .strip_prefix(&prefix)?
+                    .strip_suffix(".json")?
+                    .parse()
+                    .ok()?;
+                Some((seq, m))
+            })
+            .collect();
+        deltas.sort_by_key(|(seq, _)| *seq);
+        if deltas.is_empty() {
+            return Ok(Some((snapshot, chain)));
+        }
+        let mut streams: HashMap<String, SnapshotStream> = std::mem::take(&mut snapshot.streams)
+            .into_iter()
+            .map(|s| (s.name.clone(), s))
+            .collect();
+        for (seq, meta) in deltas {
+            let bytes = self
+                .storage
+                .store()
+                .get(&meta.location)
+                .await
+                .map_err(storage_error)?
+                .bytes()
+                .await
+                .map_err(storage_error)?;
+            let delta: Delta = serde_json::from_slice(&bytes)
+                .map_err(|e| StreamError::Corrupt(format!("delta {}: {e}", meta.location)))?;
+            for name in &delta.removed {
+                streams.remove(name);
+            }
+            for s in delta.streams {
+                streams.insert(s.name.clone(), s);
+            }
+            snapshot.lsn = snapshot.lsn.max(delta.lsn);
+            chain.next_seq = seq + 1;
+            chain.deltas += 1;
+            chain.delta_bytes += meta.size;
+        }
+        snapshot.streams = streams.into_values().collect();
+        Ok(Some((snapshot, chain)))
     }
 
     pub(super) fn set_snapshot_lsn(&self, lsn: Lsn) {
@@ -260,10 +393,12 @@ impl ColdStore {
     pub(super) async fn load_snapshot(
         &self,
     ) -> Result<Option<(Lsn, HashMap<String, StreamState>)>, StreamError> {
-        let Some((lsn, _)) = self.newest_snapshot(&self.node).await? else {
+        let Some((snapshot, chain)) = self.read_chain(&self.node).await? else {
             return Ok(None);
         };
-        let snapshot = self.read_snapshot(&self.node, lsn).await?;
+        if let Ok(mut c) = self.chain.lock() {
+            *c = chain;
+        }
         let streams = snapshot
             .streams
             .into_iter()
@@ -279,6 +414,7 @@ impl ColdStore {
                 state.closed_by = s.closed_by;
                 state.stream_seq = s.stream_seq;
                 state.producers = s.producers.into_iter().collect();
+                state.recount_producers(super::now_ms());
                 state.ref_count = s.ref_count;
                 state.soft_deleted = s.soft_deleted;
                 state.tail = s.tail;
@@ -479,7 +615,11 @@ pub(super) async fn checkpoint(streams: &Streams, force: bool) -> Result<bool, S
     // tail has been applied by then.
     let log_tail = inner.log.last_lsn();
     let rewrite = cold.rewrite.lock().map(|r| r.clone()).unwrap_or_default();
-    if inner.applied_lsn.load(Ordering::Acquire) == snapshot_lsn && rewrite.is_empty() {
+    let touched_any = cold.touched.lock().map(|t| !t.is_empty()).unwrap_or(true);
+    if inner.applied_lsn.load(Ordering::Acquire) == snapshot_lsn
+        && rewrite.is_empty()
+        && !touched_any
+    {
         // No stream changed since the snapshot: streams need none of the log.
         inner.consumer.release_before(log_tail + 1)?;
         return Ok(false);
@@ -496,21 +636,86 @@ pub(super) async fn checkpoint(streams: &Streams, force: bool) -> Result<bool, S
             return Ok(false);
         }
     }
-    // A consistent cut: no change applies while the registry is write-locked.
-    let (lsn, captured) = {
+    let chain = cold.chain.lock().map(|c| *c).unwrap_or_default();
+    let full = chain.base == 0
+        || !rewrite.is_empty()
+        || chain.deltas >= MAX_DELTAS
+        || chain.delta_bytes > chain.base_bytes / 2;
+    // A consistent cut: no change applies while the registry is write-locked. A delta
+    // takes the streams changed since the last checkpoint: applied since, holding records
+    // not sealed yet, or touched otherwise.
+    let (lsn, captured, removed, touched) = {
         let registry = inner.registry_mut();
         let lsn = inner.applied_lsn.load(Ordering::Acquire);
+        let touched = cold
+            .touched
+            .lock()
+            .map(|mut t| std::mem::take(&mut *t))
+            .unwrap_or_default();
         let captured: Vec<(String, Arc<super::Stream>, StreamState)> = registry
             .streams
             .iter()
-            .map(|(name, s)| (name.clone(), s.clone(), s.read_state().clone()))
+            .filter_map(|(name, s)| {
+                let state = s.read_state();
+                let changed = full
+                    || state.applied_lsn > snapshot_lsn
+                    || state.hot_bytes > 0
+                    || state.chunks.iter().any(|c| matches!(c, Chunk::Hot(_)))
+                    || touched.contains(name);
+                changed.then(|| (name.clone(), s.clone(), state.clone()))
+            })
             .collect();
-        (lsn, captured)
+        let removed: Vec<String> = touched
+            .iter()
+            .filter(|name| !registry.streams.contains_key(*name))
+            .cloned()
+            .collect();
+        (lsn, captured, removed, touched)
     };
+    let written = write_checkpoint(streams, &rewrite, lsn, captured, removed, full, chain).await;
+    if written.is_err() {
+        // Not known to have landed: the next checkpoint holds these changes too.
+        if let Ok(mut t) = cold.touched.lock() {
+            t.extend(touched);
+        }
+        return written;
+    }
+    if let Ok(mut pending) = cold.rewrite.lock() {
+        pending.retain(|k| !rewrite.contains(k));
+    }
+    if let Ok(mut t) = cold.last_checkpoint.lock() {
+        *t = Instant::now();
+    }
+    inner.consumer.release_before(lsn + 1)?;
+    // An older base is superseded by a new one, with its deltas (data objects stay:
+    // extents still point into them; garbage collection deletes the deltas).
+    if full && chain.base > 0 && chain.base < lsn {
+        let _ = cold
+            .storage
+            .store()
+            .delete(&cold.snapshot_path(chain.base))
+            .await;
+    }
+    written
+}
+
+/// Seals the captured streams' records and writes their state, as a new base (`full`) or
+/// as the next delta of `chain`; then swaps the sealed records for their extents in memory.
+async fn write_checkpoint(
+    streams: &Streams,
+    rewrite: &std::collections::HashSet<String>,
+    lsn: Lsn,
+    captured: Vec<(String, Arc<super::Stream>, StreamState)>,
+    removed: Vec<String>,
+    full: bool,
+    chain: ChainState,
+) -> Result<bool, StreamError> {
+    let inner = &streams.inner;
+    let cold = &inner.cold;
     let key = paths::new_stream_data_object(&cold.node, lsn);
     let mut sealable = Vec::with_capacity(captured.len());
     for (_, _, state) in &captured {
-        sealable.push(with_rewrites(cold, &state.chunks, &rewrite).await?);
+        sealable.push(with_rewrites(cold, &state.chunks, rewrite).await?);
     }
     // Copying tens of MiB is CPU work: off the runtime's threads, into a buffer of the
     // object's size (grown by doubling, it was copied again at every step, each time into
@@ -548,60 +753,117 @@ pub(super) async fn checkpoint(streams: &Streams, force: bool) -> Result<bool, S
             .await
             .map_err(storage_error)?;
     }
-    let snapshot = Snapshot {
-        version: 1,
-        lsn,
-        streams: captured
-            .iter()
-            .zip(&sealed)
-            .zip(&sealable)
-            .map(|(((name, _, s), extents), sealable)| {
-                let mut chunks = sealable.clone();
-                for extent in extents {
-                    seal(&mut chunks, extent);
-                }
-                SnapshotStream {
-                    name: name.clone(),
-                    incarnation: s.incarnation.clone(),
-                    content_type: s.content_type.clone(),
-                    lifetime: s.lifetime.clone(),
-                    closed: s.closed,
-                    closed_by: s.closed_by.clone(),
-                    stream_seq: s.stream_seq.clone(),
-                    producers: s
-                        .producers
-                        .iter()
-                        .map(|(k, v)| (k.clone(), v.clone()))
-                        .collect(),
-                    fork: s.fork.clone(),
-                    ref_count: s.ref_count,
-                    soft_deleted: s.soft_deleted,
-                    tail: s.tail,
-                    applied_lsn: Some(s.applied_lsn),
-                    extents: chunks
-                        .into_iter()
-                        .filter_map(|c| match c {
-                            Chunk::Cold(e) => Some(e),
-                            Chunk::Hot(_) => None,
-                        })
-                        .collect(),
-                }
-            })
-            .collect(),
-    };
-    let body = serde_json::to_vec(&snapshot)
-        .map_err(|e| StreamError::Corrupt(format!("snapshot encoding: {e}")))?;
+    let states: Vec<SnapshotStream> = captured
+        .iter()
+        .zip(&sealed)
+        .zip(&sealable)
+        .map(|(((name, _, s), extents), sealable)| {
+            let mut chunks = sealable.clone();
+            for extent in extents {
+                seal(&mut chunks, extent);
+            }
+            SnapshotStream {
+                name: name.clone(),
+                incarnation: s.incarnation.clone(),
+                content_type: s.content_type.clone(),
+                lifetime: s.lifetime.clone(),
+                closed: s.closed,
+                closed_by: s.closed_by.clone(),
+                stream_seq: s.stream_seq.clone(),
+                producers: s
+                    .producers
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+                fork: s.fork.clone(),
+                ref_count: s.ref_count,
+                soft_deleted: s.soft_deleted,
+                tail: s.tail,
+                applied_lsn: Some(s.applied_lsn),
+                extents: chunks
+                    .into_iter()
+                    .filter_map(|c| match c {
+                        Chunk::Cold(e) => Some(e),
+                        Chunk::Hot(_) => None,
+                    })
+                    .collect(),
+            }
+        })
+        .collect();
     // A fenced node's snapshot would overwrite the new owner's view of these streams.
     inner
         .node
         .ensure_current()
         .await
         .map_err(|e| StreamError::Storage(e.to_string()))?;
-    store
-        .put(&cold.snapshot_path(lsn), PutPayload::from(body))
-        .await
-        .map_err(storage_error)?;
-    // The snapshot is durable: swap the sealed records for their extents in memory.
+    let next_chain = if full {
+        let body = serde_json::to_vec(&Snapshot {
+            version: 1,
+            lsn,
+            streams: states,
+        })
+        .map_err(|e| StreamError::Corrupt(format!("snapshot encoding: {e}")))?;
+        let size = body.len() as u64;
+        store
+            .put(&cold.snapshot_path(lsn), PutPayload::from(body))
+            .await
+            .map_err(storage_error)?;
+        ChainState {
+            base: lsn,
+            base_bytes: size,
+            // A base written again at the same LSN (only objects were rewritten) keeps the
+            // numbers its deltas used: they are never reused.
+            next_seq: if chain.base == lsn { chain.next_seq } else { 1 },
+            deltas: 0,
+            delta_bytes: 0,
+        }
+    } else {
+        let mut delta = Delta {
+            version: 1,
+            base: chain.base,
+            seq: chain.next_seq,
+            lsn,
+            streams: states,
+            removed,
+        };
+        let mut next = chain;
+        loop {
+            let body = serde_json::to_vec(&delta)
+                .map_err(|e| StreamError::Corrupt(format!("delta encoding: {e}")))?;
+            let size = body.len() as u64;
+            let path = Path::from(paths::stream_delta(&cold.node, delta.base, delta.seq));
+            let created = store
+                .put_opts(
+                    &path,
+                    PutPayload::from(body),
+                    object_store::PutMode::Create.into(),
+                )
+                .await;
+            // Whatever the answer, this number was tried: the next delta takes another.
+            next.next_seq = delta.seq + 1;
+            if let Ok(mut c) = cold.chain.lock() {
+                c.next_seq = next.next_seq;
+            }
+            match created {
+                Ok(_) => {
+                    next.deltas += 1;
+                    next.delta_bytes += size;
+                    break next;
+                }
+                // An attempt whose answer was lost landed under this number: the next.
+                Err(object_store::Error::AlreadyExists { .. })
+                    if delta.seq < chain.next_seq + 64 =>
+                {
+                    delta.seq += 1;
+                }
+                Err(e) => return Err(storage_error(e)),
+            }
+        }
+    };
+    if let Ok(mut c) = cold.chain.lock() {
+        *c = next_chain;
+    }
+    // The state is durable: swap the sealed records for their extents in memory.
     for ((_, stream, captured_state), extents) in captured.iter().zip(&sealed) {
         if extents.is_empty() {
             continue;
@@ -617,17 +879,6 @@ pub(super) async fn checkpoint(streams: &Streams, force: bool) -> Result<bool, S
     }
     cold.set_snapshot_lsn(lsn);
     inner.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
-    if let Ok(mut pending) = cold.rewrite.lock() {
-        pending.retain(|k| !rewrite.contains(k));
-    }
-    if let Ok(mut t) = cold.last_checkpoint.lock() {
-        *t = Instant::now();
-    }
-    inner.consumer.release_before(lsn + 1)?;
-    // Older snapshots are superseded (data objects stay: extents still point into them).
-    if snapshot_lsn > 0 && snapshot_lsn < lsn {
-        let _ = store.delete(&cold.snapshot_path(snapshot_lsn)).await;
-    }
     Ok(true)
 }
 
@@ -675,9 +926,8 @@ async fn collect_garbage_once(
     };
     let mut referenced: std::collections::HashSet<&str> =
         extents.iter().map(|(k, _, _)| k.as_str()).collect();
-    let latest = cold
-        .snapshot_path(cold.snapshot_lsn.load(Ordering::Acquire))
-        .to_string();
+    let base = cold.chain.lock().map(|c| c.base).unwrap_or_default();
+    let latest = cold.snapshot_path(base).to_string();
     let store = cold.storage.store();
     let listed: Vec<object_store::ObjectMeta> = store
         .list(Some(&Path::from(paths::streams(&cold.node))))
@@ -686,31 +936,30 @@ async fn collect_garbage_once(
         .map_err(storage_error)?;
     let data_dir = format!("{}/", paths::stream_data(&cold.node));
     let snapshot_dir = format!("{}/", paths::stream_snapshots(&cold.node));
-    // The newest snapshot in the store is what a restart loads: what it points into stays,
-    // even if this node's memory moved on (a snapshot that landed although its write
-    // answered with an error).
-    let newest = listed
-        .iter()
-        .filter(|m| m.location.as_ref().starts_with(&snapshot_dir))
-        .max_by_key(|m| m.location.to_string())
-        .map(|m| m.location.clone());
-    let newest_name = newest.as_ref().map(|p| p.to_string()).unwrap_or_default();
-    let stored_keys: Vec<String> = match newest {
-        Some(path) => match store.get(&path).await {
-            Ok(r) => {
-                let bytes = r.bytes().await.map_err(storage_error)?;
-                let snapshot: Snapshot = serde_json::from_slice(&bytes)
-                    .map_err(|e| StreamError::Corrupt(format!("snapshot {path}: {e}")))?;
-                snapshot
-                    .streams
-                    .into_iter()
-                    .flat_map(|s| s.extents.into_iter().map(|e| e.key))
-                    .collect()
-            }
-            Err(object_store::Error::NotFound { .. }) => Vec::new(),
-            Err(e) => return Err(storage_error(e)),
-        },
-        None => Vec::new(),
+    let delta_dir = format!("{}/", paths::stream_deltas(&cold.node));
+    // The newest base in the store with its deltas is what a restart loads: what it points
+    // into stays, even if this node's memory moved on (a snapshot or delta that landed
+    // although its write answered with an error).
+    let (stored_keys, newest_base) = match cold.read_chain(&cold.node).await {
+        Ok(Some((snapshot, chain))) => (
+            snapshot
+                .streams
+                .into_iter()
+                .flat_map(|s| s.extents.into_iter().map(|e| e.key))
+                .collect::<Vec<String>>(),
+            chain.base,
+        ),
+        Ok(None) => (Vec::new(), 0),
+        // A base deleted between its listing and its read fails this pass; the next looks
+        // again.
+        Err(e) => return Err(e),
+    };
+    let newest_name = cold.snapshot_path(newest_base).to_string();
+    // Deltas over the bases kept stay; those over superseded bases go.
+    let live_delta = |key: &str| {
+        [base, newest_base]
+            .iter()
+            .any(|b| key.starts_with(&format!("{delta_dir}{b:020}-")))
     };
     referenced.extend(stored_keys.iter().map(String::as_str));
     let sizes: HashMap<String, u64> = listed
@@ -723,6 +972,7 @@ async fn collect_garbage_once(
         .filter(|k| {
             (k.starts_with(&data_dir) && !referenced.contains(k))
                 || (k.starts_with(&snapshot_dir) && *k != latest && *k != newest_name)
+                || (k.starts_with(&delta_dir) && !live_delta(k))
         })
         .collect();
     // Objects whose live extents hold less than half their bytes are copied out of by the

@@ -22,9 +22,17 @@
 //! reader rescans by LSN ([`Streams::changed_since`]), as it does after a restart.
 //!
 //! Data lives in memory ("hot") until a checkpoint (`cold`) seals it into objects on
-//! object storage ("cold") and writes a snapshot of every stream's state; the log is then
-//! released up to the snapshot. Reads stitch cold and hot data transparently. On open, the
-//! newest snapshot is loaded and the log records after it are replayed.
+//! object storage ("cold") and writes the state of the streams that changed (a delta over
+//! the last full snapshot, or a new full snapshot); the log is then released up to it.
+//! Reads stitch cold and hot data transparently. On open, the newest snapshot and its
+//! deltas are loaded and the log records after them are replayed.
+//!
+//! Memory is bounded in bytes as well as counts: every stream's state (its strings and
+//! producer entries, estimated as [`state::StreamState::footprint`]) counts against
+//! [`StreamsConfig::max_state_bytes`], producers also against
+//! [`StreamsConfig::max_producer_bytes`]; the counts change only where changes apply (and
+//! where producers expire), so replay counts as live does. Producers idle longer than
+//! [`StreamsConfig::producer_expiry`] are forgotten.
 //!
 //! The module's seams: `api` (requests, answers, errors), `admit` (what an append does to a
 //! stream, a pure function of its state), `state` (one stream's state and how each committed
@@ -79,6 +87,15 @@ pub struct StreamsConfig {
     pub max_streams: usize,
     /// Producers per stream beyond this many are refused.
     pub max_producers_per_stream: usize,
+    /// Bytes all streams' state may hold (strings, producers; not their data), estimated;
+    /// a create past it is refused with [`StreamError::StateFull`].
+    pub max_state_bytes: u64,
+    /// Bytes all streams' producer entries may hold, estimated; a new producer past it is
+    /// refused with [`StreamError::StateFull`].
+    pub max_producer_bytes: u64,
+    /// A producer with no append for this long is forgotten (and treated as new if it comes
+    /// back, as the protocol allows).
+    pub producer_expiry: Duration,
     /// A checkpoint runs once this many bytes are held in memory...
     pub checkpoint_bytes: u64,
     /// ...or this long after the last one, if anything changed.
@@ -95,6 +112,9 @@ impl Default for StreamsConfig {
         StreamsConfig {
             max_streams: 1_000_000,
             max_producers_per_stream: 10_000,
+            max_state_bytes: 1 << 30,
+            max_producer_bytes: 256 << 20,
+            producer_expiry: Duration::from_secs(24 * 3600),
             checkpoint_bytes: 64 << 20,
             checkpoint_interval: Duration::from_secs(10),
             cache_bytes: 64 << 20,
@@ -232,6 +252,41 @@ struct Registry {
     streams: HashMap<String, Arc<Stream>>,
 }
 
+/// What all streams' state counts against the stream-state and producer budgets; changed
+/// only where a change applies (and by producer expiry), so replay counts as live does.
+#[derive(Debug, Default)]
+struct Footprint {
+    /// [`StreamState::footprint`] of every stream, producers included.
+    state_bytes: AtomicU64,
+    /// [`StreamState::producer_bytes`] of every stream.
+    producer_bytes: AtomicU64,
+}
+
+impl Footprint {
+    /// Counts a change of one stream from `before` to `after` (`(footprint, producer
+    /// bytes)`, zeros for none).
+    fn change(&self, before: (u64, u64), after: (u64, u64)) {
+        adjust(&self.state_bytes, before.0, after.0);
+        adjust(&self.producer_bytes, before.1, after.1);
+    }
+}
+
+fn adjust(counter: &AtomicU64, before: u64, after: u64) {
+    if after >= before {
+        counter.fetch_add(after - before, Ordering::Relaxed);
+    } else {
+        let less = before - after;
+        let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+            Some(v.saturating_sub(less))
+        });
+    }
+}
+
+/// A stream's `(footprint, producer bytes)`.
+fn counted(name: &str, s: &StreamState) -> (u64, u64) {
+    (s.footprint(name), s.producer_bytes)
+}
+
 /// Work counters of the stream engine (for metrics).
 #[derive(Debug, Default)]
 pub(crate) struct StreamStats {
@@ -259,6 +314,10 @@ struct Inner {
     closing: watch::Sender<bool>,
     /// This node's ownership of its id, checked before every snapshot.
     node: Arc<Node>,
+    /// What the streams' state counts against its budgets.
+    footprint: Footprint,
+    /// When producers were last swept for expiry.
+    last_expiry: std::sync::Mutex<std::time::Instant>,
 }
 
 /// What admission decided for an append.
@@ -400,7 +459,9 @@ impl Inner {
                     // A record of an older incarnation (deleted since) changes nothing.
                     if s.incarnation == incarnation && !s.gone {
                         let data_added = data.as_ref().is_some_and(|d| !d.is_empty());
+                        let before = counted(&name, &s);
                         s.apply_append(lsn, data, close, producer, stream_seq);
+                        self.footprint.change(before, counted(&name, &s));
                         if data_added {
                             self.note_change(&name);
                         }
@@ -424,7 +485,7 @@ impl Inner {
             } => {
                 let mut registry = self.registry_mut();
                 if registry.streams.contains_key(&name) {
-                    remove_stream(&mut registry, &name);
+                    remove_stream(&mut registry, &name, &self.footprint, &self.cold);
                 }
                 let mut state =
                     StreamState::new(incarnation, content_type, lifetime, fork.clone(), lsn);
@@ -434,6 +495,7 @@ impl Inner {
                         if src.incarnation == f.source_incarnation && !src.gone {
                             state.chunks = src.prefix_chunks(f.offset);
                             src.ref_count += 1;
+                            self.cold.touch(&f.source);
                         }
                     }
                     state.tail = f.offset;
@@ -445,6 +507,7 @@ impl Inner {
                     state.push(initial);
                 }
                 state.closed = closed;
+                self.footprint.change((0, 0), counted(&name, &state));
                 if state.tail > 0 {
                     self.note_change(&name);
                 }
@@ -473,7 +536,7 @@ impl Inner {
                     None => None,
                 };
                 if soft == Some(false) {
-                    remove_stream(&mut registry, &name);
+                    remove_stream(&mut registry, &name, &self.footprint, &self.cold);
                 }
                 self.applied_lsn.store(lsn, Ordering::Release);
             }
@@ -483,13 +546,15 @@ impl Inner {
 
 /// Removes a stream and releases its hold on its fork source, removing sources that were
 /// deleted and held only by it (cascading up the chain).
-fn remove_stream(registry: &mut Registry, name: &str) {
+fn remove_stream(registry: &mut Registry, name: &str, footprint: &Footprint, cold: &ColdStore) {
     let mut next = Some(name.to_owned());
     while let Some(name) = next.take() {
         let Some(stream) = registry.streams.remove(&name) else {
             break;
         };
+        cold.touch(&name);
         let mut s = stream.write_state();
+        footprint.change(counted(&name, &s), (0, 0));
         s.gone = true;
         let fork = s.fork.clone();
         drop(s);
@@ -499,6 +564,7 @@ fn remove_stream(registry: &mut Registry, name: &str) {
         {
             let mut src = source.write_state();
             if src.incarnation == f.source_incarnation {
+                cold.touch(&f.source);
                 src.ref_count = src.ref_count.saturating_sub(1);
                 if src.ref_count == 0 && src.soft_deleted {
                     next = Some(f.source.clone());
@@ -595,7 +661,13 @@ impl Streams {
             Some((lsn, streams)) => (streams, lsn),
             None => (HashMap::new(), 0),
         };
+        let footprint = Footprint::default();
+        for (name, state) in &streams {
+            footprint.change((0, 0), counted(name, state));
+        }
         let inner = Arc::new(Inner {
+            footprint,
+            last_expiry: std::sync::Mutex::new(std::time::Instant::now()),
             stats: StreamStats::default(),
             changes: std::sync::Mutex::new(ChangeSet::default()),
             log,
@@ -627,7 +699,10 @@ impl Streams {
                 .map_err(|e| StreamError::Corrupt(format!("log record {}: {e}", record.lsn)))?;
             inner.apply(record.lsn, op);
         }
-        Ok(Streams { inner })
+        let streams = Streams { inner };
+        // Producers the snapshot holds that have been idle too long since.
+        streams.expire_producers(true);
+        Ok(streams)
     }
 
     /// The streams that received data (appends, and creates with a first body) since the
@@ -871,6 +946,21 @@ impl Streams {
         if self.inner.registry().streams.len() >= self.inner.config.max_streams {
             return Err(StreamError::TooManyStreams(self.inner.config.max_streams));
         }
+        // Its strings at least (the state budget counts them twice for the name).
+        let adds = state::STREAM_ENTRY_BYTES
+            + 2 * req.name.len() as u64
+            + req.content_type.as_ref().map_or(0, |c| c.len() as u64);
+        let state_bytes = self.inner.footprint.state_bytes.load(Ordering::Relaxed);
+        if state_bytes.saturating_add(adds) > self.inner.config.max_state_bytes {
+            self.expire_producers_now();
+            let state_bytes = self.inner.footprint.state_bytes.load(Ordering::Relaxed);
+            if state_bytes.saturating_add(adds) > self.inner.config.max_state_bytes {
+                return Err(StreamError::StateFull {
+                    what: "stream state",
+                    budget: self.inner.config.max_state_bytes,
+                });
+            }
+        }
         let mut content_type = req.content_type.clone();
         let mut lifetime = req.lifetime.clone();
         let mut fork = None;
@@ -992,6 +1082,14 @@ impl Streams {
             pipeline.settle(0);
             decided = self.admit_append(&stream, &mut pipeline, &req);
         }
+        if matches!(
+            decided,
+            Err(StreamError::TooManyProducers(_) | StreamError::StateFull { .. })
+        ) && self.expire_stream_producers(&stream) > 0
+        {
+            // Room made by producers idle past their expiry: decide again.
+            decided = self.admit_append(&stream, &mut pipeline, &req);
+        }
         let (op, payload, stored, next, closed, incarnation) = match decided? {
             Admitted::Commit {
                 op,
@@ -1056,7 +1154,22 @@ impl Streams {
             applied: &s,
             pending: pipeline.pending.as_ref(),
         };
-        let op = match admit::append(&view, req, self.inner.config.max_producers_per_stream)? {
+        let config = &self.inner.config;
+        let room =
+            |budget: u64, used: &AtomicU64| budget.saturating_sub(used.load(Ordering::Relaxed));
+        let caps = admit::Caps {
+            max_producers: config.max_producers_per_stream,
+            producer_budget: config.max_producer_bytes,
+            producer_room: room(
+                config.max_producer_bytes,
+                &self.inner.footprint.producer_bytes,
+            )
+            .min(room(
+                config.max_state_bytes,
+                &self.inner.footprint.state_bytes,
+            )),
+        };
+        let op = match admit::append(&view, req, &caps)? {
             admit::Admission::Commit(op) => op,
             admit::Admission::Answer(outcome) => return Ok(Admitted::Answer(outcome)),
         };
@@ -1316,11 +1429,80 @@ impl Streams {
         shutdown: impl std::future::Future<Output = ()>,
     ) {
         crate::every(tick, shutdown, || async {
+            self.expire_producers(false);
             if let Err(e) = self.checkpoint(false).await {
                 tracing::warn!(error = %e, "stream checkpoint failed; retrying later");
             }
         })
         .await;
+    }
+
+    /// Forgets producers idle longer than [`StreamsConfig::producer_expiry`], at most once
+    /// a minute unless `now`; returns how many were forgotten. A producer idle less than
+    /// that is never forgotten, so its retries are still recognized; one forgotten is
+    /// treated as new, as the protocol allows (its sequence must start again at 0: a retry
+    /// of an older append is refused as a gap, never appended twice). Snapshots written
+    /// after it no longer hold it; a restart from an older one brings it back until the
+    /// next sweep, which only keeps it longer.
+    pub(crate) fn expire_producers(&self, now: bool) -> usize {
+        let inner = &self.inner;
+        {
+            let Ok(mut last) = inner.last_expiry.lock() else {
+                return 0;
+            };
+            if !now && last.elapsed() < Duration::from_secs(60) {
+                return 0;
+            }
+            *last = std::time::Instant::now();
+        }
+        let expiry = i64::try_from(inner.config.producer_expiry.as_millis()).unwrap_or(i64::MAX);
+        let before = now_ms().saturating_sub(expiry);
+        let registry = inner.registry();
+        let mut forgotten = 0;
+        for (name, stream) in &registry.streams {
+            let mut s = stream.write_state();
+            if s.producers.values().all(|p| p.last_ms >= before) {
+                continue;
+            }
+            let count = s.producers.len();
+            let was = counted(name, &s);
+            s.expire_producers(before);
+            inner.footprint.change(was, counted(name, &s));
+            inner.cold.touch(name);
+            forgotten += count - s.producers.len();
+        }
+        forgotten
+    }
+
+    /// Forgets the producers of one stream idle past their expiry (a new producer found it
+    /// full); returns how many.
+    fn expire_stream_producers(&self, stream: &Stream) -> usize {
+        let inner = &self.inner;
+        let expiry = i64::try_from(inner.config.producer_expiry.as_millis()).unwrap_or(i64::MAX);
+        let mut s = stream.write_state();
+        let count = s.producers.len();
+        let was = counted(&stream.name, &s);
+        s.expire_producers(now_ms().saturating_sub(expiry));
+        inner.footprint.change(was, counted(&stream.name, &s));
+        let forgotten = count - s.producers.len();
+        if forgotten > 0 {
+            inner.cold.touch(&stream.name);
+        }
+        forgotten
+    }
+
+    /// [`Streams::expire_producers`] now.
+    fn expire_producers_now(&self) -> usize {
+        self.expire_producers(true)
+    }
+
+    /// Bytes the streams' state and their producers count against their budgets.
+    pub(crate) fn footprint(&self) -> (u64, u64) {
+        let f = &self.inner.footprint;
+        (
+            f.state_bytes.load(Ordering::Relaxed),
+            f.producer_bytes.load(Ordering::Relaxed),
+        )
     }
 
     /// Bytes of stream data held only in memory and the log.

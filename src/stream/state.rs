@@ -51,6 +51,19 @@ impl Chunk {
     }
 }
 
+/// What one producer's entry holds in memory besides its id (the map entry, its state and
+/// a full receipt window), for the producer-bytes budget.
+pub(crate) const PRODUCER_ENTRY_BYTES: u64 = 448;
+
+/// What one stream holds in memory besides its strings, producers and data (its handle,
+/// locks, version channel, registry entry), for the stream-state budget.
+pub(crate) const STREAM_ENTRY_BYTES: u64 = 1280;
+
+/// The bytes producer `id`'s entry counts against the producer-bytes budget.
+pub(crate) fn producer_cost(id: &str) -> u64 {
+    PRODUCER_ENTRY_BYTES + id.len() as u64
+}
+
 /// An idempotent producer's state on one stream.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct ProducerState {
@@ -58,6 +71,11 @@ pub(crate) struct ProducerState {
     pub(crate) last_seq: u64,
     /// `(seq, Stream-Next-Offset)` of the latest appends, oldest first.
     pub(crate) receipts: VecDeque<(u64, u64)>,
+    /// When an append of it was last applied (ms since the epoch; a replayed append counts
+    /// as applied when it is replayed, which only keeps it longer). 0 in snapshots written
+    /// before producers expired: such entries count from when they are loaded.
+    #[serde(default)]
+    pub(crate) last_ms: i64,
 }
 
 impl ProducerState {
@@ -114,6 +132,7 @@ impl ProducerState {
         }
         self.epoch = p.epoch;
         self.last_seq = p.seq;
+        self.last_ms = super::now_ms();
         self.receipts.push_back((p.seq, next));
         while self.receipts.len() > RECEIPT_WINDOW {
             self.receipts.pop_front();
@@ -147,6 +166,8 @@ pub(crate) struct StreamState {
     pub(crate) closed_by: Option<ProducerTuple>,
     pub(crate) stream_seq: Option<String>,
     pub(crate) producers: HashMap<String, ProducerState>,
+    /// What `producers` counts against the producer-bytes budget ([`producer_cost`] each).
+    pub(crate) producer_bytes: u64,
     pub(crate) fork: Option<ForkSpec>,
     /// Live forks that read this stream's prefix.
     pub(crate) ref_count: u32,
@@ -182,6 +203,7 @@ impl StreamState {
             closed_by: None,
             stream_seq: None,
             producers: HashMap::new(),
+            producer_bytes: 0,
             fork,
             ref_count: 0,
             soft_deleted: false,
@@ -226,6 +248,44 @@ impl StreamState {
         out
     }
 
+    /// What the stream's state counts against the stream-state budget, producers included
+    /// (its data is bounded by the checkpoint and log budgets instead).
+    pub(crate) fn footprint(&self, name: &str) -> u64 {
+        let strings = 2 * name.len()
+            + self.incarnation.len()
+            + self.content_type.len()
+            + self.stream_seq.as_ref().map_or(0, String::len)
+            + self.fork.as_ref().map_or(0, |f| f.source.len());
+        STREAM_ENTRY_BYTES + strings as u64 + self.producer_bytes
+    }
+
+    /// Counts `producers` afresh (after loading them), giving entries without a time
+    /// `now_ms`.
+    pub(crate) fn recount_producers(&mut self, now_ms: i64) {
+        self.producer_bytes = 0;
+        for (id, state) in &mut self.producers {
+            if state.last_ms == 0 {
+                state.last_ms = now_ms;
+            }
+            self.producer_bytes += producer_cost(id);
+        }
+    }
+
+    /// Forgets producers whose last append was applied before `before_ms` (the protocol
+    /// allows it: an expired producer is treated as new). Returns the bytes freed.
+    pub(crate) fn expire_producers(&mut self, before_ms: i64) -> u64 {
+        let mut freed = 0;
+        self.producers.retain(|id, state| {
+            let keep = state.last_ms >= before_ms;
+            if !keep {
+                freed += producer_cost(id);
+            }
+            keep
+        });
+        self.producer_bytes -= freed;
+        freed
+    }
+
     /// Applies an admitted append (or close).
     pub(crate) fn apply_append(
         &mut self,
@@ -240,10 +300,15 @@ impl StreamState {
         }
         if let Some(p) = &producer {
             let tail = self.tail;
-            self.producers
-                .entry(p.id.clone())
-                .or_default()
-                .record(p, tail);
+            match self.producers.get_mut(&p.id) {
+                Some(state) => state.record(p, tail),
+                None => {
+                    let mut state = ProducerState::default();
+                    state.record(p, tail);
+                    self.producers.insert(p.id.clone(), state);
+                    self.producer_bytes += producer_cost(&p.id);
+                }
+            }
         }
         if let Some(seq) = stream_seq {
             self.stream_seq = Some(seq);
@@ -330,6 +395,86 @@ mod tests {
             ProducerCheck::StaleEpoch { current: 1 }
         );
         assert_eq!(s.tail, 5);
+    }
+
+    /// Producers are counted as they come and go; only those idle since before the cut
+    /// are forgotten, and a forgotten one is a new producer again (a retry of a later
+    /// sequence is a gap, never a second append).
+    #[test]
+    fn producers_are_counted_and_expire_only_when_idle() {
+        let mut s = StreamState::new(
+            "i".into(),
+            "text/plain".into(),
+            Lifetime::default(),
+            None,
+            1,
+        );
+        let base = s.footprint("name");
+        s.apply_append(
+            2,
+            Some(Bytes::from_static(b"a")),
+            false,
+            Some(tuple(0, 0)),
+            None,
+        );
+        let other = ProducerTuple {
+            id: "other".into(),
+            epoch: 0,
+            seq: 0,
+        };
+        s.apply_append(
+            3,
+            Some(Bytes::from_static(b"b")),
+            false,
+            Some(other.clone()),
+            None,
+        );
+        assert_eq!(
+            s.producer_bytes,
+            producer_cost("p") + producer_cost("other")
+        );
+        assert_eq!(s.footprint("name"), base + s.producer_bytes);
+        // A producer seen again counts once.
+        s.apply_append(
+            4,
+            Some(Bytes::from_static(b"c")),
+            false,
+            Some(tuple(0, 1)),
+            None,
+        );
+        assert_eq!(s.producers.len(), 2);
+        // "other" idle since long ago, "p" just now: only "other" goes.
+        if let Some(o) = s.producers.get_mut("other") {
+            o.last_ms = 1;
+        }
+        let cut = super::super::now_ms() - 60_000;
+        assert_eq!(s.expire_producers(cut), producer_cost("other"));
+        assert_eq!(s.producer_bytes, producer_cost("p"));
+        assert_eq!(
+            check(&s, &tuple(0, 1)),
+            ProducerCheck::Duplicate {
+                last_seq: 1,
+                next: Some(3)
+            }
+        );
+        let retry = ProducerTuple {
+            seq: 1,
+            ..other.clone()
+        };
+        assert_eq!(
+            ProducerState::check(s.producers.get("other"), &retry),
+            ProducerCheck::Gap {
+                expected: 0,
+                received: 1
+            }
+        );
+        // Loaded without a time: counted from the load.
+        if let Some(p) = s.producers.get_mut("p") {
+            p.last_ms = 0;
+        }
+        s.recount_producers(42);
+        assert_eq!(s.producers["p"].last_ms, 42);
+        assert_eq!(s.producer_bytes, producer_cost("p"));
     }
 
     #[test]

@@ -157,12 +157,15 @@ pub(super) fn write_parquet(
 }
 
 /// The schema a Parquet file is written with (and embeds), which every Iceberg reader of
-/// the table's view ([`crate::iceberg`]) accepts: each column carries its Iceberg field id
+/// the table's views ([`crate::iceberg`]) accepts: each column carries its Iceberg field id
 /// (`PARQUET:field_id`, which the Parquet writer puts in the file's schema) and its sluice
 /// type (`sluice.type`); an interval is `Int64` nanoseconds (readers refuse Arrow's
-/// `Duration`), and JSON columns are plain `Utf8` (no `arrow.json` extension, which readers
-/// also refuse). Queries read files as the table's schema, casting back
-/// ([`crate::query`]'s scan), and [`file_column`] turns a table column into its file type.
+/// `Duration`); a uint is `Int64`, a plain signed INT64 in Parquet, the type the Iceberg
+/// specification gives `long` (Iceberg has no unsigned types, and Java's and C++'s readers
+/// refuse the `UINT_64` annotation; a uint only ever holds `0..=i64::MAX`, so the bits are
+/// the same); JSON columns are plain `Utf8` (no `arrow.json` extension, which readers also
+/// refuse). Queries read files as the table's schema, casting back ([`crate::query`]'s
+/// scan), and [`file_column`] turns a table column into its file type.
 pub(super) fn file_schema(schema: &SchemaRef) -> SchemaRef {
     let fields: Vec<arrow_schema::FieldRef> = schema
         .fields()
@@ -177,7 +180,7 @@ pub(super) fn file_schema(schema: &SchemaRef) -> SchemaRef {
                 crate::iceberg::field_id(i).to_string(),
             );
             let data_type = match f.data_type() {
-                DataType::Duration(_) => DataType::Int64,
+                DataType::Duration(_) | DataType::UInt64 => DataType::Int64,
                 other => other.clone(),
             };
             Arc::new(
@@ -192,11 +195,19 @@ pub(super) fn file_schema(schema: &SchemaRef) -> SchemaRef {
     ))
 }
 
-/// A column as its file type (see [`file_schema`]): a duration's values reinterpreted as
-/// `Int64` (no copy); anything else as it is.
+/// A column as its file type (see [`file_schema`]): a duration's or a uint's values
+/// reinterpreted as `Int64` (no copy: a uint never exceeds `i64::MAX`, which ingest and
+/// `INSERT` check); anything else as it is.
 fn file_column(column: &arrow_array::ArrayRef) -> Result<arrow_array::ArrayRef, TableError> {
+    if let Some(values) = column.as_primitive_opt::<arrow_array::types::UInt64Type>()
+        && arrow_arith::aggregate::max(values).is_some_and(|m| i64::try_from(m).is_err())
+    {
+        return Err(TableError::Encoding(
+            "a uint value above 9223372036854775807 cannot be written".into(),
+        ));
+    }
     match column.data_type() {
-        DataType::Duration(_) => Ok(arrow_array::make_array(
+        DataType::Duration(_) | DataType::UInt64 => Ok(arrow_array::make_array(
             column
                 .to_data()
                 .into_builder()

@@ -129,8 +129,8 @@ impl Tables {
         // A fresh, full view: nothing is judged unreferenced from a stale state.
         let state = table.manifest.load(self.storage.store().as_ref()).await?;
         table.lock().install(state.clone(), self.node.id());
-        // The Iceberg view first: its expired snapshots leave the metadata before any file
-        // they list can be due (see [`crate::iceberg`]). No deletion without it.
+        // The Iceberg views first: their expired snapshots leave the metadata before any
+        // file they list can be due (see [`crate::iceberg`]). No deletion without both.
         let published = crate::iceberg::publish(&self.storage, id, &state, self.gc_grace).await?;
         let live: HashSet<&str> = state.files.iter().map(|f| f.path.as_str()).collect();
         let data = list(self, &paths::table_data(id)).await?;
@@ -143,9 +143,12 @@ impl Tables {
             .filter(|p| !live.contains(p.as_str()))
             .cloned()
             .collect();
-        for (path, size) in crate::iceberg::collectable(&self.storage, id, &published).await? {
-            candidates.push(path.clone());
-            sizes.insert(path, size);
+        for view in crate::iceberg::View::ALL {
+            let view = published.get(view);
+            for (path, size) in crate::iceberg::collectable(&self.storage, id, view).await? {
+                candidates.push(path.clone());
+                sizes.insert(path, size);
+            }
         }
         let scope = format!("{}/", paths::table(id));
         let due =

@@ -509,7 +509,12 @@ impl Tables {
     /// Opens the table engine over `log` and `storage`, replaying the table records of
     /// `replay` (the records [`CommitLog::open`] returned) that no Parquet file holds yet.
     ///
-    /// `node` names this node's log in manifests (see [`crate::node`]).
+    /// `node` names this node's log in manifests (see [`crate::node`]). `live` holds the
+    /// storage ids of the tables the catalog names (`None`: every table whose manifest
+    /// exists): the records of any other table are skipped, as that table was dropped since
+    /// they were written, and its storage, whatever garbage collection has left of it so
+    /// far, is never read. (A node ingests only into tables its catalog names, and the
+    /// catalog only moves forward, so a table missing from the newest catalog stays dropped.)
     pub async fn open(
         log: CommitLog,
         replay: &[Record],
@@ -517,6 +522,7 @@ impl Tables {
         node: Arc<Node>,
         config: TableConfig,
         gc_grace: Duration,
+        live: Option<&std::collections::HashSet<String>>,
     ) -> Result<Tables, TableError> {
         let consumer = log.consumer("tables")?;
         let spills = log.reader().is_some() && config.max_spilled_bytes > 0;
@@ -539,6 +545,9 @@ impl Tables {
         };
         for record in replay.iter().filter(|r| r.kind == RecordKind::TableBatch) {
             let (id, batch) = files::decode_record(&record.payload)?;
+            if live.is_some_and(|live| !live.contains(&id)) {
+                continue;
+            }
             let table = match tables.get(&id) {
                 Some(t) => t,
                 None => match tables.open_table(&id).await {
@@ -1335,11 +1344,8 @@ impl Tables {
     }
 
     /// The table's newest manifest state (read from the object store, so commits of other
-    /// nodes are in it) with its Iceberg view published for it.
-    pub(crate) async fn iceberg_view(
-        &self,
-        id: &str,
-    ) -> Result<crate::iceberg::Published, TableError> {
+    /// nodes are in it) with both its Iceberg views published for it.
+    pub(crate) async fn iceberg_view(&self, id: &str) -> Result<crate::iceberg::Views, TableError> {
         self.refresh(id).await?;
         let state = self.table(id).await?.lock().manifest.clone();
         crate::iceberg::publish(&self.storage, id, &state, self.gc_grace).await

@@ -1,8 +1,18 @@
-"""Reads a sluice table through sluice's Iceberg REST catalog with real readers (pyiceberg,
-and Daft through pyiceberg) and prints what they saw as one JSON document, for
-tests/it/iceberg.rs to compare with what was ingested.
+"""Reads a sluice table through sluice's Iceberg REST catalog with real readers and prints
+what they saw as one JSON document, for tests/it/iceberg.rs to compare with what was
+ingested. The readers (installed by tests/run.sh, pinned): pyiceberg (the catalog, the
+metadata, the files it plans, its rows), and with --readers also Daft (on the pyiceberg
+table), Polars (`scan_iceberg` on the pyiceberg table, Polars' own Parquet reader) and
+DuckDB (its iceberg, avro and httpfs extensions from PyPI, loaded from the installed
+packages, never downloaded; it ATTACHes the REST catalog itself with the key as its
+bearer token).
 
-Usage: read_table.py CATALOG_URI NAMESPACE TABLE [--token KEY] [--s3-key ID SECRET] [--daft]
+Usage: read_table.py CATALOG_URI NAMESPACE TABLE [--token KEY] [--warehouse NAME]
+       [--s3-key ID SECRET] [--readers daft,polars,duckdb]
+
+Each reader's rows come as lists of JSON objects, ordered by the first column: integers as
+they are, timestamps and durations as integers in the unit the reader gave (named in its
+`types`), binary as base64, text as text. A reader that fails gives `{"error": message}`.
 """
 
 import argparse
@@ -19,13 +29,96 @@ def cell(value):
 
     if value is None:
         return None
-    if isinstance(value, bytes):
-        return {"base64": base64.b64encode(value).decode()}
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"base64": base64.b64encode(bytes(value)).decode()}
     if isinstance(value, decimal.Decimal):
         return {"decimal": str(value)}
     if isinstance(value, (datetime.datetime, datetime.timedelta)):
         raise TypeError(f"unexpected Python {type(value).__name__}: compare raw integers")
     return value
+
+
+def rows_of(arrow):
+    """An Arrow table's rows (timestamps and durations as their integers), ordered by the
+    first column, and its column types."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    types = {f.name: str(f.type) for f in arrow.schema}
+    columns = {}
+    for name in arrow.column_names:
+        col = arrow.column(name)
+        if pa.types.is_timestamp(col.type) or pa.types.is_duration(col.type):
+            col = pc.cast(col, pa.int64())
+        columns[name] = col.to_pylist()
+    rows = [
+        {name: cell(columns[name][i]) for name in arrow.column_names}
+        for i in range(arrow.num_rows)
+    ]
+    if arrow.column_names:
+        key = arrow.column_names[0]
+        rows.sort(key=lambda r: (r[key] is None, r[key]))
+    return {"types": types, "rows": rows}
+
+
+def attempt(read):
+    try:
+        return read()
+    except Exception as e:  # a reader's refusal is a result to report, not a crash
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def duckdb_rows(args, namespace, table_name):
+    """DuckDB: ATTACH the REST catalog (warehouse, bearer token, S3 secret), read the table."""
+    import duckdb
+    import glob
+
+    # The extension packages (duckdb-ext-*) install their files under site-packages.
+    found = [
+        p
+        for d in sys.path
+        for p in glob.glob(os.path.join(d, "duckdb_ext", "extensions"))
+        if os.path.isdir(p)
+    ]
+    if not found:
+        raise RuntimeError("the duckdb-ext-* packages are not installed")
+    con = duckdb.connect(
+        config={
+            "extension_directory": found[0],
+            "autoinstall_known_extensions": False,
+            "autoload_known_extensions": False,
+        }
+    )
+    for ext in ("avro", "httpfs", "iceberg"):
+        con.execute(f"LOAD {ext}")
+    if args.token:
+        con.execute("CREATE SECRET sluice_key (TYPE iceberg, TOKEN ?)", [args.token])
+        auth = "SECRET sluice_key"
+    else:
+        auth = "AUTHORIZATION_TYPE 'none'"
+    if args.s3_key:
+        endpoint = os.environ.get("AWS_ENDPOINT", "")
+        con.execute(
+            "CREATE SECRET sluice_s3 (TYPE s3, KEY_ID ?, SECRET ?, REGION ?, ENDPOINT ?, "
+            "URL_STYLE 'path', USE_SSL ?)",
+            [
+                args.s3_key[0],
+                args.s3_key[1],
+                os.environ.get("AWS_REGION", "us-east-1"),
+                endpoint.split("://", 1)[-1],
+                endpoint.startswith("https://"),
+            ],
+        )
+    warehouse = (args.warehouse or "").replace("'", "''")
+    endpoint = args.uri.replace("'", "''")
+    con.execute(f"ATTACH '{warehouse}' AS sl (TYPE iceberg, ENDPOINT '{endpoint}', {auth})")
+    quoted = f'sl."{namespace}"."{table_name}"'
+    out = rows_of(con.execute(f"SELECT * FROM {quoted}").fetch_arrow_table())
+    if args.time_filter:
+        out["filtered_count"] = con.execute(
+            f"SELECT count(*) FROM {quoted} WHERE t <= ?::TIMESTAMPTZ", [args.time_filter]
+        ).fetchone()[0]
+    return out
 
 
 def main():
@@ -34,17 +127,22 @@ def main():
     p.add_argument("namespace")
     p.add_argument("table")
     p.add_argument("--token")
+    p.add_argument("--warehouse")
     p.add_argument("--s3-key", nargs=2)
-    p.add_argument("--daft", action="store_true")
+    p.add_argument("--readers", default="")
+    # An instant (ISO 8601, UTC): pyiceberg and DuckDB also count the rows with `t` at or
+    # before it, a filter they prune files with by the manifests' bounds of `t`.
+    p.add_argument("--time-filter")
     args = p.parse_args()
+    readers = [r for r in args.readers.split(",") if r]
 
-    import pyarrow as pa
-    import pyarrow.compute as pc
     from pyiceberg.catalog.rest import RestCatalog
 
     props = {"uri": args.uri}
     if args.token:
         props["token"] = args.token
+    if args.warehouse is not None:
+        props["warehouse"] = args.warehouse
     if args.s3_key:
         props["s3.access-key-id"], props["s3.secret-access-key"] = args.s3_key
     catalog = RestCatalog("sluice", **props)
@@ -54,31 +152,38 @@ def main():
     out["tables"] = [list(t) for t in catalog.list_tables(args.namespace)]
     table = catalog.load_table(f"{args.namespace}.{args.table}")
     out["format_version"] = table.metadata.format_version
+    out["metadata_location"] = table.metadata_location
     out["iceberg_types"] = {f.name: str(f.field_type) for f in table.schema().fields}
     snapshot = table.current_snapshot()
     out["snapshot"] = None if snapshot is None else snapshot.snapshot_id
     out["snapshots"] = [s.snapshot_id for s in table.snapshots()]
+    # Every listed snapshot reads (time travel): its row count.
+    out["snapshot_rows"] = {
+        str(s.snapshot_id): table.scan(snapshot_id=s.snapshot_id).to_arrow().num_rows
+        for s in table.snapshots()
+    }
     scan = table.scan()
     out["files"] = sorted(t.file.file_path for t in scan.plan_files())
-    arrow = scan.to_arrow()
-    out["arrow_types"] = {f.name: str(f.type) for f in arrow.schema}
-    rows = []
-    # Timestamps and durations as their integer nanoseconds: exact, no float or tz rendering.
-    columns = {}
-    for name in arrow.column_names:
-        col = arrow.column(name)
-        if pa.types.is_timestamp(col.type) or pa.types.is_duration(col.type):
-            col = pc.cast(col, pa.int64())
-        columns[name] = col.to_pylist()
-    for i in range(arrow.num_rows):
-        rows.append({name: cell(columns[name][i]) for name in arrow.column_names})
-    out["rows"] = rows
-    if args.daft:
+    seen = rows_of(scan.to_arrow())
+    out["arrow_types"] = seen["types"]
+    out["rows"] = seen["rows"]
+    if args.time_filter:
+        from pyiceberg.expressions import LessThanOrEqual
+
+        out["filtered_count"] = attempt(
+            lambda: table.scan(row_filter=LessThanOrEqual("t", args.time_filter)).to_arrow().num_rows
+        )
+    out["readers"] = {}
+    if "daft" in readers:
         import daft
 
-        df = daft.read_iceberg(table)
-        agg = df.agg(daft.col("i").count().alias("count"), daft.col("i").sum().alias("sum")).to_pydict()
-        out["daft"] = {"count": agg["count"][0], "sum": agg["sum"][0]}
+        out["readers"]["daft"] = attempt(lambda: rows_of(daft.read_iceberg(table).to_arrow()))
+    if "polars" in readers:
+        import polars as pl
+
+        out["readers"]["polars"] = attempt(lambda: rows_of(pl.scan_iceberg(table).collect().to_arrow()))
+    if "duckdb" in readers:
+        out["readers"]["duckdb"] = attempt(lambda: duckdb_rows(args, args.namespace, args.table))
     json.dump(out, sys.stdout)
 
 

@@ -1,8 +1,10 @@
-//! The Iceberg view of tables, read by real readers from PyPI: pyiceberg through sluice's
-//! REST catalog at `/iceberg`, and Daft through pyiceberg (`tests/iceberg/read_table.py`,
-//! installed by `tests/run.sh`), on the local directory and on the S3 server the tests run;
-//! snapshot expiry agreeing with garbage collection; files without field ids read through
-//! the name mapping; the catalog's keys and roles.
+//! The Iceberg views of tables (format version 3, and the version-2 compatibility view),
+//! read by four independent readers from PyPI through sluice's REST catalog at `/iceberg`
+//! (`tests/iceberg/read_table.py`, installed by `tests/run.sh`): pyiceberg, Daft, Polars'
+//! `scan_iceberg` and DuckDB 1.4.4 (ATTACH of the catalog), on the local directory and on
+//! the S3 server the tests run; snapshot expiry agreeing with garbage collection in both
+//! views; files without field ids read through the name mapping; the catalog's keys, roles
+//! and prefixes.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -28,8 +30,26 @@ fn python() -> PathBuf {
     installed
 }
 
-/// Runs the readers on `namespace.table` and returns what they saw.
-fn read(base: &str, key: &str, table: &str, daft: bool) -> Value {
+/// The readers besides pyiceberg that a full read runs (`tests/iceberg/read_table.py`).
+const ALL_READERS: &str = "daft,polars,duckdb";
+
+/// Runs the readers (pyiceberg, and `readers`) on `scopedb.public.table` through the catalog
+/// at `base`, in the view `warehouse` names (the default view for `None`), and returns what
+/// they saw.
+fn read(base: &str, key: &str, table: &str, warehouse: Option<&str>, readers: &str) -> Value {
+    read_filtered(base, key, table, warehouse, readers, None)
+}
+
+/// [`read`], and with `time_filter` (an instant) the count of rows with `t` at or before it
+/// by pyiceberg and DuckDB, which prune files by the manifests' bounds.
+fn read_filtered(
+    base: &str,
+    key: &str,
+    table: &str,
+    warehouse: Option<&str>,
+    readers: &str,
+    time_filter: Option<&str>,
+) -> Value {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/iceberg/read_table.py");
     let mut command = std::process::Command::new(python());
     command
@@ -37,15 +57,18 @@ fn read(base: &str, key: &str, table: &str, daft: bool) -> Value {
         .arg(format!("{base}/iceberg"))
         .arg("scopedb.public")
         .arg(table)
-        .args(["--token", key]);
+        .args(["--token", key, "--readers", readers]);
+    if let Some(warehouse) = warehouse {
+        command.args(["--warehouse", warehouse]);
+    }
+    if let Some(instant) = time_filter {
+        command.args(["--time-filter", instant]);
+    }
     if let (Ok(id), Ok(secret)) = (
         std::env::var("AWS_ACCESS_KEY_ID"),
         std::env::var("AWS_SECRET_ACCESS_KEY"),
     ) {
         command.args(["--s3-key", &id, &secret]);
-    }
-    if daft {
-        command.arg("--daft");
     }
     let out = command.output().expect("python runs");
     assert!(
@@ -117,8 +140,46 @@ fn row(n: i64) -> (String, Value) {
     (line.to_string(), expected)
 }
 
-/// The rows the readers printed, JSON columns parsed (their text is the readers' value),
-/// ordered by the key.
+/// Rows at the extremes of every type, as NDJSON, and as the readers print them: the
+/// smallest and largest int, uint, float, timestamp (1677-09-21 and 2262-04-11 in
+/// nanoseconds) and interval; a time a nanosecond before 1970 (which the v2 view turns into
+/// microseconds); the empty string, binary, object and array; text that needs escaping.
+fn extreme_rows() -> Vec<(String, Value)> {
+    let rows = [
+        (
+            json!({"i": i64::MIN, "u": 0, "f": -f64::MAX, "b": false, "s": "",
+                "t": "1677-09-21T00:12:43.145224192Z", "d": "-PT9223372036.854775808S",
+                "bin": "", "o": {}, "a": [], "x": "\"quoted\"\n\u{0}"}),
+            json!({"t": i64::MIN, "d": i64::MIN, "bin": {"base64": ""},
+                "x": "\"quoted\"\n\u{0}"}),
+        ),
+        (
+            json!({"i": i64::MAX, "u": i64::MAX, "f": f64::MAX, "b": true,
+                "s": "tab\t \"q\" \\ 𝄞", "t": "2262-04-11T23:47:16.854775807Z",
+                "d": "PT9223372036.854775807S", "bin": "/w==", "o": {"a": {"b": [null]}},
+                "a": [[], {}], "x": -0.5}),
+            json!({"t": i64::MAX, "d": i64::MAX, "bin": {"base64": "/w=="}}),
+        ),
+        (
+            json!({"i": 1_000_000, "u": 1, "f": 5e-324, "b": true, "s": "x",
+                "t": "1969-12-31T23:59:59.999999999Z", "d": "PT0.000000001S", "bin": "AA==",
+                "o": {"k": 1}, "a": [1], "x": {"k": [1, 2]}}),
+            json!({"t": -1, "d": 1, "bin": {"base64": "AA=="}}),
+        ),
+    ];
+    rows.into_iter()
+        .map(|(line, changed)| {
+            let mut expected = line.clone();
+            for (k, v) in changed.as_object().unwrap() {
+                expected[k] = v.clone();
+            }
+            (line.to_string(), expected)
+        })
+        .collect()
+}
+
+/// The rows a reader printed (`seen` holds `rows`), JSON columns parsed (their text is the
+/// readers' value), ordered by the key.
 fn seen_rows(seen: &Value) -> Vec<Value> {
     let mut rows: Vec<Value> = seen["rows"].as_array().expect("rows").clone();
     for r in &mut rows {
@@ -130,6 +191,114 @@ fn seen_rows(seen: &Value) -> Vec<Value> {
     }
     rows.sort_by_key(|r| r["i"].as_i64());
     rows
+}
+
+/// The rows as a reader of the v2 view gets them from `expected` (the v3 view's): timestamps
+/// in microseconds, the nanoseconds dropped toward zero (pyiceberg, Daft, DuckDB) or, with
+/// `floor`, toward the past (Polars): the two differ by a microsecond for times before 1970
+/// that are not whole microseconds.
+fn in_microseconds(expected: &[Value], floor: bool) -> Vec<Value> {
+    expected
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            if let Some(t) = r["t"].as_i64() {
+                r["t"] = json!(if floor {
+                    t.div_euclid(1_000)
+                } else {
+                    t / 1_000
+                });
+            }
+            r
+        })
+        .collect()
+}
+
+/// Checks what every reader saw of the all-types table in one view (`warehouse`: `None` for
+/// the default, v3, or `"v2"`) against `expected` (as the v3 view gives it), and returns one
+/// line for each reader saying what it returned.
+fn check_readers(seen: &Value, warehouse: Option<&str>, expected: &[Value]) -> Vec<String> {
+    let v2 = warehouse == Some("v2");
+    let unit = if v2 { "us" } else { "ns" };
+    let want_of = |floor: bool| {
+        if v2 {
+            in_microseconds(expected, floor)
+        } else {
+            expected.to_vec()
+        }
+    };
+    let want = want_of(false);
+    let view = if v2 { "v2" } else { "v3" };
+    assert_eq!(seen["format_version"], if v2 { 2 } else { 3 });
+    assert!(
+        seen["metadata_location"].as_str().unwrap().contains(if v2 {
+            "/metadata-v2/v"
+        } else {
+            "/metadata/v"
+        }),
+        "{}",
+        seen["metadata_location"]
+    );
+    let time = if v2 { "timestamptz" } else { "timestamptz_ns" };
+    assert_eq!(
+        seen["iceberg_types"],
+        json!({"i": "long", "u": "long", "f": "double", "b": "boolean", "s": "string",
+            "t": time, "d": "long", "bin": "binary", "o": "string", "a": "string",
+            "x": "string"})
+    );
+    // Files written since uints are plain INT64 give pyiceberg `int64` (as `long` says).
+    assert_eq!(
+        seen["arrow_types"],
+        json!({"i": "int64", "u": "int64", "f": "double", "b": "bool", "s": "string",
+            "t": format!("timestamp[{unit}, tz=UTC]"), "d": "int64", "bin": "binary",
+            "o": "string", "a": "string", "x": "string"})
+    );
+    let mut lines = Vec::new();
+    assert_eq!(
+        seen_rows(seen),
+        want,
+        "pyiceberg reads the {view} view's rows"
+    );
+    lines.push(format!(
+        "{view}: pyiceberg: {} rows as ingested, t {}",
+        want.len(),
+        seen["arrow_types"]["t"]
+    ));
+    for reader in ["daft", "polars", "duckdb"] {
+        let got = &seen["readers"][reader];
+        if reader == "duckdb" && !v2 {
+            // DuckDB 1.4.4 does not know the v3 types: the reason the v2 view exists.
+            let error = got["error"].as_str().unwrap_or_default();
+            assert!(error.contains("timestamptz_ns"), "{got}");
+            lines.push(format!("{view}: duckdb: refused: {error}"));
+            continue;
+        }
+        assert!(got.get("error").is_none(), "{reader} on {view}: {got}");
+        let t_type = got["types"]["t"].as_str().unwrap_or_default();
+        assert!(
+            t_type.starts_with(&format!("timestamp[{unit}")),
+            "{reader} on {view}: t is {t_type}"
+        );
+        let mut rows = seen_rows(got);
+        let mut want = want_of(reader == "polars");
+        if reader == "duckdb" {
+            // DuckDB takes a timestamp of i64::MAX nanoseconds (2262-04-11T23:47:16.854775807Z)
+            // for its `infinity`, and hands that over as i64::MAX microseconds.
+            for (r, w) in rows.iter_mut().zip(&mut want) {
+                if r["i"] == json!(i64::MAX) {
+                    assert_eq!(r["t"], json!(i64::MAX), "duckdb's infinity");
+                    r["t"] = w["t"].clone();
+                }
+            }
+        }
+        // Readers hand binary and text over in their own Arrow types; the values compare.
+        assert_eq!(rows, want, "{reader} reads the {view} view's rows");
+        lines.push(format!(
+            "{view}: {reader}: {} rows as ingested, t {t_type}",
+            rows.len()
+        ));
+    }
+    lines
 }
 
 struct Served {
@@ -171,6 +340,19 @@ impl Served {
             .await
             .unwrap()
             .id
+    }
+
+    /// Creates the table `def` defines, ingests `rows` (NDJSON) and flushes them into a
+    /// file; returns the table's storage id.
+    async fn create_with_file(&self, def: &str, rows: &str) -> String {
+        let id = self.create(def).await;
+        let name = serde_json::from_str::<Value>(def).unwrap()["name"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        self.ingest(&name, rows.to_owned()).await;
+        self.db.tables().flush(&id).await.unwrap().unwrap();
+        id
     }
 
     async fn ingest(&self, table: &str, body: String) {
@@ -237,6 +419,7 @@ fn assert_files(seen: &Value, live: &BTreeSet<String>, location: &str) {
 async fn every_type_reads_back_before_and_after_compaction(
     mut config: DbConfig,
     location: impl Fn(&Path) -> String,
+    storage: &str,
 ) {
     config.tables.compact_min_files = 2;
     let data_dir = config.data_dir.clone();
@@ -244,6 +427,7 @@ async fn every_type_reads_back_before_and_after_compaction(
     let location = location(&data_dir);
     let id = served.create(ALL_TYPES).await;
     let mut expected = Vec::new();
+    let mut counts = Vec::new();
     for batch in 0..3 {
         let mut body = String::new();
         for n in batch * 4..batch * 4 + 4 {
@@ -252,71 +436,113 @@ async fn every_type_reads_back_before_and_after_compaction(
             body.push('\n');
             expected.push(value);
         }
+        // The extremes in the last file: the first two hold only times of 2024, so a
+        // filter on times prunes them by their bounds.
+        if batch == 2 {
+            for (line, value) in extreme_rows() {
+                body.push_str(&line);
+                body.push('\n');
+                expected.push(value);
+            }
+        }
         served.ingest("all_types", body).await;
         assert!(served.db.tables().flush(&id).await.unwrap().is_some());
+        counts.push(expected.len());
     }
-    let sum: i64 = expected.iter().filter_map(|r| r["i"].as_i64()).sum();
     expected.sort_by_key(|r| r["i"].as_i64());
-
-    let before = read(&served.base, "r-key", "all_types", true);
-    assert_eq!(before["format_version"], 3);
-    assert_eq!(
-        before["iceberg_types"],
-        json!({"i": "long", "u": "long", "f": "double", "b": "boolean", "s": "string",
-            "t": "timestamptz_ns", "d": "long", "bin": "binary", "o": "string", "a": "string",
-            "x": "string"})
-    );
-    // pyiceberg hands a uint column's values over as Parquet stores them (unsigned 64-bit),
-    // each within the `long` the schema names.
-    assert_eq!(
-        before["arrow_types"],
-        json!({"i": "int64", "u": "uint64", "f": "double", "b": "bool", "s": "string",
-            "t": "timestamp[ns, tz=UTC]", "d": "int64", "bin": "binary", "o": "string",
-            "a": "string", "x": "string"})
-    );
-    assert_eq!(
-        seen_rows(&before),
-        expected,
-        "pyiceberg reads every row as ingested"
-    );
-    assert_eq!(before["daft"], json!({"count": expected.len(), "sum": sum}));
-    assert_eq!(before["snapshots"], json!([1, 2, 3]));
-    assert_files(&before, &served.live_files("all_types").await, &location);
-    assert_eq!(before["namespaces"], json!([["scopedb"]]));
-    assert_eq!(before["child_namespaces"], json!([["scopedb", "public"]]));
-    assert_eq!(
-        before["tables"],
-        json!([["scopedb", "public", "all_types"]])
-    );
+    let mut report = Vec::new();
 
     let old = served.live_files("all_types").await;
+    // Rows at or before 2024-01-02T03:04:07.5Z: rows 0 and 1, and the two extremes before
+    // 1970, whichever way a reader turns nanoseconds into microseconds. Bounds of the wrong
+    // unit (or rounded the wrong way) would prune the first file and lose rows 0 and 1.
+    let instant = "2024-01-02T03:04:07.500000+00:00";
+    let until = expected
+        .iter()
+        .filter(|r| {
+            r["t"]
+                .as_i64()
+                .is_some_and(|t| t <= 1_704_164_647_500_000_000)
+        })
+        .count();
+    assert_eq!(until, 4);
+    for warehouse in [None, Some("v2")] {
+        let before = read_filtered(
+            &served.base,
+            "r-key",
+            "all_types",
+            warehouse,
+            ALL_READERS,
+            // pyiceberg 0.12 binds no literal to a `timestamptz_ns`: v2 only.
+            warehouse.and(Some(instant)),
+        );
+        for line in check_readers(&before, warehouse, &expected) {
+            report.push(format!("{storage} before compaction: {line}"));
+        }
+        if warehouse == Some("v2") {
+            assert_eq!(before["filtered_count"], until, "pyiceberg");
+            assert_eq!(
+                before["readers"]["duckdb"]["filtered_count"], until,
+                "duckdb"
+            );
+            report.push(format!(
+                "{storage} before compaction: v2: pyiceberg and duckdb: {until} rows at or \
+                 before {instant}"
+            ));
+        }
+        assert_eq!(before["snapshots"], json!([1, 2, 3]));
+        assert_eq!(
+            before["snapshot_rows"],
+            json!({"1": counts[0], "2": counts[1], "3": counts[2]})
+        );
+        // Both views list the same data files.
+        assert_files(&before, &old, &location);
+        assert_eq!(before["namespaces"], json!([["scopedb"]]));
+        assert_eq!(before["child_namespaces"], json!([["scopedb", "public"]]));
+        assert_eq!(
+            before["tables"],
+            json!([["scopedb", "public", "all_types"]])
+        );
+    }
+
     assert!(served.db.tables().compact(&id).await.unwrap().is_some());
-    let after = read(&served.base, "r-key", "all_types", true);
     let live = served.live_files("all_types").await;
     assert_eq!(live.len(), 1);
     assert!(live.is_disjoint(&old));
-    assert_files(&after, &live, &location);
-    assert_eq!(after["snapshots"], json!([1, 2, 3, 4]));
-    assert_eq!(
-        seen_rows(&after),
-        expected,
-        "the same rows after compaction"
-    );
-    assert_eq!(after["daft"], before["daft"]);
+    for warehouse in [None, Some("v2")] {
+        let after = read(&served.base, "r-key", "all_types", warehouse, ALL_READERS);
+        for line in check_readers(&after, warehouse, &expected) {
+            report.push(format!("{storage} after compaction: {line}"));
+        }
+        assert_files(&after, &live, &location);
+        assert_eq!(after["snapshots"], json!([1, 2, 3, 4]));
+        // The snapshots before compaction still read, from the files compaction replaced.
+        assert_eq!(
+            after["snapshot_rows"],
+            json!({"1": counts[0], "2": counts[1], "3": counts[2], "4": counts[2]})
+        );
+    }
+    for line in report {
+        println!("iceberg readers: {line}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pyiceberg_and_daft_read_every_type_from_the_local_directory() {
+async fn four_readers_read_every_type_in_both_views_from_the_local_directory() {
     let dir = common::temp_dir("iceberg-local");
-    every_type_reads_back_before_and_after_compaction(DbConfig::new(&dir), |dir| {
-        let objects = std::fs::canonicalize(dir.join("objects")).unwrap();
-        format!("file://{}", objects.display())
-    })
+    every_type_reads_back_before_and_after_compaction(
+        DbConfig::new(&dir),
+        |dir| {
+            let objects = std::fs::canonicalize(dir.join("objects")).unwrap();
+            format!("file://{}", objects.display())
+        },
+        "local",
+    )
     .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pyiceberg_and_daft_read_every_type_from_s3() {
+async fn four_readers_read_every_type_in_both_views_from_s3() {
     let base = std::env::var("SLUICE_TEST_S3_URL").expect(
         "SLUICE_TEST_S3_URL is not set: run the tests with `bash tests/run.sh`, which starts \
          a SeaweedFS S3 server",
@@ -324,7 +550,109 @@ async fn pyiceberg_and_daft_read_every_type_from_s3() {
     let url = format!("{base}/iceberg-{}", std::process::id());
     let mut config = DbConfig::new(common::temp_dir("iceberg-s3"));
     config.object_store = Some(url.clone());
-    every_type_reads_back_before_and_after_compaction(config, move |_| url.clone()).await;
+    every_type_reads_back_before_and_after_compaction(config, move |_| url.clone(), "s3").await;
+}
+
+/// The Python blocks of the README's Iceberg section, in order: the pyiceberg (Daft,
+/// Polars) recipe and the DuckDB one.
+fn readme_recipes() -> Vec<String> {
+    let readme = include_str!("../../README.md");
+    let start = readme
+        .find("## Iceberg view")
+        .expect("the README's Iceberg section");
+    let section = &readme[start..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |e| e + 3)];
+    section
+        .split("```python\n")
+        .skip(1)
+        .filter_map(|block| block.split("\n```").next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Runs a README recipe as written, its placeholders filled in: sluice's address and a read
+/// key, and for S3 (`s3` holds the key id, the secret and the endpoint's host and port) the
+/// bucket's credentials; without S3 the lines for S3 are left out. `check` is appended, and
+/// what it prints is the answer.
+fn run_recipe(recipe: &str, base: &str, s3: Option<(&str, &str, &str)>, check: &str) -> String {
+    let host = base.trim_start_matches("http://");
+    let mut code = String::new();
+    for line in recipe.lines() {
+        let mut line = line
+            .replace("HOST:6543", host)
+            .replace("'KEY'", "'r-key'")
+            .replace("\"KEY\"", "\"r-key\"");
+        match s3 {
+            Some((id, secret, endpoint)) => {
+                line = line
+                    .replacen('…', id, 1)
+                    .replacen('…', secret, 1)
+                    .replace("S3HOST:PORT", endpoint);
+            }
+            None if line.contains('…') => continue,
+            None => {}
+        }
+        code.push_str(&line);
+        code.push('\n');
+    }
+    code.push_str(check);
+    let out = std::process::Command::new(python())
+        .args(["-c", &code])
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "the recipe failed: {}\n{code}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout.lines().last().unwrap_or_default().trim().to_owned()
+}
+
+/// The README's recipes, run as written against a served table: pyiceberg, Daft and
+/// Polars in both views, DuckDB (ATTACH of the catalog with the key) in the v2 view.
+async fn the_readme_recipes_read_a_table(config: DbConfig, s3: Option<(&str, &str, &str)>) {
+    let served = Served::start(config).await;
+    served
+        .create_with_file(
+            r#"{"name": "events", "columns": [{"name": "time", "data_type": "timestamp"},
+                {"name": "n", "data_type": "uint"}]}"#,
+            "{\"time\":\"2026-01-01T00:00:00.000000001Z\",\"n\":1}\n{\"n\":2}\n{\"time\":\"1969-12-31T23:59:59.999999999Z\",\"n\":3}\n",
+        )
+        .await;
+    let recipes = readme_recipes();
+    assert_eq!(recipes.len(), 2, "{recipes:?}");
+    let (python_readers, duckdb) = (&recipes[0], &recipes[1]);
+    assert!(python_readers.contains("warehouse=\"v2\""));
+    let counts = "print(rows.num_rows, df.count_rows(), lf.height, sorted(rows['n'].to_pylist()))";
+    for view in ["v2", "v3"] {
+        let recipe = python_readers.replace("warehouse=\"v2\"", &format!("warehouse=\"{view}\""));
+        let answer = run_recipe(&recipe, &served.base, s3, counts);
+        assert_eq!(answer, "3 3 3 [1, 2, 3]", "{view}");
+    }
+    let count = "print(con.sql('SELECT count(*), sum(n) FROM sluice.\"scopedb.public\".events').fetchall())";
+    assert_eq!(run_recipe(duckdb, &served.base, s3, count), "[(3, 6)]");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_recipes_read_a_table_in_the_local_directory() {
+    let dir = common::temp_dir("iceberg-readme");
+    the_readme_recipes_read_a_table(DbConfig::new(&dir), None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_recipes_read_a_table_on_s3() {
+    let base = std::env::var("SLUICE_TEST_S3_URL").expect(
+        "SLUICE_TEST_S3_URL is not set: run the tests with `bash tests/run.sh`, which starts \
+         a SeaweedFS S3 server",
+    );
+    let mut config = DbConfig::new(common::temp_dir("iceberg-readme-s3"));
+    config.object_store = Some(format!("{base}/iceberg-readme-{}", std::process::id()));
+    let id = std::env::var("AWS_ACCESS_KEY_ID").expect("AWS_ACCESS_KEY_ID");
+    let secret = std::env::var("AWS_SECRET_ACCESS_KEY").expect("AWS_SECRET_ACCESS_KEY");
+    let endpoint = std::env::var("AWS_ENDPOINT").expect("AWS_ENDPOINT");
+    let endpoint = endpoint.trim_start_matches("http://");
+    the_readme_recipes_read_a_table(config, Some((&id, &secret, endpoint))).await;
 }
 
 /// The newest metadata of a table in a local data directory: its snapshot ids.
@@ -359,56 +687,67 @@ async fn garbage_collection_never_deletes_a_file_a_listed_snapshot_reads() {
     served.db.tables().compact(&id).await.unwrap().unwrap();
     files_at.push(served.live_files("g").await);
     let objects = dir.join("objects");
-    let metadata_dir = objects.join(format!("tables/{id}/metadata"));
-    assert_eq!(listed_snapshots(&metadata_dir), [1, 2, 3]);
+    // Both views: v3's and v2's metadata.
+    let metadata_dirs =
+        ["metadata", "metadata-v2"].map(|d| objects.join(format!("tables/{id}/{d}")));
+    for dir in &metadata_dirs {
+        assert_eq!(listed_snapshots(dir), [1, 2, 3]);
+    }
     let compacted_away: Vec<PathBuf> = files_at[1].iter().map(|p| objects.join(p)).collect();
 
-    // Collect repeatedly through and past the grace period: whatever the newest metadata
-    // lists, the files of those snapshots exist.
+    // Collect repeatedly through and past the grace period: whatever the newest metadata of
+    // either view lists, the files of those snapshots exist.
     let started = Instant::now();
-    let mut expired_at = None;
+    let mut expired_at = [None, None];
     let mut deleted_at = None;
     while started.elapsed() < grace * 4 && deleted_at.is_none() {
         served.db.collect_garbage().await;
-        let listed = listed_snapshots(&metadata_dir);
-        for snapshot in &listed {
-            for path in &files_at[usize::try_from(*snapshot).unwrap() - 1] {
-                assert!(
-                    objects.join(path).exists(),
-                    "snapshot {snapshot} is listed but its file {path} is gone"
-                );
+        for (view, dir) in metadata_dirs.iter().enumerate() {
+            let listed = listed_snapshots(dir);
+            for snapshot in &listed {
+                for path in &files_at[usize::try_from(*snapshot).unwrap() - 1] {
+                    assert!(
+                        objects.join(path).exists(),
+                        "snapshot {snapshot} is listed in {} but its file {path} is gone",
+                        dir.display()
+                    );
+                }
             }
-        }
-        if listed == [3] && expired_at.is_none() {
-            expired_at = Some(started.elapsed());
+            if listed == [3] && expired_at[view].is_none() {
+                expired_at[view] = Some(started.elapsed());
+            }
         }
         if compacted_away.iter().all(|p| !p.exists()) {
             deleted_at = Some(started.elapsed());
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let expired_at = expired_at.expect("snapshots 1 and 2 expire");
     let deleted_at = deleted_at.expect("the compacted files are collected");
-    assert!(
-        expired_at >= grace / 2 - Duration::from_millis(500),
-        "{expired_at:?}"
-    );
     assert!(deleted_at >= grace, "{deleted_at:?}");
-    assert!(expired_at < deleted_at);
-    // The expired snapshots' manifest lists go too, after their own grace period.
-    let snap = |v: u64| {
-        std::fs::read_dir(&metadata_dir).unwrap().any(|e| {
+    for expired_at in expired_at {
+        let expired_at = expired_at.expect("snapshots 1 and 2 expire in both views");
+        assert!(
+            expired_at >= grace / 2 - Duration::from_millis(500),
+            "{expired_at:?}"
+        );
+        assert!(expired_at < deleted_at);
+    }
+    // The expired snapshots' manifest lists go too, after their own grace period, in both.
+    let snap = |dir: &Path, v: u64| {
+        std::fs::read_dir(dir).unwrap().any(|e| {
             let name = e.unwrap().file_name().into_string().unwrap();
             name.starts_with(&format!("snap-{v:020}-"))
         })
     };
     let until = Instant::now() + grace * 2;
-    while snap(1) && Instant::now() < until {
+    while metadata_dirs.iter().any(|d| snap(d, 1)) && Instant::now() < until {
         served.db.collect_garbage().await;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert!(!snap(1));
-    assert!(snap(3));
+    for dir in &metadata_dirs {
+        assert!(!snap(dir, 1), "{}", dir.display());
+        assert!(snap(dir, 3), "{}", dir.display());
+    }
 }
 
 /// Loads a table through the REST catalog; returns the answer.
@@ -455,7 +794,7 @@ async fn the_view_is_rebuilt_when_lost_and_when_the_data_directory_moves() {
         "{location}"
     );
     assert_eq!(answer["metadata"]["current-snapshot-id"], 2);
-    let seen = read(&served.base, "r-key", "r", false);
+    let seen = read(&served.base, "r-key", "r", None, "");
     assert_eq!(seen["rows"], json!([{"i": 0}, {"i": 1}]));
 
     // All of it lost: garbage collection's pass (which also runs at start) writes it again
@@ -467,7 +806,7 @@ async fn the_view_is_rebuilt_when_lost_and_when_the_data_directory_moves() {
     std::fs::remove_dir_all(&metadata).unwrap();
     let answer = load(&served, "r").await;
     assert_eq!(answer["metadata"]["current-snapshot-id"], 2);
-    let seen = read(&served.base, "r-key", "r", false);
+    let seen = read(&served.base, "r-key", "r", None, "");
     assert_eq!(seen["rows"], json!([{"i": 0}, {"i": 1}]));
 }
 
@@ -478,19 +817,13 @@ async fn files_without_field_ids_are_read_through_the_name_mapping() {
 
     let dir = common::temp_dir("iceberg-mapping");
     let served = Served::start(DbConfig::new(&dir)).await;
-    let id = served
-        .create(
+    served
+        .create_with_file(
             r#"{"name": "m", "columns": [{"name": "i", "data_type": "int"},
                 {"name": "s", "data_type": "string"}, {"name": "t", "data_type": "timestamp"}]}"#,
+            "{\"i\":1,\"s\":\"a\",\"t\":\"2026-01-01T00:00:00.000000001Z\"}\n{\"i\":2,\"s\":null,\"t\":null}\n",
         )
         .await;
-    served
-        .ingest(
-            "m",
-            "{\"i\":1,\"s\":\"a\",\"t\":\"2026-01-01T00:00:00.000000001Z\"}\n{\"i\":2,\"s\":null,\"t\":null}\n".into(),
-        )
-        .await;
-    served.db.tables().flush(&id).await.unwrap().unwrap();
     // Rewrite the file as sluice wrote files before the Iceberg view: no field ids.
     let path = dir
         .join("objects")
@@ -527,7 +860,7 @@ async fn files_without_field_ids_are_read_through_the_name_mapping() {
     std::fs::write(&path, &out).unwrap();
 
     // Rows by `i`: a file keeps its rows in time order, the null time first.
-    let seen = read(&served.base, "r-key", "m", false);
+    let seen = read(&served.base, "r-key", "m", None, "");
     assert_eq!(
         seen_rows(&seen),
         vec![
@@ -571,7 +904,7 @@ async fn the_catalog_is_read_only_and_keyed() {
         .unwrap();
     assert_eq!(r.status(), 200);
     let body: Value = r.json().await.unwrap();
-    assert_eq!(body["metadata"]["current-snapshot-id"], Value::Null);
+    assert_eq!(body["metadata"]["current-snapshot-id"], -1);
     assert!(
         body["metadata-location"]
             .as_str()
@@ -667,6 +1000,145 @@ async fn the_catalog_is_read_only_and_keyed() {
     }
 }
 
+/// The views are chosen by warehouse and prefix: the configuration hands out prefix `v2`
+/// for warehouse `v2` (and `v3` for `v3`, none without one); prefixed routes answer as the
+/// unprefixed ones do, keys and roles alike, with the view the prefix names; any other
+/// warehouse or prefix is not found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_catalog_serves_each_view_under_its_prefix() {
+    let dir = common::temp_dir("iceberg-prefix");
+    let served = Served::start(DbConfig::new(&dir)).await;
+    let id = served
+        .create_with_file(
+            r#"{"name": "k", "columns": [{"name": "t", "data_type": "timestamp"}]}"#,
+            "{\"t\":\"2026-01-01T00:00:00.000000001Z\"}\n",
+        )
+        .await;
+    let client = &served.client;
+    let get = |path: &str, key: Option<&str>| {
+        let mut r = client.get(format!("{}/iceberg/v1{path}", served.base));
+        if let Some(key) = key {
+            r = r.bearer_auth(key);
+        }
+        r.send()
+    };
+    for (query, overrides) in [
+        ("", json!({})),
+        ("?warehouse=", json!({})),
+        ("?warehouse=v2", json!({"prefix": "v2"})),
+        ("?warehouse=v3", json!({"prefix": "v3"})),
+    ] {
+        let r = get(&format!("/config{query}"), Some("r-key"))
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{query}");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["overrides"], overrides, "{query}");
+    }
+    let r = get("/config?warehouse=v4", Some("r-key")).await.unwrap();
+    assert_eq!(r.status(), 404);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "NotFoundException", "{body}");
+
+    let table = "/namespaces/scopedb%1Fpublic/tables/k";
+    let mut uuids = BTreeSet::new();
+    for (prefix, version, time) in [
+        ("", 3, "timestamptz_ns"),
+        ("/v3", 3, "timestamptz_ns"),
+        ("/v2", 2, "timestamptz"),
+    ] {
+        let r = get(&format!("{prefix}{table}"), Some("r-key"))
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{prefix}");
+        let body: Value = r.json().await.unwrap();
+        let metadata = &body["metadata"];
+        assert_eq!(metadata["format-version"], version, "{prefix}");
+        let field = &metadata["schemas"][0]["fields"][0];
+        assert_eq!(field["type"], time, "{prefix}");
+        assert_eq!(metadata["current-snapshot-id"], 1);
+        uuids.insert((version, metadata["table-uuid"].as_str().unwrap().to_owned()));
+        // The v2 view has no row lineage; v3 numbers rows.
+        assert_eq!(metadata.get("next-row-id").is_some(), version == 3);
+        let dir = if version == 2 {
+            "metadata-v2"
+        } else {
+            "metadata"
+        };
+        assert!(
+            body["metadata-location"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("/tables/{id}/{dir}/v")),
+            "{body}"
+        );
+        for path in [
+            "/namespaces",
+            "/namespaces/scopedb",
+            "/namespaces/scopedb/tables",
+            table,
+        ] {
+            let path = format!("{prefix}{path}");
+            assert_eq!(get(&path, None).await.unwrap().status(), 401, "{path}");
+            assert_eq!(
+                get(&path, Some("r-key")).await.unwrap().status(),
+                200,
+                "{path}"
+            );
+            let head = client
+                .head(format!("{}/iceberg/v1{path}", served.base))
+                .bearer_auth("r-key")
+                .send()
+                .await
+                .unwrap();
+            // Lists have no HEAD route: the GET's answer, without its body.
+            let list = path.ends_with("/namespaces") || path.ends_with("/tables");
+            let want = if list { 200 } else { 204 };
+            assert_eq!(head.status(), want, "HEAD {path}");
+        }
+        // Nothing writes under a prefix either.
+        let r = client
+            .post(format!("{}/iceberg/v1{prefix}/namespaces", served.base))
+            .bearer_auth("r-key")
+            .json(&json!({"namespace": ["x"]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 403, "{prefix}");
+    }
+    // A table with no snapshot yet reads empty, with every reader, in both views.
+    served
+        .create(r#"{"name": "e", "columns": [{"name": "t", "data_type": "timestamp"}]}"#)
+        .await;
+    for warehouse in [None, Some("v2")] {
+        let seen = read(&served.base, "r-key", "e", warehouse, ALL_READERS);
+        assert_eq!(seen["snapshots"], json!([]));
+        assert_eq!(seen["rows"], json!([]));
+        for reader in ["daft", "polars", "duckdb"] {
+            let got = &seen["readers"][reader];
+            if reader == "duckdb" && warehouse.is_none() {
+                assert!(got["error"].as_str().unwrap().contains("timestamptz_ns"));
+            } else {
+                assert_eq!(got["rows"], json!([]), "{reader} {warehouse:?}: {got}");
+            }
+        }
+    }
+    // One UUID a view, the same under both v3 routes; the views' differ (two Iceberg
+    // tables whose schemas give field 1 different types).
+    assert_eq!(uuids.len(), 2, "{uuids:?}");
+    assert_ne!(uuids.first().unwrap().1, uuids.last().unwrap().1);
+    for path in [
+        "/v4/namespaces",
+        "/v4/namespaces/scopedb",
+        &format!("/x{table}"),
+    ] {
+        let r = get(path, Some("r-key")).await.unwrap();
+        assert_eq!(r.status(), 404, "{path}");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["type"], "NotFoundException", "{path}: {body}");
+    }
+}
+
 /// Readers while a table is flushed, compacted and collected with a short grace period: each
 /// read through the catalog sees a whole prefix of the flushed rows (no file missing, none
 /// twice), never fails on a collected file, and the metadata stays bounded. CI form: a few
@@ -733,7 +1205,7 @@ async fn readers_during_flushes_compactions_and_collection_see_whole_prefixes() 
     for _ in 0..reads {
         let lo = flushed.load(Ordering::SeqCst);
         let base = served.base.clone();
-        let seen = tokio::task::spawn_blocking(move || read(&base, "r-key", "c", false))
+        let seen = tokio::task::spawn_blocking(move || read(&base, "r-key", "c", None, ""))
             .await
             .unwrap();
         check(&seen, lo, flushed.load(Ordering::SeqCst));
@@ -743,7 +1215,7 @@ async fn readers_during_flushes_compactions_and_collection_see_whole_prefixes() 
     maintenance.await.unwrap();
     let all = flushed.load(Ordering::SeqCst);
     let base = served.base.clone();
-    let seen = tokio::task::spawn_blocking(move || read(&base, "r-key", "c", false))
+    let seen = tokio::task::spawn_blocking(move || read(&base, "r-key", "c", None, ""))
         .await
         .unwrap();
     check(&seen, all, all);
@@ -760,7 +1232,7 @@ async fn a_damaged_view_is_published_anew_and_never_stops_flushing() {
         .await;
     served.ingest("d", "{\"i\":1}\n".into()).await;
     served.db.tables().flush(&id).await.unwrap().unwrap();
-    let seen = read(&served.base, "r-key", "d", false);
+    let seen = read(&served.base, "r-key", "d", None, "");
     assert_eq!(seen["rows"], json!([{"i": 1}]));
     let objects = std::fs::canonicalize(dir.join("objects")).unwrap();
     assert!(
@@ -777,7 +1249,7 @@ async fn a_damaged_view_is_published_anew_and_never_stops_flushing() {
     std::fs::write(newest_metadata(&metadata), b"").unwrap();
     served.ingest("d", "{\"i\":2}\n".into()).await;
     served.db.tables().flush(&id).await.unwrap().unwrap();
-    let seen = read(&served.base, "r-key", "d", false);
+    let seen = read(&served.base, "r-key", "d", None, "");
     assert_eq!(seen["rows"], json!([{"i": 1}, {"i": 2}]));
     std::fs::write(newest_metadata(&metadata), b"{not json").unwrap();
     let r = load(&served, "d").await;
@@ -827,7 +1299,7 @@ async fn a_damaged_view_is_published_anew_and_never_stops_flushing() {
     assert_eq!(r["metadata"]["current-snapshot-id"], 4);
     assert_eq!(r["metadata"]["properties"]["sluice.manifest-version"], "4");
     served.db.collect_garbage().await;
-    let seen = read(&served.base, "r-key", "d", false);
+    let seen = read(&served.base, "r-key", "d", None, "");
     assert_eq!(
         seen["rows"],
         json!([{"i": 1}, {"i": 2}, {"i": 3}, {"i": 4}])

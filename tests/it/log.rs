@@ -717,7 +717,10 @@ async fn a_log_advanced_with_no_record_since_reopens_where_it_was_advanced_to() 
     log.close();
     for round in 0..3 {
         let (log, replay) = CommitLog::open(LogConfig::new(&dir)).unwrap();
-        assert_eq!(replay.iter().map(|r| r.lsn).collect::<Vec<_>>(), vec![first]);
+        assert_eq!(
+            replay.iter().map(|r| r.lsn).collect::<Vec<_>>(),
+            vec![first]
+        );
         assert!(
             log.last_lsn() >= reached,
             "round {round}: reopened at {} after reaching {reached}",

@@ -4,6 +4,7 @@
 mod common;
 
 mod bad_input;
+mod checkpoints;
 mod cli;
 mod clients;
 mod console;
@@ -20,7 +21,9 @@ mod roundtrip;
 mod s3;
 mod security;
 mod server;
+mod sim;
 mod slt;
 mod streams;
 mod subscriptions;
 mod table;
+mod uploads;

@@ -117,6 +117,7 @@ fn concrete(template: &str) -> String {
         .replace("{name}", "contract-demo")
         .replace("{bucket}", "demo")
         .replace("{stream}", "contract-demo")
+        .replace("{prefix}", "v2")
 }
 
 /// Checks one real answer against the document: its status is documented, and a JSON body

@@ -103,3 +103,75 @@ fn refuses_a_public_address_without_api_keys() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("not loopback"), "{stderr}");
 }
+
+/// The binary as a user starts it, with no setting at all: `--print-config` says it syncs,
+/// and it does: its sync counter moves with every acknowledged write. (A kill loop alone
+/// cannot tell: `kill -9` keeps the page cache, so it passes with `durability = "none"`.)
+#[tokio::test]
+async fn the_default_configuration_syncs_every_acknowledged_write() {
+    let dir = common::temp_dir("default-syncs");
+    let printed = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["serve", "--print-config", "--data-dir"])
+        .arg(&dir)
+        .env_remove("SLUICE_DURABILITY")
+        .env_remove("SLUICE_CONFIG")
+        .output()
+        .unwrap();
+    assert!(printed.status.success());
+    let text = String::from_utf8_lossy(&printed.stdout);
+    assert!(
+        text.lines().any(|l| l.trim() == "durability = \"fsync\""),
+        "{text}"
+    );
+    let port = common::free_port();
+    let mut child = common::sluice_serve(&dir, port)
+        .env_remove("SLUICE_DURABILITY")
+        .env_remove("SLUICE_CONFIG")
+        .spawn()
+        .unwrap();
+    let client = reqwest::Client::new();
+    wait_healthy(&client, port).await;
+    let base = format!("http://127.0.0.1:{port}");
+    let syncs = || common::metric(&client, &base, "sluice_log_syncs_total");
+    common::statement(&client, &base, "CREATE TABLE t (id int)").await;
+    let r = client
+        .put(format!("{base}/v1/stream/synced"))
+        .header("content-type", "text/plain")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    for i in 0..5 {
+        let before = syncs().await;
+        let r = client
+            .post(format!(
+                "{base}/v1/catalog/databases/scopedb/schemas/public/tables/t/ingest"
+            ))
+            .header("content-type", "application/x-ndjson")
+            .body(format!("{{\"id\":{i}}}\n"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let after_row = syncs().await;
+        assert!(
+            after_row > before,
+            "an acknowledged row was not synced ({before} -> {after_row})"
+        );
+        let r = client
+            .post(format!("{base}/v1/stream/synced"))
+            .header("content-type", "text/plain")
+            .body(format!("append {i}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 204);
+        let after_append = syncs().await;
+        assert!(
+            after_append > after_row,
+            "an acknowledged append was not synced ({after_row} -> {after_append})"
+        );
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

@@ -60,7 +60,17 @@ impl Node {
         env: &[(&str, String)],
         config_text: &str,
     ) -> Node {
-        let port = free_port();
+        Node::start_at(free_port(), data_dir, object_store, env, config_text).await
+    }
+
+    /// A node on `port` (a restart at the address of a process that is gone).
+    async fn start_at(
+        port: u16,
+        data_dir: &Path,
+        object_store: &str,
+        env: &[(&str, String)],
+        config_text: &str,
+    ) -> Node {
         let config = data_dir.with_extension("toml");
         std::fs::write(&config, config_text).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
@@ -578,7 +588,8 @@ async fn a_dead_nodes_acknowledged_writes_survive_its_disk() {
             );
             break;
         }
-        assert_eq!(r.status(), 404, "an append through B");
+        // Until B sees A's heartbeat: retry, never "not found" (the stream exists).
+        assert_eq!(r.status(), 503, "an append through B");
         assert!(Instant::now() < deadline, "B never forwarded to A");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -1245,5 +1256,109 @@ async fn subscriptions_wake_for_every_stream_across_a_takeover() {
         expected.insert(("on-b".to_owned(), name), tail);
     }
     receiver.wait_for(&expected, Duration::from_secs(60)).await;
+    b.stop();
+}
+
+/// A request a peer forwards to an address where the stream's owner no longer answers (here:
+/// the owner was killed and a new process with an empty data directory, so a new node id,
+/// started at the same address before anyone took the old id over) is refused as "retry"
+/// (503, `Retry-After`, nothing applied), never answered "not found" for a stream that
+/// exists; once the old id is taken over, the stream answers again with everything.
+#[tokio::test]
+async fn a_request_forwarded_to_a_restarted_owners_address_answers_retry_not_not_found() {
+    let url = s3_url("forward-moved");
+    // A lease long enough that B still remembers A's address, and nobody has taken A's id
+    // over yet, when the new process answers there.
+    let env = vec![
+        ("SLUICE_DURABILITY", "object-store".to_owned()),
+        ("SLUICE_NODE_LEASE_SECONDS", "10".to_owned()),
+    ];
+    let dir_a = temp_dir("forward-moved-a");
+    let port_a = free_port();
+    let a = Node::start_at(port_a, &dir_a, &url, &env, NO_FLUSH).await;
+    let b = Node::start_with_env(&temp_dir("forward-moved-b"), &url, &env).await;
+    assert_eq!(
+        create_stream(&a.base, "moving", "text/plain").await,
+        reqwest::StatusCode::CREATED
+    );
+    // B learns that A serves it (and remembers it for a lease).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut expected = String::new();
+    loop {
+        let r = append_plain(&b.base, "moving", "text/plain", "m0;".into()).await;
+        if r.status() == 204 {
+            expected.push_str("m0;");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "B never forwarded to A: {}",
+            r.status()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A dies; a new process with an empty directory takes its address.
+    drop(a);
+    std::fs::remove_dir_all(&dir_a).unwrap();
+    let a2 = Node::start_at(port_a, &temp_dir("forward-moved-a2"), &url, &env, NO_FLUSH).await;
+    let mut retries = 0;
+    let mut n = 1;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline && n < 4 {
+        let body = format!("m{n};");
+        let r = append_plain(&b.base, "moving", "text/plain", body.clone()).await;
+        match r.status().as_u16() {
+            204 => {
+                expected.push_str(&body);
+                n += 1;
+            }
+            503 => {
+                assert!(r.headers().contains_key("retry-after"));
+                let answer: Value = r.json().await.unwrap();
+                assert_eq!(answer["details"]["status"], "rejected", "{answer}");
+                retries += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            status => panic!(
+                "an append to a stream that exists answered {status}: {}",
+                r.text().await.unwrap()
+            ),
+        }
+    }
+    assert_eq!(n, 4, "the stream never answered again after its owner died");
+    println!("{retries} appends were answered \"retry\" while the stream moved");
+    assert_eq!(wait_stream(&b.base, "moving").await.0, expected);
+    assert_eq!(wait_stream(&a2.base, "moving").await.0, expected);
+    drop(a2);
+    b.stop();
+}
+
+/// A table created through one node is there at once for a query through another (which
+/// reads the catalog again when a statement names a table it does not know), not only after
+/// its next catalog refresh.
+#[tokio::test]
+async fn a_table_created_on_one_node_is_queryable_on_another_at_once() {
+    let url = s3_url("create-then-query");
+    // Catalog refreshes far apart: only the statement's own look can find the table.
+    let config = "flush_interval_seconds = 0.3\nmaintenance_interval_seconds = 60\n";
+    let a = Node::start_configured(&temp_dir("cq-a"), &url, &[], config).await;
+    let b = Node::start_configured(&temp_dir("cq-b"), &url, &[], config).await;
+    for i in 0..3 {
+        a.statement(&format!("CREATE TABLE fresh{i} (id int)"))
+            .await;
+        let r = b.statement(&format!("SELECT count(*) FROM fresh{i}")).await;
+        assert_eq!(r["status"], "finished", "{r}");
+        let r = b
+            .statement(&format!(
+                "INSERT INTO scopedb.public.fresh{i} VALUES (1), (2)"
+            ))
+            .await;
+        assert_eq!(r["status"], "finished", "{r}");
+        assert_eq!(
+            b.count(&format!("SELECT count(*) FROM fresh{i}")).await,
+            Some(2)
+        );
+    }
+    a.stop();
     b.stop();
 }

@@ -323,47 +323,7 @@ async fn slow_or_missing_request_headers_are_cut_off() {
 
 // ---- attacks, each through the real binary ------------------------------------------------
 
-/// A `sluice serve` process for one test; killed when dropped.
-struct Server {
-    child: std::process::Child,
-    base: String,
-    dir: std::path::PathBuf,
-}
-
-impl Server {
-    /// Starts the binary with `args` and, if given, a config file with `config` (TOML).
-    fn start(name: &str, args: &[&str], config: &str) -> Server {
-        let dir = common::temp_dir(name);
-        std::fs::create_dir_all(&dir).unwrap();
-        let port = common::free_port();
-        let mut command = common::sluice_serve(&dir.join("data"), port);
-        command.args(args);
-        if !config.is_empty() {
-            let path = dir.join("sluice.toml");
-            std::fs::write(&path, config).unwrap();
-            command.arg("--config").arg(path);
-        }
-        let child = command.spawn().unwrap();
-        common::wait_healthy(port);
-        Server {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-            dir,
-        }
-    }
-
-    /// The process is still running.
-    fn alive(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use common::Server;
 
 const KEYS: [&str; 6] = [
     "--api-key",

@@ -867,3 +867,73 @@ async fn a_reused_plan_answers_for_when_it_runs() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Filters on interval and uint columns prune row groups and pages of files, which store
+/// both as plain INT64 (the Iceberg views' `long`): an `INTERVAL` literal (the planner casts
+/// the column to an interval to compare) as much as a duration, on either side; and the
+/// answers are the brute-force ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interval_and_uint_filters_prune_files_that_store_them_as_int64() {
+    let (dir, db) = database_with_t("interval-pruning", "k int, u uint, d interval").await;
+    // Two files of 20,000 rows: k, u and d (in seconds) rise together, 0 to 39,999.
+    for file in 0..2 {
+        let body: String = (file * 20_000..(file + 1) * 20_000)
+            .map(|k| format!("{{\"k\":{k},\"u\":{k},\"d\":\"PT{k}S\"}}\n"))
+            .collect();
+        ingest_t(&db, body).await;
+        db.tables().flush_due(true).await.unwrap();
+    }
+    // The files hold signed INT64 without the unsigned annotation, Iceberg's `long`.
+    let data = std::fs::read_dir(dir.join("objects/tables"))
+        .unwrap()
+        .map(|e| e.unwrap().path().join("data"))
+        .find(|p| p.exists())
+        .unwrap();
+    for file in std::fs::read_dir(data).unwrap() {
+        use parquet::file::reader::FileReader as _;
+        let bytes = bytes::Bytes::from(std::fs::read(file.unwrap().path()).unwrap());
+        let reader = parquet::file::reader::SerializedFileReader::new(bytes).unwrap();
+        let schema = reader.metadata().file_metadata().schema_descr_ptr();
+        for column in [1, 2] {
+            let leaf = schema.column(column);
+            assert_eq!(leaf.physical_type(), parquet::basic::Type::INT64);
+            let signed = match leaf.logical_type_ref() {
+                None => true,
+                Some(parquet::basic::LogicalType::Integer(int)) => int.is_signed,
+                Some(_) => false,
+            };
+            assert!(signed, "{}: {:?}", leaf.name(), leaf.logical_type_ref());
+        }
+    }
+    for (filter, count) in [
+        ("d > INTERVAL '35000 seconds'", 4_999),
+        ("INTERVAL '35000 seconds' < d", 4_999),
+        ("d <= INTERVAL '500 seconds'", 501),
+        ("d = INTERVAL '35000 seconds'", 1),
+        (
+            "d > arrow_cast(35000000000000, 'Duration(Nanosecond)')",
+            4_999,
+        ),
+        ("u > 35000", 4_999),
+        ("u <= 500", 501),
+    ] {
+        let sql = format!("SELECT count(*) FROM t WHERE {filter}");
+        let result = db.execute(&sql).await.unwrap();
+        assert_eq!(
+            result.rows[0][0].as_deref(),
+            Some(count.to_string().as_str()),
+            "{filter}"
+        );
+        let text = explain_analyze(&db, &sql).await;
+        assert!(
+            text.contains("row_groups_pruned_statistics=2 total → 1 matched"),
+            "{filter}: a file's row group is pruned\n{text}"
+        );
+        let (pruned, total, matched) = page_rows(&text);
+        assert_ne!(
+            total, matched,
+            "{filter}: no page was pruned: {pruned}\n{text}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -91,6 +91,7 @@ async fn open_tables(
         Arc::new(node),
         config,
         std::time::Duration::from_secs(600),
+        None,
     )
     .await
     .unwrap();

@@ -120,3 +120,81 @@ pub async fn statement(client: &reqwest::Client, base: &str, sql: &str) -> Value
     }
     body
 }
+
+/// A `sluice serve` process for one test; killed when dropped.
+pub struct Server {
+    /// The process.
+    pub child: std::process::Child,
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    /// Its directory (data under `data/`).
+    pub dir: std::path::PathBuf,
+    /// Its port, and the arguments it was started with.
+    pub port: u16,
+    args: Vec<String>,
+}
+
+impl Server {
+    /// Starts the binary with `args` and, if given, a config file with `config` (TOML).
+    pub fn start(name: &str, args: &[&str], config: &str) -> Server {
+        let dir = temp_dir(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = free_port();
+        let mut args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        if !config.is_empty() {
+            let path = dir.join("sluice.toml");
+            std::fs::write(&path, config).unwrap();
+            args.extend(["--config".to_owned(), path.display().to_string()]);
+        }
+        let child = sluice_serve(&dir.join("data"), port)
+            .args(&args)
+            .spawn()
+            .unwrap();
+        wait_healthy(port);
+        Server {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            dir,
+            port,
+            args,
+        }
+    }
+
+    /// Kills the process (SIGKILL) and starts it again on the same data, port and settings.
+    pub fn restart(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        self.child = sluice_serve(&self.dir.join("data"), self.port)
+            .args(&self.args)
+            .spawn()
+            .unwrap();
+        wait_healthy(self.port);
+    }
+
+    /// The process is still running.
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The value of metric `name` (its full name, labels included) on the server at `base`.
+pub async fn metric(client: &reqwest::Client, base: &str, name: &str) -> f64 {
+    let text = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}

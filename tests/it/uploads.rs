@@ -1,0 +1,497 @@
+//! Uploads no client can hold hostage, and requests judged by every host they name: each
+//! through the real binary on loopback.
+//!
+//! - Bodies reserve the request-body budget as their bytes arrive: clients trickling chunked
+//!   (and declared) bodies into both ingest routes and a stream hold next to nothing, and a
+//!   normal one-row ingest from another connection is answered at once.
+//! - A body slower than `min_body_bytes_per_second` (after its grace) is cut with 408 long
+//!   before the body timeout, and gives back what it held.
+//! - The wait for room is bounded (503 with `Retry-After`, nothing applied), and one key
+//!   cannot take the whole budget: another key still gets in.
+//! - Two `Host` headers answer 400; a host in an absolute-form target is judged too; a
+//!   client's forwarding headers never set the host of a create's `Location`.
+
+use std::io::{Read as _, Write as _};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::common::{self, Server};
+
+fn addr(server: &Server) -> SocketAddr {
+    server
+        .base
+        .trim_start_matches("http://")
+        .parse()
+        .expect("loopback address")
+}
+
+/// Sends `head` (request line and headers, no blank line) with a body that never ends: a
+/// byte a second (chunked, or raw when `chunked` is false) until the server answers or
+/// closes, or `stop` is set. Returns what the server said and when, after the first byte.
+fn trickle(
+    addr: SocketAddr,
+    head: String,
+    chunked: bool,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<(String, Duration)> {
+    std::thread::spawn(move || {
+        let mut s = std::net::TcpStream::connect(addr).expect("connect");
+        s.write_all(format!("{head}\r\n\r\n").as_bytes())
+            .expect("headers");
+        s.set_read_timeout(Some(Duration::from_millis(1000)))
+            .expect("timeout");
+        let started = Instant::now();
+        let mut said = Vec::new();
+        while !stop.load(Ordering::Relaxed) && started.elapsed() < Duration::from_secs(150) {
+            let byte: &[u8] = if chunked { b"1\r\n{\r\n" } else { b"{" };
+            if s.write_all(byte).is_err() {
+                break;
+            }
+            let mut buf = [0u8; 4096];
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    said.extend_from_slice(&buf[..n]);
+                    if said.windows(4).any(|w| w == b"\r\n\r\n") {
+                        // The head is in; the rest of a short answer follows at once.
+                        s.set_read_timeout(Some(Duration::from_millis(500))).ok();
+                        let _ = s.read_to_end(&mut said);
+                        break;
+                    }
+                }
+                Err(_) => {} // nothing yet: one more byte
+            }
+        }
+        (
+            String::from_utf8_lossy(&said).into_owned(),
+            started.elapsed(),
+        )
+    })
+}
+
+async fn create_events(client: &reqwest::Client, base: &str, key: Option<&str>) {
+    let mut put = client
+        .put(format!(
+            "{base}/v1/catalog/databases/scopedb/schemas/public/tables/events"
+        ))
+        .json(&common::events_def());
+    if let Some(key) = key {
+        put = put.bearer_auth(key);
+    }
+    let r = put.send().await.expect("create table");
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+}
+
+const ROW: &str =
+    r#"{"time":"2026-10-23T09:00:00Z","service":"s","name":"n","message":"m","var":{}}"#;
+
+/// One normal one-row ingest; its status and how long it took.
+async fn one_row(client: &reqwest::Client, base: &str, key: Option<&str>) -> (u16, Duration) {
+    let started = Instant::now();
+    let mut post = client
+        .post(format!(
+            "{base}/v1/catalog/databases/scopedb/schemas/public/tables/events/ingest"
+        ))
+        .header("content-type", "application/x-ndjson")
+        .body(format!("{ROW}\n"));
+    if let Some(key) = key {
+        post = post.bearer_auth(key);
+    }
+    let r = post.send().await.expect("ingest");
+    (r.status().as_u16(), started.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickling_upload_costs_the_others_nothing() {
+    // The defaults: 32 MiB of bodies at once, 1 KiB/s after 10 s, 120 s to arrive.
+    let server = Server::start("trickle", &[], "");
+    let base = server.base.clone();
+    let client = reqwest::Client::new();
+    create_events(&client, &base, None).await;
+    let r = client
+        .put(format!("{base}/v1/stream/trickled"))
+        .header("content-type", "text/plain")
+        .send()
+        .await
+        .expect("create stream");
+    assert_eq!(r.status(), 201);
+    let stop = Arc::new(AtomicBool::new(false));
+    let at = addr(&server);
+    let table = "POST /v1/catalog/databases/scopedb/schemas/public/tables/events/ingest HTTP/1.1\r\n\
+                 Host: localhost\r\nContent-Type: application/x-ndjson";
+    let legacy = "POST /v1/ingest HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json";
+    let stream = "POST /v1/stream/trickled HTTP/1.1\r\nHost: localhost\r\nContent-Type: text/plain";
+    let mut tricklers = Vec::new();
+    // Chunked bodies into both ingest routes (twice each: two such held all ingest before),
+    // a gzip body (its decoded size unknown), one declaring the whole 16 MiB limit, and a
+    // stream append.
+    for (head, chunked) in [
+        (format!("{table}\r\nTransfer-Encoding: chunked"), true),
+        (format!("{table}\r\nTransfer-Encoding: chunked"), true),
+        (format!("{legacy}\r\nTransfer-Encoding: chunked"), true),
+        (format!("{legacy}\r\nTransfer-Encoding: chunked"), true),
+        (
+            format!("{table}\r\nContent-Encoding: gzip\r\nTransfer-Encoding: chunked"),
+            true,
+        ),
+        (format!("{table}\r\nContent-Length: 16777216"), false),
+        (format!("{stream}\r\nTransfer-Encoding: chunked"), true),
+    ] {
+        tricklers.push(trickle(at, head, chunked, stop.clone()));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // While they trickle: normal ingests from other connections are answered promptly, and
+    // the tricklers hold next to nothing of the budget.
+    let mut latencies = Vec::new();
+    for _ in 0..5 {
+        let (status, took) = one_row(&client, &base, None).await;
+        assert_eq!(status, 200);
+        latencies.push(took);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let held = common::metric(&client, &base, "sluice_request_body_bytes_held").await;
+    println!(
+        "one-row ingest latencies beside 7 trickling uploads: {latencies:?}; held {held} bytes"
+    );
+    for took in &latencies {
+        assert!(
+            *took < Duration::from_secs(5),
+            "a normal ingest waited {took:?} behind trickling uploads"
+        );
+    }
+    assert!(held <= f64::from(1 << 20), "tricklers hold {held} bytes");
+    // Each trickler is cut by its pace (10 s of grace, then 1 KiB/s): 408, well before the
+    // 120 s body timeout, and gives back what it held.
+    for t in tricklers {
+        let (said, after) = tokio::task::spawn_blocking(move || t.join().expect("trickler"))
+            .await
+            .expect("join");
+        println!(
+            "trickler cut after {after:?}: {}",
+            said.lines().next().unwrap_or("")
+        );
+        assert!(said.starts_with("HTTP/1.1 408"), "{said}");
+        assert!(said.contains("\"status\":\"rejected\""), "{said}");
+        assert!(after < Duration::from_secs(30), "cut only after {after:?}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert_eq!(
+        common::metric(&client, &base, "sluice_request_body_bytes_held").await,
+        0.0
+    );
+    // Nothing of theirs was applied: the five rows only, and an empty stream.
+    let rows = common::statement(&client, &base, "SELECT count(*) FROM events").await;
+    assert_eq!(rows["result_set"]["rows"][0][0], "5");
+    let r = client
+        .get(format!("{base}/v1/stream/trickled?offset=-1"))
+        .send()
+        .await
+        .expect("read");
+    assert_eq!(r.text().await.expect("body"), "");
+}
+
+/// A body that sends `sent` bytes of the `declared` length at once and then nothing: it
+/// holds what it sent until the server answers (returned) or `stop`.
+fn stall(addr: SocketAddr, key: Option<&str>, sent: usize) -> std::thread::JoinHandle<String> {
+    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
+    std::thread::spawn(move || {
+        let mut s = std::net::TcpStream::connect(addr).expect("connect");
+        let head = format!(
+            "POST /v1/catalog/databases/scopedb/schemas/public/tables/events/ingest HTTP/1.1\r\n\
+             Host: localhost\r\n{auth}Content-Type: application/x-ndjson\r\n\
+             Content-Length: {}\r\n\r\n",
+            sent * 2
+        );
+        s.write_all(head.as_bytes()).expect("head");
+        s.write_all(&vec![b' '; sent]).expect("body");
+        s.set_read_timeout(Some(Duration::from_secs(60)))
+            .expect("timeout");
+        let mut said = String::new();
+        let _ = s.read_to_string(&mut said);
+        said
+    })
+}
+
+async fn wait_held(client: &reqwest::Client, base: &str, at_least: f64) {
+    let started = Instant::now();
+    while common::metric(client, base, "sluice_request_body_bytes_held").await < at_least {
+        assert!(started.elapsed() < Duration::from_secs(20), "never held");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_waits_are_bounded_and_one_key_cannot_take_the_budget() {
+    // A 2 MiB budget, 1 s of waiting, no pace (the stalled bodies stay), bodies time out
+    // after 20 s.
+    let config = "ingest_inflight_bytes = 2097152\ningest_admission_timeout_seconds = 1\n\
+                  min_body_bytes_per_second = 0\nrequest_body_timeout_seconds = 20\n";
+    let server = Server::start(
+        "admission",
+        &[
+            "--api-key",
+            "admin=a-key",
+            "--api-key",
+            "write=w1",
+            "--api-key",
+            "write=w2",
+        ],
+        config,
+    );
+    let base = server.base.clone();
+    let client = reqwest::Client::new();
+    create_events(&client, &base, Some("a-key")).await;
+    let at = addr(&server);
+    // Key w1 stalls a body past half the budget: it holds its share (1 MiB) and no more.
+    let hog = stall(at, Some("w1"), 1536 << 10);
+    wait_held(&client, &base, f64::from(1 << 20)).await;
+    // w1 gets no more within the wait: 503, Retry-After, nothing applied.
+    let started = Instant::now();
+    let r = client
+        .post(format!(
+            "{base}/v1/catalog/databases/scopedb/schemas/public/tables/events/ingest"
+        ))
+        .bearer_auth("w1")
+        .header("content-type", "application/x-ndjson")
+        .body(format!("{ROW}\n"))
+        .send()
+        .await
+        .expect("ingest");
+    let waited = started.elapsed();
+    assert_eq!(r.status(), 503);
+    assert_eq!(
+        r.headers().get("retry-after").map(|v| v.to_str().unwrap()),
+        Some("1")
+    );
+    let body: Value = r.json().await.expect("json");
+    assert_eq!(body["code"], "service_unavailable");
+    assert_eq!(body["details"]["status"], "rejected");
+    println!("refused after {waited:?}: {body}");
+    assert!(waited < Duration::from_secs(10), "waited {waited:?}");
+    // Another key still gets in at once.
+    let (status, took) = one_row(&client, &base, Some("w2")).await;
+    assert_eq!(status, 200);
+    println!("another key's ingest beside the stalled one: {took:?}");
+    // A second stalled key takes the rest: now anyone waits, and is refused in bounded time.
+    let hog2 = stall(at, Some("w2"), 1536 << 10);
+    wait_held(&client, &base, f64::from(2 << 20)).await;
+    let (status, took) = one_row(&client, &base, Some("a-key")).await;
+    assert_eq!(status, 503, "the budget is full");
+    assert!(took < Duration::from_secs(10), "waited {took:?}");
+    // The stalled bodies end at their timeout; the budget is whole again.
+    for h in [hog, hog2] {
+        let said = tokio::task::spawn_blocking(move || h.join().expect("stall"))
+            .await
+            .expect("join");
+        assert!(said.starts_with("HTTP/1.1 408"), "{said}");
+    }
+    assert_eq!(
+        common::metric(&client, &base, "sluice_request_body_bytes_held").await,
+        0.0
+    );
+    let (status, _) = one_row(&client, &base, Some("w1")).await;
+    assert_eq!(status, 200);
+    let mut auth = reqwest::header::HeaderMap::new();
+    auth.insert(
+        "authorization",
+        reqwest::header::HeaderValue::from_static("Bearer a-key"),
+    );
+    let admin = reqwest::Client::builder()
+        .default_headers(auth)
+        .build()
+        .expect("client");
+    let rows = common::statement(&admin, &base, "SELECT count(*) FROM events").await;
+    assert_eq!(rows["result_set"]["rows"][0][0], "2");
+}
+
+/// Sends raw request bytes; the server's whole answer.
+fn raw(addr: SocketAddr, request: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.write_all(request.as_bytes()).expect("request");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut said = String::new();
+    let _ = s.read_to_string(&mut said);
+    said
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_are_judged_by_every_host_they_name() {
+    let server = Server::start("hosts", &[], "");
+    let at = addr(&server);
+    let answers = tokio::task::spawn_blocking(move || {
+        [
+            // Two Host headers, the first allowed: refused, whichever comes first.
+            "GET /v1/catalog HTTP/1.1\r\nHost: localhost\r\nHost: evil.example\r\nConnection: close\r\n\r\n",
+            "GET /v1/catalog HTTP/1.1\r\nHost: evil.example\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+            "GET /v1/health HTTP/1.1\r\nHost: localhost\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+            // An absolute-form target naming another host.
+            "GET http://evil.example/v1/catalog HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+            // The same, naming this host: served.
+            "GET http://localhost/v1/catalog HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+        ]
+        .map(|request| raw(at, request))
+    })
+    .await
+    .expect("requests");
+    for two in &answers[..3] {
+        assert!(two.starts_with("HTTP/1.1 400"), "{two}");
+        assert!(two.contains("more than one Host"), "{two}");
+    }
+    assert!(answers[3].starts_with("HTTP/1.1 421"), "{}", answers[3]);
+    assert!(answers[4].starts_with("HTTP/1.1 200"), "{}", answers[4]);
+
+    // A client's forwarding headers (and the marker peers use) never name the Location.
+    let client = reqwest::Client::new();
+    for (i, (name, value)) in [
+        ("x-forwarded-host", "evil.example"),
+        ("forwarded", "host=evil.example"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let r = client
+            .put(format!("{}/v1/stream/located-{i}", server.base))
+            .header(name, value)
+            .header("sluice-forwarded", "1")
+            .send()
+            .await
+            .expect("create");
+        assert_eq!(r.status(), 201);
+        let location = r.headers()["location"]
+            .to_str()
+            .expect("location")
+            .to_owned();
+        let port = at.port();
+        assert_eq!(
+            location,
+            format!("http://127.0.0.1:{port}/v1/stream/located-{i}")
+        );
+    }
+}
+
+/// An append with producer headers; its status and the answer's headers.
+async fn produce(
+    client: &reqwest::Client,
+    base: &str,
+    stream: &str,
+    id: &str,
+    seq: u64,
+) -> (u16, reqwest::header::HeaderMap) {
+    let r = client
+        .post(format!("{base}/v1/stream/{stream}"))
+        .header("content-type", "text/plain")
+        .header("producer-id", id)
+        .header("producer-epoch", "0")
+        .header("producer-seq", seq.to_string())
+        .body(format!("{id}:{seq};"))
+        .send()
+        .await
+        .expect("append");
+    (r.status().as_u16(), r.headers().clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_producers_expire_and_byte_budgets_hold() {
+    // Producers forgotten after 3 s idle, at most 5 per stream; producer entries within
+    // 4 KiB in all (8 of these ids), stream state within 12 KiB.
+    let config = "producer_expiry_seconds = 3\nmax_producers_per_stream = 5\n\
+                  max_producer_bytes = 4096\nmax_stream_state_bytes = 12288\n\
+                  stream_checkpoint_interval_seconds = 1\n";
+    let mut server = Server::start("producers", &[], config);
+    let base = server.base.clone();
+    let client = reqwest::Client::new();
+    for name in ["junk", "other"] {
+        let r = client
+            .put(format!("{base}/v1/stream/{name}"))
+            .header("content-type", "text/plain")
+            .send()
+            .await
+            .expect("create");
+        assert_eq!(r.status(), 201);
+    }
+    // Five junk producers fill the stream; a sixth is refused (429), nothing applied.
+    for i in 0..5 {
+        assert_eq!(
+            produce(&client, &base, "junk", &format!("j{i}"), 0).await.0,
+            200
+        );
+    }
+    let (status, _) = produce(&client, &base, "junk", "late", 0).await;
+    assert_eq!(status, 429);
+    // A producer that keeps appending stays known past the expiry; its retries are
+    // duplicates.
+    let started = Instant::now();
+    let mut seq = 0;
+    assert_eq!(produce(&client, &base, "other", "live", 0).await.0, 200);
+    while started.elapsed() < Duration::from_millis(4500) {
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        seq += 1;
+        assert_eq!(produce(&client, &base, "other", "live", seq).await.0, 200);
+    }
+    assert_eq!(produce(&client, &base, "other", "live", seq).await.0, 204);
+    // The junk producers were idle past the expiry: a new producer gets in.
+    let (status, _) = produce(&client, &base, "junk", "late", 0).await;
+    assert_eq!(status, 200);
+    // A forgotten producer is new again: a retry of a later sequence is a gap (409,
+    // expecting 0), never appended a second time.
+    let (status, headers) = produce(&client, &base, "junk", "j1", 1).await;
+    assert_eq!(status, 409);
+    assert_eq!(headers["producer-expected-seq"], "0");
+    // The producer budget: 4 KiB holds a few more entries, then 503 with Retry-After.
+    let mut refused = None;
+    for i in 0..10 {
+        // Spread over both streams, under their count cap.
+        let stream = if i % 2 == 0 { "junk" } else { "other" };
+        let (status, headers) = produce(&client, &base, stream, &format!("b{i}"), 0).await;
+        if status != 200 {
+            refused = Some((i, status, headers));
+            break;
+        }
+    }
+    let (admitted, status, headers) = refused.expect("the producer budget never filled");
+    println!("{admitted} producers admitted before the 4 KiB producer budget was full");
+    assert_eq!(status, 503);
+    assert_eq!(headers["retry-after"], "60");
+    assert_eq!(headers["x-sluice-not-applied"], "StreamStateFull");
+    let producer_bytes = common::metric(&client, &base, "sluice_stream_producer_bytes").await;
+    assert!(producer_bytes <= 4096.0, "{producer_bytes}");
+    // The state budget: creates are refused once it is full.
+    let mut created = 0;
+    let status = loop {
+        let r = client
+            .put(format!("{base}/v1/stream/s{created}"))
+            .send()
+            .await
+            .expect("create");
+        if r.status() != 201 {
+            break r.status().as_u16();
+        }
+        created += 1;
+        assert!(created < 100, "the state budget never filled");
+    };
+    println!("{created} more streams before the 12 KiB state budget was full");
+    assert_eq!(status, 503);
+    let state_bytes = common::metric(&client, &base, "sluice_stream_state_bytes").await;
+    assert!(state_bytes <= 12288.0, "{state_bytes}");
+    // The live producer's state survives a restart; the forgotten ones stay forgotten once
+    // a checkpoint was taken after they were (before it, the log would bring them back
+    // with a fresh expiry: never fewer producers than were known, never more than that).
+    let checkpoints = common::metric(&client, &base, "sluice_stream_checkpoints_total").await;
+    while common::metric(&client, &base, "sluice_stream_checkpoints_total").await
+        < checkpoints + 1.0
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    seq += 1;
+    assert_eq!(produce(&client, &base, "other", "live", seq).await.0, 200);
+    server.restart();
+    assert_eq!(produce(&client, &base, "other", "live", seq).await.0, 204);
+    let after = common::metric(&client, &base, "sluice_stream_producer_bytes").await;
+    assert!(after > 0.0 && after <= 4096.0, "{after}");
+    assert_eq!(produce(&client, &base, "junk", "j2", 1).await.0, 409);
+}
