@@ -472,6 +472,7 @@ impl Database {
             node.clone(),
             streams.clone(),
             config.subscriptions.clone(),
+            config.advertise_url.clone(),
         )
         .await
         .map_err(|e| OpenError::Subscriptions(e.to_string()))?;

@@ -294,15 +294,6 @@ fn wake_token(headers: &HeaderMap) -> Option<&str> {
         .map(str::trim)
 }
 
-/// Where the caller reaches this server (callback and key URLs are made from it).
-fn base_url(headers: &HeaderMap) -> String {
-    let host = headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("localhost");
-    format!("http://{host}")
-}
-
 fn caller(principal: Option<&Principal>) -> Caller {
     match principal {
         Some(p) => Caller {
@@ -373,9 +364,7 @@ async fn dispatch(
             let definition = read_body::<DefinitionBody>(headers, body)
                 .await?
                 .into_definition()?;
-            let (created, view) = subscriptions
-                .put(caller, id, definition, &base_url(headers))
-                .await?;
+            let (created, view) = subscriptions.put(caller, id, definition).await?;
             let status = if created {
                 StatusCode::CREATED
             } else {

@@ -30,9 +30,10 @@ pub(super) async fn deliver(
     due: Due,
     engines: Arc<RwLock<Vec<Streams>>>,
     client: reqwest::Client,
+    public_url: Arc<str>,
     permit: tokio::sync::OwnedSemaphorePermit,
 ) {
-    let outcome = attempt(&registry, &due, &engines, &client).await;
+    let outcome = attempt(&registry, &due, &engines, &client, &public_url).await;
     if let Err(reason) = &outcome {
         tracing::debug!(subscription = %due.id, %reason, "wake not delivered; retrying later");
     }
@@ -47,6 +48,7 @@ async fn attempt(
     due: &Due,
     engines: &RwLock<Vec<Streams>>,
     client: &reqwest::Client,
+    public_url: &str,
 ) -> Result<Delivered, String> {
     // The wake's generation is stored before anyone hears of it.
     registry.persist(&due.id).await.map_err(|e| e.to_string())?;
@@ -60,7 +62,7 @@ async fn attempt(
     registry.state().settle(&due.id, &pending, &marks);
     let payload = registry
         .state()
-        .payload(&due.id, &due.wake_id)
+        .payload(&due.id, &due.wake_id, public_url)
         .ok_or_else(|| "the wake ended: nothing is pending".to_owned())?;
     match payload.target {
         Target::Webhook { url } => {

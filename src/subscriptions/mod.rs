@@ -417,6 +417,9 @@ pub(crate) struct Subscriptions {
     round: tokio::sync::Mutex<()>,
     /// Stops the background loops.
     stop: tokio::sync::watch::Sender<bool>,
+    /// Where consumers reach this process (its configured advertise URL, no trailing
+    /// slash), or empty: callback and key URLs are then paths on the server.
+    public_url: Arc<str>,
 }
 
 impl std::fmt::Debug for Subscriptions {
@@ -471,6 +474,7 @@ impl Subscriptions {
         node: Arc<Node>,
         streams: Streams,
         limits: SubscriptionLimits,
+        public_url: Option<String>,
     ) -> Result<Arc<Subscriptions>, SubscriptionError> {
         let limits = Arc::new(limits);
         let client = network::webhook_client(&limits.webhook_allowed_networks)
@@ -485,6 +489,7 @@ impl Subscriptions {
             engines: Arc::new(RwLock::new(vec![streams])),
             round: tokio::sync::Mutex::new(()),
             stop: tokio::sync::watch::channel(false).0,
+            public_url: Arc::from(public_url.unwrap_or_default().trim_end_matches('/')),
         });
         let weak = Arc::downgrade(&subscriptions);
         tokio::spawn(run_rounds(weak.clone(), subscriptions.stop.subscribe()));
@@ -695,6 +700,7 @@ impl Subscriptions {
                             wake,
                             self.engines.clone(),
                             self.client.clone(),
+                            self.public_url.clone(),
                             permit,
                         ));
                     }
@@ -743,13 +749,11 @@ impl Subscriptions {
 
     /// Creates subscription `id` (`true`), or confirms the caller's subscription of the
     /// same definition (`false`); either way it is stored when this answers.
-    /// `base_url` is where its consumers reach this server.
     pub(crate) async fn put(
         &self,
         caller: &Caller,
         id: &str,
         definition: Definition,
-        base_url: &str,
     ) -> Result<(bool, View), SubscriptionError> {
         check_id(id)?;
         self.check_definition(&definition)?;
@@ -767,14 +771,15 @@ impl Subscriptions {
             caller,
             id,
             definition,
-            base_url,
             since,
             &tails,
             &self.limits,
             Instant::now(),
         )?;
         registry.persist(id).await.map_err(not_durable)?;
-        let view = registry.state().view(caller, id, registry.key())?;
+        let view = registry
+            .state()
+            .view(caller, id, registry.key(), &self.public_url)?;
         Ok((created, view))
     }
 
@@ -782,7 +787,7 @@ impl Subscriptions {
     pub(crate) fn get(&self, caller: &Caller, id: &str) -> Result<View, SubscriptionError> {
         let registry = self.find(id).ok_or(SubscriptionError::NotFound)?;
         let state = registry.state();
-        state.view(caller, id, registry.key())
+        state.view(caller, id, registry.key(), &self.public_url)
     }
 
     /// Deletes subscription `id`; its object is gone when this answers.

@@ -138,7 +138,6 @@ struct Sub {
     owner: Arc<str>,
     definition: Definition,
     pattern: Option<Pattern>,
-    base_url: String,
     links: BTreeMap<String, Link>,
     /// Each engine's position when the subscription was made: a rescan skips streams whose
     /// last change is older.
@@ -165,7 +164,6 @@ impl Sub {
             id: stored.id,
             owner: Arc::from(stored.owner),
             pattern,
-            base_url: stored.base_url,
             links: stored
                 .links
                 .into_iter()
@@ -201,7 +199,8 @@ impl Sub {
             id: self.id.clone(),
             owner: self.owner.to_string(),
             definition: self.definition.clone(),
-            base_url: self.base_url.clone(),
+            // Where consumers reach the server is the live node's, set at delivery.
+            base_url: String::new(),
             links: self
                 .links
                 .iter()
@@ -214,7 +213,7 @@ impl Sub {
 
     /// What the subscription costs besides its links.
     fn base_bytes(&self) -> usize {
-        self.id.len() + self.base_url.len() + self.definition.bytes() + 256
+        self.id.len() + self.definition.bytes() + 256
     }
 
     fn wake_stream(&self) -> Option<&str> {
@@ -285,7 +284,8 @@ impl Sub {
         }
     }
 
-    fn view(&self, caller: &Caller, key: &SigningKey) -> View {
+    /// `base` is where consumers reach the server now (see [`State::payload`]).
+    fn view(&self, caller: &Caller, key: &SigningKey, base: &str) -> View {
         let target = match &self.definition.target {
             Target::Webhook { url } => {
                 let (url, redacted) = if *self.owner == *caller.subject {
@@ -297,7 +297,7 @@ impl Sub {
                     url,
                     redacted,
                     kid: key.kid().to_owned(),
-                    jwks_url: format!("{}{RESERVED_PREFIX}jwks.json", self.base_url),
+                    jwks_url: format!("{base}{RESERVED_PREFIX}jwks.json"),
                 }
             }
             Target::PullWake { wake_stream } => TargetView::PullWake {
@@ -485,7 +485,6 @@ impl State {
         caller: &Caller,
         id: &str,
         definition: Definition,
-        base_url: &str,
         since: BTreeMap<String, Lsn>,
         tails: &HashMap<String, StreamMark>,
         limits: &SubscriptionLimits,
@@ -514,7 +513,6 @@ impl State {
             id: id.to_owned(),
             owner: caller.subject.clone(),
             pattern,
-            base_url: base_url.to_owned(),
             links: definition
                 .streams
                 .iter()
@@ -552,8 +550,9 @@ impl State {
         caller: &Caller,
         id: &str,
         key: &SigningKey,
+        base: &str,
     ) -> Result<View, SubscriptionError> {
-        Ok(self.get(caller, id)?.view(caller, key))
+        Ok(self.get(caller, id)?.view(caller, key, base))
     }
 
     pub(super) fn delete(&mut self, caller: &Caller, id: &str) -> Result<(), SubscriptionError> {
@@ -940,8 +939,11 @@ impl State {
 
     /// What to send for wake `wake_id` of `id`: its pending streams now (remembered as what
     /// the wake named). `None` when the wake is no longer current, or (ending it) when
-    /// nothing is pending any more.
-    pub(super) fn payload(&mut self, id: &str, wake_id: &str) -> Option<Payload> {
+    /// nothing is pending any more. `base` is where consumers reach the server now: the
+    /// configured advertise URL of the process delivering (after a takeover, the live
+    /// node's), or empty (the callback URL is then a path on the server that sent it);
+    /// never a client's `Host` header.
+    pub(super) fn payload(&mut self, id: &str, wake_id: &str, base: &str) -> Option<Payload> {
         let sub = self.subs.get_mut(id)?;
         let streams = sub.pending_streams();
         if streams.is_empty() {
@@ -956,8 +958,7 @@ impl State {
             Target::Webhook { .. } => json!({
                 "subscription_id": sub.id,
                 "callback_url": format!(
-                    "{}{RESERVED_PREFIX}subscriptions/{}/callback",
-                    sub.base_url,
+                    "{base}{RESERVED_PREFIX}subscriptions/{}/callback",
                     encode_segment(&sub.id)
                 ),
                 "callback_token": w.token,
@@ -1332,7 +1333,6 @@ mod tests {
                 &alice,
                 "s",
                 webhook(pattern),
-                "http://h",
                 BTreeMap::new(),
                 &no_tails(),
                 &limits,
@@ -1368,7 +1368,7 @@ mod tests {
         state.observe("n", "other/a", &mark(10, "i1"), false, &limits, now);
         let due = state.take_due(now, 10);
         assert_eq!(due.len(), 1);
-        let payload = state.payload("s", &due[0].wake_id).unwrap();
+        let payload = state.payload("s", &due[0].wake_id, "http://n").unwrap();
         assert!(payload.body.contains("events/a"), "{}", payload.body);
         assert!(!payload.body.contains("other/a"));
         // More data while the wake is out; the consumer says done for what it was told.
@@ -1378,9 +1378,36 @@ mod tests {
         let again = state.take_due(now, 10);
         assert_eq!(again.len(), 1);
         assert_ne!(again[0].wake_id, due[0].wake_id);
-        let payload = state.payload("s", &again[0].wake_id).unwrap();
+        let payload = state.payload("s", &again[0].wake_id, "http://n").unwrap();
         assert!(payload.body.contains("events/b"));
         assert!(!payload.body.contains("events/a"));
+    }
+
+    #[test]
+    fn wakes_carry_the_delivering_nodes_url_never_a_stored_host() {
+        let (mut state, alice, limits, now) = subscribed("e/*");
+        // An object an earlier version stored with a client's `Host` in it.
+        let mut stored = state.subs["s"].stored();
+        stored.base_url = "http://evil.example".into();
+        state.subs.insert("s".into(), Sub::from_stored(stored));
+        state.observe("n", "e/a", &mark(1, "i"), false, &limits, now);
+        let due = state.take_due(now, 10);
+        let payload = state
+            .payload("s", &due[0].wake_id, "http://live:7")
+            .unwrap();
+        let body: serde_json::Value = serde_json::from_str(&payload.body).unwrap();
+        assert_eq!(
+            body["callback_url"],
+            "http://live:7/v1/stream/__ds/subscriptions/s/callback"
+        );
+        let view = state
+            .view(&alice, "s", &signing_key(), "http://live:7")
+            .unwrap();
+        let TargetView::Webhook { jwks_url, .. } = view.target else {
+            panic!("a webhook")
+        };
+        assert_eq!(jwks_url, "http://live:7/v1/stream/__ds/jwks.json");
+        assert!(state.subs["s"].stored().base_url.is_empty());
     }
 
     #[test]
@@ -1401,7 +1428,7 @@ mod tests {
         let admin = caller("root", true);
         let key = signing_key();
         assert!(matches!(
-            state.view(&bob, "s", &key),
+            state.view(&bob, "s", &key, ""),
             Err(SubscriptionError::NotFound)
         ));
         assert!(matches!(
@@ -1418,7 +1445,6 @@ mod tests {
                 &bob,
                 "s",
                 webhook("e/*"),
-                "http://h",
                 BTreeMap::new(),
                 &no_tails(),
                 &limits,
@@ -1427,13 +1453,13 @@ mod tests {
             Err(SubscriptionError::Conflict)
         ));
         let TargetView::Webhook { url, redacted, .. } =
-            state.view(&alice, "s", &key).unwrap().target
+            state.view(&alice, "s", &key, "").unwrap().target
         else {
             panic!("a webhook")
         };
         assert!(url.contains("token=secret") && !redacted);
         let TargetView::Webhook { url, redacted, .. } =
-            state.view(&admin, "s", &key).unwrap().target
+            state.view(&admin, "s", &key, "").unwrap().target
         else {
             panic!("a webhook")
         };
@@ -1495,7 +1521,6 @@ mod tests {
                 &caller("a", false),
                 "s",
                 webhook("e/*"),
-                "http://h",
                 BTreeMap::new(),
                 &no_tails(),
                 &limits,
@@ -1525,16 +1550,7 @@ mod tests {
             None,
         );
         state
-            .create(
-                &alice,
-                "p",
-                def,
-                "http://h",
-                BTreeMap::new(),
-                &no_tails(),
-                &limits,
-                now,
-            )
+            .create(&alice, "p", def, BTreeMap::new(), &no_tails(), &limits, now)
             .unwrap();
         // Its own wake stream never wakes it.
         state.observe("n", "w", &mark(5, "i"), false, &limits, now);
@@ -1575,7 +1591,6 @@ mod tests {
                 &alice,
                 "s",
                 webhook("e/*"),
-                "http://h",
                 BTreeMap::from([("n".to_owned(), 10)]),
                 &no_tails(),
                 &limits,
@@ -1603,14 +1618,14 @@ mod tests {
         assert!(reserved >= GENERATION_BLOCK);
         // Acked, it is stored.
         let due = state.take_due(now, 1);
-        state.payload("s", &due[0].wake_id).unwrap();
+        state.payload("s", &due[0].wake_id, "http://n").unwrap();
         state.delivered("s", &due[0].wake_id, &Ok(Delivered::WebhookDone), now);
         assert_eq!(state.subs["s"].stored().links["e/new"].acked, 5);
         // The next wakes take generations from the same stored block.
         for tail in 6..10 {
             state.observe("n", "e/new", &mark(tail, "i"), false, &limits, now);
             let due = state.take_due(now, 1);
-            state.payload("s", &due[0].wake_id).unwrap();
+            state.payload("s", &due[0].wake_id, "http://n").unwrap();
             state.delivered("s", &due[0].wake_id, &Ok(Delivered::WebhookDone), now);
         }
         assert_eq!(state.subs["s"].stored().generation, reserved);
@@ -1621,7 +1636,7 @@ mod tests {
         let (mut state, _, limits, now) = subscribed("e/*");
         state.observe("n", "e/a", &mark(10, "i"), false, &limits, now);
         let due = state.take_due(now, 1);
-        state.payload("s", &due[0].wake_id).unwrap();
+        state.payload("s", &due[0].wake_id, "http://n").unwrap();
         let (token, generation) = current(&state);
         // Done, acking nothing: the data is still pending, and the next wake waits a lease.
         let next = state
@@ -1645,7 +1660,7 @@ mod tests {
         // follows.
         let pending = state.pending_names("s");
         state.settle("s", &pending, &no_tails());
-        assert!(state.payload("s", &due[0].wake_id).is_none());
+        assert!(state.payload("s", &due[0].wake_id, "http://n").is_none());
         assert!(
             state
                 .take_due(later + Duration::from_secs(60), 1)

@@ -47,6 +47,9 @@ pub(super) struct StoredSubscription {
     pub(super) id: String,
     pub(super) owner: String,
     pub(super) definition: Definition,
+    /// Unused: what earlier versions took from a request's `Host`; wakes carry the live
+    /// node's advertise URL instead. Written empty, kept for older readers.
+    #[serde(default)]
     pub(super) base_url: String,
     pub(super) links: BTreeMap<String, StoredLink>,
     /// Each engine's position when the subscription was made.
