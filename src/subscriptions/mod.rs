@@ -10,7 +10,10 @@
 //! process holds its own id's registry and, after taking a dead node over, that node's
 //! (`db/takeover.rs` attaches and releases it with the node's streams). New subscriptions go
 //! to the process's own registry; requests name a subscription by id, found in any registry
-//! the process holds (its own first). Every registry watches every stream engine the
+//! the process holds. Ids are unique per node id, not cluster-wide: after a takeover the
+//! same id may be in two registries. Wake callbacks then find the registry whose current
+//! wake matches the wake id and token; an owner's other requests answer 409
+//! `DUPLICATE_ID` (never act on one copy silently) until a `DELETE` removes every copy. Every registry watches every stream engine the
 //! process serves: its own and the ones it took over.
 //!
 //! # No missed wakes
@@ -310,6 +313,12 @@ pub(crate) enum SubscriptionError {
     /// The wake (its id, generation or token) is not current.
     #[error("this wake is no longer current")]
     Fenced,
+    /// The id names subscriptions of two node ids this process serves (its own and one it
+    /// took over, made while they ran apart): a `DELETE` removes every copy.
+    #[error(
+        "this id names subscriptions of several node ids this server serves; DELETE removes every copy"
+    )]
+    DuplicateId,
     /// Another worker holds the wake.
     #[error("another worker holds this wake")]
     AlreadyClaimed { holder: String },
@@ -334,6 +343,7 @@ impl SubscriptionError {
             SubscriptionError::TooMuchStored { .. } => "TOO_MUCH_STORED",
             SubscriptionError::Conflict => "CONFLICT",
             SubscriptionError::Fenced => "FENCED",
+            SubscriptionError::DuplicateId => "DUPLICATE_ID",
             SubscriptionError::AlreadyClaimed { .. } => "ALREADY_CLAIMED",
             SubscriptionError::NotDurable(_) => "NOT_DURABLE",
             SubscriptionError::Unavailable(_) => "UNAVAILABLE",
@@ -352,6 +362,7 @@ impl Classify for SubscriptionError {
             SubscriptionError::TooManySubscriptions(_)
             | SubscriptionError::TooMuchStored { .. } => ErrorClass::rejected(Kind::TooMany),
             SubscriptionError::Conflict
+            | SubscriptionError::DuplicateId
             | SubscriptionError::Fenced
             | SubscriptionError::AlreadyClaimed { .. } => ErrorClass::rejected(Kind::Conflict),
             SubscriptionError::NotDurable(_) => ErrorClass {
@@ -514,11 +525,25 @@ impl Subscriptions {
             .clone()
     }
 
-    /// The registry holding subscription `id`, if any.
-    fn find(&self, id: &str) -> Option<Arc<Registry>> {
+    /// The registries holding subscription `id` (after a takeover an id may be in two).
+    fn holders(&self, id: &str) -> Vec<Arc<Registry>> {
         self.registries()
             .into_iter()
-            .find(|r| r.state().contains(id))
+            .filter(|r| r.state().contains(id))
+            .collect()
+    }
+
+    /// The registry a caller's request for `id` acts on (see [`owned_by`]).
+    fn find(&self, caller: &Caller, id: &str) -> Result<Option<Arc<Registry>>, SubscriptionError> {
+        owned_by(
+            self.holders(id)
+                .into_iter()
+                .map(|r| {
+                    let accessible = r.state().accessible(caller, id);
+                    (r, accessible)
+                })
+                .collect(),
+        )
     }
 
     fn own(&self) -> Result<Arc<Registry>, SubscriptionError> {
@@ -542,6 +567,17 @@ impl Subscriptions {
     /// Serves a taken-over node id's subscriptions and stream engine from now on (its
     /// registry rescans every engine from its watermarks at the next round).
     pub(crate) fn attach(&self, registry: LoadedRegistry, streams: Streams) {
+        let clashes: Vec<String> = {
+            let loaded = registry.0.state();
+            self.registries()
+                .iter()
+                .flat_map(|r| r.state().ids())
+                .filter(|id| loaded.contains(id))
+                .collect()
+        };
+        if !clashes.is_empty() {
+            tracing::warn!(node = %registry.0.node_id(), ids = ?clashes, "subscription ids of a taken-over node id are also this server's; their owners' requests answer 409 DUPLICATE_ID until a DELETE removes the copies (wake callbacks still find their wake)");
+        }
         self.engines
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -757,7 +793,7 @@ impl Subscriptions {
     ) -> Result<(bool, View), SubscriptionError> {
         check_id(id)?;
         self.check_definition(&definition)?;
-        let registry = match self.find(id) {
+        let registry = match self.find(caller, id)? {
             Some(registry) => registry,
             None => self.own()?,
         };
@@ -785,16 +821,27 @@ impl Subscriptions {
 
     /// Subscription `id`, as `caller` may see it.
     pub(crate) fn get(&self, caller: &Caller, id: &str) -> Result<View, SubscriptionError> {
-        let registry = self.find(id).ok_or(SubscriptionError::NotFound)?;
+        let registry = self.find(caller, id)?.ok_or(SubscriptionError::NotFound)?;
         let state = registry.state();
         state.view(caller, id, registry.key(), &self.public_url)
     }
 
-    /// Deletes subscription `id`; its object is gone when this answers.
+    /// Deletes subscription `id` (every copy the caller may reach, when a takeover brought
+    /// two); its objects are gone when this answers.
     pub(crate) async fn delete(&self, caller: &Caller, id: &str) -> Result<(), SubscriptionError> {
-        let registry = self.find(id).ok_or(SubscriptionError::NotFound)?;
-        registry.state().delete(caller, id)?;
-        registry.persist(id).await.map_err(not_durable)
+        let reachable: Vec<Arc<Registry>> = self
+            .holders(id)
+            .into_iter()
+            .filter(|r| r.state().accessible(caller, id))
+            .collect();
+        if reachable.is_empty() {
+            return Err(SubscriptionError::NotFound);
+        }
+        for registry in reachable {
+            registry.state().delete(caller, id)?;
+            registry.persist(id).await.map_err(not_durable)?;
+        }
+        Ok(())
     }
 
     /// Links `names` to subscription `id` explicitly.
@@ -808,7 +855,7 @@ impl Subscriptions {
             return Err(SubscriptionError::TooManyStreams(self.limits.max_links));
         }
         registry::check_names(&names)?;
-        let registry = self.find(id).ok_or(SubscriptionError::NotFound)?;
+        let registry = self.find(caller, id)?.ok_or(SubscriptionError::NotFound)?;
         let tails = self.tails(names.iter().cloned());
         registry
             .state()
@@ -823,7 +870,7 @@ impl Subscriptions {
         id: &str,
         name: &str,
     ) -> Result<(), SubscriptionError> {
-        let registry = self.find(id).ok_or(SubscriptionError::NotFound)?;
+        let registry = self.find(caller, id)?.ok_or(SubscriptionError::NotFound)?;
         registry.state().remove_stream(caller, id, name)?;
         registry.persist(id).await.map_err(not_durable)
     }
@@ -837,18 +884,20 @@ impl Subscriptions {
         token: Option<&str>,
         ack: Ack,
     ) -> Result<bool, SubscriptionError> {
-        let registry = self.find(id).ok_or(SubscriptionError::Fenced)?;
         let tails = self.tails(ack.acks.iter().map(|(name, _)| name.clone()));
-        let next = registry.state().ack(
-            id,
-            token,
-            &ack.wake_id,
-            ack.generation,
-            &ack.acks,
-            ack.done,
-            &tails,
-            Instant::now(),
-        )?;
+        let (registry, next) = on_current_wake(&self.holders(id), |registry| {
+            let next = registry.state().ack(
+                id,
+                token,
+                &ack.wake_id,
+                ack.generation,
+                &ack.acks,
+                ack.done,
+                &tails,
+                Instant::now(),
+            )?;
+            Ok((registry.clone(), next))
+        })?;
         if let Err(e) = registry.persist(id).await {
             tracing::warn!(subscription = id, error = %e, "an ack is not stored yet; it is written later");
         }
@@ -863,7 +912,7 @@ impl Subscriptions {
         id: &str,
         worker: &str,
     ) -> Result<Option<ClaimView>, SubscriptionError> {
-        let registry = self.find(id).ok_or(SubscriptionError::NotFound)?;
+        let registry = self.find(caller, id)?.ok_or(SubscriptionError::NotFound)?;
         // The dispatcher runs behind the appends: a claim sees the data already there.
         let linked = registry.state().linked(caller, id)?;
         let tails = self.tails(linked);
@@ -882,10 +931,11 @@ impl Subscriptions {
         wake_id: &str,
         generation: Option<u64>,
     ) -> Result<(), SubscriptionError> {
-        let registry = self.find(id).ok_or(SubscriptionError::Fenced)?;
-        registry
-            .state()
-            .release(id, token, wake_id, generation, Instant::now())
+        on_current_wake(&self.holders(id), |registry| {
+            registry
+                .state()
+                .release(id, token, wake_id, generation, Instant::now())
+        })
     }
 
     /// The keys webhooks are signed with (every registry's).
@@ -898,6 +948,40 @@ impl Subscriptions {
             })
             .collect()
     }
+}
+
+/// Calls `call` on each registry holding a subscription until one answers other than
+/// [`SubscriptionError::Fenced`]: a wake callback names its wake by wake id and token, so
+/// the registry whose current wake it is takes it, whichever node id it belongs to. A
+/// registry that is not the wake's changes nothing when it answers `Fenced`.
+fn on_current_wake<R, T>(
+    holders: &[R],
+    mut call: impl FnMut(&R) -> Result<T, SubscriptionError>,
+) -> Result<T, SubscriptionError> {
+    for holder in holders {
+        match call(holder) {
+            Err(SubscriptionError::Fenced) => continue,
+            other => return other,
+        }
+    }
+    Err(SubscriptionError::Fenced)
+}
+
+/// Of the holders of an id, each with whether the caller may reach its copy, the one a
+/// caller's request acts on: the one copy it may reach; none reachable, the first (which
+/// answers 404, or 409 to a `PUT`); several reachable (a takeover brought the same id from
+/// two node ids), [`SubscriptionError::DuplicateId`] rather than acting on either
+/// silently.
+fn owned_by<R>(holders: Vec<(R, bool)>) -> Result<Option<R>, SubscriptionError> {
+    let reachable = holders.iter().filter(|(_, ok)| *ok).count();
+    if reachable > 1 {
+        return Err(SubscriptionError::DuplicateId);
+    }
+    let first_reachable = holders.iter().position(|(_, ok)| *ok).unwrap_or(0);
+    Ok(holders
+        .into_iter()
+        .nth(first_reachable)
+        .map(|(holder, _)| holder))
 }
 
 /// Runs `work` on what `subscriptions` still points to every `tick`, until the stop signal

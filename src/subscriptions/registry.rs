@@ -468,6 +468,16 @@ impl State {
             .ok_or(SubscriptionError::NotFound)
     }
 
+    /// Whether `caller` may reach subscription `id` (`false` when there is none).
+    pub(super) fn accessible(&self, caller: &Caller, id: &str) -> bool {
+        self.subs.get(id).is_some_and(|s| s.accessible(caller))
+    }
+
+    /// Every subscription id.
+    pub(super) fn ids(&self) -> Vec<String> {
+        self.subs.keys().cloned().collect()
+    }
+
     pub(super) fn contains(&self, id: &str) -> bool {
         self.subs.contains_key(id)
     }
@@ -1408,6 +1418,62 @@ mod tests {
         };
         assert_eq!(jwks_url, "http://live:7/v1/stream/__ds/jwks.json");
         assert!(state.subs["s"].stored().base_url.is_empty());
+    }
+
+    #[test]
+    fn a_callback_finds_its_wake_in_whichever_registry_holds_it_and_owners_see_a_clash() {
+        // The same id on this node and on one it took over, each with a wake out.
+        let (mut own, alice, limits, now) = subscribed("e/*");
+        let (mut taken, _, _, _) = subscribed("e/*");
+        own.observe("n1", "e/a", &mark(1, "i"), false, &limits, now);
+        taken.observe("n2", "e/b", &mark(1, "i"), false, &limits, now);
+        let wake_id = taken.take_due(now, 1)[0].wake_id.clone();
+        let (token, generation) = current(&taken);
+        let holders = [std::cell::RefCell::new(own), std::cell::RefCell::new(taken)];
+        let acks = vec![("e/b".to_owned(), 1)];
+        let next = super::super::on_current_wake(&holders, |state| {
+            state.borrow_mut().ack(
+                "s",
+                Some(&token),
+                &wake_id,
+                generation,
+                &acks,
+                true,
+                &no_tails(),
+                now,
+            )
+        })
+        .unwrap();
+        assert!(!next);
+        assert!(
+            holders[1].borrow().subs["s"].wake.is_none(),
+            "the taken-over copy's wake is done"
+        );
+        assert!(
+            holders[0].borrow().subs["s"].wake.is_some(),
+            "the own copy's is untouched"
+        );
+        // A token of neither is fenced.
+        let fenced = super::super::on_current_wake(&holders, |state| {
+            state
+                .borrow_mut()
+                .release("s", Some("nope"), &wake_id, None, now)
+        });
+        assert!(matches!(fenced, Err(SubscriptionError::Fenced)));
+        // The owner's requests do not pick one copy silently; another key sees only its own.
+        let reach = |c: &Caller| {
+            holders
+                .iter()
+                .map(|h| (h, h.borrow().accessible(c, "s")))
+                .collect::<Vec<_>>()
+        };
+        assert!(matches!(
+            super::super::owned_by(reach(&alice)),
+            Err(SubscriptionError::DuplicateId)
+        ));
+        holders[0].borrow_mut().subs.get_mut("s").unwrap().owner = Arc::from("bob");
+        let picked = super::super::owned_by(reach(&alice)).unwrap().unwrap();
+        assert!(std::ptr::eq(picked, &holders[1]));
     }
 
     #[test]
