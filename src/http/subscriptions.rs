@@ -467,6 +467,9 @@ fn render_view(view: &View) -> Value {
     if let Some(d) = &view.description {
         out.insert("description".into(), json!(d));
     }
+    if view.overflowed {
+        out.insert("overflowed".into(), json!(true));
+    }
     match &view.target {
         TargetView::Webhook {
             url,

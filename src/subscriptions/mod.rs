@@ -45,9 +45,12 @@
 //!
 //! # Limits that hold after a restart
 //! Everything keyed by client input is bounded ([`SubscriptionLimits`]): subscriptions per
-//! node, streams linked to one (listed, or matched by its pattern: the dispatcher stops
-//! linking at the limit and logs it), bytes all of them hold, pattern length and wildcards
-//! (the matcher is linear, [`matching`]). What is accepted is stored in a typed form checked
+//! node, streams linked to one (listed, or matched by its pattern), bytes all of them hold,
+//! and of both caps at most half for one key (owner), so that one key never leaves another
+//! without room. A stream a pattern matches that finds no room is not linked: the
+//! subscription is marked overflowed (its `GET` says so) and, once room is freed, the
+//! dispatcher rescans the engines and links it then (as a restart does). Pattern length
+//! and wildcards are bounded too (the matcher is linear, [`matching`]). What is accepted is stored in a typed form checked
 //! to load back under the loader's own limits ([`store::encode`]). A wake names at most
 //! [`registry::MAX_WAKE_STREAMS`] streams; at most `max_deliveries` deliveries run at once,
 //! each reading at most [`delivery::MAX_ANSWER_BYTES`] of a webhook's answer (its status is
@@ -226,6 +229,8 @@ pub(crate) struct View {
     pub(crate) pattern: Option<String>,
     pub(crate) description: Option<String>,
     pub(crate) lease_ttl_ms: u64,
+    /// A stream its pattern matched is not linked for lack of room (retried when room frees).
+    pub(crate) overflowed: bool,
     pub(crate) streams: Vec<LinkView>,
 }
 
@@ -302,7 +307,7 @@ pub(crate) enum SubscriptionError {
     #[error("a subscription links at most {0} streams")]
     TooManyStreams(usize),
     /// More subscriptions than a node keeps.
-    #[error("this server keeps at most {0} subscriptions")]
+    #[error("at most {0} subscriptions here (one key holds at most half of the server's)")]
     TooManySubscriptions(usize),
     /// More bytes than subscriptions may hold together.
     #[error("subscriptions hold {stored} bytes; the limit is {limit}")]
@@ -642,6 +647,9 @@ impl Subscriptions {
             }
         }
         for registry in &registries {
+            if registry.state().take_rescan() {
+                self.rescan(registry, &engines).await;
+            }
             registry.log_refusals();
         }
         self.start_deliveries(&registries);
@@ -697,6 +705,20 @@ impl Subscriptions {
             },
         }
         registry.state().set_cursor(id, upto);
+    }
+
+    /// Room was freed in a registry with overflowed subscriptions: every stream changed since
+    /// it first watched each engine is matched again (links already made only take in their
+    /// tails).
+    async fn rescan(&self, registry: &Registry, engines: &[Streams]) {
+        for engine in engines {
+            let Some(from) = registry.state().watermark(engine.node_id()) else {
+                continue;
+            };
+            let changed = engine.changed_since(from);
+            self.observe(registry, engine.node_id(), &changed, true)
+                .await;
+        }
     }
 
     /// Applies changed streams of engine `engine` to a registry, a slice at a time (other

@@ -150,6 +150,62 @@ struct Sub {
     version: u64,
     written: u64,
     bytes: usize,
+    /// A stream its pattern matched was not linked for lack of room (its links, its
+    /// owner's share, the node's bytes): linked by the rescan after room frees (and by the
+    /// rescan after a restart).
+    overflowed: bool,
+}
+
+/// What one owner's subscriptions hold of a registry.
+#[derive(Debug, Default, Clone, Copy)]
+struct Usage {
+    subs: usize,
+    bytes: usize,
+}
+
+/// What one owner (key) may hold of a node's cap: half, as with request bodies, so that
+/// one key never leaves another without room.
+pub(super) fn owner_share(cap: usize) -> usize {
+    (cap / 2).max(1)
+}
+
+/// Whether `cost` more bytes fit the node's cap and `owner`'s share.
+fn room_for(
+    stored_bytes: usize,
+    owners: &HashMap<Arc<str>, Usage>,
+    owner: &Arc<str>,
+    cost: usize,
+    limits: &SubscriptionLimits,
+) -> Result<(), SubscriptionError> {
+    if stored_bytes + cost > limits.max_stored_bytes {
+        return Err(SubscriptionError::TooMuchStored {
+            stored: stored_bytes,
+            limit: limits.max_stored_bytes,
+        });
+    }
+    let held = owners.get(owner).map_or(0, |u| u.bytes);
+    let share = owner_share(limits.max_stored_bytes);
+    if held + cost > share {
+        return Err(SubscriptionError::TooMuchStored {
+            stored: held,
+            limit: share,
+        });
+    }
+    Ok(())
+}
+
+/// Adds `bytes` (and `subs`) to `owner`'s usage; negative to free.
+fn charge(owners: &mut HashMap<Arc<str>, Usage>, owner: &Arc<str>, subs: isize, bytes: isize) {
+    let usage = owners.entry(owner.clone()).or_default();
+    usage.subs = usage.subs.saturating_add_signed(subs);
+    usage.bytes = usage.bytes.saturating_add_signed(bytes);
+    if usage.subs == 0 && usage.bytes == 0 {
+        owners.remove(owner);
+    }
+}
+
+fn signed(n: usize) -> isize {
+    isize::try_from(n).unwrap_or(isize::MAX)
 }
 
 impl Sub {
@@ -188,6 +244,7 @@ impl Sub {
             version: 0,
             written: 0,
             bytes: 0,
+            overflowed: false,
         };
         sub.bytes = sub.base_bytes() + sub.links.keys().map(|n| link_bytes(n)).sum::<usize>();
         sub
@@ -310,6 +367,7 @@ impl Sub {
             pattern: self.definition.pattern.clone(),
             description: self.definition.description.clone(),
             lease_ttl_ms: self.definition.lease_ttl_ms,
+            overflowed: self.overflowed,
             streams: self
                 .links
                 .iter()
@@ -445,8 +503,12 @@ pub(super) struct State {
     /// Each engine's position when this registry first watched it (as stored).
     watermarks: BTreeMap<String, Lsn>,
     stored_bytes: usize,
+    /// What each owner holds (against [`owner_share`] of the caps).
+    owners: HashMap<Arc<str>, Usage>,
     /// Links a pattern matched but the limits did not leave room for.
     refused_links: u64,
+    /// Room was freed since the last [`State::take_rescan`].
+    freed: bool,
 }
 
 fn backoff(attempts: u32) -> Duration {
@@ -512,6 +574,10 @@ impl State {
                 limits.max_subscriptions,
             ));
         }
+        let share = owner_share(limits.max_subscriptions);
+        if self.owners.get(&caller.subject).map_or(0, |u| u.subs) >= share {
+            return Err(SubscriptionError::TooManySubscriptions(share));
+        }
         let pattern = match definition.pattern.as_deref() {
             Some(p) => Some(
                 Pattern::parse(p, Some((limits.max_pattern_bytes, limits.max_wildcards)))
@@ -536,19 +602,22 @@ impl State {
             version: 1,
             written: 0,
             bytes: 0,
+            overflowed: false,
         };
         sub.bytes = sub.base_bytes() + sub.links.keys().map(|n| link_bytes(n)).sum::<usize>();
-        if self.stored_bytes + sub.bytes > limits.max_stored_bytes {
-            return Err(SubscriptionError::TooMuchStored {
-                stored: self.stored_bytes,
-                limit: limits.max_stored_bytes,
-            });
-        }
+        room_for(
+            self.stored_bytes,
+            &self.owners,
+            &sub.owner,
+            sub.bytes,
+            limits,
+        )?;
         // What is accepted must load back after a restart.
         store::encode(&sub.stored()).map_err(SubscriptionError::Invalid)?;
         sub.note_tails(tails);
         sub.raise(false, now);
         self.stored_bytes += sub.bytes;
+        charge(&mut self.owners, &sub.owner, 1, signed(sub.bytes));
         self.deleted.remove(id);
         self.index.add(&sub);
         self.subs.insert(id.to_owned(), sub);
@@ -570,6 +639,8 @@ impl State {
         if let Some(sub) = self.subs.remove(id) {
             self.index.remove(&sub);
             self.stored_bytes = self.stored_bytes.saturating_sub(sub.bytes);
+            charge(&mut self.owners, &sub.owner, -1, -signed(sub.bytes));
+            self.freed = true;
             self.deleted.insert(id.to_owned());
         }
         Ok(())
@@ -586,7 +657,11 @@ impl State {
         now: Instant,
     ) -> Result<(), SubscriptionError> {
         let stored = self.stored_bytes;
-        let sub = self.get_mut(caller, id)?;
+        let sub = self
+            .subs
+            .get_mut(id)
+            .filter(|s| s.accessible(caller))
+            .ok_or(SubscriptionError::NotFound)?;
         let added: HashSet<&String> = names
             .iter()
             .filter(|n| !sub.links.contains_key(*n))
@@ -595,12 +670,7 @@ impl State {
             return Err(SubscriptionError::TooManyStreams(limits.max_links));
         }
         let more: usize = added.iter().map(|n| link_bytes(n)).sum();
-        if stored + more > limits.max_stored_bytes {
-            return Err(SubscriptionError::TooMuchStored {
-                stored,
-                limit: limits.max_stored_bytes,
-            });
-        }
+        room_for(stored, &self.owners, &sub.owner, more, limits)?;
         for name in names {
             sub.links
                 .entry(name.clone())
@@ -612,6 +682,7 @@ impl State {
         sub.note_tails(tails);
         sub.raise(false, now);
         self.stored_bytes += more;
+        charge(&mut self.owners, &sub.owner, 0, signed(more));
         for name in names {
             self.index.add_listed(id, name);
         }
@@ -631,7 +702,10 @@ impl State {
         let freed = link_bytes(name);
         sub.bytes = sub.bytes.saturating_sub(freed);
         sub.version += 1;
+        let owner = sub.owner.clone();
         self.stored_bytes = self.stored_bytes.saturating_sub(freed);
+        charge(&mut self.owners, &owner, 0, -signed(freed));
+        self.freed = true;
         if link.explicit {
             self.index.remove_listed(id, name);
         }
@@ -671,6 +745,7 @@ impl State {
             subs,
             index,
             stored_bytes,
+            owners,
             refused_links,
             ..
         } = self;
@@ -694,15 +769,18 @@ impl State {
                 }
                 let cost = link_bytes(name);
                 if sub.links.len() >= limits.max_links
-                    || *stored_bytes + cost > limits.max_stored_bytes
+                    || room_for(*stored_bytes, owners, &sub.owner, cost, limits).is_err()
                 {
+                    // Linked by the rescan that follows freed room, or a restart.
                     *refused_links += 1;
+                    sub.overflowed = true;
                     continue;
                 }
                 // Not stored until something is acked: a rescan finds it again.
                 sub.links.insert(name.to_owned(), Link::new(false));
                 sub.bytes += cost;
                 *stored_bytes += cost;
+                charge(owners, &sub.owner, 0, signed(cost));
             }
             let Some(link) = sub.links.get_mut(name) else {
                 continue;
@@ -721,6 +799,20 @@ impl State {
             sub.note_tails(tails);
             sub.raise(false, now);
         }
+    }
+
+    /// Whether the engines should be rescanned for streams overflowed subscriptions' patterns
+    /// match: room was freed since the last call and a subscription overflowed. Their marks
+    /// are cleared; the rescan sets them again where room is still short.
+    pub(super) fn take_rescan(&mut self) -> bool {
+        if !std::mem::take(&mut self.freed) {
+            return false;
+        }
+        let mut any = false;
+        for sub in self.subs.values_mut() {
+            any |= std::mem::take(&mut sub.overflowed);
+        }
+        any
     }
 
     /// How many pattern links the limits refused since the last call.
@@ -915,7 +1007,11 @@ impl State {
         marks: &HashMap<String, StreamMark>,
     ) {
         let State {
-            subs, stored_bytes, ..
+            subs,
+            stored_bytes,
+            owners,
+            freed,
+            ..
         } = self;
         let Some(sub) = subs.get_mut(id) else {
             return;
@@ -937,9 +1033,11 @@ impl State {
                 changed |= link.stored() != before;
             } else if let Some(gone) = sub.links.remove(name) {
                 changed |= gone.stored().is_some();
-                let freed = link_bytes(name);
-                sub.bytes = sub.bytes.saturating_sub(freed);
-                *stored_bytes = stored_bytes.saturating_sub(freed);
+                let cost = link_bytes(name);
+                sub.bytes = sub.bytes.saturating_sub(cost);
+                *stored_bytes = stored_bytes.saturating_sub(cost);
+                charge(owners, &sub.owner, 0, -signed(cost));
+                *freed = true;
             }
         }
         if changed {
@@ -1178,6 +1276,7 @@ impl Registry {
             sub.version = 1;
             sub.written = 1;
             state.stored_bytes += sub.bytes;
+            charge(&mut state.owners, &sub.owner, 1, signed(sub.bytes));
             state.index.add(&sub);
             state.subs.insert(sub.id.clone(), sub);
         }
@@ -1474,6 +1573,65 @@ mod tests {
         holders[0].borrow_mut().subs.get_mut("s").unwrap().owner = Arc::from("bob");
         let picked = super::super::owned_by(reach(&alice)).unwrap().unwrap();
         assert!(std::ptr::eq(picked, &holders[1]));
+    }
+
+    #[test]
+    fn one_key_never_silences_another_and_an_overflow_is_linked_once_room_frees() {
+        let limits = SubscriptionLimits {
+            max_subscriptions: 4,
+            max_stored_bytes: 8_000,
+            ..SubscriptionLimits::default()
+        };
+        let now = Instant::now();
+        let mut state = State::default();
+        let (alice, bob) = (caller("alice", false), caller("bob", false));
+        let make = |state: &mut State, who: &Caller, id: &str, pattern: &str| {
+            state.create(
+                who,
+                id,
+                webhook(pattern),
+                BTreeMap::new(),
+                &no_tails(),
+                &limits,
+                now,
+            )
+        };
+        make(&mut state, &alice, "a1", "a/*").unwrap();
+        make(&mut state, &alice, "a2", "x/*").unwrap();
+        // Alice holds her half of the subscriptions: Bob still makes his.
+        assert!(matches!(
+            make(&mut state, &alice, "a3", "y/*"),
+            Err(SubscriptionError::TooManySubscriptions(2))
+        ));
+        make(&mut state, &bob, "b1", "b/*").unwrap();
+        // Alice's pattern fills her half of the bytes; Bob's still links.
+        let mut n = 0;
+        while !state.subs["a1"].overflowed {
+            state.observe(
+                "n",
+                &format!("a/{n:040}"),
+                &mark(1, "i"),
+                false,
+                &limits,
+                now,
+            );
+            n += 1;
+        }
+        assert!(state.owners[&alice.subject].bytes <= owner_share(limits.max_stored_bytes));
+        state.observe("n", "b/new", &mark(1, "i"), false, &limits, now);
+        assert!(state.subs["b1"].links.contains_key("b/new"));
+        // The overflow shows, and is linked once room frees (a rescan).
+        let key = signing_key();
+        assert!(state.view(&alice, "a1", &key, "").unwrap().overflowed);
+        assert!(!state.take_rescan(), "no room freed yet");
+        state.delete(&alice, "a2").unwrap();
+        let first = format!("a/{:040}", 0);
+        state.remove_stream(&alice, "a1", &first).unwrap();
+        assert!(state.take_rescan());
+        let missed = format!("a/{:040}", n - 1);
+        state.observe("n", &missed, &mark(1, "i"), true, &limits, now);
+        assert!(state.subs["a1"].links.contains_key(&missed));
+        assert!(!state.view(&alice, "a1", &key, "").unwrap().overflowed);
     }
 
     #[test]
