@@ -819,6 +819,10 @@ impl Subscriptions {
             Some(registry) => registry,
             None => self.own()?,
         };
+        // No dispatcher round between reading the tails and `since` and the subscription
+        // being there: a change a round took in between would find no subscription, and
+        // the tails read before it would never learn of it.
+        let round = self.round.lock().await;
         let tails = self.tails(definition.streams.iter().cloned());
         let since = self
             .engines()
@@ -834,6 +838,7 @@ impl Subscriptions {
             &self.limits,
             Instant::now(),
         )?;
+        drop(round);
         registry.persist(id).await.map_err(not_durable)?;
         let view = registry
             .state()
@@ -878,10 +883,13 @@ impl Subscriptions {
         }
         registry::check_names(&names)?;
         let registry = self.find(caller, id)?.ok_or(SubscriptionError::NotFound)?;
+        // As in `put`: no round between reading the tails and the links being there.
+        let round = self.round.lock().await;
         let tails = self.tails(names.iter().cloned());
         registry
             .state()
             .add_streams(caller, id, &names, &tails, &self.limits, Instant::now())?;
+        drop(round);
         registry.persist(id).await.map_err(not_durable)
     }
 
