@@ -59,8 +59,8 @@
 //! # Ownership and secrecy
 //! A subscription belongs to the key that made it ([`Caller::subject`]): any other key gets
 //! 404 for it (and 409 for a `PUT` of its id), unless it is an admin key. A webhook URL is
-//! shown whole only to the owner; anyone else sees it without user info, query or fragment
-//! ([`network::redacted_url`]). Wake callbacks (ack, release) are authorized by the wake's
+//! shown whole only to the owner; anyone else (admins too) sees only its origin,
+//! `scheme://host[:port]/…` ([`network::redacted_url`]). Wake callbacks (ack, release) are authorized by the wake's
 //! token, never by a key. Without API keys (a server on loopback only) every request is the
 //! one local user, subject `local`, who owns every subscription made then; subscriptions
 //! stored by an earlier version belong to `local` too. Configured keys later, they are

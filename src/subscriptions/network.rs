@@ -9,8 +9,8 @@
 //! the addresses its resolver checked. [`SubscriptionLimits::webhook_allowed_networks`]
 //! opens ranges on purpose (a consumer on the same machine, tests).
 //!
-//! A webhook URL may carry a secret (a token in its query string); [`redacted_url`] is what
-//! anyone but the subscription's owner sees.
+//! A webhook URL may carry a secret (a token in its path or query string); [`redacted_url`]
+//! (its origin only) is what anyone but the subscription's owner sees.
 //!
 //! [`SubscriptionLimits::webhook_allowed_networks`]: super::SubscriptionLimits
 
@@ -229,24 +229,27 @@ pub(crate) fn webhook_client(allowed: &[Network]) -> Result<reqwest::Client, Str
         .map_err(|e| format!("the webhook client: {e}"))
 }
 
-/// A webhook URL as anyone but its owner sees it: without user info, query or fragment
-/// (where a URL carries secrets). The second value says whether anything was removed.
+/// A webhook URL as anyone but its owner sees it: its origin only, `scheme://host[:port]`,
+/// and `/…` where it had more (a path may hold secrets as a query may: Slack-style
+/// `/services/T/B/SECRET`; user info, query and fragment go too). The second value says
+/// whether anything was removed.
 pub(crate) fn redacted_url(url: &str) -> (String, bool) {
-    let Ok(mut parsed) = url::Url::parse(url) else {
+    let Ok(parsed) = url::Url::parse(url) else {
         return (String::new(), !url.is_empty());
     };
-    let secret = parsed.query().is_some()
-        || parsed.fragment().is_some()
-        || !parsed.username().is_empty()
-        || parsed.password().is_some();
-    if !secret {
-        return (url.to_owned(), false);
+    let origin = parsed.origin().ascii_serialization();
+    let bare = parsed.path() == "/"
+        && parsed.query().is_none()
+        && parsed.fragment().is_none()
+        && parsed.username().is_empty()
+        && parsed.password().is_none();
+    if bare && origin != "null" {
+        return (format!("{origin}/"), false);
     }
-    parsed.set_query(None);
-    parsed.set_fragment(None);
-    let _ = parsed.set_username("");
-    let _ = parsed.set_password(None);
-    (parsed.to_string(), true)
+    if origin == "null" {
+        return (String::new(), true);
+    }
+    (format!("{origin}/…"), true)
 }
 
 #[cfg(test)]
@@ -300,14 +303,19 @@ mod tests {
     fn secrets_are_taken_out_of_shown_urls() {
         assert_eq!(
             redacted_url("https://example.com/hook?token=s3cret#frag"),
-            ("https://example.com/hook".to_owned(), true)
+            ("https://example.com/…".to_owned(), true)
+        );
+        // A secret in the path (Slack-style) is not shown either.
+        assert_eq!(
+            redacted_url("https://hooks.example.com:8443/services/T0/B0/s3cret"),
+            ("https://hooks.example.com:8443/…".to_owned(), true)
         );
         assert_eq!(
-            redacted_url("https://example.com/hook"),
-            ("https://example.com/hook".to_owned(), false)
+            redacted_url("https://example.com/"),
+            ("https://example.com/".to_owned(), false)
         );
         let (shown, redacted) = redacted_url("https://u:p@example.com/h?x=1");
         assert!(redacted);
-        assert_eq!(shown, "https://example.com/h");
+        assert_eq!(shown, "https://example.com/…");
     }
 }
