@@ -329,10 +329,12 @@ async fn authenticate(state: &AppState, mut request: Request, next: Next) -> Res
     };
     // CORS preflights carry no credentials by design; they reveal nothing. Wake callbacks
     // (a webhook consumer's ack, a worker's ack or release) are authorized by the wake's own
-    // token, which their handler checks; a consumer need not hold an API key.
+    // token, which their handler checks; a consumer need not hold an API key. The webhook
+    // signing keys (`jwks.json`) are public keys, for consumers without a key too.
     let exempt = request.method() == axum::http::Method::OPTIONS
         || (request.method() == axum::http::Method::POST
-            && subscriptions::is_wake_callback(request.uri().path()));
+            && subscriptions::is_wake_callback(request.uri().path()))
+        || subscriptions::is_public_keys(request.method(), request.uri().path());
     if !state.api_keys.is_empty() && exempt {
         // Authenticated by nothing: the least role, and a subject that owns nothing.
         principal = Principal {

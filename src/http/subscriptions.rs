@@ -61,6 +61,15 @@ pub(crate) fn is_wake_callback(path: &str) -> bool {
     )
 }
 
+/// Whether a request is for the webhook signing keys (`GET __ds/jwks.json`): public keys,
+/// which a consumer needs without holding an API key.
+pub(crate) fn is_public_keys(method: &Method, path: &str) -> bool {
+    *method == Method::GET
+        && path
+            .strip_prefix(RESERVED_PREFIX)
+            .is_some_and(|rest| rest == "jwks.json")
+}
+
 /// Whether a request path is under the reserved namespace.
 pub(super) fn is_reserved_path(path: &str) -> bool {
     path.starts_with(RESERVED_PREFIX)
@@ -518,6 +527,17 @@ mod tests {
         assert!(!is_wake_callback("/v1/stream/__ds/subscriptions/s1/claim"));
         assert!(!is_wake_callback("/v1/stream/__ds/subscriptions/s1"));
         assert!(!is_wake_callback("/v1/stream/events/callback"));
+    }
+
+    #[test]
+    fn the_signing_keys_are_public() {
+        assert!(is_public_keys(&Method::GET, "/v1/stream/__ds/jwks.json"));
+        assert!(!is_public_keys(&Method::PUT, "/v1/stream/__ds/jwks.json"));
+        assert!(!is_public_keys(&Method::GET, "/v1/stream/__ds/jwks.json/x"));
+        assert!(!is_public_keys(
+            &Method::GET,
+            "/v1/stream/__ds/subscriptions/s"
+        ));
     }
 
     #[test]

@@ -663,6 +663,7 @@ async fn a_subscription_is_its_keys_and_its_secrets_stay_with_it() {
     let r = client
         .put(&sub)
         .bearer_auth("w-key")
+        .header("host", "localhost:1")
         .json(&webhook)
         .send()
         .await
@@ -720,6 +721,18 @@ async fn a_subscription_is_its_keys_and_its_secrets_stay_with_it() {
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["webhook"]["url"], "http://127.0.0.1:9/…", "{body}");
     assert_eq!(body["webhook"]["url_redacted"], true);
+    // The keys URL is the server's advertised one, whatever Host the PUT named; the keys
+    // themselves need no API key.
+    let jwks = format!("{}/v1/stream/__ds/jwks.json", server.base);
+    assert_eq!(
+        body["webhook"]["signing"]["jwks_url"],
+        jwks.as_str(),
+        "{body}"
+    );
+    let r = client.get(&jwks).send().await.unwrap();
+    assert_eq!(r.status(), 200, "the signing keys are public");
+    let keys: Value = r.json().await.unwrap();
+    assert!(!keys["keys"].as_array().unwrap().is_empty(), "{keys}");
 
     // The owner is the key, wherever it is configured.
     let reordered = [
