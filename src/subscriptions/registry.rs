@@ -295,14 +295,10 @@ impl Sub {
         if self.wake.is_some() || !(known_pending || self.pending()) {
             return false;
         }
-        self.generation += 1;
-        if self.generation > self.reserved {
-            self.reserved = self.generation.saturating_add(GENERATION_BLOCK - 1);
-            self.version += 1;
-        }
+        let generation = self.next_generation();
         self.wake = Some(Wake {
             id: token(),
-            generation: self.generation,
+            generation,
             token: token(),
             streams: Vec::new(),
             due: Some(now),
@@ -312,6 +308,17 @@ impl Sub {
             lease_until: None,
         });
         true
+    }
+
+    /// The next generation, reserving a new block (to be stored before it is used) when the
+    /// stored one is used up.
+    fn next_generation(&mut self) -> u64 {
+        self.generation += 1;
+        if self.generation > self.reserved {
+            self.reserved = self.generation.saturating_add(GENERATION_BLOCK - 1);
+            self.version += 1;
+        }
+        self.generation
     }
 
     /// The pending streams and their tails, at most [`MAX_WAKE_STREAMS`].
@@ -907,8 +914,18 @@ impl State {
                 holder: holder.clone(),
             });
         }
-        if sub.wake.is_none() && !sub.raise(false, now) {
+        let fresh = sub.wake.is_none();
+        if fresh && !sub.raise(false, now) {
             return Ok(None);
+        }
+        if !fresh {
+            // Each claim is a new holding: a worker whose lease ran out (or that released
+            // it) is fenced by a new generation and token.
+            let generation = sub.next_generation();
+            if let Some(w) = sub.wake.as_mut() {
+                w.generation = generation;
+                w.token = token();
+            }
         }
         let lease = sub.lease();
         let streams = sub.pending_streams();
@@ -1632,6 +1649,66 @@ mod tests {
         state.observe("n", &missed, &mark(1, "i"), true, &limits, now);
         assert!(state.subs["a1"].links.contains_key(&missed));
         assert!(!state.view(&alice, "a1", &key, "").unwrap().overflowed);
+    }
+
+    #[test]
+    fn each_claim_fences_the_holder_before_it() {
+        let limits = SubscriptionLimits::default();
+        let now = Instant::now();
+        let mut state = State::default();
+        let alice = caller("alice", false);
+        let pull = Definition::new(
+            Target::PullWake {
+                wake_stream: "wakes".into(),
+            },
+            Some("e/*".into()),
+            Vec::new(),
+            Some(1000),
+            None,
+        );
+        state
+            .create(
+                &alice,
+                "s",
+                pull,
+                BTreeMap::new(),
+                &no_tails(),
+                &limits,
+                now,
+            )
+            .unwrap();
+        state.observe("n", "e/a", &mark(3, "i"), false, &limits, now);
+        let first = state
+            .claim(&alice, "s", "w1", &no_tails(), now)
+            .unwrap()
+            .unwrap();
+        // w1's lease runs out; w2 claims the same wake.
+        let later = now + Duration::from_secs(2);
+        let second = state
+            .claim(&alice, "s", "w2", &no_tails(), later)
+            .unwrap()
+            .unwrap();
+        assert_eq!(first.wake_id, second.wake_id);
+        assert!(second.generation > first.generation);
+        assert_ne!(first.token, second.token);
+        // The stale worker's ack is fenced; the holder's is taken.
+        let ack = |token: &str, generation: u64, state: &mut State| {
+            state.ack(
+                "s",
+                Some(token),
+                &first.wake_id,
+                generation,
+                &[("e/a".to_owned(), 3)],
+                true,
+                &no_tails(),
+                later,
+            )
+        };
+        assert!(matches!(
+            ack(&first.token, first.generation, &mut state),
+            Err(SubscriptionError::Fenced)
+        ));
+        assert!(!ack(&second.token, second.generation, &mut state).unwrap());
     }
 
     #[test]
