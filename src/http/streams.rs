@@ -439,6 +439,9 @@ async fn reserved(
     headers: &HeaderMap,
     body: Body,
 ) -> Response {
+    let mut reservation = state
+        .db
+        .body_reservation(principal.and_then(|p| super::body_owner(state, p)));
     super::subscriptions::handle(
         state.db.subscriptions(),
         principal,
@@ -446,6 +449,7 @@ async fn reserved(
         name,
         headers,
         body,
+        &mut reservation,
     )
     .await
 }

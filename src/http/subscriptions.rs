@@ -14,7 +14,10 @@
 //! | `POST __ds/subscriptions/{id}/claim` | a worker claims the wake |
 //! | `POST __ds/subscriptions/{id}/release` | the worker gives it back (wake token) |
 //!
-//! Bodies are at most 64 KiB of JSON, declared `application/json`, read into typed structs.
+//! Bodies are at most 64 KiB of JSON, declared `application/json`, read into typed structs
+//! through the server's body reader, within the request-body budget. A wake callback (which
+//! no API key authorizes) is read only once its token matches a current wake of the id:
+//! anyone else is answered 409 `FENCED` with nothing read.
 
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
@@ -25,6 +28,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 
 use super::{Principal, Role};
+use crate::db::BodyReservation;
 use crate::error::{Applied, Classify, ErrorClass, Kind};
 use crate::stream::{format_offset, parse_offset};
 use crate::subscriptions::{
@@ -84,8 +88,6 @@ enum RequestError {
     Invalid(String),
     #[error("send the body as Content-Type: application/json")]
     Media,
-    #[error("the body is larger than {MAX_BODY_BYTES} bytes")]
-    TooLarge,
     #[error("no such reserved API")]
     UnknownApi,
 }
@@ -95,7 +97,6 @@ impl Classify for RequestError {
         ErrorClass::rejected(match self {
             RequestError::Json(_) | RequestError::Invalid(_) => Kind::Invalid,
             RequestError::Media => Kind::UnsupportedMedia,
-            RequestError::TooLarge => Kind::TooLarge,
             RequestError::UnknownApi => Kind::NotFound,
         })
     }
@@ -107,7 +108,6 @@ impl RequestError {
             RequestError::Json(_) => "INVALID_JSON",
             RequestError::Invalid(_) => "INVALID",
             RequestError::Media => "UNSUPPORTED_MEDIA_TYPE",
-            RequestError::TooLarge => "PAYLOAD_TOO_LARGE",
             RequestError::UnknownApi => "NOT_FOUND",
         }
     }
@@ -265,24 +265,30 @@ impl AckBody {
     }
 }
 
-/// Reads a typed JSON body (an empty one reads as `{}`).
+/// Reads a typed JSON body (an empty one reads as `{}`), within [`MAX_BODY_BYTES`] and the
+/// request-body budget.
 async fn read_body<T: DeserializeOwned>(
     headers: &HeaderMap,
     body: Body,
-) -> Result<T, RequestError> {
-    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
+    reservation: &mut BodyReservation,
+) -> Result<T, Failure> {
+    let bytes = super::body::read_body(body, MAX_BODY_BYTES, reservation)
         .await
-        .map_err(|_| RequestError::TooLarge)?;
+        .map_err(Failure::Body)?;
     if bytes.is_empty() {
-        return serde_json::from_slice(b"{}").map_err(|e| RequestError::Invalid(e.to_string()));
+        return serde_json::from_slice(b"{}")
+            .map_err(|e| RequestError::Invalid(e.to_string()).into());
     }
     // A JSON body must say so: a page could send a text/plain one without asking.
     if !super::is_json_request(headers) {
-        return Err(RequestError::Media);
+        return Err(RequestError::Media.into());
     }
-    serde_json::from_slice(&bytes).map_err(|e| match e.classify() {
-        serde_json::error::Category::Data => RequestError::Invalid(e.to_string()),
-        _ => RequestError::Json(e.to_string()),
+    serde_json::from_slice(&bytes).map_err(|e| {
+        match e.classify() {
+            serde_json::error::Category::Data => RequestError::Invalid(e.to_string()),
+            _ => RequestError::Json(e.to_string()),
+        }
+        .into()
     })
 }
 
@@ -324,6 +330,7 @@ pub(super) async fn handle(
     name: &str,
     headers: &HeaderMap,
     body: Body,
+    reservation: &mut BodyReservation,
 ) -> Response {
     let rest = &name[PREFIX.len().min(name.len())..];
     if rest == "jwks.json" && *method == Method::GET {
@@ -334,17 +341,37 @@ pub(super) async fn handle(
     };
     let (id, tail) = rest.split_once('/').unwrap_or((rest, ""));
     let caller = caller(principal);
-    match dispatch(subscriptions, &caller, method, id, tail, headers, body).await {
+    let request = Request {
+        subscriptions,
+        caller: &caller,
+        method,
+        id,
+        tail,
+        headers,
+    };
+    match dispatch(request, body, reservation).await {
         Ok(response) => response,
         Err(Failure::Request(e)) => e.into_response(),
         Err(Failure::Call(e)) => e.into_response(),
+        Err(Failure::Body(e)) => e.into_response(),
     }
 }
 
-/// Why a request failed: at the edge, or in the call.
+/// Why a request failed: at the edge, in the call, or reading the body.
 enum Failure {
     Request(RequestError),
     Call(SubscriptionError),
+    Body(super::ApiError),
+}
+
+/// What a request names.
+struct Request<'a> {
+    subscriptions: &'a Subscriptions,
+    caller: &'a Caller,
+    method: &'a Method,
+    id: &'a str,
+    tail: &'a str,
+    headers: &'a HeaderMap,
 }
 
 impl From<RequestError> for Failure {
@@ -360,17 +387,28 @@ impl From<SubscriptionError> for Failure {
 }
 
 async fn dispatch(
-    subscriptions: &Subscriptions,
-    caller: &Caller,
-    method: &Method,
-    id: &str,
-    tail: &str,
-    headers: &HeaderMap,
+    request: Request<'_>,
     body: Body,
+    reservation: &mut BodyReservation,
 ) -> Result<Response, Failure> {
+    let Request {
+        subscriptions,
+        caller,
+        method,
+        id,
+        tail,
+        headers,
+    } = request;
+    // A wake callback is authorized by its token alone: checked before a byte is read.
+    if *method == Method::POST
+        && matches!(tail, "callback" | "ack" | "release")
+        && !subscriptions.wake_token_current(id, wake_token(headers))
+    {
+        return Err(SubscriptionError::Fenced.into());
+    }
     match (method.clone(), tail) {
         (Method::PUT, "") => {
-            let definition = read_body::<DefinitionBody>(headers, body)
+            let definition = read_body::<DefinitionBody>(headers, body, reservation)
                 .await?
                 .into_definition()?;
             let (created, view) = subscriptions.put(caller, id, definition).await?;
@@ -390,7 +428,7 @@ async fn dispatch(
             Ok(StatusCode::NO_CONTENT.into_response())
         }
         (Method::POST, "streams") => {
-            let request: StreamsBody = read_body(headers, body).await?;
+            let request: StreamsBody = read_body(headers, body, reservation).await?;
             subscriptions
                 .add_streams(caller, id, request.streams)
                 .await?;
@@ -403,12 +441,14 @@ async fn dispatch(
             Ok(StatusCode::NO_CONTENT.into_response())
         }
         (Method::POST, "callback" | "ack") => {
-            let ack = read_body::<AckBody>(headers, body).await?.into_ack()?;
+            let ack = read_body::<AckBody>(headers, body, reservation)
+                .await?
+                .into_ack()?;
             let next = subscriptions.ack(id, wake_token(headers), ack).await?;
             Ok(axum::Json(json!({"ok": true, "next_wake": next})).into_response())
         }
         (Method::POST, "claim") => {
-            let request: ClaimBody = read_body(headers, body).await?;
+            let request: ClaimBody = read_body(headers, body, reservation).await?;
             if request.worker.len() > MAX_WORKER_BYTES {
                 return Err(RequestError::Invalid(format!(
                     "a worker name is at most {MAX_WORKER_BYTES} bytes"
@@ -421,7 +461,7 @@ async fn dispatch(
             }
         }
         (Method::POST, "release") => {
-            let request: ReleaseBody = read_body(headers, body).await?;
+            let request: ReleaseBody = read_body(headers, body, reservation).await?;
             subscriptions.release(
                 id,
                 wake_token(headers),

@@ -968,6 +968,14 @@ impl Subscriptions {
         })
     }
 
+    /// Whether `token` is the token of a current wake of subscription `id` (in any registry
+    /// holding it): a wake callback is read no further when it is not.
+    pub(crate) fn wake_token_current(&self, id: &str, token: Option<&str>) -> bool {
+        self.holders(id)
+            .iter()
+            .any(|r| r.state().wake_token_matches(id, token))
+    }
+
     /// The keys webhooks are signed with (every registry's).
     pub(crate) fn public_keys(&self) -> Vec<PublicKey> {
         self.registries()

@@ -542,6 +542,14 @@ impl State {
         self.subs.get(id).is_some_and(|s| s.accessible(caller))
     }
 
+    /// Whether `token` is the token of subscription `id`'s current wake.
+    pub(super) fn wake_token_matches(&self, id: &str, token: Option<&str>) -> bool {
+        self.subs
+            .get(id)
+            .and_then(|s| s.wake.as_ref())
+            .is_some_and(|w| token_matches(&w.token, token))
+    }
+
     /// Every subscription id.
     pub(super) fn ids(&self) -> Vec<String> {
         self.subs.keys().cloned().collect()

@@ -721,6 +721,23 @@ async fn a_subscription_is_its_keys_and_its_secrets_stay_with_it() {
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["webhook"]["url"], "http://127.0.0.1:9/…", "{body}");
     assert_eq!(body["webhook"]["url_redacted"], true);
+    // A wake callback with a token of no current wake is refused before its body is read:
+    // a body that never ends is answered at once.
+    let endless = futures::stream::once(async { Ok::<_, std::io::Error>(vec![b'{'; 10]) })
+        .chain(futures::stream::pending());
+    let r = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        client
+            .post(format!("{sub}/callback"))
+            .header("stream-wake-token", "not-a-token")
+            .header("content-type", "application/json")
+            .body(reqwest::Body::wrap_stream(endless))
+            .send(),
+    )
+    .await
+    .expect("answered without reading the body")
+    .unwrap();
+    assert_eq!(r.status(), 409);
     // The keys URL is the server's advertised one, whatever Host the PUT named; the keys
     // themselves need no API key.
     let jwks = format!("{}/v1/stream/__ds/jwks.json", server.base);
