@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::db::DbConfig;
-use crate::http::{BrowserPolicy, SubscriptionLimits};
+use crate::http::BrowserPolicy;
 use crate::ingest::Limits;
 use crate::log::Durability;
 use crate::query::statements::StatementLimits;
@@ -137,6 +137,9 @@ pub struct FileConfig {
     pub producer_expiry_seconds: Option<f64>,
     /// Subscriptions per server.
     pub max_subscriptions: Option<usize>,
+    /// Names of changed streams a stream engine holds for subscriptions before it has them
+    /// rescan instead.
+    pub max_pending_stream_changes: Option<usize>,
     /// How long unreferenced objects are kept before garbage collection deletes them.
     pub gc_grace_seconds: Option<f64>,
     /// How long a node's heartbeat must stay still before another process may take its id.
@@ -223,8 +226,6 @@ pub struct ServeConfig {
     pub browser: BrowserPolicy,
     /// Bounds on running and kept statements.
     pub statements: StatementLimits,
-    /// Bounds on subscriptions, and where webhooks may point.
-    pub subscriptions: SubscriptionLimits,
 }
 
 /// Default pace a request body must keep up after its first seconds, in bytes per second.
@@ -274,7 +275,8 @@ impl ServeConfig {
              max_result_bytes = {}\nmax_running_statements = {}\nmax_kept_statements = {}\n\
              max_kept_result_bytes = {}\nmax_streams = {}\nmax_producers_per_stream = {}\n\
              max_stream_state_bytes = {}\nmax_producer_bytes = {}\nproducer_expiry_seconds = {}\n\
-             max_subscriptions = {}\ngc_grace_seconds = {}\nnode_lease_seconds = {}\n\
+             max_subscriptions = {}\nmax_pending_stream_changes = {}\ngc_grace_seconds = {}\n\
+             node_lease_seconds = {}\n\
              log_segment_bytes = {}\nmaintenance_interval_seconds = {}",
             self.listen,
             db.data_dir.display(),
@@ -306,7 +308,7 @@ impl ServeConfig {
             self.shutdown_timeout.as_secs_f64(),
             self.browser.allowed_hosts,
             self.browser.cors_origins,
-            self.subscriptions.webhook_allowed_networks.len(),
+            db.subscriptions.webhook_allowed_networks.len(),
             db.query.memory_bytes,
             db.query.timeout.as_secs_f64(),
             db.query.max_result_rows,
@@ -319,7 +321,8 @@ impl ServeConfig {
             db.streams.max_state_bytes,
             db.streams.max_producer_bytes,
             db.streams.producer_expiry.as_secs_f64(),
-            self.subscriptions.max_subscriptions,
+            db.subscriptions.max_subscriptions,
+            db.streams.max_pending_changes,
             db.gc_grace.as_secs_f64(),
             db.node_lease.as_secs_f64(),
             db.log_segment_bytes,
@@ -561,7 +564,13 @@ impl ServeConfig {
         if let Some(n) = positive("max_kept_result_bytes", file.max_kept_result_bytes)? {
             statements.max_retained_bytes = n;
         }
-        let mut subscriptions = SubscriptionLimits::default();
+        if let Some(n) = positive(
+            "max_pending_stream_changes",
+            file.max_pending_stream_changes,
+        )? {
+            db.streams.max_pending_changes = n;
+        }
+        let subscriptions = &mut db.subscriptions;
         if let Some(n) = positive("max_subscriptions", file.max_subscriptions)? {
             subscriptions.max_subscriptions = n;
         }
@@ -674,7 +683,6 @@ impl ServeConfig {
                 .unwrap_or(DEFAULT_SHUTDOWN_TIMEOUT),
             browser,
             statements,
-            subscriptions,
         })
     }
 }

@@ -89,6 +89,7 @@ pub mod node;
 pub mod query;
 pub mod storage;
 pub mod stream;
+pub(crate) mod subscriptions;
 pub mod table;
 pub mod types;
 

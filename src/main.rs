@@ -520,9 +520,7 @@ async fn run(config: ServeConfig) -> Result<(), String> {
         .with_body_timeout(config.body_timeout)
         .with_min_body_rate(config.min_body_rate)
         .with_browser_policy(config.browser.clone())
-        .with_statement_limits(config.statements)
-        .with_subscriptions(config.subscriptions.clone())
-        .await;
+        .with_statement_limits(config.statements);
     let app = router(state);
     let streams = db.streams().clone();
     let listener = sluice::http::LimitedListener::new(

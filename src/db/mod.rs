@@ -7,6 +7,11 @@
 //! (`statements` turns a statement's rows into that NDJSON form). Catalog changes go
 //! through [`Database::mutate_catalog`], which checks computed-column expressions and
 //! creates the storage of new tables. The query engine only reads.
+//!
+//! `Database` also owns the subscriptions ([`crate::subscriptions`]): opened with it (its
+//! own node's), fed by its stream engines and those it takes over (`takeover.rs` attaches
+//! and releases a taken-over node's subscriptions with its streams), and stored at
+//! [`Database::shutdown`].
 
 mod admission;
 mod gc;
@@ -14,6 +19,7 @@ mod names;
 mod statements;
 mod takeover;
 
+pub use crate::subscriptions::{Network, SubscriptionLimits};
 pub use admission::AdmissionTimeout;
 #[cfg(test)]
 pub(crate) use admission::BodyBudget;
@@ -39,6 +45,7 @@ use crate::query::{QueryEngine, QueryError, QueryLimits};
 use crate::storage::probe::{Probe, ProbedStore};
 use crate::storage::{Storage, StorageError};
 use crate::stream::{StreamError, Streams, StreamsConfig};
+use crate::subscriptions::Subscriptions;
 use crate::table::{TableConfig, TableError, TableStats, Tables};
 use crate::types::{Column, ColumnType};
 
@@ -63,6 +70,8 @@ pub struct DbConfig {
     pub maintenance_interval: Duration,
     /// Stream engine settings.
     pub streams: StreamsConfig,
+    /// Bounds on subscriptions, and the networks webhooks may reach.
+    pub subscriptions: SubscriptionLimits,
     /// Failure injection for the commit log (tests: failing or slow writes and syncs).
     #[cfg(feature = "testing")]
     pub log_fail_hook: Option<crate::log::FailHook>,
@@ -99,6 +108,7 @@ impl std::fmt::Debug for DbConfig {
             .field("log_segment_bytes", &self.log_segment_bytes)
             .field("tables", &self.tables)
             .field("streams", &self.streams)
+            .field("subscriptions", &self.subscriptions)
             .finish_non_exhaustive()
     }
 }
@@ -116,6 +126,7 @@ impl DbConfig {
             tables: TableConfig::default(),
             maintenance_interval: Duration::from_secs(1),
             streams: StreamsConfig::default(),
+            subscriptions: SubscriptionLimits::default(),
             #[cfg(feature = "testing")]
             log_fail_hook: None,
             ingest_inflight_bytes: 32 << 20,
@@ -163,6 +174,9 @@ pub enum OpenError {
     /// The node could not take its identity.
     #[error(transparent)]
     Node(#[from] crate::node::NodeError),
+    /// The stored subscriptions could not load.
+    #[error("subscriptions: {0}")]
+    Subscriptions(String),
 }
 
 /// Why an ingest request did not commit.
@@ -230,6 +244,8 @@ pub struct Database {
     catalog: Arc<Catalog>,
     tables: Arc<Tables>,
     streams: Streams,
+    /// Subscriptions of this node and of the node ids it took over.
+    subscriptions: Arc<Subscriptions>,
     engine: QueryEngine,
     config: DbConfig,
     probe: Arc<Probe>,
@@ -450,6 +466,15 @@ impl Database {
             config.streams.clone(),
         )
         .await?;
+        let subscriptions = Subscriptions::open(
+            storage.clone(),
+            node.clone(),
+            streams.clone(),
+            config.subscriptions.clone(),
+            config.advertise_url.clone(),
+        )
+        .await
+        .map_err(|e| OpenError::Subscriptions(e.to_string()))?;
         let engine = QueryEngine::new(
             catalog.clone(),
             tables.clone(),
@@ -464,6 +489,7 @@ impl Database {
             catalog,
             tables,
             streams,
+            subscriptions,
             engine,
             config,
             probe,
@@ -505,6 +531,11 @@ impl Database {
     /// The streams.
     pub fn streams(&self) -> &Streams {
         &self.streams
+    }
+
+    /// The subscriptions (the protocol's reserved `__ds` APIs).
+    pub(crate) fn subscriptions(&self) -> &Subscriptions {
+        &self.subscriptions
     }
 
     /// The ingest limits.
@@ -586,10 +617,12 @@ impl Database {
         }
     }
 
-    /// The one shutdown: seals stream data, flushes every table, closes the commit log and
-    /// releases the node's id (a restart anywhere may claim it at once). Stop maintenance
-    /// first.
+    /// The one shutdown: stores the subscriptions, seals stream data, flushes every table,
+    /// closes the commit log and releases the node's id (a restart anywhere may claim it at
+    /// once). Stop maintenance first.
     pub async fn shutdown(&self) -> Result<(), TableError> {
+        // The last changes reach the subscriptions, and they are stored.
+        self.subscriptions.close().await;
         self.release_hosted().await;
         if let Err(e) = self.streams.checkpoint(true).await {
             tracing::warn!(error = %e, "stream checkpoint at close failed (data is safe in the log)");
@@ -602,11 +635,6 @@ impl Database {
             tracing::warn!(error = %e, "could not release the node id; a restart elsewhere waits a lease");
         }
         result.map(|_| ())
-    }
-
-    /// This node's identity.
-    pub(crate) fn node(&self) -> &Arc<Node> {
-        &self.node
     }
 
     /// Replaces the catalog subtree at `path` (see `Catalog::mutate`) after checking the

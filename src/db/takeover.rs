@@ -16,9 +16,11 @@
 //!    and flushed at once under the id's position in each manifest (so each row lands
 //!    exactly once, whoever flushed it before), and the id's streams loaded from their
 //!    snapshot and the log: their offsets, producer state and data stay as they were, and
-//!    this node serves them from now on ([`Database::stream_engine`]).
-//! 4. An id with no stream left is retired: its heartbeat says so, and no node takes it over
-//!    again. Otherwise the host renews its heartbeat like its own; if the host dies too,
+//!    this node serves them from now on ([`Database::stream_engine`]). Its subscriptions are
+//!    loaded and served too, fed by every engine this node serves; they rescan the id's
+//!    engine from their stored watermark, so no wake the dead node owed is lost.
+//! 4. An id with no stream and no subscription left is retired: its heartbeat says so, and
+//!    no node takes it over again. Otherwise the host renews its heartbeat like its own; if the host dies too,
 //!    another node takes the id over from the host in the same way.
 //!
 //! A clean shutdown releases every hosted id (after a checkpoint and a flush), so another
@@ -80,21 +82,24 @@ impl Takeovers {
             .collect()
     }
 
-    /// Stops and forgets the hosted ids another process took from this one.
-    fn drop_fenced(&self) {
+    /// Stops and forgets the hosted ids another process took from this one; returns them.
+    fn drop_fenced(&self) -> Vec<String> {
         let fenced: Vec<Arc<Hosted>> = {
             let mut hosted = self.hosted.write().unwrap_or_else(|p| p.into_inner());
             let (fenced, kept) = hosted.drain(..).partition(|h| h.node.is_fenced());
             *hosted = kept;
             fenced
         };
+        let mut ids = Vec::new();
         for h in fenced {
             tracing::warn!(node = %h.node.id(), "another process took over a node id this one hosted; its streams are served there");
             let _ = h.stop.send(true);
             h.streams.shutdown();
             h.log.close();
             let _ = std::fs::remove_dir_all(&h.dir);
+            ids.push(h.node.id().to_owned());
         }
+        ids
     }
 
     fn hosts(&self, id: &str) -> bool {
@@ -297,7 +302,9 @@ impl Database {
             return;
         }
         let mut last_pass = self.takeovers.pass.lock().await;
-        self.takeovers.drop_fenced();
+        for id in self.takeovers.drop_fenced() {
+            self.subscriptions.detach(&id, false).await;
+        }
         let lease = self.config.node_lease;
         let started = Instant::now();
         let read = peer_beats(&self.storage).await;
@@ -428,7 +435,14 @@ impl Database {
                 return Err(e);
             }
         };
-        if streams.len() == 0 {
+        let subscriptions = match self.subscriptions.load(node.clone()).await {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                log.close();
+                return Err(OpenError::Subscriptions(e.to_string()));
+            }
+        };
+        if streams.len() == 0 && subscriptions.is_empty() {
             // Nothing left to serve: the id is retired, and its log released.
             let _ = streams.checkpoint(true).await;
             log.close();
@@ -469,6 +483,7 @@ impl Database {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .push(hosted);
+        self.subscriptions.attach(subscriptions, streams);
         Ok(true)
     }
 
@@ -501,6 +516,7 @@ impl Database {
         );
         for h in hosted {
             let _ = h.stop.send(true);
+            self.subscriptions.detach(h.node.id(), true).await;
             if let Err(e) = h.streams.checkpoint(true).await {
                 tracing::warn!(node = %h.node.id(), error = %e, "checkpoint of a hosted node at close failed (its log is in the object store)");
             }

@@ -33,7 +33,6 @@ pub(crate) use error::ApiError;
 pub use listener::{ConnectionLimits, LimitedListener, LimitedStream};
 pub use serve::serve;
 pub use streams::format_offset;
-pub(crate) use subscriptions::SubscriptionLimits;
 
 /// Which requests a browser may make, and which names the server answers to.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -73,7 +72,6 @@ pub struct Shared {
     /// Bytes per second a request body must keep up (0: no pace; see [`deadline`]).
     min_body_rate: u64,
     metrics: Arc<Metrics>,
-    subscriptions: Option<Arc<subscriptions::Subscriptions>>,
     browser: Arc<BrowserPolicy>,
     /// The owner of every request when no keys are configured.
     local_owner: Owner,
@@ -83,25 +81,17 @@ pub struct Shared {
 
 impl AppState {
     /// State over an open database; with no keys, requests are not authenticated.
-    /// Subscriptions are off until [`AppState::with_subscriptions`] loads them.
     pub fn new(db: Arc<Database>, api_keys: Vec<String>) -> Self {
         AppState(Arc::new(Shared {
             metrics: Arc::new(Metrics::new(&db)),
-            subscriptions: None,
             db,
             statements: Arc::new(Statements::new(StatementLimits::default())),
-            api_keys: Arc::new(
-                api_keys
-                    .iter()
-                    .enumerate()
-                    .map(|(i, k)| parse_key(i, k))
-                    .collect(),
-            ),
+            api_keys: Arc::new(api_keys.iter().map(|k| parse_key(k)).collect()),
             long_poll_timeout: crate::config::DEFAULT_LONG_POLL_TIMEOUT,
             body_timeout: crate::config::DEFAULT_BODY_TIMEOUT,
             min_body_rate: crate::config::DEFAULT_MIN_BODY_RATE,
             browser: Arc::new(BrowserPolicy::default()),
-            local_owner: Arc::from("local"),
+            local_owner: Arc::from(crate::subscriptions::LEGACY_OWNER),
             forward_client: forward::client(),
         }))
     }
@@ -120,28 +110,6 @@ impl AppState {
     /// Sets the bounds on running and kept statements.
     pub fn with_statement_limits(mut self, limits: StatementLimits) -> Self {
         self.setup().statements = Arc::new(Statements::new(limits));
-        self
-    }
-
-    /// Turns subscriptions on, with these bounds and webhook networks, and loads the stored
-    /// ones (call once).
-    pub async fn with_subscriptions(mut self, limits: SubscriptionLimits) -> Self {
-        let db = &self.db;
-        let subscriptions = match subscriptions::Subscriptions::new(
-            db.streams().clone(),
-            limits,
-            db.storage().clone(),
-            db.node().id(),
-        )
-        .await
-        {
-            Ok(subs) => Some(subs),
-            Err(e) => {
-                tracing::error!(error = %e, "subscriptions are unavailable");
-                None
-            }
-        };
-        self.setup().subscriptions = subscriptions;
         self
     }
 
@@ -241,13 +209,32 @@ impl Role {
     }
 }
 
-/// Who made a request: the role of its key, and the name its statements are kept under.
+/// Who made a request: the role of its key, and the subject its statements and
+/// subscriptions belong to.
 #[derive(Debug, Clone)]
 pub(crate) struct Principal {
     pub(crate) role: Role,
-    /// The key's name (`key-<n>`, its position in the configuration), or `local` without
-    /// keys. Never the key itself.
+    /// The key's subject ([`key_subject`]: derived from the key, the same across restarts
+    /// and reorderings of the configuration, never the key itself), or `local` without
+    /// keys. Empty for a request no key authenticated (a wake callback, which its handler
+    /// authorizes by the wake's token).
     pub(crate) owner: Owner,
+}
+
+/// The subject of a key: `key-` and 16 hex digits of PBKDF2-HMAC-SHA256 of the key (a fixed
+/// salt, 10,000 rounds). Subscriptions store it as their owner, so it must not change while
+/// the key does not, and must not give the key away to someone who reads the bucket.
+fn key_subject(key: &str) -> Owner {
+    let mut digest = [0u8; 8];
+    ring::pbkdf2::derive(
+        ring::pbkdf2::PBKDF2_HMAC_SHA256,
+        std::num::NonZeroU32::MIN.saturating_add(9_999),
+        b"sluice key subject",
+        key.as_bytes(),
+        &mut digest,
+    );
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    Arc::from(format!("key-{hex}"))
 }
 
 /// The owner whose share of the request-body budget a request's body counts against: its
@@ -272,8 +259,7 @@ impl std::fmt::Debug for ApiKey {
     }
 }
 
-fn parse_key(index: usize, spec: &str) -> ApiKey {
-    let owner: Owner = Arc::from(format!("key-{index}"));
+fn parse_key(spec: &str) -> ApiKey {
     for (prefix, role) in [
         ("read=", Role::Read),
         ("write=", Role::Write),
@@ -283,14 +269,14 @@ fn parse_key(index: usize, spec: &str) -> ApiKey {
             return ApiKey {
                 role,
                 key: key.to_owned(),
-                owner,
+                owner: key_subject(key),
             };
         }
     }
     ApiKey {
         role: Role::Admin,
         key: spec.to_owned(),
-        owner,
+        owner: key_subject(spec),
     }
 }
 
@@ -311,12 +297,17 @@ fn key_principal(keys: &[ApiKey], presented: &str) -> Option<Principal> {
     })
 }
 
-/// The least role a request needs, by method and route. Statements are checked again by
-/// what they do (see [`statements`]).
-fn required_role(method: &axum::http::Method, route: &str) -> Role {
+/// The least role a request needs, by method and route (and path, for the reserved
+/// subscription APIs, which share the stream routes). Statements are checked again by what
+/// they do (see [`statements`]); subscriptions by whose they are.
+fn required_role(method: &axum::http::Method, route: &str, path: &str) -> Role {
     use axum::http::Method;
     if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
         return Role::Read;
+    }
+    if subscriptions::is_reserved_path(path) {
+        // A subscription's owner deletes it; other keys see none of it.
+        return Role::Write;
     }
     if route.starts_with("/v1/statements") {
         return Role::Read;
@@ -340,11 +331,19 @@ async fn authenticate(state: &AppState, mut request: Request, next: Next) -> Res
     };
     // CORS preflights carry no credentials by design; they reveal nothing. Wake callbacks
     // (a webhook consumer's ack, a worker's ack or release) are authorized by the wake's own
-    // token, which their handler checks; a consumer need not hold an API key.
+    // token, which their handler checks; a consumer need not hold an API key. The webhook
+    // signing keys (`jwks.json`) are public keys, for consumers without a key too.
     let exempt = request.method() == axum::http::Method::OPTIONS
         || (request.method() == axum::http::Method::POST
-            && subscriptions::is_wake_callback(request.uri().path()));
-    if !state.api_keys.is_empty() && !exempt {
+            && subscriptions::is_wake_callback(request.uri().path()))
+        || subscriptions::is_public_keys(request.method(), request.uri().path());
+    if !state.api_keys.is_empty() && exempt {
+        // Authenticated by nothing: the least role, and a subject that owns nothing.
+        principal = Principal {
+            role: Role::Read,
+            owner: Arc::from(""),
+        };
+    } else if !state.api_keys.is_empty() {
         let presented = request
             .headers()
             .get(header::AUTHORIZATION)
@@ -362,7 +361,7 @@ async fn authenticate(state: &AppState, mut request: Request, next: Next) -> Res
             .extensions()
             .get::<MatchedPath>()
             .map_or("", |p| p.as_str());
-        let needed = required_role(request.method(), route);
+        let needed = required_role(request.method(), route, request.uri().path());
         if principal.role < needed {
             return ApiError::forbidden(principal.role, needed).into_response();
         }

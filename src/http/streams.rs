@@ -39,26 +39,8 @@ const SSE_EVENT_BYTES: usize = 1 << 20;
 
 // ---- wire forms ------------------------------------------------------------------------
 
-/// Formats an offset as the protocol sees it: opaque, fixed width, sorting as strings.
-pub fn format_offset(offset: u64) -> String {
-    format!("{:016}_{:016}", 0, offset)
-}
-
-/// Parses an offset this server issued.
-pub(crate) fn parse_offset(text: &str) -> Option<u64> {
-    let (epoch, bytes) = text.split_once('_')?;
-    if epoch.is_empty()
-        || bytes.is_empty()
-        || !epoch.bytes().all(|b| b.is_ascii_digit())
-        || !bytes.bytes().all(|b| b.is_ascii_digit())
-    {
-        return None;
-    }
-    if epoch.parse::<u64>().ok()? != 0 {
-        return None;
-    }
-    bytes.parse().ok()
-}
+pub use crate::stream::format_offset;
+pub(crate) use crate::stream::parse_offset;
 
 /// Normalizes a content type: split on `;`, trim, drop empty parts, lowercase, join `"; "`.
 fn normalize_content_type(raw: &str) -> String {
@@ -472,16 +454,29 @@ fn info_headers(headers: &mut HeaderMap, info: &StreamInfo) {
 /// Serves the reserved `__ds/` namespace (subscriptions).
 async fn reserved(
     state: &AppState,
+    principal: Option<&super::Principal>,
     method: Method,
     name: &str,
     headers: &HeaderMap,
     body: Body,
 ) -> Response {
-    match &state.subscriptions {
-        Some(subs) => super::subscriptions::handle(subs, &method, name, headers, body).await,
-        None => ApiError::not_found("subscriptions are not available").into_response(),
-    }
+    let mut reservation = state
+        .db
+        .body_reservation(principal.and_then(|p| super::body_owner(state, p)));
+    super::subscriptions::handle(
+        state.db.subscriptions(),
+        principal,
+        &method,
+        name,
+        headers,
+        body,
+        &mut reservation,
+    )
+    .await
 }
+
+/// Who made a request, as `authenticate` found it.
+type Caller = Option<axum::Extension<super::Principal>>;
 
 fn is_reserved(name: &str) -> bool {
     super::subscriptions::reserved(name)
@@ -582,7 +577,9 @@ pub(super) async fn put(
     body: Body,
 ) -> Result<Response, ApiError> {
     match target {
-        Target::Reserved(name) => Ok(reserved(&state, Method::PUT, &name, &headers, body).await),
+        Target::Reserved(name) => {
+            Ok(reserved(&state, Some(&principal), Method::PUT, &name, &headers, body).await)
+        }
         Target::Stream(name) => {
             let owner = super::body_owner(&state, &principal);
             match at_owner(&state, owner, &name, Method::PUT, &uri, &headers, body).await? {
@@ -602,7 +599,15 @@ pub(super) async fn post(
     body: Body,
 ) -> Result<Response, ApiError> {
     match target {
-        Target::Reserved(name) => Ok(reserved(&state, Method::POST, &name, &headers, body).await),
+        Target::Reserved(name) => Ok(reserved(
+            &state,
+            Some(&principal),
+            Method::POST,
+            &name,
+            &headers,
+            body,
+        )
+        .await),
         Target::Stream(name) => {
             let owner = super::body_owner(&state, &principal);
             match at_owner(&state, owner, &name, Method::POST, &uri, &headers, body).await? {
@@ -615,6 +620,7 @@ pub(super) async fn post(
 
 pub(super) async fn get(
     State(state): State<AppState>,
+    principal: Caller,
     target: Target,
     headers: HeaderMap,
     uri: axum::http::Uri,
@@ -622,7 +628,16 @@ pub(super) async fn get(
 ) -> Result<Response, ApiError> {
     match target {
         Target::Reserved(name) => {
-            Ok(reserved(&state, Method::GET, &name, &headers, Body::empty()).await)
+            let principal = principal.as_ref().map(|p| &p.0);
+            Ok(reserved(
+                &state,
+                principal,
+                Method::GET,
+                &name,
+                &headers,
+                Body::empty(),
+            )
+            .await)
         }
         Target::Stream(name) => {
             if let Some(answer) = sealed_read(&state, &name, &headers, query.as_deref()).await? {
@@ -675,13 +690,23 @@ pub(super) async fn head_stream(
 
 pub(super) async fn delete_stream(
     State(state): State<AppState>,
+    principal: Caller,
     target: Target,
     headers: HeaderMap,
     uri: axum::http::Uri,
 ) -> Result<Response, ApiError> {
     match target {
         Target::Reserved(name) => {
-            Ok(reserved(&state, Method::DELETE, &name, &headers, Body::empty()).await)
+            let principal = principal.as_ref().map(|p| &p.0);
+            Ok(reserved(
+                &state,
+                principal,
+                Method::DELETE,
+                &name,
+                &headers,
+                Body::empty(),
+            )
+            .await)
         }
         Target::Stream(name) => {
             match at_owner(

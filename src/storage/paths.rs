@@ -15,7 +15,10 @@
 //! | `streams/{node}/data/{lsn:020}-{tag}.bin` | sealed stream records | `stream::cold` (checkpoint) |
 //! | `streams/{node}/snapshots/{lsn:020}.json` | every stream's state at `lsn` | `stream::cold` (checkpoint) |
 //! | `stream-names/{sha256(name)}/{v:020}.json`, `.floor` | which node id owns a stream name (durability `object-store`) | `db::names` through [`super::versioned`] |
-//! | `subscriptions/{node}.json` | a node's webhook subscriptions | `http::subscriptions` |
+//! | `subscriptions/{node}/subs/{sha256(id)}.json` | one of node `node`'s subscriptions | [`crate::subscriptions`] |
+//! | `subscriptions/{node}/watermarks.json` | how far node `node`'s subscriptions have seen each engine's changes | [`crate::subscriptions`] |
+//! | `subscriptions/{node}/signing-key.json` | the key node `node`'s webhooks are signed with | [`crate::subscriptions`] |
+//! | `subscriptions/{node}.json` | the earlier layout of a node's subscriptions, read once and moved | [`crate::subscriptions`] |
 //!
 //! Ids and node names are checked before they reach a path (table ids by the table module,
 //! node ids by [`crate::node`]): none holds a `/`.
@@ -108,8 +111,28 @@ pub(crate) fn stream_delta(node: &str, base: u64, seq: u64) -> String {
     format!("{}/{base:020}-{seq:010}.json", stream_deltas(node))
 }
 
-/// Node `node`'s webhook subscriptions.
+/// Node `node`'s subscriptions, one object each.
 pub(crate) fn subscriptions(node: &str) -> String {
+    format!("subscriptions/{node}/subs")
+}
+
+/// Node `node`'s subscription of key `key` (a digest of its id: ids are client input).
+pub(crate) fn subscription(node: &str, key: &str) -> String {
+    format!("{}/{key}.json", subscriptions(node))
+}
+
+/// How far node `node`'s subscriptions have seen each stream engine's changes.
+pub(crate) fn subscription_watermarks(node: &str) -> String {
+    format!("subscriptions/{node}/watermarks.json")
+}
+
+/// The key node `node`'s webhooks are signed with.
+pub(crate) fn subscription_signing_key(node: &str) -> String {
+    format!("subscriptions/{node}/signing-key.json")
+}
+
+/// Node `node`'s subscriptions in the earlier layout (one object for all).
+pub(crate) fn legacy_subscriptions(node: &str) -> String {
     format!("subscriptions/{node}.json")
 }
 
@@ -132,6 +155,11 @@ mod tests {
             stream_snapshot("n", 7),
             "streams/n/snapshots/00000000000000000007.json"
         );
-        assert_eq!(subscriptions("n"), "subscriptions/n.json");
+        assert_eq!(subscription("n", "k"), "subscriptions/n/subs/k.json");
+        assert_eq!(
+            subscription_watermarks("n"),
+            "subscriptions/n/watermarks.json"
+        );
+        assert_eq!(legacy_subscriptions("n"), "subscriptions/n.json");
     }
 }

@@ -1,11 +1,34 @@
 //! The stream engine's API: what requests carry, what they answer, and why they fail.
-//! Wire forms (headers, offsets as text) belong to `http/`.
+//! Wire forms (headers) belong to `http/`; offsets as text are here ([`format_offset`]),
+//! because subscriptions write them into webhook bodies and wake events too.
 
 use bytes::Bytes;
 
 use super::codec::{Lifetime, ProducerTuple};
 use super::json::JsonTextError;
 use crate::log::LogError;
+
+/// An offset as clients see it: `{epoch:016}_{bytes:016}`, which sorts as a string in
+/// offset order (the epoch part is always 0).
+pub fn format_offset(offset: u64) -> String {
+    format!("{:016}_{:016}", 0, offset)
+}
+
+/// Parses an offset [`format_offset`] wrote.
+pub(crate) fn parse_offset(text: &str) -> Option<u64> {
+    let (epoch, bytes) = text.split_once('_')?;
+    if epoch.is_empty()
+        || bytes.is_empty()
+        || !epoch.bytes().all(|b| b.is_ascii_digit())
+        || !bytes.bytes().all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    if epoch.parse::<u64>().ok()? != 0 {
+        return None;
+    }
+    bytes.parse().ok()
+}
 
 /// Largest append body (32 MiB).
 pub const MAX_APPEND_BYTES: usize = 32 << 20;

@@ -172,6 +172,10 @@ struct SnapshotStream {
     soft_deleted: bool,
     tail: u64,
     extents: Vec<ColdExtent>,
+    /// The LSN of the stream's last change (snapshots written before it was kept lack it:
+    /// the stream then counts as changed at the snapshot's LSN).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    applied_lsn: Option<Lsn>,
 }
 
 fn storage_error(e: object_store::Error) -> StreamError {
@@ -407,7 +411,7 @@ impl ColdStore {
                     s.content_type,
                     s.lifetime,
                     s.fork,
-                    snapshot.lsn,
+                    s.applied_lsn.unwrap_or(snapshot.lsn),
                 );
                 state.closed = s.closed;
                 state.closed_by = s.closed_by;
@@ -788,6 +792,7 @@ async fn write_checkpoint(
                 ref_count: s.ref_count,
                 soft_deleted: s.soft_deleted,
                 tail: s.tail,
+                applied_lsn: Some(s.applied_lsn),
                 extents: chunks
                     .into_iter()
                     .filter_map(|c| match c {

@@ -15,6 +15,12 @@
 //! Readers look at the applied state only and never take the admission lock; long-poll and
 //! SSE readers wait on a per-stream version counter that each apply bumps.
 //!
+//! Each apply that adds data also notes the stream's name in the engine's change set, before
+//! the engine's applied LSN moves past it, and every stream keeps the LSN of its last change
+//! (in snapshots too): subscriptions take the set ([`Streams::take_changes`]) and never miss
+//! a change. The set is bounded; past the bound it records only that it overflowed, and the
+//! reader rescans by LSN ([`Streams::changed_since`]), as it does after a restart.
+//!
 //! Data lives in memory ("hot") until a checkpoint (`cold`) seals it into objects on
 //! object storage ("cold") and writes the state of the streams that changed (a delta over
 //! the last full snapshot, or a new full snapshot); the log is then released up to it.
@@ -51,10 +57,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use tokio::sync::watch;
 
+pub(crate) use api::parse_offset;
 pub use api::{
     AppendOutcome, AppendRequest, CreateRequest, ForkRequest, MAX_APPEND_BYTES,
     MAX_PRODUCER_NUMBER, MAX_TOKEN_BYTES, ProducerSummary, ReadResult, StreamError, StreamInfo,
-    StreamSummary,
+    StreamSummary, format_offset,
 };
 pub use codec::{ForkSpec, Lifetime, Op, ProducerTuple};
 use cold::ColdStore;
@@ -97,6 +104,9 @@ pub struct StreamsConfig {
     pub checkpoint_interval: Duration,
     /// Bytes of cold data kept in the read cache.
     pub cache_bytes: u64,
+    /// Names of streams that received data held for subscriptions ([`Streams::take_changes`])
+    /// before the engine stops recording names and tells its reader to rescan instead.
+    pub max_pending_changes: usize,
 }
 
 impl Default for StreamsConfig {
@@ -110,6 +120,7 @@ impl Default for StreamsConfig {
             checkpoint_bytes: 64 << 20,
             checkpoint_interval: Duration::from_secs(10),
             cache_bytes: 64 << 20,
+            max_pending_changes: 100_000,
         }
     }
 }
@@ -302,8 +313,8 @@ pub(crate) struct StreamStats {
 
 struct Inner {
     stats: StreamStats,
-    /// Names of streams that just received data (for subscriptions).
-    changes: tokio::sync::broadcast::Sender<String>,
+    /// Names of streams that received data since the last [`Streams::take_changes`].
+    changes: std::sync::Mutex<ChangeSet>,
     log: CommitLog,
     consumer: LogConsumer,
     config: StreamsConfig,
@@ -380,7 +391,62 @@ impl std::fmt::Debug for Streams {
     }
 }
 
+/// The names of streams that received data since a reader last took them
+/// ([`Streams::take_changes`]), at most [`StreamsConfig::max_pending_changes`] of them.
+#[derive(Debug, Default)]
+struct ChangeSet {
+    names: std::collections::HashSet<String>,
+    /// More streams changed than the set may hold: the names were dropped, and the reader
+    /// rescans by LSN ([`Streams::changed_since`]).
+    overflowed: bool,
+}
+
+/// Where a stream stands, for subscriptions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StreamMark {
+    pub(crate) tail: u64,
+    pub(crate) incarnation: String,
+    /// The LSN of its last change.
+    pub(crate) changed_lsn: Lsn,
+}
+
+impl StreamMark {
+    fn of(s: &StreamState) -> Option<StreamMark> {
+        (!s.gone && !s.soft_deleted).then(|| StreamMark {
+            tail: s.tail,
+            incarnation: s.incarnation.clone(),
+            changed_lsn: s.applied_lsn,
+        })
+    }
+}
+
+/// What changed in an engine since the last [`Streams::take_changes`].
+#[derive(Debug)]
+pub(crate) struct ChangeBatch {
+    /// Every change up to this LSN is covered: named here, or (after an overflow) found by
+    /// [`Streams::changed_since`].
+    pub(crate) upto: Lsn,
+    /// The streams that received data; `None` when there were too many to hold, and the
+    /// reader must rescan what changed since the batch before.
+    pub(crate) names: Option<Vec<String>>,
+}
+
 impl Inner {
+    /// Records that stream `name` received data. Runs in `apply`, before `applied_lsn`
+    /// moves past the change.
+    fn note_change(&self, name: &str) {
+        let mut set = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        if set.overflowed || set.names.contains(name) {
+            return;
+        }
+        if set.names.len() >= self.config.max_pending_changes {
+            set.overflowed = true;
+            set.names = std::collections::HashSet::new();
+            return;
+        }
+        set.names.insert(name.to_owned());
+    }
+
     fn registry(&self) -> std::sync::RwLockReadGuard<'_, Registry> {
         self.registry.read().unwrap_or_else(|p| p.into_inner())
     }
@@ -405,13 +471,19 @@ impl Inner {
                     let mut s = stream.write_state();
                     // A record of an older incarnation (deleted since) changes nothing.
                     if s.incarnation == incarnation && !s.gone {
+                        let data_added = data.as_ref().is_some_and(|d| !d.is_empty());
                         let before = counted(&name, &s);
                         s.apply_append(lsn, data, close, producer, stream_seq);
                         self.footprint.change(before, counted(&name, &s));
+                        if data_added {
+                            self.note_change(&name);
+                        }
                     }
                     drop(s);
                     stream.bump();
                 }
+                // After the change is noted: a reader that sees this LSN applied finds the
+                // name in the change set (see `Streams::take_changes`).
                 self.applied_lsn.store(lsn, Ordering::Release);
             }
             Op::Create {
@@ -449,6 +521,9 @@ impl Inner {
                 }
                 state.closed = closed;
                 self.footprint.change((0, 0), counted(&name, &state));
+                if state.tail > 0 {
+                    self.note_change(&name);
+                }
                 registry
                     .streams
                     .insert(name.clone(), Stream::new(name, state));
@@ -524,7 +599,7 @@ fn remove_stream(registry: &mut Registry, name: &str, footprint: &Footprint, col
 /// caller stops waiting ([`Finish`]): a task per append (its cell, its scheduling and the
 /// wake of the waiting handler) was about 5 % of the server's CPU at 256 connections. As
 /// when it was a task, a mutation that panics answers [`LogError::WriterGone`] rather than
-/// unwinding its caller (an HTTP connection, the subscriptions' watcher).
+/// unwinding its caller (an HTTP connection, a subscription's wake delivery).
 ///
 /// [`LogError::WriterGone`]: crate::log::LogError::WriterGone
 async fn to_completion<T: Send + 'static>(
@@ -607,7 +682,7 @@ impl Streams {
             footprint,
             last_expiry: std::sync::Mutex::new(std::time::Instant::now()),
             stats: StreamStats::default(),
-            changes: tokio::sync::broadcast::channel(4096).0,
+            changes: std::sync::Mutex::new(ChangeSet::default()),
             log,
             consumer,
             config,
@@ -643,9 +718,53 @@ impl Streams {
         Ok(streams)
     }
 
-    /// Names of streams as they receive data (appends, and creates with a first body).
-    pub(crate) fn changes(&self) -> tokio::sync::broadcast::Receiver<String> {
-        self.inner.changes.subscribe()
+    /// The streams that received data (appends, and creates with a first body) since the
+    /// last call, and the LSN up to which that holds. Lossless: when more streams changed
+    /// than [`StreamsConfig::max_pending_changes`], the batch says so instead of naming
+    /// them, and the reader rescans with [`Streams::changed_since`].
+    pub(crate) fn take_changes(&self) -> ChangeBatch {
+        // `apply` notes a change before it moves `applied_lsn` past it (with release
+        // ordering): everything up to the LSN read here is in the set taken next.
+        let upto = self.inner.applied_lsn.load(Ordering::Acquire);
+        let taken =
+            std::mem::take(&mut *self.inner.changes.lock().unwrap_or_else(|p| p.into_inner()));
+        ChangeBatch {
+            upto,
+            names: (!taken.overflowed).then(|| taken.names.into_iter().collect()),
+        }
+    }
+
+    /// The LSN of the last change applied: every change at or below it is in the change set
+    /// or was taken from it.
+    pub(crate) fn applied_lsn(&self) -> Lsn {
+        self.inner.applied_lsn.load(Ordering::Acquire)
+    }
+
+    /// The live streams with data whose last change is past `lsn` (a stream loaded from a
+    /// snapshot written before the per-stream LSN was kept counts as changed at the
+    /// snapshot's LSN), with where they stand. A scan of every stream: for rescans after a
+    /// restart, a takeover or an overflow.
+    pub(crate) fn changed_since(&self, lsn: Lsn) -> Vec<(String, StreamMark)> {
+        let registry = self.inner.registry();
+        registry
+            .streams
+            .iter()
+            .filter_map(|(name, stream)| {
+                let mark = StreamMark::of(&stream.read_state())?;
+                (mark.tail > 0 && mark.changed_lsn > lsn).then(|| (name.clone(), mark))
+            })
+            .collect()
+    }
+
+    /// Where live stream `name` stands, from memory (an expired stream that no request
+    /// deleted yet still answers).
+    pub(crate) fn mark_of(&self, name: &str) -> Option<StreamMark> {
+        StreamMark::of(&self.lookup(name)?.read_state())
+    }
+
+    /// The node id whose streams these are.
+    pub(crate) fn node_id(&self) -> &str {
+        self.inner.node.id()
     }
 
     /// Work counters.
@@ -894,11 +1013,7 @@ impl Streams {
         };
         self.commit(RecordKind::Metadata, op).await?;
         let stream = self.lookup(&req.name).ok_or(StreamError::NotFound)?;
-        let info = stream.info();
-        if info.tail > 0 {
-            let _ = self.inner.changes.send(req.name.clone());
-        }
-        Ok((true, info))
+        Ok((true, stream.info()))
     }
 
     /// Checks a fork request against its source; returns the fork's spec, the source's
@@ -1024,7 +1139,6 @@ impl Streams {
         stream.landed();
         durable?;
         if stored > 0 {
-            let _ = self.inner.changes.send(req.name.clone());
             self.inner.stats.appends.fetch_add(1, Ordering::Relaxed);
             self.inner
                 .stats

@@ -26,5 +26,6 @@ mod server;
 mod sim;
 mod slt;
 mod streams;
+mod subscriptions;
 mod table;
 mod uploads;

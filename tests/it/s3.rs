@@ -1167,6 +1167,98 @@ async fn sealed_reads_follow_a_snapshot_rewritten_in_place() {
     b.stop();
 }
 
+/// Subscriptions survive their node's death: a burst lands on A while every delivery fails,
+/// A is killed, and B (which takes A over) delivers a wake for every watched stream that
+/// received data. After the takeover, appends to A's streams through B wake A's
+/// subscriptions and B's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn subscriptions_wake_for_every_stream_across_a_takeover() {
+    use crate::subscriptions::{Answer, Burst, Receiver, run_all};
+    let url = s3_url("subscription-takeover");
+    // A longer lease than the other cluster tests: the burst keeps the store busy, and A
+    // must renew its lease through it until it is killed.
+    let env = vec![
+        ("SLUICE_DURABILITY", "object-store".to_owned()),
+        ("SLUICE_NODE_LEASE_SECONDS", "6".to_owned()),
+    ];
+    let config = |extra: &str| {
+        format!(
+            "{extra}webhook_allowed_networks = [\"127.0.0.0/8\"]\nmax_subscriptions = 5000\n\
+             max_pending_stream_changes = 64\n"
+        )
+    };
+    let receiver = Receiver::start(Answer::Fail).await;
+    let dir_a = temp_dir("subscription-takeover-a");
+    let a = Node::start_configured(&dir_a, &url, &env, &config(NO_FLUSH)).await;
+    let b = Node::start_configured(
+        &temp_dir("subscription-takeover-b"),
+        &url,
+        &env,
+        &config("flush_interval_seconds = 0.3\nstream_checkpoint_interval_seconds = 0.5\n"),
+    )
+    .await;
+    // 1,000 streams in 50 groups, 1,000 pattern subscriptions and 50 listing ones on A.
+    let burst = Burst::new(50, 20, 1000, 50);
+    burst.subscribe(&a.base, &receiver.url).await;
+    // B's own subscription watches one of A's groups: it sees those streams once B serves
+    // them.
+    let r = reqwest::Client::new()
+        .put(format!("{}/v1/stream/__ds/subscriptions/on-b", b.base))
+        .json(
+            &json!({"type": "webhook", "pattern": "burst/g0/*", "webhook": {"url": receiver.url}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    burst.append(&a.base, 0).await;
+    burst.append(&a.base, 1).await;
+    // A dies with every wake undelivered.
+    drop(a);
+    std::fs::remove_dir_all(&dir_a).unwrap();
+    receiver.answer(Answer::Done);
+    let started = Instant::now();
+    receiver
+        .wait_for(&burst.expected(), Duration::from_secs(300))
+        .await;
+    println!("takeover: every wake by {:?}", started.elapsed());
+    // A's subscriptions are served by B now.
+    let r = reqwest::Client::new()
+        .get(format!("{}/v1/stream/__ds/subscriptions/sub-0", b.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // Appends through B to A's streams wake A's subscriptions and B's own.
+    let group: Vec<String> = (0..20).map(|s| format!("burst/g0/s{s}")).collect();
+    let client = reqwest::Client::new();
+    let answers = run_all(
+        group
+            .iter()
+            .map(|name| {
+                client
+                    .post(format!("{}/v1/stream/{name}", b.base))
+                    .header("content-type", "text/plain")
+                    .body("after the takeover;")
+            })
+            .collect(),
+        16,
+    )
+    .await;
+    let mut expected = std::collections::BTreeMap::new();
+    for answer in answers {
+        let (name, tail) = crate::subscriptions::answered_tail(&answer);
+        for (sub, watched) in &burst.watches {
+            if watched.contains(&name) {
+                expected.insert((sub.clone(), name.clone()), tail);
+            }
+        }
+        expected.insert(("on-b".to_owned(), name), tail);
+    }
+    receiver.wait_for(&expected, Duration::from_secs(60)).await;
+    b.stop();
+}
+
 /// A request a peer forwards to an address where the stream's owner no longer answers (here:
 /// the owner was killed and a new process with an empty data directory, so a new node id,
 /// started at the same address before anyone took the old id over) is refused as "retry"

@@ -28,11 +28,7 @@ pub async fn serve(
 ) -> (SocketAddr, tokio::task::JoinHandle<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = router(
-        AppState::new(db, keys)
-            .with_subscriptions(Default::default())
-            .await,
-    );
+    let app = router(AppState::new(db, keys));
     let task = tokio::spawn(async move {
         axum::serve(listener, app).await.unwrap();
     });
