@@ -136,9 +136,10 @@ fn error_answer(
             .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
     }
     if let (Applied::Rejected, Some(cause)) = (class.applied, class.cause) {
-        response
-            .headers_mut()
-            .insert("x-sluice-not-applied", HeaderValue::from_static(cause));
+        response.headers_mut().insert(
+            "x-sluice-not-applied",
+            HeaderValue::from_static(cause.name()),
+        );
     }
     response
 }

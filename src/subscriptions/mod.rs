@@ -372,9 +372,11 @@ impl Classify for SubscriptionError {
             | SubscriptionError::AlreadyClaimed { .. } => ErrorClass::rejected(Kind::Conflict),
             SubscriptionError::NotDurable(_) => ErrorClass {
                 applied: Applied::Unknown,
-                ..ErrorClass::retry("StorageUnavailable")
+                ..ErrorClass::retry(crate::error::Cause::StorageUnavailable)
             },
-            SubscriptionError::Unavailable(_) => ErrorClass::retry("StorageUnavailable"),
+            SubscriptionError::Unavailable(_) => {
+                ErrorClass::retry(crate::error::Cause::StorageUnavailable)
+            }
         }
     }
 }
