@@ -81,9 +81,9 @@ pub(super) struct ColdStore {
     /// Objects mostly holding data of deleted streams: the next checkpoint copies what is
     /// still live out of them into its own object, so they stop being referenced.
     rewrite: Mutex<std::collections::HashSet<String>>,
-    /// Other nodes' newest snapshots, as views of their streams, by node id, with the
-    /// listing of the snapshot object each was read from.
-    views: Mutex<HashMap<String, (object_store::ObjectMeta, StreamViews)>>,
+    /// Other nodes' newest checkpoints, as views of their streams, by node id, with the
+    /// listings each was read from.
+    views: Mutex<HashMap<String, (ViewSource, StreamViews)>>,
     /// Held while a snapshot is read into a view, so concurrent readers wait for one read.
     view_load: tokio::sync::Mutex<()>,
     /// Where the chain of checkpoints stands: its base and deltas.
@@ -91,6 +91,15 @@ pub(super) struct ColdStore {
     /// Streams changed since the last checkpoint in ways their applied LSN does not show
     /// (removed, a fork's count, producers forgotten), by name.
     touched: Mutex<std::collections::HashSet<String>>,
+}
+
+/// The objects a view of another node's streams was read from: its newest snapshot and the
+/// deltas over it.
+#[derive(Debug, Clone, PartialEq)]
+struct ViewSource {
+    snapshot: object_store::ObjectMeta,
+    deltas: usize,
+    last_delta: Option<object_store::ObjectMeta>,
 }
 
 /// A base snapshot and the deltas written over it.
@@ -216,18 +225,12 @@ impl ColdStore {
 
     /// The newest base of node `node` with its deltas applied: the state at its last delta
     /// (see the module docs), and the chain it came from.
-    async fn read_chain(&self, node: &str) -> Result<Option<(Snapshot, ChainState)>, StreamError> {
-        let Some((base, listed)) = self.newest_snapshot(node).await? else {
-            return Ok(None);
-        };
-        let mut snapshot = self.read_snapshot(node, base).await?;
-        let mut chain = ChainState {
-            base,
-            base_bytes: listed.size,
-            next_seq: 1,
-            deltas: 0,
-            delta_bytes: 0,
-        };
+    /// The deltas of node `node` over its snapshot at `base`, in order, with their listings.
+    async fn list_deltas(
+        &self,
+        node: &str,
+        base: Lsn,
+    ) -> Result<Vec<(u64, object_store::ObjectMeta)>, StreamError> {
         let prefix = format!("{}/{base:020}-", paths::stream_deltas(node));
         let dir = Path::from(paths::stream_deltas(node));
         let mut deltas: Vec<(u64, object_store::ObjectMeta)> = self
@@ -250,6 +253,22 @@ impl ColdStore {
             })
             .collect();
         deltas.sort_by_key(|(seq, _)| *seq);
+        Ok(deltas)
+    }
+
+    async fn read_chain(&self, node: &str) -> Result<Option<(Snapshot, ChainState)>, StreamError> {
+        let Some((base, listed)) = self.newest_snapshot(node).await? else {
+            return Ok(None);
+        };
+        let mut snapshot = self.read_snapshot(node, base).await?;
+        let mut chain = ChainState {
+            base,
+            base_bytes: listed.size,
+            next_seq: 1,
+            deltas: 0,
+            delta_bytes: 0,
+        };
+        let deltas = self.list_deltas(node, base).await?;
         if deltas.is_empty() {
             return Ok(Some((snapshot, chain)));
         }
@@ -331,9 +350,10 @@ impl ColdStore {
             .map_err(|e| StreamError::Corrupt(format!("snapshot {path}: {e}")))
     }
 
-    /// Stream `name` of node `node` as that node's newest snapshot has it, if the snapshot
-    /// holds it and it lives until deleted. The newest snapshot is listed on every call; it
-    /// is read only when it changed.
+    /// Stream `name` of node `node` as that node's newest checkpoint has it (its newest
+    /// snapshot with the deltas over it), if the checkpoint holds it and it lives until
+    /// deleted. The newest snapshot and its deltas are listed on every call; they are read
+    /// only when they changed.
     pub(super) async fn sealed_view(
         &self,
         node: &str,
@@ -342,11 +362,19 @@ impl ColdStore {
         let Some((lsn, listed)) = self.newest_snapshot(node).await? else {
             return Ok(None);
         };
+        // What the view was read from: the snapshot's listing and its deltas' (a delta is
+        // written once under a new name, so the last one's listing tells a chain apart).
+        let deltas = self.list_deltas(node, lsn).await?;
+        let read_from = ViewSource {
+            snapshot: listed,
+            deltas: deltas.len(),
+            last_delta: deltas.last().map(|(_, m)| m.clone()),
+        };
         let cached = || {
             self.views.lock().ok().and_then(|views| {
                 views
                     .get(node)
-                    .filter(|(read, _)| *read == listed)
+                    .filter(|(read, _)| *read == read_from)
                     .map(|(_, view)| view.clone())
             })
         };
@@ -357,7 +385,9 @@ impl ColdStore {
         let view = match cached() {
             Some(view) => view,
             None => {
-                let snapshot = self.read_snapshot(node, lsn).await?;
+                let Some((snapshot, _)) = self.read_chain(node).await? else {
+                    return Ok(None);
+                };
                 let view: HashMap<String, SealedView> = snapshot
                     .streams
                     .into_iter()
@@ -384,7 +414,7 @@ impl ColdStore {
                     {
                         views.remove(&other);
                     }
-                    views.insert(node.to_owned(), (listed.clone(), view.clone()));
+                    views.insert(node.to_owned(), (read_from, view.clone()));
                 }
                 view
             }
