@@ -350,10 +350,11 @@ async fn submit(base: &str, key: &str, text: &str) -> (u16, serde_json::Value) {
 }
 
 /// The statement's payload once it is no longer running (a debug build on a busy machine
-/// can take longer than a submit waits).
+/// can take longer than a submit waits; a statement whose planning takes long runs at the
+/// lowest priority, so beside the hostile-function test it may take minutes: this waits five).
 async fn finished(base: &str, key: &str, mut body: serde_json::Value) -> serde_json::Value {
     let client = reqwest::Client::new();
-    for _ in 0..600 {
+    for _ in 0..3000 {
         if body["status"] != "running" {
             return body;
         }
