@@ -187,32 +187,31 @@ impl From<DataFusionError> for QueryError {
                 Err(other) => QueryError::Query(DataFusionError::External(other).strip_backtrace()),
             },
             DataFusionError::ObjectStore(e) => QueryError::Table(TableError::Storage(*e)),
-            // The Parquet reader wraps a failed read of a data file (one that garbage
-            // collection took after a compaction replaced it, while this statement's view
-            // still named it), and operators share or annotate it on the way up: the
-            // server's trouble too, however deep, and a retry reads afresh.
-            other if object_store_failure(&other).is_some() => {
-                let text = object_store_failure(&other).unwrap_or_default();
-                QueryError::Table(TableError::Storage(object_store::Error::Generic {
-                    store: "object store",
-                    source: text.into(),
-                }))
-            }
-            // An exhausted budget, however deeply DataFusion wrapped it. (Statements classify
-            // it with their budget, which knows whether other statements hold the memory:
-            // `budget::StatementBudget::error`.)
-            other if matches!(other.find_root(), DataFusionError::ResourcesExhausted(_)) => {
-                let message = match other.find_root() {
-                    DataFusionError::ResourcesExhausted(m) => m.clone(),
-                    root => root.strip_backtrace(),
-                };
-                QueryError::ResourcesExhausted {
-                    message,
-                    retry: false,
+            other => {
+                // The Parquet reader wraps a failed read of a data file (one that garbage
+                // collection took after a compaction replaced it, while this statement's view
+                // still named it), and operators share or annotate it on the way up: the
+                // server's trouble too, however deep, and a retry reads afresh.
+                if let Some(text) = object_store_failure(&other) {
+                    return QueryError::Table(TableError::Storage(object_store::Error::Generic {
+                        store: "object store",
+                        source: text.into(),
+                    }));
+                }
+                match other.find_root() {
+                    // An exhausted budget, however deeply DataFusion wrapped it. (Statements
+                    // classify it with their budget, which knows whether other statements hold
+                    // the memory: `budget::StatementBudget::error`.)
+                    DataFusionError::ResourcesExhausted(message) => {
+                        QueryError::ResourcesExhausted {
+                            message: message.clone(),
+                            retry: false,
+                        }
+                    }
+                    // DataFusion wraps our own errors as External; surface the message cleanly.
+                    _ => QueryError::Query(other.strip_backtrace()),
                 }
             }
-            // DataFusion wraps our own errors as External; surface the message cleanly.
-            other => QueryError::Query(other.strip_backtrace()),
         }
     }
 }

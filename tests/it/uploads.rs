@@ -710,6 +710,29 @@ async fn a_client_that_never_reads_its_answer_is_cut_off() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_result_goes_out_in_pieces_that_read_back_whole() {
+    // 60,000 rows of ~30 bytes: several batches, each cut into pieces of about 64 KiB.
+    // Every row arrives once, in order, and the payload parses whole (no comma lost or
+    // doubled at a piece's or a batch's edge).
+    let server = Server::start("pieces", &[], "");
+    let client = reqwest::Client::new();
+    let body = common::statement(
+        &client,
+        &server.base,
+        "SELECT value, repeat('x', 20) AS pad FROM generate_series(1, 60000) ORDER BY value",
+    )
+    .await;
+    assert_eq!(body["status"], "finished", "{body}");
+    let rows = body["result_set"]["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 60000);
+    for (i, row) in rows.iter().enumerate() {
+        assert_eq!(row[0], Value::from((i + 1).to_string()), "row {i}");
+        assert_eq!(row[1], Value::from("x".repeat(20)), "row {i}");
+    }
+    assert_eq!(body["result_set"]["metadata"]["num_rows"], 60000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_from_one_peer_cannot_take_every_slot() {
     let config = "max_connections = 20\nmax_connections_per_peer = 5\n";
     let server = Server::start("peers", &[], config);
