@@ -733,6 +733,57 @@ async fn a_large_result_goes_out_in_pieces_that_read_back_whole() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_never_reads_cannot_hold_up_shutdown() {
+    // The write timeout alone would keep the connection for ten minutes: the stop must end
+    // it within `shutdown_timeout_seconds`, flush, and exit cleanly.
+    let config = "response_write_timeout_seconds = 600\nshutdown_timeout_seconds = 3\n";
+    let mut server = Server::start("stuck-reader", &[], config);
+    let base = server.base.clone();
+    let client = reqwest::Client::new();
+    let r = client
+        .put(format!("{base}/v1/stream/big"))
+        .header("content-type", "application/octet-stream")
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(r.status(), 201);
+    for _ in 0..8 {
+        let r = client
+            .post(format!("{base}/v1/stream/big"))
+            .header("content-type", "application/octet-stream")
+            .body(vec![b'x'; 1 << 20])
+            .send()
+            .await
+            .expect("append");
+        assert!(r.status().is_success());
+    }
+    let mut stuck = std::net::TcpStream::connect(addr(&server)).expect("connect");
+    let get = "GET /v1/stream/big?offset=-1 HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    stuck.write_all(get.repeat(2).as_bytes()).expect("requests");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let stopped = Instant::now();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let exit = loop {
+        if let Some(exit) = server.child.try_wait().expect("wait") {
+            break exit;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still running 120 s after SIGTERM with a reader that never reads"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    println!("stopped {:?} after SIGTERM: {exit:?}", stopped.elapsed());
+    assert!(exit.success(), "clean exit: {exit:?}");
+    drop(stuck);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_from_one_peer_cannot_take_every_slot() {
     let config = "max_connections = 20\nmax_connections_per_peer = 5\n";
     let server = Server::start("peers", &[], config);
