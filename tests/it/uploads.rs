@@ -784,6 +784,58 @@ async fn a_reader_that_never_reads_cannot_hold_up_shutdown() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_from_many_addresses_make_room_for_a_request() {
+    // Every slot held by connections that never send a byte, from as many addresses as
+    // there are slots (so no per-peer cap applies), under a header timeout of two minutes:
+    // a request that arrives is answered at once, a silent connection closed for it.
+    let config = "max_connections = 20\nmax_connections_per_peer = 20\n\
+                  header_timeout_seconds = 120\n";
+    let server = Server::start("silent-flood", &[], config);
+    let at = addr(&server);
+    let mut silent = Vec::new();
+    for i in 0..24u8 {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind(SocketAddr::from(([127, 0, 1, 1 + i], 0)))
+            .expect("bind");
+        silent.push(socket.connect(at).await.expect("connect"));
+    }
+    // A connection that started a request and one that finished one stay open.
+    let mut started = std::net::TcpStream::connect(at).expect("connect");
+    started
+        .write_all(b"GET /v1/health HTTP/1.1\r\n")
+        .expect("partial request");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let client = reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+        .build()
+        .expect("client");
+    for _ in 0..5 {
+        let asked = Instant::now();
+        let r = tokio::time::timeout(
+            Duration::from_secs(60),
+            client.get(format!("{}/v1/health", server.base)).send(),
+        )
+        .await
+        .expect("a request waited a minute behind silent connections")
+        .expect("health");
+        assert_eq!(r.status(), 200);
+        println!("answered in {:?} with every slot silent", asked.elapsed());
+    }
+    // The started request is still served.
+    started
+        .write_all(b"Host: localhost\r\nConnection: close\r\n\r\n")
+        .expect("rest of the request");
+    started
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let mut answer = String::new();
+    let _ = started.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    drop(silent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_from_one_peer_cannot_take_every_slot() {
     let config = "max_connections = 20\nmax_connections_per_peer = 5\n";
     let server = Server::start("peers", &[], config);
