@@ -22,6 +22,15 @@
 //! ([`TableConfig::flush_quiet`]) and the spill budget has room, flushes wait for the burst's
 //! end (an age limit holds anyway), and a flush then decodes a budget's worth at a time.
 //!
+//! Small batches coalesce: a committed batch smaller than [`COALESCE_BELOW_BYTES`] joins the
+//! newest entry of the set when that entry is in memory, of the same schema, itself still
+//! under that size, and not taken by a flush under way (`Unflushed::cut`). One entry then
+//! holds the rows of several records, in LSN order, and keeps their LSNs: memory, spills and
+//! flushes follow rows and bytes, not requests (a one-row batch alone costs its arrays'
+//! overhead, about a kilobyte). An entry leaves the set whole: a flush takes whole entries
+//! and covers up to the last record of the last one it took, and since an entry a flush took
+//! takes no more records, every position a flush commits is the last LSN of an entry.
+//!
 //! The manifest decides, never memory: whenever a manifest state is installed (a flush's own
 //! commit, or a refresh that reads versions written since), the unflushed batches that its
 //! position for this node covers leave memory in the same step, under the table's lock. So a
@@ -326,15 +335,37 @@ pub struct TableStats {
     pub unflushed_rows: u64,
 }
 
+/// A batch smaller than this joins the newest unflushed entry of its table while that entry
+/// is smaller than this too (see the module docs): the copy each join makes stays small, and
+/// an entry of one-row batches holds hundreds of rows.
+pub(crate) const COALESCE_BELOW_BYTES: usize = 32 << 10;
+
+/// One entry of a table's unflushed set: the rows of one or more consecutive records of the
+/// table (coalesced small batches), in memory or spilled.
 struct Unflushed {
-    lsn: Lsn,
-    /// The decoded batch; `None` once spilled (its record is read back from the log).
+    /// The records whose rows it holds, ascending (one, unless small batches coalesced).
+    lsns: Vec<Lsn>,
+    /// The decoded rows; `None` once spilled (its records are read back from the log).
     batch: Option<RecordBatch>,
     rows: usize,
     /// Its decoded size.
     bytes: usize,
-    /// When it joined the set (for `flush_interval`).
+    /// When its first batch joined the set (for `flush_interval`).
     at: Instant,
+    /// Taken by a flush's cut: it takes no more records (the flush covers up to its last).
+    cut: bool,
+}
+
+impl Unflushed {
+    /// Its first record: the log keeps records from here while it is unflushed.
+    fn first_lsn(&self) -> Lsn {
+        self.lsns.first().copied().unwrap_or(0)
+    }
+
+    /// Its last record: a flush that took it covers up to here.
+    fn last_lsn(&self) -> Lsn {
+        self.lsns.last().copied().unwrap_or(0)
+    }
 }
 
 /// Invariant: the spilled batches are a prefix of `unflushed` (the oldest are spilled
@@ -358,7 +389,11 @@ impl TableState {
             return;
         }
         let covered = manifest.flushed.get(node).copied().unwrap_or(0);
-        while self.unflushed.front().is_some_and(|u| u.lsn <= covered) {
+        while self
+            .unflushed
+            .front()
+            .is_some_and(|u| u.last_lsn() <= covered)
+        {
             if let Some(u) = self.unflushed.pop_front() {
                 if u.batch.is_some() {
                     self.held_bytes = self.held_bytes.saturating_sub(u.bytes);
@@ -423,17 +458,40 @@ impl Table {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Adds a committed batch of `bytes` in memory to the unflushed set.
+    /// Adds a committed batch of `bytes` in memory to the unflushed set, joined to the
+    /// newest entry when both are small (see the module docs).
     fn push(&self, lsn: Lsn, batch: RecordBatch, bytes: usize) {
         let rows = batch.num_rows();
         let mut state = self.lock();
+        let spilled = state.spilled;
+        let len = state.unflushed.len();
+        if bytes < COALESCE_BELOW_BYTES
+            && len > spilled
+            && let Some(tail) = state.unflushed.back_mut()
+            && !tail.cut
+            && tail.bytes < COALESCE_BELOW_BYTES
+            && let Some(held) = &tail.batch
+            && held.schema() == batch.schema()
+            && let Ok(joined) =
+                arrow_select::concat::concat_batches(&batch.schema(), [held, &batch])
+        {
+            let before = tail.bytes;
+            tail.bytes = joined.get_array_memory_size();
+            tail.batch = Some(joined);
+            tail.rows += rows;
+            tail.lsns.push(lsn);
+            let after = tail.bytes;
+            state.held_bytes = state.held_bytes.saturating_sub(before) + after;
+            return;
+        }
         state.held_bytes += bytes;
         state.unflushed.push_back(Unflushed {
-            lsn,
+            lsns: vec![lsn],
             batch: Some(batch),
             rows,
             bytes,
             at: Instant::now(),
+            cut: false,
         });
     }
 }
@@ -716,7 +774,7 @@ impl Tables {
             match &u.batch {
                 Some(batch) => batches.push(batch.clone()),
                 None => {
-                    lsns.push(u.lsn);
+                    lsns.extend_from_slice(&u.lsns);
                     spilled_rows += u.rows as u64;
                 }
             }
@@ -813,7 +871,7 @@ impl Tables {
         whole: bool,
     ) -> Result<Option<DataFile>, TableError> {
         let table = self.table(id).await?;
-        let until = table.lock().unflushed.back().map(|u| u.lsn);
+        let until = table.lock().unflushed.back().map(Unflushed::last_lsn);
         let mut last = None;
         let mut front = None;
         loop {
@@ -821,7 +879,7 @@ impl Tables {
             let Some((file, through)) = self.flush_once(id, publish).await? else {
                 // Nothing left, or a cut superseded by a commit of ours that landed (its rows
                 // left the set): go on for what is left of the call's batches.
-                let now = table.lock().unflushed.front().map(|u| u.lsn);
+                let now = table.lock().unflushed.front().map(Unflushed::first_lsn);
                 let left = now.is_some_and(|lsn| until.is_some_and(|until| lsn <= until));
                 // Again only while each pass moves the set on.
                 if whole && left && now != front {
@@ -923,9 +981,9 @@ impl Tables {
                 held += state.held_bytes;
                 spilled += state.spilled_bytes;
                 if let Some(first_held) = state.unflushed.get(state.spilled)
-                    && oldest.is_none_or(|(lsn, _)| first_held.lsn < lsn)
+                    && oldest.is_none_or(|(lsn, _)| first_held.first_lsn() < lsn)
                 {
-                    oldest = Some((first_held.lsn, t));
+                    oldest = Some((first_held.first_lsn(), t));
                 }
             }
             if held <= self.config.max_unflushed_bytes || spilled >= budget {
@@ -963,21 +1021,25 @@ impl Tables {
         // The cut: a prefix of what is unflushed now. Appends may go on; they land after it.
         let chunk = self.config.max_unflushed_bytes.max(self.config.flush_bytes);
         let cut = {
-            let state = table.lock();
-            let mut taken: Vec<(Lsn, Option<RecordBatch>)> = Vec::new();
+            let mut state = table.lock();
+            let spilled = state.spilled;
+            let mut taken: Vec<(Vec<Lsn>, Option<RecordBatch>)> = Vec::new();
             let mut bytes = 0;
-            for u in &state.unflushed {
+            for u in state.unflushed.iter_mut() {
                 // With spilled batches in it, the cut is at most a budget's worth: what the
                 // flush decodes besides what memory holds.
-                if state.spilled > 0 && !taken.is_empty() && bytes + u.bytes > chunk {
+                if spilled > 0 && !taken.is_empty() && bytes + u.bytes > chunk {
                     break;
                 }
                 bytes += u.bytes;
-                taken.push((u.lsn, u.batch.clone()));
+                // Its rows are this flush's now: a later batch starts an entry of its own.
+                u.cut = true;
+                taken.push((u.lsns.clone(), u.batch.clone()));
             }
-            match (taken.first(), taken.last()) {
+            let first = taken.first().and_then(|(lsns, _)| lsns.first().copied());
+            let last = taken.last().and_then(|(lsns, _)| lsns.last().copied());
+            match (first, last) {
                 (Some(first), Some(last)) => {
-                    let (first, last) = (first.0, last.0);
                     // A refresh may take these batches out of memory (an earlier commit of
                     // ours that landed): their records stay until this flush is done.
                     let kept = LogHold::new(&self.holds, &self.next_hold, first);
@@ -1000,19 +1062,20 @@ impl Tables {
         let (file, written) = self
             .write_data_file(&table, move || {
                 let mut batches = Vec::with_capacity(taken.len());
-                for (lsn, batch) in taken {
-                    let batch = match batch {
-                        Some(batch) => batch,
+                for (lsns, batch) in taken {
+                    match batch {
+                        Some(batch) => batches.push(batch),
                         None => {
                             let reader = reader.as_mut().ok_or_else(|| {
                                 TableError::Task(
                                     "spilled batches need the commit log's local segments".into(),
                                 )
                             })?;
-                            read_spilled(reader, &table_id, lsn, &reads)?
+                            for lsn in lsns {
+                                batches.push(read_spilled(reader, &table_id, lsn, &reads)?);
+                            }
                         }
-                    };
-                    batches.push(batch);
+                    }
                 }
                 Ok(batches)
             })
@@ -1372,7 +1435,7 @@ impl Tables {
         let tables = self.tables.read().unwrap_or_else(|p| p.into_inner());
         let unflushed = tables
             .values()
-            .filter_map(|t| t.lock().unflushed.front().map(|u| u.lsn))
+            .filter_map(|t| t.lock().unflushed.front().map(Unflushed::first_lsn))
             .min();
         drop(tables);
         // After the tables: a hold taken under a table's lock before that table gave the
