@@ -27,9 +27,12 @@
 //! under that size, and not taken by a flush under way (`Unflushed::cut`). One entry then
 //! holds the rows of several records, in LSN order, and keeps their LSNs: memory, spills and
 //! flushes follow rows and bytes, not requests (a one-row batch alone costs its arrays'
-//! overhead, about a kilobyte). An entry leaves the set whole: a flush takes whole entries
-//! and covers up to the last record of the last one it took, and since an entry a flush took
-//! takes no more records, every position a flush commits is the last LSN of an entry.
+//! overhead, about a kilobyte). A flush takes whole entries and covers up to the last record
+//! of the last one it took; an entry a flush took takes no more records, so every position
+//! this process commits is the last LSN of an entry. A position committed by another process
+//! under the same node id (a commit of a node that stalled past its lease, landing after a
+//! taker replayed and coalesced the same records differently) may fall inside an entry: the
+//! install then trims the entry to the records past it (`Unflushed::trim_through`).
 //!
 //! The manifest decides, never memory: whenever a manifest state is installed (a flush's own
 //! commit, or a refresh that reads versions written since), the unflushed batches that its
@@ -345,6 +348,8 @@ pub(crate) const COALESCE_BELOW_BYTES: usize = 32 << 10;
 struct Unflushed {
     /// The records whose rows it holds, ascending (one, unless small batches coalesced).
     lsns: Vec<Lsn>,
+    /// For each record of `lsns`, the number of the entry's rows up to and including its own.
+    ends: Vec<usize>,
     /// The decoded rows; `None` once spilled (its records are read back from the log).
     batch: Option<RecordBatch>,
     rows: usize,
@@ -365,6 +370,38 @@ impl Unflushed {
     /// Its last record: a flush that took it covers up to here.
     fn last_lsn(&self) -> Lsn {
         self.lsns.last().copied().unwrap_or(0)
+    }
+
+    /// Drops the rows of its records at or below `covered` (in files now), keeping the
+    /// rest; returns its size before and after.
+    fn trim_through(&mut self, covered: Lsn) -> (usize, usize) {
+        let before = self.bytes;
+        let gone = self.lsns.partition_point(|&lsn| lsn <= covered);
+        let Some(&rows_gone) = gone.checked_sub(1).and_then(|i| self.ends.get(i)) else {
+            return (before, before);
+        };
+        self.lsns.drain(..gone);
+        self.ends.drain(..gone);
+        for end in &mut self.ends {
+            *end -= rows_gone;
+        }
+        let kept = self.rows - rows_gone;
+        self.bytes = match &self.batch {
+            Some(batch) => {
+                // Copied out of the slice, so the dropped rows' buffers go too.
+                let slice = batch.slice(rows_gone, kept);
+                let compact = arrow_select::concat::concat_batches(&slice.schema(), [&slice])
+                    .unwrap_or(slice);
+                let bytes = compact.get_array_memory_size();
+                self.batch = Some(compact);
+                bytes
+            }
+            // Spilled: its records are read back from the log, so what it stands for is a
+            // share of the spilled bytes.
+            None => before.saturating_mul(kept) / self.rows.max(1),
+        };
+        self.rows = kept;
+        (before, self.bytes)
     }
 }
 
@@ -402,6 +439,20 @@ impl TableState {
                     self.spilled_bytes = self.spilled_bytes.saturating_sub(u.bytes);
                 }
             }
+        }
+        // A position inside the oldest entry left (see the module docs): its covered
+        // records go, the rest stay.
+        if let Some(front) = self.unflushed.front_mut()
+            && front.first_lsn() <= covered
+        {
+            let in_memory = front.batch.is_some();
+            let (before, after) = front.trim_through(covered);
+            let total = if in_memory {
+                &mut self.held_bytes
+            } else {
+                &mut self.spilled_bytes
+            };
+            *total = total.saturating_sub(before) + after;
         }
         self.manifest = manifest;
     }
@@ -480,6 +531,7 @@ impl Table {
             tail.batch = Some(joined);
             tail.rows += rows;
             tail.lsns.push(lsn);
+            tail.ends.push(tail.rows);
             let after = tail.bytes;
             state.held_bytes = state.held_bytes.saturating_sub(before) + after;
             return;
@@ -487,6 +539,7 @@ impl Table {
         state.held_bytes += bytes;
         state.unflushed.push_back(Unflushed {
             lsns: vec![lsn],
+            ends: vec![rows],
             batch: Some(batch),
             rows,
             bytes,
@@ -1530,4 +1583,120 @@ async fn publish_iceberg(storage: &Storage, id: &str, state: &ManifestState, gra
 
 fn elapsed_nanos(started: Instant) -> u64 {
     u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{Array as _, Int64Array};
+
+    fn ids(from: i64, to: i64) -> RecordBatch {
+        let schema = Arc::new(arrow_schema::Schema::new(vec![arrow_schema::Field::new(
+            "id",
+            arrow_schema::DataType::Int64,
+            false,
+        )]));
+        let column = Arc::new(Int64Array::from_iter_values(from..to));
+        RecordBatch::try_new(schema, vec![column]).expect("batch")
+    }
+
+    fn entry(lsns: &[Lsn], ends: &[usize], batch: Option<RecordBatch>, bytes: usize) -> Unflushed {
+        Unflushed {
+            lsns: lsns.to_vec(),
+            ends: ends.to_vec(),
+            rows: ends.last().copied().unwrap_or(0),
+            batch,
+            bytes,
+            at: Instant::now(),
+            cut: false,
+        }
+    }
+
+    fn covering(version: u64, lsn: Lsn) -> ManifestState {
+        ManifestState {
+            version,
+            flushed: BTreeMap::from([("n".to_owned(), lsn)]),
+            ..ManifestState::default()
+        }
+    }
+
+    fn held_ids(state: &TableState) -> Vec<i64> {
+        let mut out = Vec::new();
+        for u in &state.unflushed {
+            if let Some(batch) = &u.batch {
+                let column = batch.column(0);
+                let column = column.as_any().downcast_ref::<Int64Array>().expect("ids");
+                out.extend(column.values().iter().copied());
+            }
+        }
+        out
+    }
+
+    /// A covered position inside a coalesced entry (a commit of another process under this
+    /// node's id that grouped the records otherwise) drops exactly the covered records' rows:
+    /// none read twice, none lost.
+    #[test]
+    fn a_position_inside_a_coalesced_entry_trims_it() {
+        // Records 10..=13 hold rows 0, 1-2, 3, 4-5; record 14 holds 6-7.
+        let first = ids(0, 6);
+        let second = ids(6, 8);
+        let (a, b) = (
+            first.get_array_memory_size(),
+            second.get_array_memory_size(),
+        );
+        let mut state = TableState {
+            manifest: ManifestState::default(),
+            unflushed: VecDeque::from([
+                entry(&[10, 11, 12, 13], &[1, 3, 4, 6], Some(first), a),
+                entry(&[14], &[2], Some(second), b),
+            ]),
+            held_bytes: a + b,
+            spilled: 0,
+            spilled_bytes: 0,
+            last_append: None,
+        };
+        state.install(covering(1, 9), "n");
+        assert_eq!(held_ids(&state), (0..8).collect::<Vec<_>>());
+        state.install(covering(2, 11), "n");
+        assert_eq!(held_ids(&state), (3..8).collect::<Vec<_>>());
+        let front = &state.unflushed[0];
+        assert_eq!(
+            (front.lsns.as_slice(), front.ends.as_slice()),
+            (&[12, 13][..], &[1, 3][..])
+        );
+        assert_eq!(front.rows, 3);
+        let sizes: usize = state.unflushed.iter().map(|u| u.bytes).sum();
+        assert_eq!(state.held_bytes, sizes);
+        state.install(covering(3, 13), "n");
+        assert_eq!(held_ids(&state), vec![6, 7]);
+        assert_eq!(state.held_bytes, b);
+        state.install(covering(4, 14), "n");
+        assert!(state.unflushed.is_empty());
+        assert_eq!(state.held_bytes, 0);
+    }
+
+    /// A spilled entry is trimmed to the records past the position (its rows are read back
+    /// by LSN), and the spilled bytes follow.
+    #[test]
+    fn a_position_inside_a_spilled_entry_trims_its_records() {
+        let mut state = TableState {
+            manifest: ManifestState::default(),
+            unflushed: VecDeque::from([entry(&[10, 11, 12], &[2, 4, 6], None, 600)]),
+            held_bytes: 0,
+            spilled: 1,
+            spilled_bytes: 600,
+            last_append: None,
+        };
+        state.install(covering(1, 10), "n");
+        let front = &state.unflushed[0];
+        assert_eq!(
+            (front.lsns.as_slice(), front.ends.as_slice()),
+            (&[11, 12][..], &[2, 4][..])
+        );
+        assert_eq!(
+            (front.rows, front.bytes, state.spilled_bytes),
+            (4, 400, 400)
+        );
+        assert_eq!(state.spilled, 1);
+    }
 }
