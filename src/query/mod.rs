@@ -143,7 +143,7 @@ impl QueryError {
         let line = before.matches('\n').count() + 1;
         let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
         QueryError::Syntax {
-            message,
+            message: bounded_error_text(message),
             line,
             column,
         }
@@ -162,11 +162,31 @@ fn object_store_failure(e: &DataFusionError) -> Option<String> {
     None
 }
 
+/// The most bytes of an error's text kept with a statement or sent: a message may quote a
+/// value of the statement's own making (a failed cast names the string it could not cast),
+/// and a failed statement is kept, and its answer rendered, as often as it is fetched.
+pub(crate) const MAX_ERROR_TEXT_BYTES: usize = 4 << 10;
+
+/// `text` cut to [`MAX_ERROR_TEXT_BYTES`] (at a character boundary), saying how much went.
+pub(crate) fn bounded_error_text(mut text: String) -> String {
+    if text.len() <= MAX_ERROR_TEXT_BYTES {
+        return text;
+    }
+    let mut cut = MAX_ERROR_TEXT_BYTES;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let elided = text.len() - cut;
+    text.truncate(cut);
+    text.push_str(&format!("… ({elided} bytes elided)"));
+    text
+}
+
 impl From<DataFusionError> for QueryError {
     fn from(e: DataFusionError) -> Self {
         match e {
             DataFusionError::SQL(parse, _) => QueryError::Syntax {
-                message: parse.to_string(),
+                message: bounded_error_text(parse.to_string()),
                 line: 0,
                 column: 0,
             },
@@ -179,12 +199,14 @@ impl From<DataFusionError> for QueryError {
                     DataFusionError::External(e) => e.to_string(),
                     root => root.strip_backtrace(),
                 };
-                QueryError::TooComplex(message)
+                QueryError::TooComplex(bounded_error_text(message))
             }
             // Table storage failing under a scan is the server's trouble, not the query's.
             DataFusionError::External(e) => match e.downcast::<TableError>() {
                 Ok(table) => QueryError::Table(*table),
-                Err(other) => QueryError::Query(DataFusionError::External(other).strip_backtrace()),
+                Err(other) => QueryError::Query(bounded_error_text(
+                    DataFusionError::External(other).strip_backtrace(),
+                )),
             },
             DataFusionError::ObjectStore(e) => QueryError::Table(TableError::Storage(*e)),
             other => {
@@ -204,12 +226,12 @@ impl From<DataFusionError> for QueryError {
                     // the memory: `budget::StatementBudget::error`.)
                     DataFusionError::ResourcesExhausted(message) => {
                         QueryError::ResourcesExhausted {
-                            message: message.clone(),
+                            message: bounded_error_text(message.clone()),
                             retry: false,
                         }
                     }
                     // DataFusion wraps our own errors as External; surface the message cleanly.
-                    _ => QueryError::Query(other.strip_backtrace()),
+                    _ => QueryError::Query(bounded_error_text(other.strip_backtrace())),
                 }
             }
         }
@@ -783,6 +805,19 @@ fn plan(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn error_text_is_cut_at_a_character_boundary() {
+        let text = "é".repeat(10_000);
+        let cut = super::bounded_error_text(text);
+        assert!(
+            cut.len() < super::MAX_ERROR_TEXT_BYTES + 40,
+            "{}",
+            cut.len()
+        );
+        assert!(cut.ends_with("bytes elided)"), "{cut}");
+        assert_eq!(super::bounded_error_text("short".into()), "short");
+    }
+
     use super::*;
     use crate::error::Classify;
 
