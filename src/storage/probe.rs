@@ -43,6 +43,8 @@ pub struct Probe {
     failing_writes: std::sync::Mutex<Option<String>>,
     /// Reads of objects under this prefix wait until it is cleared (a read that hangs).
     held_reads: std::sync::Mutex<Option<String>>,
+    /// Writes of objects under this prefix wait until it is cleared (a write that hangs).
+    held_writes: std::sync::Mutex<Option<String>>,
     /// Reads waiting on [`Probe::hold_reads_under`] now.
     reads_held: AtomicUsize,
     requests: AtomicU64,
@@ -89,6 +91,26 @@ impl Probe {
         if let Ok(mut held) = self.held_reads.lock() {
             *held = prefix.map(str::to_owned);
         }
+    }
+
+    /// While set, every write of an object whose path starts with `prefix` waits (without
+    /// an answer) until the prefix is cleared (`None`); everything else goes through.
+    #[cfg(feature = "testing")]
+    pub fn hold_writes_under(&self, prefix: Option<&str>) {
+        if let Ok(mut held) = self.held_writes.lock() {
+            *held = prefix.map(str::to_owned);
+        }
+    }
+
+    /// Whether writes of `location` are held now.
+    fn holds_write(&self, location: &Path) -> bool {
+        self.held_writes
+            .lock()
+            .map(|h| {
+                h.as_ref()
+                    .is_some_and(|p| location.as_ref().starts_with(p.as_str()))
+            })
+            .unwrap_or(false)
     }
 
     /// How many reads [`Probe::hold_reads_under`] holds now.
@@ -170,6 +192,9 @@ impl Probe {
         let delay = self.write_delay_ms.load(Ordering::SeqCst);
         if delay > 0 {
             tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+        }
+        while self.holds_write(location) {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
         let failing = self
             .failing_writes
