@@ -301,12 +301,16 @@ async fn a_subscription_made_while_a_round_runs_hears_of_every_change() {
     if ran.is_err() {
         round.await.unwrap();
     }
+    assert_eq!(
+        linked_tail(&d, "local", "s", "x"),
+        Some(2),
+        "x's change went to a round that found no subscription"
+    );
+    assert!(has_wake(&d, "s"));
     assert!(
         ran.is_err(),
         "a round ran between reading the tails and creating"
     );
-    assert_eq!(linked_tail(&d, "local", "s", "x"), Some(2));
-    assert!(has_wake(&d, "s"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -410,4 +414,23 @@ async fn a_close_is_no_news_to_a_restarts_rescan() {
     h.create("e/b", "new").await;
     next.round().await;
     assert_eq!(linked_tail(&next, "local", "s", "e/b"), Some(3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_before_the_first_watch_is_stored_loses_nothing() {
+    let h = harness("crash-before-watch", |_| {}).await;
+    h.forget_watermarks().await;
+    let first = h.dispatcher(SubscriptionLimits::default()).await;
+    first
+        .put(&caller("local"), "s", pattern("e/*", "wakes"))
+        .await
+        .unwrap();
+    h.create("e/a", "one").await;
+    // The process dies before any round: the next one starts watching where the
+    // subscription was made, not where the engine stands when it starts.
+    drop(first);
+    let next = h.dispatcher(SubscriptionLimits::default()).await;
+    next.round().await;
+    assert_eq!(linked_tail(&next, "local", "s", "e/a"), Some(3));
+    assert!(has_wake(&next, "s"));
 }
