@@ -19,16 +19,19 @@
 //! # No missed wakes
 //! Wakes are at least once. The argument, step by step:
 //! 1. Every stream engine notes the name of each stream that receives data in its change set
-//!    before its applied LSN moves past the change, and keeps each stream's last-change LSN
-//!    (in snapshots too) ([`crate::stream::Streams::take_changes`]). The set is bounded;
-//!    past the bound the engine only records that it overflowed.
+//!    before its applied LSN moves past the change, and keeps the LSN of each stream's last
+//!    data change (in checkpoints too; a close or a producer-only append leaves it)
+//!    ([`crate::stream::Streams::take_changes`]). The set is bounded; past the bound the
+//!    engine only records that it overflowed.
 //! 2. A dispatcher round ([`Subscriptions`]) takes each engine's changes and hands them to
 //!    every registry: a stream a subscription's pattern matches is linked, its tail noted,
 //!    and a wake raised when a link's tail passes its acked offset. After an overflow the
 //!    registry rescans the engine for streams changed since its cursor instead; after a
-//!    restart or a takeover, for streams changed since it first watched the engine (its
-//!    stored watermark), leaving out, per subscription, streams last changed before the
-//!    subscription was made.
+//!    restart or a takeover, and the first time it watches an engine, for streams changed
+//!    since it started watching the engine (its watermark: taken when registry and engine
+//!    meet, before the engine takes an append through this process, and no later than any
+//!    subscription's creation; kept until stored, so a failed store loses no batch), leaving
+//!    out, per subscription, streams last changed before the subscription was made.
 //! 3. A subscription with pending data always has a wake: raised when data arrives, and
 //!    again when a wake ends (done) with data still pending. A wake is delivered until it
 //!    is done: failed deliveries are retried with backoff (1 s doubling to 60 s), a webhook
@@ -52,9 +55,11 @@
 //! dispatcher rescans the engines and links it then (as a restart does). Pattern length
 //! and wildcards are bounded too (the matcher is linear, [`matching`]). What is accepted is stored in a typed form checked
 //! to load back under the loader's own limits ([`store::encode`]). A wake names at most
-//! [`registry::MAX_WAKE_STREAMS`] streams; at most `max_deliveries` deliveries run at once,
-//! each reading at most [`delivery::MAX_ANSWER_BYTES`] of a webhook's answer (its status is
-//! what counts, and a `{"done": true}` body acks the wake).
+//! [`registry::MAX_WAKE_STREAMS`] streams; at most `max_deliveries` deliveries run at once
+//! (one key's at most half of them, [`delivery::Slots`]), each reading at most [`delivery::MAX_ANSWER_BYTES`] of a webhook's answer (its status is
+//! what counts, and a `{"done": true}` body acks the wake). No request to the store waits
+//! longer than `store_timeout`: a store that hangs fails the request, and what needed it
+//! (a delivery, a round's watermark) is retried later instead of stalling every delivery.
 //!
 //! # Ownership and secrecy
 //! A subscription belongs to the key that made it ([`Caller::subject`]): any other key gets
