@@ -104,13 +104,7 @@ impl Probe {
 
     /// Whether writes of `location` are held now.
     fn holds_write(&self, location: &Path) -> bool {
-        self.held_writes
-            .lock()
-            .map(|h| {
-                h.as_ref()
-                    .is_some_and(|p| location.as_ref().starts_with(p.as_str()))
-            })
-            .unwrap_or(false)
+        under(&self.held_writes, location)
     }
 
     /// How many reads [`Probe::hold_reads_under`] holds now.
@@ -121,13 +115,7 @@ impl Probe {
 
     /// Whether reads of `location` are held now.
     fn holds_read(&self, location: &Path) -> bool {
-        self.held_reads
-            .lock()
-            .map(|h| {
-                h.as_ref()
-                    .is_some_and(|p| location.as_ref().starts_with(p.as_str()))
-            })
-            .unwrap_or(false)
+        under(&self.held_reads, location)
     }
 
     /// Every write waits `delay` before it is sent, as on a store that answers slowly (zero
@@ -196,15 +184,7 @@ impl Probe {
         while self.holds_write(location) {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
-        let failing = self
-            .failing_writes
-            .lock()
-            .map(|f| {
-                f.as_ref()
-                    .is_some_and(|p| location.as_ref().starts_with(p.as_str()))
-            })
-            .unwrap_or(false);
-        if failing {
+        if under(&self.failing_writes, location) {
             return Err(self.injected("write refused (injected fault)"));
         }
         Ok(())
@@ -218,6 +198,17 @@ impl Probe {
             source: message.into(),
         }
     }
+}
+
+/// Whether `location` starts with the prefix a fault switch holds (none: no).
+fn under(prefix: &std::sync::Mutex<Option<String>>, location: &Path) -> bool {
+    prefix
+        .lock()
+        .map(|p| {
+            p.as_ref()
+                .is_some_and(|p| location.as_ref().starts_with(p.as_str()))
+        })
+        .unwrap_or(false)
 }
 
 /// Wraps a store; each request consults the shared [`Probe`] first.

@@ -87,6 +87,17 @@ impl Harness {
         self.storage.store().delete(&path).await.unwrap();
     }
 
+    /// A dispatcher as on a first start (no watermark stored) with subscription `s` of
+    /// `local` watching pattern `e/*`, made before any round.
+    async fn first_start_with_a_pattern(&self) -> Arc<Subscriptions> {
+        self.forget_watermarks().await;
+        let d = self.dispatcher(SubscriptionLimits::default()).await;
+        d.put(&caller("local"), "s", pattern("e/*", "wakes"))
+            .await
+            .unwrap();
+        d
+    }
+
     /// The process dies (nothing is flushed) and starts again on the same directory and
     /// store.
     async fn restart(&mut self) {
@@ -253,12 +264,7 @@ async fn a_first_watch_of_an_overflowed_batch_rescans() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_a_first_watch_saw_live_is_found_again_after_a_crash() {
     let h = harness("first-watch-crash", |_| {}).await;
-    h.forget_watermarks().await;
-    let first = h.dispatcher(SubscriptionLimits::default()).await;
-    first
-        .put(&caller("local"), "s", pattern("e/*", "wakes"))
-        .await
-        .unwrap();
+    let first = h.first_start_with_a_pattern().await;
     h.create("e/a", "one").await;
     // Seen live by the first round (a pattern link is stored only once something is acked).
     first.round().await;
@@ -419,12 +425,7 @@ async fn a_close_is_no_news_to_a_restarts_rescan() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_before_the_first_watch_is_stored_loses_nothing() {
     let h = harness("crash-before-watch", |_| {}).await;
-    h.forget_watermarks().await;
-    let first = h.dispatcher(SubscriptionLimits::default()).await;
-    first
-        .put(&caller("local"), "s", pattern("e/*", "wakes"))
-        .await
-        .unwrap();
+    let first = h.first_start_with_a_pattern().await;
     h.create("e/a", "one").await;
     // The process dies before any round: the next one starts watching where the
     // subscription was made, not where the engine stands when it starts.
