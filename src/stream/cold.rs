@@ -185,6 +185,10 @@ struct SnapshotStream {
     /// the stream then counts as changed at the snapshot's LSN).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     applied_lsn: Option<Lsn>,
+    /// The LSN of the stream's last data change (checkpoints written before it was kept
+    /// lack it: the stream then counts as changed at its last change, as above).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    data_lsn: Option<Lsn>,
 }
 
 fn storage_error(e: object_store::Error) -> StreamError {
@@ -443,6 +447,7 @@ impl ColdStore {
                     s.fork,
                     s.applied_lsn.unwrap_or(snapshot.lsn),
                 );
+                state.data_lsn = s.data_lsn.unwrap_or(state.applied_lsn);
                 state.closed = s.closed;
                 state.closed_by = s.closed_by;
                 state.stream_seq = s.stream_seq;
@@ -823,6 +828,7 @@ async fn write_checkpoint(
                 soft_deleted: s.soft_deleted,
                 tail: s.tail,
                 applied_lsn: Some(s.applied_lsn),
+                data_lsn: Some(s.data_lsn),
                 extents: chunks
                     .into_iter()
                     .filter_map(|c| match c {

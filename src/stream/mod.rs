@@ -406,7 +406,7 @@ struct ChangeSet {
 pub(crate) struct StreamMark {
     pub(crate) tail: u64,
     pub(crate) incarnation: String,
-    /// The LSN of its last change.
+    /// The LSN of its last data change (closes and producer-only appends leave it).
     pub(crate) changed_lsn: Lsn,
 }
 
@@ -415,7 +415,7 @@ impl StreamMark {
         (!s.gone && !s.soft_deleted).then(|| StreamMark {
             tail: s.tail,
             incarnation: s.incarnation.clone(),
-            changed_lsn: s.applied_lsn,
+            changed_lsn: s.data_lsn,
         })
     }
 }

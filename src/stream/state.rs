@@ -207,8 +207,11 @@ pub(crate) struct StreamState {
     pub(crate) tail: u64,
     pub(crate) chunks: Vec<Chunk>,
     pub(crate) hot_bytes: u64,
-    /// The LSN of the last change applied.
+    /// The LSN of the last change applied (data, close, producer state).
     pub(crate) applied_lsn: Lsn,
+    /// The LSN of the last change that added data (or of the create): what subscriptions
+    /// rescan by, so that a close or a producer-only append is no news to them.
+    pub(crate) data_lsn: Lsn,
 }
 
 /// Whether a content type (normalized) is a JSON stream's.
@@ -242,6 +245,7 @@ impl StreamState {
             chunks: Vec::new(),
             hot_bytes: 0,
             applied_lsn: lsn,
+            data_lsn: lsn,
         }
     }
 
@@ -373,8 +377,11 @@ impl StreamState {
         producer: Option<ProducerTuple>,
         stream_seq: Option<String>,
     ) {
-        if let Some(data) = data {
+        if let Some(data) = data
+            && !data.is_empty()
+        {
             self.push(data);
+            self.data_lsn = lsn;
         }
         if let Some(p) = &producer {
             let tail = self.tail;
