@@ -44,11 +44,9 @@
 //! deleted and expired streams) and superseded snapshots, once they have stayed so for the
 //! grace period; it runs under the checkpoint lock, so a checkpoint's new object is never
 //! judged between its write and its snapshot's. An object whose live extents hold less than
-//! half of it, and which holds at least [`REWRITE_MIN_DEAD_BYTES`] no extent points into,
-//! is marked, and the next checkpoint (a full snapshot) copies those extents into its own
-//! object (they are read back and sealed again like hot records), so one small live stream
-//! cannot keep a large object of deleted ones alive; small objects left partly dead (by
-//! extents merged out of them) are not worth a full snapshot.
+//! half of it is marked, and the next checkpoint copies those extents into its own object
+//! (they are read back and sealed again like hot records), so one small live stream cannot
+//! keep a large object of deleted ones alive.
 //!
 //! Object layout, under `streams/{node}/` (named in [`crate::storage::paths`]):
 //! - `data/{lsn:020}-{tag}.bin` (`data/{lsn:020}.bin` before the tag was added): chunks, one
@@ -732,10 +730,6 @@ fn seal(chunks: &mut Vec<Chunk>, extent: &ColdExtent) -> u64 {
     freed
 }
 
-/// Garbage collection marks an object mostly dead for copying out of only when this many of
-/// its bytes are dead (see the module docs).
-const REWRITE_MIN_DEAD_BYTES: u64 = 256 << 10;
-
 /// A merged extent holds at most this many bytes of stream data: larger extents are never
 /// read back to be merged.
 const MERGE_MAX_BYTES: u64 = 4 << 20;
@@ -1292,10 +1286,7 @@ async fn collect_garbage_once(
     }
     if let Ok(mut pending) = cold.rewrite.lock() {
         for (key, bytes) in &live {
-            if sizes
-                .get(*key)
-                .is_some_and(|size| bytes * 2 < *size && size - bytes >= REWRITE_MIN_DEAD_BYTES)
-            {
+            if sizes.get(*key).is_some_and(|size| bytes * 2 < *size) {
                 pending.insert((*key).to_owned());
             }
         }
