@@ -1487,6 +1487,7 @@ mod tests {
             tail: s.tail,
             extents,
             applied_lsn: Some(s.applied_lsn),
+            data_lsn: Some(s.data_lsn),
         };
         serde_json::to_value(&entry).unwrap()
     }
