@@ -656,19 +656,31 @@ impl QueryEngine {
         let engine = self.clone();
         let timeout = self.limits.timeout;
         let budget = budget::StatementBudget::new(&self.memory, self.limits.memory_bytes, timeout);
-        let run = async move {
-            // Whatever ends this (an answer, the timeout, a cancel that drops it) stops the
-            // statement's planning thread and returns its memory.
-            let _stop = budget::StopOnDrop(Arc::clone(&budget));
-            match tokio::time::timeout(timeout, engine.query_inner(statement, &budget)).await {
-                Ok(result) => result,
-                Err(_) => {
-                    budget.time_out();
-                    Err(QueryError::Timeout(timeout.as_secs()))
-                }
-            }
+        let run = {
+            let budget = Arc::clone(&budget);
+            async move { engine.query_inner(statement, &budget).await }
         };
-        self.runtime.run(run).await.map_err(QueryError::Query)?
+        // Whatever ends the wait (an answer, the timeout, a cancel that drops it) stops the
+        // statement: its planning thread and its functions see the flag at their next
+        // checkpoint. Its memory is returned once its threads have ended.
+        let _stop = budget::CancelOnDrop(Arc::clone(&budget));
+        let until_ended = budget::StopOnDrop(Arc::clone(&budget));
+        // The timeout is kept here, not on the statement's threads: it answers even while
+        // one of them is inside a poll that does not return for minutes.
+        match tokio::time::timeout(timeout, self.runtime.run(run, until_ended)).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(runtime::ThreadError::NoThread(message))) => {
+                Err(QueryError::ResourcesExhausted {
+                    message,
+                    retry: true,
+                })
+            }
+            Ok(Err(runtime::ThreadError::Panicked)) => Err(QueryError::Panicked { wrote: false }),
+            Err(_) => {
+                budget.time_out();
+                Err(QueryError::Timeout(timeout.as_secs()))
+            }
+        }
     }
 
     async fn query_inner(
@@ -687,13 +699,13 @@ impl QueryEngine {
         };
         let (state, plan, physical) = match self.runtime.plan(planning).await {
             Ok(planned) => planned?,
-            Err(runtime::PlanThreadError::NoThread(message)) => {
+            Err(runtime::ThreadError::NoThread(message)) => {
                 return Err(QueryError::ResourcesExhausted {
                     message,
                     retry: true,
                 });
             }
-            Err(runtime::PlanThreadError::Panicked) => {
+            Err(runtime::ThreadError::Panicked) => {
                 return Err(QueryError::Panicked { wrote: false });
             }
         };
