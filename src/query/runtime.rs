@@ -269,12 +269,19 @@ pub(crate) fn on_planning_thread() -> bool {
 /// The CPU time this thread has used.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn thread_cpu_time() -> Duration {
+    read_clock(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+/// What `clock` reads now (zero when it cannot be read).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn read_clock(clock: libc::clockid_t) -> Duration {
     let mut now = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: `now` is a valid timespec for the call to write; the clock exists on Linux.
-    let read = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    // SAFETY: `now` is a valid timespec for the call to write; a clock that does not exist
+    // (a thread's that ended) fails the call, which writes nothing.
+    let read = unsafe { libc::clock_gettime(clock, &mut now) };
     if read != 0 {
         return Duration::ZERO;
     }
@@ -324,19 +331,7 @@ fn cpu_time_of(clock: libc::clockid_t) -> Duration {
     if clock == 0 {
         return Duration::ZERO;
     }
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `now` is a valid timespec for the call to write; an invalid clock fails.
-    let read = unsafe { libc::clock_gettime(clock, &mut now) };
-    if read != 0 {
-        return Duration::ZERO;
-    }
-    Duration::new(
-        u64::try_from(now.tv_sec).unwrap_or(0),
-        u32::try_from(now.tv_nsec).unwrap_or(0),
-    )
+    read_clock(clock)
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]

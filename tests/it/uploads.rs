@@ -660,11 +660,8 @@ async fn a_read_key_holding_statement_bodies_stalls_no_one() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_never_reads_its_answer_is_cut_off() {
-    let config = "response_write_timeout_seconds = 2\n";
-    let server = Server::start("slow-reader", &[], config);
-    let base = server.base.clone();
+/// Stream `big` of 8 MiB, in eight appends.
+async fn eight_mib_stream(base: &str) {
     let client = reqwest::Client::new();
     let r = client
         .put(format!("{base}/v1/stream/big"))
@@ -683,6 +680,14 @@ async fn a_client_that_never_reads_its_answer_is_cut_off() {
             .expect("append");
         assert!(r.status().is_success());
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_its_answer_is_cut_off() {
+    let config = "response_write_timeout_seconds = 2\n";
+    let server = Server::start("slow-reader", &[], config);
+    let base = server.base.clone();
+    eight_mib_stream(&base).await;
     let at = addr(&server);
     let received = tokio::task::spawn_blocking(move || {
         let mut s = std::net::TcpStream::connect(at).expect("connect");
@@ -739,24 +744,7 @@ async fn a_reader_that_never_reads_cannot_hold_up_shutdown() {
     let config = "response_write_timeout_seconds = 600\nshutdown_timeout_seconds = 3\n";
     let mut server = Server::start("stuck-reader", &[], config);
     let base = server.base.clone();
-    let client = reqwest::Client::new();
-    let r = client
-        .put(format!("{base}/v1/stream/big"))
-        .header("content-type", "application/octet-stream")
-        .send()
-        .await
-        .expect("create");
-    assert_eq!(r.status(), 201);
-    for _ in 0..8 {
-        let r = client
-            .post(format!("{base}/v1/stream/big"))
-            .header("content-type", "application/octet-stream")
-            .body(vec![b'x'; 1 << 20])
-            .send()
-            .await
-            .expect("append");
-        assert!(r.status().is_success());
-    }
+    eight_mib_stream(&base).await;
     let mut stuck = std::net::TcpStream::connect(addr(&server)).expect("connect");
     let get = "GET /v1/stream/big?offset=-1 HTTP/1.1\r\nHost: localhost\r\n\r\n";
     stuck.write_all(get.repeat(2).as_bytes()).expect("requests");
