@@ -219,7 +219,7 @@ fn stall(addr: SocketAddr, key: Option<&str>, sent: usize) -> std::thread::JoinH
 async fn wait_held(client: &reqwest::Client, base: &str, at_least: f64) {
     let started = Instant::now();
     while common::metric(client, base, "sluice_request_body_bytes_held").await < at_least {
-        assert!(started.elapsed() < Duration::from_secs(20), "never held");
+        assert!(started.elapsed() < Duration::from_secs(60), "never held");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -632,7 +632,9 @@ async fn a_read_key_holding_statement_bodies_stalls_no_one() {
     let hogs: Vec<_> = (0..2)
         .map(|_| hold_json(at, "r1", "/v1/statements", 1536 << 10))
         .collect();
-    wait_held(&client, &base, f64::from(1 << 20)).await;
+    // At least half its share (on a loaded machine the peak of the share may pass between
+    // two looks; what it holds beside another key's ingest is what the test is about).
+    wait_held(&client, &base, f64::from(1 << 19)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let held = common::metric(&client, &base, "sluice_request_body_bytes_held").await;
     println!("a read key's two stalled statement bodies hold {held} bytes");
