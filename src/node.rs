@@ -38,6 +38,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStoreExt as _, PutPayload};
 use serde::{Deserialize, Serialize};
 
+use crate::error::{Cause, Classify, ErrorClass, Kind};
 use crate::log::Lsn;
 use crate::storage::journal::SyncJournal;
 use crate::storage::versioned::{Tagged, VersionError, VersionLog};
@@ -150,6 +151,19 @@ pub enum NodeError {
     /// Object storage failed.
     #[error("object store error while claiming the node identity: {0}")]
     Storage(#[from] object_store::Error),
+}
+
+impl Classify for NodeError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            NodeError::Fenced(_) => ErrorClass {
+                retry_after: None,
+                ..ErrorClass::retry(Cause::Fenced)
+            },
+            NodeError::Storage(_) => ErrorClass::retry(Cause::StorageUnavailable),
+            _ => ErrorClass::rejected(Kind::Internal),
+        }
+    }
 }
 
 /// The identity file.

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use object_store::ObjectStoreExt as _;
 use serde::{Deserialize, Serialize};
 
+use crate::error::{Applied, Cause, Classify, ErrorClass, Kind};
 use crate::storage::Storage;
 use crate::storage::versioned::{Tagged, VersionError, VersionLog};
 use crate::types::{Column, ColumnType};
@@ -72,6 +73,26 @@ pub enum CatalogError {
         /// Why.
         reason: String,
     },
+}
+
+impl Classify for CatalogError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            CatalogError::NotFound { .. } => ErrorClass::rejected(Kind::NotFound),
+            CatalogError::Invalid(_) => ErrorClass::rejected(Kind::Invalid),
+            CatalogError::Stale { .. } => ErrorClass::rejected(Kind::PreconditionFailed),
+            CatalogError::Destructive(_)
+            | CatalogError::Unsupported(_)
+            | CatalogError::Conflict
+            | CatalogError::Replaced(_) => ErrorClass::rejected(Kind::Conflict),
+            // A catalog change whose create failed ambiguously may have landed.
+            CatalogError::Storage(_) => ErrorClass {
+                applied: Applied::Unknown,
+                ..ErrorClass::retry(Cause::StorageUnavailable)
+            },
+            CatalogError::Corrupt { .. } => ErrorClass::rejected(Kind::Internal),
+        }
+    }
 }
 
 /// A column of a table definition.

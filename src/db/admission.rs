@@ -24,6 +24,7 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::DbConfig;
+use crate::error::{Cause, Classify, ErrorClass};
 
 /// Budget permits count KiB, so a `u32` covers any growth.
 const UNIT: usize = 1024;
@@ -38,6 +39,12 @@ pub struct AdmissionTimeout {
     pub waited: Duration,
     /// The budget, in bytes.
     pub budget: usize,
+}
+
+impl Classify for AdmissionTimeout {
+    fn class(&self) -> ErrorClass {
+        ErrorClass::retry(Cause::BodyAdmission)
+    }
 }
 
 /// The byte budget of request bodies.

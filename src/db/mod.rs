@@ -38,6 +38,7 @@ use datafusion::common::DFSchema;
 use datafusion::physical_expr::PhysicalExpr;
 
 use crate::catalog::{Catalog, CatalogError, CatalogPath, MutateOptions, Mutation, ResolvedTable};
+use crate::error::{Applied, Classify, ErrorClass, Kind};
 use crate::ingest::{ContentEncoding, Decoder, IngestError, Limits, decompress};
 use crate::log::{CommitLog, Durability, LogConfig, LogError};
 use crate::node::{LogState, Node, NodeError};
@@ -202,6 +203,21 @@ pub enum IngestFailure {
     /// No room in the request-body budget came in time; nothing was applied.
     #[error(transparent)]
     Admission(#[from] AdmissionTimeout),
+}
+
+impl Classify for IngestFailure {
+    fn class(&self) -> ErrorClass {
+        match self {
+            IngestFailure::Input(e) => e.class(),
+            IngestFailure::Catalog(e) => ErrorClass {
+                applied: Applied::Rejected,
+                ..e.class()
+            },
+            IngestFailure::Computed { .. } => ErrorClass::rejected(Kind::InvalidRows),
+            IngestFailure::Table(e) => e.class(),
+            IngestFailure::Admission(e) => e.class(),
+        }
+    }
 }
 
 /// Work counters of table ingest (for metrics).

@@ -32,6 +32,7 @@ pub use decoder::Decoder;
 pub(crate) use decompress::Decompressor;
 pub use decompress::{ContentEncoding, decompress};
 
+use crate::error::{Classify, ErrorClass, Kind};
 use std::fmt;
 
 /// The limits a request is checked against while it is decoded.
@@ -123,4 +124,15 @@ pub enum IngestError {
         /// What the decompressor said.
         reason: String,
     },
+}
+
+impl Classify for IngestError {
+    fn class(&self) -> ErrorClass {
+        ErrorClass::rejected(match self {
+            IngestError::InvalidRows(_) => Kind::InvalidRows,
+            IngestError::TooManyRows { .. } | IngestError::BodyTooLarge { .. } => Kind::TooLarge,
+            IngestError::UnsupportedEncoding(_) => Kind::UnsupportedMedia,
+            IngestError::Decompression { .. } => Kind::Invalid,
+        })
+    }
 }

@@ -53,6 +53,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
+use crate::error::{Cause, Classify, ErrorClass, Kind};
 pub(crate) use remote::{RemoteLog, recover as recover_remote};
 use segment::{Segment, SegmentScan};
 
@@ -288,6 +289,36 @@ pub enum LogError {
     /// A consumer that was not declared when the log was opened.
     #[error("commit log consumer {0:?} was not declared when the log was opened")]
     UnknownConsumer(String),
+}
+
+impl Classify for LogError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            LogError::Full { .. } => ErrorClass::retry(Cause::LogDiskPressure),
+            // A write failed: the log takes nothing more until the server restarts.
+            LogError::Poisoned => ErrorClass {
+                retry_after: None,
+                ..ErrorClass::retry(Cause::LogUnavailable)
+            },
+            LogError::Closed => ErrorClass::retry(Cause::ShuttingDown),
+            LogError::LeaseExpired => ErrorClass::retry(Cause::LeaseExpired),
+            // Refused unwritten: its premise, an earlier write, failed.
+            LogError::EarlierFailed => ErrorClass::retry(Cause::EarlierWriteFailed),
+            LogError::LeaseLapsed => ErrorClass::unknown(Kind::Unavailable),
+            LogError::Fenced => ErrorClass {
+                retry_after: None,
+                ..ErrorClass::retry(Cause::Fenced)
+            },
+            LogError::RecordTooLarge(_) => ErrorClass::rejected(Kind::TooLarge),
+            // A write or sync that failed, or a writer that stopped without answering: the
+            // record may be in the log after a restart.
+            LogError::Io { .. } | LogError::WriterGone => ErrorClass::unknown(Kind::Internal),
+            LogError::Corrupt { .. }
+            | LogError::Locked(_)
+            | LogError::UnknownConsumer(_)
+            | LogError::NotInLog(_) => ErrorClass::rejected(Kind::Internal),
+        }
+    }
 }
 
 impl LogError {

@@ -53,6 +53,7 @@ pub(crate) use datafusion::sql::parser::Statement as DfStatement;
 use futures::StreamExt as _;
 
 use crate::catalog::{Catalog, CatalogError, DEFAULT_DATABASE, DEFAULT_SCHEMA};
+use crate::error::{Cause, Classify, ErrorClass, Kind};
 use crate::ingest::IngestError;
 use crate::storage::Storage;
 use crate::table::{TableError, Tables};
@@ -134,6 +135,36 @@ pub enum QueryError {
         /// Whether the same statement may succeed once other statements end.
         retry: bool,
     },
+}
+
+impl Classify for QueryError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            QueryError::Syntax { .. } => ErrorClass::rejected(Kind::Syntax),
+            QueryError::TooComplex(_) => ErrorClass::rejected(Kind::TooComplex),
+            QueryError::Unsupported(_) => ErrorClass::rejected(Kind::Unsupported),
+            QueryError::Query(_) => ErrorClass::rejected(Kind::QueryFailed),
+            QueryError::Rows(e) => e.class(),
+            QueryError::Write(e) => e.class(),
+            QueryError::Invalid(_) => ErrorClass::rejected(Kind::Invalid),
+            QueryError::Catalog(e) => e.class(),
+            QueryError::Table(e) => e.class(),
+            QueryError::ResultTooLarge { .. } => ErrorClass::rejected(Kind::ResultTooLarge),
+            QueryError::Timeout(_) => ErrorClass::rejected(Kind::Timeout),
+            QueryError::Panicked { wrote: false } => ErrorClass::rejected(Kind::Internal),
+            QueryError::Panicked { wrote: true } => ErrorClass::unknown(Kind::Internal),
+            // A statement is cancelled only before it writes anything (see
+            // `query::statements`).
+            QueryError::Cancelled => ErrorClass::rejected(Kind::Cancelled),
+            // Other statements hold the memory: the same statement may succeed shortly.
+            QueryError::ResourcesExhausted { retry: true, .. } => {
+                ErrorClass::retry(Cause::StatementMemory)
+            }
+            QueryError::ResourcesExhausted { retry: false, .. } => {
+                ErrorClass::rejected(Kind::ResourcesExhausted)
+            }
+        }
+    }
 }
 
 impl QueryError {

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::watch;
 
 use super::{QueryError, StatementOutput};
+use crate::error::{Cause, Classify, ErrorClass, Kind};
 
 /// Bounds on the statements a server keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -226,6 +227,19 @@ pub(crate) enum SubmitError {
          shortly"
     )]
     OwnerBusy(usize),
+}
+
+impl Classify for SubmitError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            SubmitError::Busy(_) => ErrorClass::retry(Cause::StatementsBusy),
+            // The key's own share is taken: too many requests of this client, retry shortly.
+            SubmitError::OwnerBusy(_) => ErrorClass {
+                kind: Kind::TooMany,
+                ..ErrorClass::retry(Cause::StatementsBusy)
+            },
+        }
+    }
 }
 
 /// Who a statement belongs to: an opaque name of the key that submitted it.

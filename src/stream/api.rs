@@ -6,6 +6,7 @@ use bytes::Bytes;
 
 use super::codec::{Lifetime, ProducerTuple};
 use super::json::JsonTextError;
+use crate::error::{Cause, Classify, ErrorClass, Kind};
 use crate::log::LogError;
 
 /// An offset as clients see it: `{epoch:016}_{bytes:016}`, which sorts as a string in
@@ -146,6 +147,44 @@ pub enum StreamError {
     /// in would hold it up).
     #[error("the server is shutting down; send the request again to a running server")]
     ShuttingDown,
+}
+
+impl Classify for StreamError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            StreamError::NotFound => ErrorClass::rejected(Kind::NotFound),
+            StreamError::Gone => ErrorClass::rejected(Kind::Gone),
+            StreamError::BadRequest(_) | StreamError::Json(_) | StreamError::NewEpochNotAtZero => {
+                ErrorClass::rejected(Kind::Invalid)
+            }
+            StreamError::Closed { .. }
+            | StreamError::ContentTypeMismatch { .. }
+            | StreamError::StreamSeqConflict { .. }
+            | StreamError::ConfigConflict
+            | StreamError::NameHeld
+            | StreamError::ForkConflict(_)
+            | StreamError::SequenceGap { .. } => ErrorClass::rejected(Kind::Conflict),
+            StreamError::StaleEpoch { .. } => ErrorClass::rejected(Kind::StaleEpoch),
+            StreamError::IncarnationMismatch { .. } => {
+                ErrorClass::rejected(Kind::PreconditionFailed)
+            }
+            StreamError::OffsetBeyondTail => ErrorClass::rejected(Kind::OutOfRange),
+            StreamError::TooManyStreams(_) | StreamError::TooManyProducers(_) => {
+                ErrorClass::rejected(Kind::TooMany)
+            }
+            // The server's budget, not this request: room comes back as streams are
+            // deleted or expire and producers expire.
+            StreamError::StateFull { .. } => ErrorClass {
+                retry_after: Some(60),
+                ..ErrorClass::retry(Cause::StreamStateFull)
+            },
+            StreamError::Log(e) => e.class(),
+            // Reads of sealed data and checkpoints: nothing is written by the request.
+            StreamError::Storage(_) => ErrorClass::retry(Cause::StorageUnavailable),
+            StreamError::ShuttingDown => ErrorClass::retry(Cause::ShuttingDown),
+            StreamError::Corrupt(_) => ErrorClass::rejected(Kind::Internal),
+        }
+    }
 }
 
 /// A stream's metadata as answers report it.

@@ -62,6 +62,7 @@ use arrow_schema::SchemaRef;
 use object_store::ObjectStoreExt as _;
 use object_store::path::Path;
 
+use crate::error::{Cause, Classify, ErrorClass, Kind};
 use crate::log::{CommitLog, LogConsumer, LogError, Lsn, Record, RecordKind};
 use crate::node::{Node, NodeError};
 use crate::storage::{Storage, paths};
@@ -127,6 +128,29 @@ pub enum TableError {
     /// This node does not own its id any more (or could not check).
     #[error(transparent)]
     Node(#[from] NodeError),
+}
+
+impl Classify for TableError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            TableError::Backpressure { .. } => ErrorClass::retry(Cause::TableBackpressure),
+            TableError::Log(e) => e.class(),
+            TableError::Node(e) => e.class(),
+            TableError::NotFound(_) => ErrorClass::rejected(Kind::NotFound),
+            TableError::SchemaMismatch { .. } | TableError::AlreadyExists(_) => {
+                ErrorClass::rejected(Kind::Internal)
+            }
+            TableError::Conflict(_) => ErrorClass::rejected(Kind::Conflict),
+            // A request meets these before its rows reach the log (loading the table,
+            // encoding the batch, decoding on a blocking thread) or while reading: nothing
+            // of it was applied. (Flushes and compactions meet them too; no request waits
+            // for those.)
+            TableError::Storage(_) => ErrorClass::retry(Cause::StorageUnavailable),
+            TableError::CorruptManifest { .. } | TableError::Encoding(_) | TableError::Task(_) => {
+                ErrorClass::rejected(Kind::Internal)
+            }
+        }
+    }
 }
 
 /// Tuning of table storage.
