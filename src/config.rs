@@ -8,7 +8,9 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::db::DbConfig;
-use crate::http::BrowserPolicy;
+use crate::http::{
+    BrowserPolicy, DEFAULT_BODY_TIMEOUT, DEFAULT_LONG_POLL_TIMEOUT, DEFAULT_MIN_BODY_RATE,
+};
 use crate::ingest::Limits;
 use crate::log::Durability;
 use crate::query::statements::StatementLimits;
@@ -228,9 +230,6 @@ pub struct ServeConfig {
     pub statements: StatementLimits,
 }
 
-/// Default pace a request body must keep up after its first seconds, in bytes per second.
-pub(crate) const DEFAULT_MIN_BODY_RATE: u64 = 1024;
-
 /// Default time a client may take to send its request headers.
 pub(crate) const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -330,12 +329,6 @@ impl ServeConfig {
         )
     }
 }
-
-/// Default time a request body may take to arrive.
-pub(crate) const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// Default long-poll wait.
-pub(crate) const DEFAULT_LONG_POLL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Default listen address of every ScopeDB client.
 pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:6543";

@@ -39,7 +39,7 @@ use object_store::{ObjectStoreExt as _, PutPayload};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Cause, Classify, ErrorClass, Kind};
-use crate::log::Lsn;
+use crate::log::{EPOCH_SHIFT, Lsn, lsn_base};
 use crate::storage::journal::SyncJournal;
 use crate::storage::versioned::{Tagged, VersionError, VersionLog};
 use crate::storage::{Storage, paths};
@@ -47,19 +47,6 @@ use crate::storage::{Storage, paths};
 /// A file `sluice repair` leaves in the data directory: the log was cut on purpose, so the
 /// next start does not take it for a stale copy.
 pub const REPAIRED_MARKER: &str = "REPAIRED";
-
-/// Bits of an LSN below the epoch.
-const EPOCH_SHIFT: u32 = 48;
-
-/// The first LSN of an epoch.
-pub(crate) fn lsn_base(epoch: u64) -> Lsn {
-    epoch << EPOCH_SHIFT
-}
-
-/// The epoch whose LSN space holds `lsn`.
-pub(crate) fn epoch_of(lsn: Lsn) -> u64 {
-    lsn >> EPOCH_SHIFT
-}
 
 /// Why a node could not take its identity.
 #[derive(Debug, thiserror::Error)]

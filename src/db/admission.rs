@@ -24,28 +24,10 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::DbConfig;
-use crate::error::{Cause, Classify, ErrorClass};
+use crate::ingest::AdmissionTimeout;
 
 /// Budget permits count KiB, so a `u32` covers any growth.
 const UNIT: usize = 1024;
-
-/// Why a body was not admitted.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "the server is holding as many request bodies as it may ({budget} bytes); no room came within {waited:?}"
-)]
-pub struct AdmissionTimeout {
-    /// How long the request waited in all.
-    pub waited: Duration,
-    /// The budget, in bytes.
-    pub budget: usize,
-}
-
-impl Classify for AdmissionTimeout {
-    fn class(&self) -> ErrorClass {
-        ErrorClass::retry(Cause::BodyAdmission)
-    }
-}
 
 /// The byte budget of request bodies.
 #[derive(Debug)]

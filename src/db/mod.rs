@@ -19,8 +19,8 @@ mod names;
 mod statements;
 mod takeover;
 
+pub use crate::ingest::{AdmissionTimeout, IngestFailure};
 pub use crate::subscriptions::{Network, SubscriptionLimits};
-pub use admission::AdmissionTimeout;
 #[cfg(test)]
 pub(crate) use admission::BodyBudget;
 pub(crate) use admission::BodyReservation;
@@ -38,7 +38,6 @@ use datafusion::common::DFSchema;
 use datafusion::physical_expr::PhysicalExpr;
 
 use crate::catalog::{Catalog, CatalogError, CatalogPath, MutateOptions, Mutation, ResolvedTable};
-use crate::error::{Applied, Classify, ErrorClass, Kind};
 use crate::ingest::{ContentEncoding, Decoder, IngestError, Limits, decompress};
 use crate::log::{CommitLog, Durability, LogConfig, LogError};
 use crate::node::{LogState, Node, NodeError};
@@ -178,46 +177,6 @@ pub enum OpenError {
     /// The stored subscriptions could not load.
     #[error("subscriptions: {0}")]
     Subscriptions(String),
-}
-
-/// Why an ingest request did not commit.
-#[derive(Debug, thiserror::Error)]
-pub enum IngestFailure {
-    /// The body or its rows were refused; nothing was applied.
-    #[error(transparent)]
-    Input(#[from] IngestError),
-    /// No such table.
-    #[error(transparent)]
-    Catalog(#[from] CatalogError),
-    /// A computed column's expression failed on this batch; nothing was applied.
-    #[error("computed column {column}: {message}")]
-    Computed {
-        /// The column.
-        column: String,
-        /// What failed.
-        message: String,
-    },
-    /// Storage refused (retryable backpressure, nothing applied) or failed (outcome unknown).
-    #[error(transparent)]
-    Table(#[from] TableError),
-    /// No room in the request-body budget came in time; nothing was applied.
-    #[error(transparent)]
-    Admission(#[from] AdmissionTimeout),
-}
-
-impl Classify for IngestFailure {
-    fn class(&self) -> ErrorClass {
-        match self {
-            IngestFailure::Input(e) => e.class(),
-            IngestFailure::Catalog(e) => ErrorClass {
-                applied: Applied::Rejected,
-                ..e.class()
-            },
-            IngestFailure::Computed { .. } => ErrorClass::rejected(Kind::InvalidRows),
-            IngestFailure::Table(e) => e.class(),
-            IngestFailure::Admission(e) => e.class(),
-        }
-    }
 }
 
 /// Work counters of table ingest (for metrics).

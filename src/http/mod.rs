@@ -34,6 +34,15 @@ pub use listener::{ConnectionLimits, LimitedListener, LimitedStream};
 pub use serve::serve;
 pub use streams::format_offset;
 
+/// Default pace a request body must keep up after its first seconds, in bytes per second.
+pub(crate) const DEFAULT_MIN_BODY_RATE: u64 = 1024;
+
+/// Default time a request body may take to arrive.
+pub(crate) const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Default long-poll wait.
+pub(crate) const DEFAULT_LONG_POLL_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Which requests a browser may make, and which names the server answers to.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BrowserPolicy {
@@ -87,9 +96,9 @@ impl AppState {
             db,
             statements: Arc::new(Statements::new(StatementLimits::default())),
             api_keys: Arc::new(api_keys.iter().map(|k| parse_key(k)).collect()),
-            long_poll_timeout: crate::config::DEFAULT_LONG_POLL_TIMEOUT,
-            body_timeout: crate::config::DEFAULT_BODY_TIMEOUT,
-            min_body_rate: crate::config::DEFAULT_MIN_BODY_RATE,
+            long_poll_timeout: DEFAULT_LONG_POLL_TIMEOUT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
+            min_body_rate: DEFAULT_MIN_BODY_RATE,
             browser: Arc::new(BrowserPolicy::default()),
             local_owner: Arc::from(crate::subscriptions::LEGACY_OWNER),
             forward_client: forward::client(),

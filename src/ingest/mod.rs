@@ -32,8 +32,11 @@ pub use decoder::Decoder;
 pub(crate) use decompress::Decompressor;
 pub use decompress::{ContentEncoding, decompress};
 
-use crate::error::{Classify, ErrorClass, Kind};
+use crate::catalog::CatalogError;
+use crate::error::{Applied, Cause, Classify, ErrorClass, Kind};
+use crate::table::TableError;
 use std::fmt;
+use std::time::Duration;
 
 /// The limits a request is checked against while it is decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +91,64 @@ pub struct RowErrors {
     pub errors: Vec<RowError>,
     /// Whether more errors were found than are listed.
     pub truncated: bool,
+}
+
+/// Why an ingest request did not commit.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestFailure {
+    /// The body or its rows were refused; nothing was applied.
+    #[error(transparent)]
+    Input(#[from] IngestError),
+    /// No such table.
+    #[error(transparent)]
+    Catalog(#[from] CatalogError),
+    /// A computed column's expression failed on this batch; nothing was applied.
+    #[error("computed column {column}: {message}")]
+    Computed {
+        /// The column.
+        column: String,
+        /// What failed.
+        message: String,
+    },
+    /// Storage refused (retryable backpressure, nothing applied) or failed (outcome unknown).
+    #[error(transparent)]
+    Table(#[from] TableError),
+    /// No room in the request-body budget came in time; nothing was applied.
+    #[error(transparent)]
+    Admission(#[from] AdmissionTimeout),
+}
+
+impl Classify for IngestFailure {
+    fn class(&self) -> ErrorClass {
+        match self {
+            IngestFailure::Input(e) => e.class(),
+            IngestFailure::Catalog(e) => ErrorClass {
+                applied: Applied::Rejected,
+                ..e.class()
+            },
+            IngestFailure::Computed { .. } => ErrorClass::rejected(Kind::InvalidRows),
+            IngestFailure::Table(e) => e.class(),
+            IngestFailure::Admission(e) => e.class(),
+        }
+    }
+}
+
+/// Why a body was not admitted.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the server is holding as many request bodies as it may ({budget} bytes); no room came within {waited:?}"
+)]
+pub struct AdmissionTimeout {
+    /// How long the request waited in all.
+    pub waited: Duration,
+    /// The budget, in bytes.
+    pub budget: usize,
+}
+
+impl Classify for AdmissionTimeout {
+    fn class(&self) -> ErrorClass {
+        ErrorClass::retry(Cause::BodyAdmission)
+    }
 }
 
 /// Why a request body was not turned into a batch. Nothing of it is applied.

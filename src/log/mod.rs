@@ -216,6 +216,19 @@ impl std::fmt::Debug for LogConfig {
     }
 }
 
+/// Bits of an LSN below the epoch.
+pub(crate) const EPOCH_SHIFT: u32 = 48;
+
+/// The first LSN of an epoch.
+pub(crate) fn lsn_base(epoch: u64) -> Lsn {
+    epoch << EPOCH_SHIFT
+}
+
+/// The epoch whose LSN space holds `lsn`.
+pub(crate) fn epoch_of(lsn: Lsn) -> u64 {
+    lsn >> EPOCH_SHIFT
+}
+
 /// Why the log could not open or append.
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {

@@ -38,8 +38,7 @@ use futures::{StreamExt as _, TryStreamExt as _};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
 
-use super::{Lsn, Record, segment};
-use crate::node::{epoch_of, lsn_base};
+use super::{Lsn, Record, epoch_of, lsn_base, segment};
 use crate::storage::paths;
 
 /// The body of a fence object.

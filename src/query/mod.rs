@@ -95,7 +95,7 @@ pub enum QueryError {
     /// An `INSERT`'s rows failed on the write path every table write takes, as ingest's
     /// would (the same class, the same answer).
     #[error(transparent)]
-    Write(crate::db::IngestFailure),
+    Write(crate::ingest::IngestFailure),
     /// A catalog change failed.
     #[error(transparent)]
     Catalog(#[from] CatalogError),
