@@ -14,6 +14,7 @@ mod decoder;
 mod durability;
 mod hostile;
 mod iceberg;
+mod layering;
 mod log;
 mod metrics;
 mod openapi;
