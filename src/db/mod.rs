@@ -38,6 +38,7 @@ use datafusion::common::DFSchema;
 use datafusion::physical_expr::PhysicalExpr;
 
 use crate::catalog::{Catalog, CatalogError, CatalogPath, MutateOptions, Mutation, ResolvedTable};
+use crate::iceberg::{IcebergViews, Published, View};
 use crate::ingest::{ContentEncoding, Decoder, IngestError, Limits, decompress};
 use crate::log::{CommitLog, Durability, LogConfig, LogError};
 use crate::node::{LogState, Node, NodeError};
@@ -422,7 +423,7 @@ impl Database {
         let catalog = Arc::new(Catalog::open(storage.clone()).await?);
         let live = catalog.storage_ids().await;
         let tables = Arc::new(
-            Tables::open(
+            Tables::open_observed(
                 log.clone(),
                 &replay,
                 storage.clone(),
@@ -430,6 +431,10 @@ impl Database {
                 config.tables.clone(),
                 config.gc_grace,
                 Some(&live),
+                Some(Arc::new(IcebergViews::new(
+                    storage.clone(),
+                    config.gc_grace,
+                ))),
             )
             .await?,
         );
@@ -476,6 +481,19 @@ impl Database {
             names: names::NameLocks::default(),
             sealed_misses: names::SealedMisses::default(),
         }))
+    }
+
+    /// The Iceberg views of the tables, over this node's storage.
+    fn iceberg_views(&self) -> IcebergViews {
+        IcebergViews::new(self.storage.clone(), self.config.gc_grace)
+    }
+
+    /// Table `id`'s Iceberg `view`, made to describe the table's newest manifest state
+    /// (commits of other nodes included); that view alone: the other's trouble is not this
+    /// load's.
+    pub(crate) async fn iceberg_view(&self, id: &str, view: View) -> Result<Published, TableError> {
+        let state = self.tables.newest_state(id).await?;
+        self.iceberg_views().view(view, id, &state).await
     }
 
     /// The catalog.

@@ -403,7 +403,7 @@ impl Database {
             self.catalog.reload().await?;
             let live = self.catalog.storage_ids().await;
             let tables = Arc::new(
-                Tables::open(
+                Tables::open_observed(
                     log.clone(),
                     &replay,
                     self.storage.clone(),
@@ -411,6 +411,7 @@ impl Database {
                     self.config.tables.clone(),
                     self.config.gc_grace,
                     Some(&live),
+                    Some(Arc::new(self.iceberg_views())),
                 )
                 .await?,
             );

@@ -357,7 +357,7 @@ pub(super) async fn load_table(
         Ok(id) => id,
         Err(answer) => return answer,
     };
-    let published = match state.db.tables().iceberg_view(&id, view).await {
+    let published = match state.db.iceberg_view(&id, view).await {
         Ok(p) => p,
         Err(e) => return ApiError::of(&e).into(),
     };

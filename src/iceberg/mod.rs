@@ -88,7 +88,7 @@ use object_store::{ObjectStore, ObjectStoreExt as _, PutMode, PutOptions, PutPay
 use serde_json::{Value, json};
 
 use crate::storage::{Storage, paths};
-use crate::table::{ManifestState, TableError};
+use crate::table::{Collectable, ManifestObserver, ManifestState, TableError, field_id};
 use crate::types::{Column, ColumnType};
 use avro::Encoder;
 
@@ -147,11 +147,6 @@ pub(crate) fn iceberg_type(view: View, t: ColumnType) -> &'static str {
         },
         ColumnType::Binary => "binary",
     }
-}
-
-/// The Iceberg field id of the column at `index`.
-pub(crate) fn field_id(index: usize) -> i32 {
-    i32::try_from(index + 1).unwrap_or(i32::MAX)
 }
 
 fn field_doc(view: View, t: ColumnType) -> Option<&'static str> {
@@ -1042,6 +1037,69 @@ pub(crate) async fn collectable(
         })
         .map(|m| (m.location.to_string(), m.size))
         .collect())
+}
+
+/// Both views of every table, kept up to date as an observer of their manifests.
+#[derive(Debug, Clone)]
+pub(crate) struct IcebergViews {
+    storage: Storage,
+    /// Garbage collection's grace period: snapshots expire past it.
+    grace: Duration,
+}
+
+impl IcebergViews {
+    pub(crate) fn new(storage: Storage, grace: Duration) -> Self {
+        IcebergViews { storage, grace }
+    }
+
+    /// Table `id`'s `view` made to describe `state` ([`publish_view`]).
+    pub(crate) async fn view(
+        &self,
+        view: View,
+        id: &str,
+        state: &ManifestState,
+    ) -> Result<Published, TableError> {
+        publish_view(&self.storage, view, id, state, self.grace).await
+    }
+}
+
+#[async_trait::async_trait]
+impl ManifestObserver for IcebergViews {
+    async fn installed(&self, id: &str, state: &ManifestState) {
+        let views = publish(&self.storage, id, state, self.grace).await;
+        for view in View::ALL {
+            if let Err(e) = views.get(view) {
+                tracing::debug!(table = %id, ?view, error = %e, "publishing the Iceberg view failed");
+            }
+        }
+    }
+
+    /// Each view's own objects are collected whenever that view was published (one view's
+    /// trouble does not stop the other's collection); the state counts as shown whole only
+    /// when both were.
+    async fn collectable(
+        &self,
+        id: &str,
+        state: &ManifestState,
+    ) -> Result<Collectable, TableError> {
+        let published = publish(&self.storage, id, state, self.grace).await;
+        let mut shown = Collectable {
+            objects: Vec::new(),
+            complete: true,
+        };
+        for view in View::ALL {
+            match published.get(view) {
+                Ok(view) => shown
+                    .objects
+                    .extend(collectable(&self.storage, id, view).await?),
+                Err(e) => {
+                    shown.complete = false;
+                    tracing::warn!(table = %id, ?view, error = %e, "the Iceberg view could not be published; no data file of the table is collected until it is");
+                }
+            }
+        }
+        Ok(shown)
+    }
 }
 
 #[cfg(test)]

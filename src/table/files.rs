@@ -177,7 +177,7 @@ pub(super) fn file_schema(schema: &SchemaRef) -> SchemaRef {
             metadata.remove(crate::types::EXTENSION_METADATA_KEY);
             metadata.insert(
                 parquet::arrow::PARQUET_FIELD_ID_META_KEY.to_owned(),
-                crate::iceberg::field_id(i).to_string(),
+                field_id(i).to_string(),
             );
             let data_type = match f.data_type() {
                 DataType::Duration(_) | DataType::UInt64 => DataType::Int64,
@@ -753,6 +753,11 @@ pub(super) fn read_parquet(files: &[Bytes]) -> Result<Vec<RecordBatch>, TableErr
         }
     }
     Ok(batches)
+}
+
+/// The Iceberg field id (`PARQUET:field_id`) of the column at `index`.
+pub(crate) fn field_id(index: usize) -> i32 {
+    i32::try_from(index + 1).unwrap_or(i32::MAX)
 }
 
 #[cfg(test)]

@@ -129,30 +129,23 @@ impl Tables {
         // A fresh, full view: nothing is judged unreferenced from a stale state.
         let state = table.manifest.load(self.storage.store().as_ref()).await?;
         table.lock().install(state.clone(), self.node.id());
-        // The Iceberg views first: their expired snapshots leave the metadata before any
-        // file they list can be due (see [`crate::iceberg`]). No data file is deleted
-        // unless both were published; each view's own objects are collected whenever that
-        // view was (one view's trouble does not stop the other's collection).
-        let published = crate::iceberg::publish(&self.storage, id, &state, self.gc_grace).await;
+        // The observer (the Iceberg view) first: what it stops showing leaves it before
+        // any file it listed can be due. No data file is deleted unless it showed this
+        // state whole; its own objects are collected whenever it answers.
         let mut sizes: HashMap<String, u64> = HashMap::new();
         let mut candidates: Vec<String> = Vec::new();
-        let mut both_published = true;
-        for view in crate::iceberg::View::ALL {
-            match published.get(view) {
-                Ok(view) => {
-                    for (path, size) in crate::iceberg::collectable(&self.storage, id, view).await?
-                    {
-                        candidates.push(path.clone());
-                        sizes.insert(path, size);
-                    }
+        let shown_whole = match &self.observer {
+            Some(observer) => {
+                let shown = observer.collectable(id, &state).await?;
+                for (path, size) in shown.objects {
+                    candidates.push(path.clone());
+                    sizes.insert(path, size);
                 }
-                Err(e) => {
-                    both_published = false;
-                    tracing::warn!(table = %id, ?view, error = %e, "the Iceberg view could not be published; no data file of the table is collected until it is");
-                }
+                shown.complete
             }
-        }
-        if both_published {
+            None => true,
+        };
+        if shown_whole {
             let live: HashSet<&str> = state.files.iter().map(|f| f.path.as_str()).collect();
             for meta in list(self, &paths::table_data(id)).await? {
                 let path = meta.location.to_string();

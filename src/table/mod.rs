@@ -67,7 +67,7 @@ use crate::log::{CommitLog, LogConsumer, LogError, Lsn, Record, RecordKind};
 use crate::node::{Node, NodeError};
 use crate::storage::{Storage, paths};
 use crate::types::{Column, arrow_schema};
-pub(crate) use files::dictionary_pages_only;
+pub(crate) use files::{dictionary_pages_only, field_id};
 use manifest::{Change, Manifest};
 pub(crate) use manifest::{DataFile, ManifestState};
 
@@ -587,6 +587,31 @@ fn check_id(id: &str) -> Result<(), TableError> {
     }
 }
 
+/// What a table's committed versions are shown to: the Iceberg view ([`crate::iceberg`]
+/// implements it; `db` wires it in). Tables know nothing of that view beyond this.
+#[async_trait::async_trait]
+pub(crate) trait ManifestObserver: Send + Sync {
+    /// Table `id` installed `state` (a flush or a compaction committed it): show it. Best
+    /// effort: the commit stands either way, and the next install or collection shows it
+    /// again.
+    async fn installed(&self, id: &str, state: &ManifestState);
+
+    /// Garbage collection of table `id` is about to judge its objects against `state`: show
+    /// `state`, then answer which of the observer's own objects nothing it keeps references.
+    async fn collectable(&self, id: &str, state: &ManifestState)
+    -> Result<Collectable, TableError>;
+}
+
+/// What a [`ManifestObserver`] lets garbage collection delete.
+#[derive(Debug, Default)]
+pub(crate) struct Collectable {
+    /// Its own objects no longer referenced, with their sizes.
+    pub(crate) objects: Vec<(String, u64)>,
+    /// Whether it showed the state whole: when not, what it still shows may reference any
+    /// data file of the table, so none is deleted.
+    pub(crate) complete: bool,
+}
+
 /// All tables of one node: appends, snapshots, flushes and compaction.
 pub struct Tables {
     log: CommitLog,
@@ -612,6 +637,8 @@ pub struct Tables {
     next_hold: AtomicU64,
     /// Held while batches are chosen and spilled (`spill_over_budget`).
     spilling: Mutex<()>,
+    /// Shown every committed version (the Iceberg view); none in tests of tables alone.
+    observer: Option<Arc<dyn ManifestObserver>>,
 }
 
 /// Work counters of flushes and compactions (for metrics).
@@ -659,6 +686,21 @@ impl Tables {
         gc_grace: Duration,
         live: Option<&std::collections::HashSet<String>>,
     ) -> Result<Tables, TableError> {
+        Self::open_observed(log, replay, storage, node, config, gc_grace, live, None).await
+    }
+
+    /// [`Tables::open`], showing every committed version to `observer` (the Iceberg view).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn open_observed(
+        log: CommitLog,
+        replay: &[Record],
+        storage: Storage,
+        node: Arc<Node>,
+        config: TableConfig,
+        gc_grace: Duration,
+        live: Option<&std::collections::HashSet<String>>,
+        observer: Option<Arc<dyn ManifestObserver>>,
+    ) -> Result<Tables, TableError> {
         let consumer = log.consumer("tables")?;
         let spills = log.reader().is_some() && config.max_spilled_bytes > 0;
         let tables = Tables {
@@ -677,6 +719,7 @@ impl Tables {
             holds: Arc::new(Mutex::new(BTreeMap::new())),
             next_hold: AtomicU64::new(0),
             spilling: Mutex::new(()),
+            observer,
         };
         for record in replay.iter().filter(|r| r.kind == RecordKind::TableBatch) {
             let (id, batch) = files::decode_record(&record.payload)?;
@@ -1209,11 +1252,13 @@ impl Tables {
         drop(kept);
         self.release_log()?;
         match publish {
-            Publish::Await => self.publish_iceberg(id, &committed).await,
+            Publish::Await => self.show(id, &committed).await,
             Publish::Behind => {
-                let (storage, id, grace) = (self.storage.clone(), id.to_owned(), self.gc_grace);
+                let (observer, id) = (self.observer.clone(), id.to_owned());
                 tokio::spawn(async move {
-                    publish_iceberg(&storage, &id, &committed, grace).await;
+                    if let Some(observer) = observer {
+                        observer.installed(&id, &committed).await;
+                    }
                     drop(committing);
                 });
             }
@@ -1483,26 +1528,23 @@ impl Tables {
         // Replaced files stay in object storage: snapshots taken before this commit may
         // still read them. Garbage collection reclaims them after the grace period.
         table.lock().install(committed.clone(), self.node.id());
-        self.publish_iceberg(id, &committed).await;
+        self.show(id, &committed).await;
         Ok(Some(file))
     }
 
-    /// [`publish_iceberg`] with this node's storage and grace period.
-    async fn publish_iceberg(&self, id: &str, state: &ManifestState) {
-        publish_iceberg(&self.storage, id, state, self.gc_grace).await;
+    /// Shows a committed version to the observer (the Iceberg view), if there is one.
+    async fn show(&self, id: &str, state: &ManifestState) {
+        if let Some(observer) = &self.observer {
+            observer.installed(id, state).await;
+        }
     }
 
-    /// The table's newest manifest state (read from the object store, so commits of other
-    /// nodes are in it) with its Iceberg `view` published for it (that view alone: the
-    /// other's trouble is not this load's).
-    pub(crate) async fn iceberg_view(
-        &self,
-        id: &str,
-        view: crate::iceberg::View,
-    ) -> Result<crate::iceberg::Published, TableError> {
+    /// The table's newest manifest state, read from the object store (so commits of other
+    /// nodes are in it).
+    pub(crate) async fn newest_state(&self, id: &str) -> Result<ManifestState, TableError> {
         self.refresh(id).await?;
         let state = self.table(id).await?.lock().manifest.clone();
-        crate::iceberg::publish_view(&self.storage, view, id, &state, self.gc_grace).await
+        Ok(state)
     }
 
     /// Tells the log which records tables still need: those of unflushed batches.
@@ -1591,18 +1633,6 @@ enum Publish {
     /// Published on a task of its own, holding the table's commits until it is done: the
     /// maintenance loop's next flush may cut and encode meanwhile.
     Behind,
-}
-
-/// Publishes the Iceberg view of a committed state. Best effort: the commit stands either
-/// way, and the view is published again by the next commit, by garbage collection's pass and
-/// by a catalog reader's load.
-async fn publish_iceberg(storage: &Storage, id: &str, state: &ManifestState, grace: Duration) {
-    let views = crate::iceberg::publish(storage, id, state, grace).await;
-    for view in crate::iceberg::View::ALL {
-        if let Err(e) = views.get(view) {
-            tracing::debug!(table = %id, ?view, error = %e, "publishing the Iceberg view failed");
-        }
-    }
 }
 
 fn elapsed_nanos(started: Instant) -> u64 {
