@@ -45,7 +45,9 @@
 //!    (`storage/versioned.rs`) at `tables/{id}/_log/{v:020}.json`, with the log position it
 //!    covers. Then the batches leave the unflushed set and the `tables` consumer releases the log up to
 //!    that position; a segment is deleted once every consumer has released it.
-//! 5. The new manifest version is published as an Iceberg snapshot (`iceberg/mod.rs`):
+//! 5. The new manifest version is shown to the tables' observer, the Iceberg view
+//!    (`IcebergViews` in `iceberg/mod.rs`, which `db` wires in; tables know nothing else of
+//!    it), and published as an Iceberg snapshot:
 //!    `tables/{id}/metadata/v{n}.metadata.json` and its Avro manifest list and manifest, which
 //!    the read-only REST catalog at `/iceberg` (`http/iceberg.rs`) hands to other engines.
 //!
