@@ -752,6 +752,7 @@ async fn create(
     );
     let (body, _reservation) = body_bytes(state, owner, body).await?;
     let request = CreateRequest {
+        key: owner.cloned(),
         name,
         content_type,
         lifetime,
@@ -873,6 +874,7 @@ async fn append(
     );
     let (body, _reservation) = body_bytes(state, owner, body).await?;
     let request = AppendRequest {
+        key: owner.cloned(),
         name,
         content_type,
         close,

@@ -146,6 +146,10 @@ pub(super) struct Caps {
     pub(super) producer_room: u64,
     /// The server's producer budget (for the refusal's message).
     pub(super) producer_budget: u64,
+    /// For an append of a key: bytes left in its share of both budgets (the least).
+    pub(super) key_room: Option<u64>,
+    /// A key's share of the producer budget (for the refusal's message).
+    pub(super) key_budget: u64,
 }
 
 /// Decides an append against the stream's state; see the module docs.
@@ -233,6 +237,17 @@ pub(super) fn append(
         }
         Some((p, ProducerCheck::Accept))
             if view.producer(&p.id).is_none()
+                && caps
+                    .key_room
+                    .is_some_and(|room| super::state::producer_cost(&p.id) > room) =>
+        {
+            return Err(StreamError::KeyShareFull {
+                what: "producer state",
+                budget: caps.key_budget,
+            });
+        }
+        Some((p, ProducerCheck::Accept))
+            if view.producer(&p.id).is_none()
                 && super::state::producer_cost(&p.id) > caps.producer_room =>
         {
             return Err(StreamError::StateFull {
@@ -308,6 +323,7 @@ mod tests {
             producer: None,
             stream_seq: None,
             incarnation: None,
+            key: None,
         }
     }
 
@@ -324,6 +340,8 @@ mod tests {
             max_producers,
             producer_room: u64::MAX,
             producer_budget: u64::MAX,
+            key_room: None,
+            key_budget: u64::MAX,
         }
     }
 

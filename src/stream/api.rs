@@ -2,6 +2,8 @@
 //! Wire forms (headers) belong to `http/`; offsets as text are here ([`format_offset`]),
 //! because subscriptions write them into webhook bodies and wake events too.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 
 use super::codec::{Lifetime, ProducerTuple};
@@ -133,6 +135,17 @@ pub enum StreamError {
         /// The budget, in bytes.
         budget: u64,
     },
+    /// The asking key holds its whole share of the stream-state (or producer) budget: other
+    /// keys keep the rest.
+    #[error(
+        "this key holds as much {what} as one key may ({budget} bytes, its share of the server's budget); nothing was applied"
+    )]
+    KeyShareFull {
+        /// `stream state` or `producer state`.
+        what: &'static str,
+        /// The key's share, in bytes.
+        budget: u64,
+    },
     /// The commit log refused or failed.
     #[error(transparent)]
     Log(#[from] LogError),
@@ -175,6 +188,13 @@ impl Classify for StreamError {
             // The server's budget, not this request: room comes back as streams are
             // deleted or expire and producers expire.
             StreamError::StateFull { .. } => ErrorClass {
+                retry_after: Some(60),
+                ..ErrorClass::retry(Cause::StreamStateFull)
+            },
+            // This key's own excess: room comes back as its streams are deleted or expire
+            // and its producers expire.
+            StreamError::KeyShareFull { .. } => ErrorClass {
+                kind: Kind::TooMany,
                 retry_after: Some(60),
                 ..ErrorClass::retry(Cause::StreamStateFull)
             },
@@ -254,6 +274,9 @@ pub struct CreateRequest {
     pub body: Bytes,
     /// `Stream-Incarnation` precondition.
     pub incarnation: Option<String>,
+    /// The name of the API key asking, whose share of the stream-state and producer budgets
+    /// what it creates counts against; `None` when requests are not authenticated.
+    pub key: Option<Arc<str>>,
 }
 
 /// A `POST`.
@@ -273,6 +296,9 @@ pub struct AppendRequest {
     pub stream_seq: Option<String>,
     /// `Stream-Incarnation` precondition.
     pub incarnation: Option<String>,
+    /// The name of the API key asking, whose share of the stream-state and producer budgets
+    /// what it creates counts against; `None` when requests are not authenticated.
+    pub key: Option<Arc<str>>,
 }
 
 /// What an accepted `POST` did.

@@ -1186,7 +1186,9 @@ async fn write_checkpoint(
             s.hot_bytes = s.hot_bytes.saturating_sub(freed);
         }
         s.recount_extents();
-        inner.footprint.change(before, super::counted(name, &s));
+        inner
+            .footprint
+            .change(stream.key.as_ref(), before, super::counted(name, &s));
     }
     cold.set_snapshot_lsn(lsn);
     inner.stats.checkpoints.fetch_add(1, Ordering::Relaxed);

@@ -52,7 +52,7 @@ mod state;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -130,6 +130,9 @@ impl Default for StreamsConfig {
 #[derive(Debug)]
 pub struct Stream {
     name: String,
+    /// The API key that created it (in this process): its own state counts against that
+    /// key's share ([`Footprint`]).
+    key: Option<Arc<str>>,
     state: RwLock<StreamState>,
     /// Admission lock: one append (or delete) decided at a time, against the applied state
     /// and what the appends in flight leave.
@@ -145,9 +148,10 @@ pub struct Stream {
 }
 
 impl Stream {
-    fn new(name: String, state: StreamState) -> Arc<Stream> {
+    fn new(name: String, state: StreamState, key: Option<Arc<str>>) -> Arc<Stream> {
         Arc::new(Stream {
             name,
+            key,
             state: RwLock::new(state),
             admit: tokio::sync::Mutex::new(Pipeline::default()),
             in_flight: AtomicUsize::new(0),
@@ -269,20 +273,113 @@ struct Registry {
 /// What all streams' state counts against the stream-state and producer budgets; changed
 /// only where a change applies (and by producer expiry and checkpoints), so replay counts
 /// as live does.
+///
+/// Each API key may hold at most half of either budget ([`KEY_SHARE`]), so one key cannot
+/// take the room other keys' streams and producers need: a stream's own state (everything
+/// but its producer entries) counts against the key that created it, a producer entry
+/// against the key whose append created it. What was replayed or loaded counts against no
+/// key (keys are not stored), only against the budgets.
 #[derive(Debug, Default)]
 struct Footprint {
     /// [`StreamState::footprint`] of every stream, producers included.
     state_bytes: AtomicU64,
     /// [`StreamState::producer_bytes`] of every stream.
     producer_bytes: AtomicU64,
+    /// What each key's streams and producer entries count (keys are the configured keys'
+    /// names, never client input, so the map is as small as the configuration).
+    keys: Mutex<HashMap<Arc<str>, KeyUse>>,
+}
+
+/// What one key's share of the budgets holds.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct KeyUse {
+    /// Counted against `max_state_bytes`: its streams' own state and its producer entries.
+    state: u64,
+    /// Counted against `max_producer_bytes`: its producer entries.
+    producers: u64,
+}
+
+/// The share of each budget one key may hold: a half, as for request bodies.
+const KEY_SHARE: u64 = 2;
+
+/// Room left in the stream-state budget.
+struct Room {
+    server: u64,
+    server_budget: u64,
+    /// For a request of a key: what its share has left.
+    key: Option<u64>,
+    key_budget: u64,
+}
+
+impl Room {
+    /// Whether `adds` bytes fit: the key's share is checked first (a key past its share is
+    /// refused as its own excess, not as the server's).
+    fn check(&self, adds: u64) -> Result<(), StreamError> {
+        if self.key.is_some_and(|room| adds > room) {
+            return Err(StreamError::KeyShareFull {
+                what: "stream state",
+                budget: self.key_budget,
+            });
+        }
+        if adds > self.server {
+            return Err(StreamError::StateFull {
+                what: "stream state",
+                budget: self.server_budget,
+            });
+        }
+        Ok(())
+    }
 }
 
 impl Footprint {
-    /// Counts a change of one stream from `before` to `after` (`(footprint, producer
-    /// bytes)`, zeros for none).
-    fn change(&self, before: (u64, u64), after: (u64, u64)) {
+    /// Counts a change of one stream, created by `key`, from `before` to `after`
+    /// (`(footprint, producer bytes)`, zeros for none). Producer entries count against
+    /// their own keys ([`Footprint::producer_added`]).
+    fn change(&self, key: Option<&Arc<str>>, before: (u64, u64), after: (u64, u64)) {
         adjust(&self.state_bytes, before.0, after.0);
         adjust(&self.producer_bytes, before.1, after.1);
+        if let Some(key) = key {
+            let own_before = before.0.saturating_sub(before.1);
+            let own_after = after.0.saturating_sub(after.1);
+            if own_before != own_after {
+                self.key_use(key, |u| {
+                    u.state = (u.state + own_after).saturating_sub(own_before);
+                });
+            }
+        }
+    }
+
+    /// Counts a producer entry of `cost` that `key`'s append created.
+    fn producer_added(&self, key: &Arc<str>, cost: u64) {
+        self.key_use(key, |u| {
+            u.state += cost;
+            u.producers += cost;
+        });
+    }
+
+    /// Stops counting producer entries that keys' appends created.
+    fn producers_removed(&self, released: &[(Arc<str>, u64)]) {
+        for (key, cost) in released {
+            self.key_use(key, |u| {
+                u.state = u.state.saturating_sub(*cost);
+                u.producers = u.producers.saturating_sub(*cost);
+            });
+        }
+    }
+
+    fn key_use(&self, key: &Arc<str>, change: impl FnOnce(&mut KeyUse)) {
+        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = keys.entry(key.clone()).or_default();
+        change(entry);
+        if *entry == KeyUse::default() {
+            keys.remove(key);
+        }
+    }
+
+    /// What `key` holds now.
+    fn held_by(&self, key: &str) -> KeyUse {
+        let keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        keys.get(key).copied().unwrap_or_default()
     }
 }
 
@@ -457,8 +554,9 @@ impl Inner {
         self.registry.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Applies a durable change; runs in LSN order (live on the log writer, or in replay).
-    fn apply(&self, lsn: Lsn, op: Op) {
+    /// Applies a durable change; runs in LSN order (live on the log writer, as `key` asked,
+    /// or in replay, with no key).
+    fn apply(&self, lsn: Lsn, op: Op, key: Option<&Arc<str>>) {
         match op {
             Op::Append {
                 name,
@@ -475,8 +573,13 @@ impl Inner {
                     if s.incarnation == incarnation && !s.gone {
                         let data_added = data.as_ref().is_some_and(|d| !d.is_empty());
                         let before = counted(&name, &s);
-                        s.apply_append(lsn, data, close, producer, stream_seq);
-                        self.footprint.change(before, counted(&name, &s));
+                        let created =
+                            s.apply_append_by(lsn, data, close, producer, stream_seq, key);
+                        self.footprint
+                            .change(stream.key.as_ref(), before, counted(&name, &s));
+                        if let (Some(key), Some(cost)) = (key, created) {
+                            self.footprint.producer_added(key, cost);
+                        }
                         if data_added {
                             self.note_change(&name);
                         }
@@ -523,13 +626,13 @@ impl Inner {
                     state.push(initial);
                 }
                 state.closed = closed;
-                self.footprint.change((0, 0), counted(&name, &state));
+                self.footprint.change(key, (0, 0), counted(&name, &state));
                 if state.tail > 0 {
                     self.note_change(&name);
                 }
                 registry
                     .streams
-                    .insert(name.clone(), Stream::new(name, state));
+                    .insert(name.clone(), Stream::new(name, state, key.cloned()));
                 self.applied_lsn.store(lsn, Ordering::Release);
             }
             Op::Delete { name, incarnation } => {
@@ -570,7 +673,13 @@ fn remove_stream(registry: &mut Registry, name: &str, footprint: &Footprint, col
         };
         cold.touch(&name);
         let mut s = stream.write_state();
-        footprint.change(counted(&name, &s), (0, 0));
+        footprint.change(stream.key.as_ref(), counted(&name, &s), (0, 0));
+        let released: Vec<(Arc<str>, u64)> = s
+            .producers
+            .iter()
+            .filter_map(|(id, p)| Some((p.key.clone()?, state::producer_cost(id))))
+            .collect();
+        footprint.producers_removed(&released);
         s.gone = true;
         let fork = s.fork.clone();
         drop(s);
@@ -679,7 +788,7 @@ impl Streams {
         };
         let footprint = Footprint::default();
         for (name, state) in &streams {
-            footprint.change((0, 0), counted(name, state));
+            footprint.change(None, (0, 0), counted(name, state));
         }
         let inner = Arc::new(Inner {
             footprint,
@@ -693,7 +802,7 @@ impl Streams {
                 streams: streams
                     .into_iter()
                     .map(|(name, state)| {
-                        let stream = Stream::new(name.clone(), state);
+                        let stream = Stream::new(name.clone(), state, None);
                         (name, stream)
                     })
                     .collect(),
@@ -713,7 +822,7 @@ impl Streams {
             }
             let op = Op::decode(Bytes::from(record.payload.clone()))
                 .map_err(|e| StreamError::Corrupt(format!("log record {}: {e}", record.lsn)))?;
-            inner.apply(record.lsn, op);
+            inner.apply(record.lsn, op, None);
         }
         let streams = Streams { inner };
         // Producers the snapshot holds that have been idle too long since.
@@ -893,6 +1002,7 @@ impl Streams {
                 name: stream.name.clone(),
                 incarnation,
             },
+            None,
         )
         .await?;
         Ok(())
@@ -901,13 +1011,18 @@ impl Streams {
     /// Logs `op` and applies it once it is durable. Callers hold the stream's `admit` (or
     /// `meta`) lock across this, and run under [`to_completion`], so the lock is held until
     /// the record is applied or has failed.
-    async fn commit(&self, kind: RecordKind, op: Op) -> Result<Lsn, StreamError> {
+    async fn commit(
+        &self,
+        kind: RecordKind,
+        op: Op,
+        key: Option<Arc<str>>,
+    ) -> Result<Lsn, StreamError> {
         let payload = op.encode();
         let inner = self.inner.clone();
         let lsn = self
             .inner
             .log
-            .append_applied(kind, payload, move |lsn| inner.apply(lsn, op))
+            .append_applied(kind, payload, move |lsn| inner.apply(lsn, op, key.as_ref()))
             .await?;
         Ok(lsn)
     }
@@ -966,16 +1081,9 @@ impl Streams {
         let adds = state::STREAM_ENTRY_BYTES
             + 2 * req.name.len() as u64
             + req.content_type.as_ref().map_or(0, |c| c.len() as u64);
-        let state_bytes = self.inner.footprint.state_bytes.load(Ordering::Relaxed);
-        if state_bytes.saturating_add(adds) > self.inner.config.max_state_bytes {
+        if self.state_room(req.key.as_deref()).check(adds).is_err() {
             self.expire_producers_now();
-            let state_bytes = self.inner.footprint.state_bytes.load(Ordering::Relaxed);
-            if state_bytes.saturating_add(adds) > self.inner.config.max_state_bytes {
-                return Err(StreamError::StateFull {
-                    what: "stream state",
-                    budget: self.inner.config.max_state_bytes,
-                });
-            }
+            self.state_room(req.key.as_deref()).check(adds)?;
         }
         let mut content_type = req.content_type.clone();
         let mut lifetime = req.lifetime.clone();
@@ -1014,7 +1122,8 @@ impl Streams {
             prefix,
             initial,
         };
-        self.commit(RecordKind::Metadata, op).await?;
+        self.commit(RecordKind::Metadata, op, req.key.clone())
+            .await?;
         let stream = self.lookup(&req.name).ok_or(StreamError::NotFound)?;
         Ok((true, stream.info()))
     }
@@ -1100,7 +1209,9 @@ impl Streams {
         }
         if matches!(
             decided,
-            Err(StreamError::TooManyProducers(_) | StreamError::StateFull { .. })
+            Err(StreamError::TooManyProducers(_)
+                | StreamError::StateFull { .. }
+                | StreamError::KeyShareFull { .. })
         ) && self.expire_stream_producers(&stream) > 0
         {
             // Room made by producers idle past their expiry: decide again.
@@ -1118,10 +1229,11 @@ impl Streams {
             Admitted::Answer(outcome) => return Ok(outcome),
         };
         let inner = self.inner.clone();
+        let key = req.key.clone();
         let submitted = match self.inner.log.submit_chained(
             RecordKind::StreamAppend,
             payload,
-            move |lsn| inner.apply(lsn, op),
+            move |lsn| inner.apply(lsn, op, key.as_ref()),
             pipeline.chain.clone(),
         ) {
             Ok(submitted) => submitted,
@@ -1157,6 +1269,44 @@ impl Streams {
         })
     }
 
+    /// Room left in the stream-state budget for `key`: what the server has, and (for a key)
+    /// what its share has.
+    fn state_room(&self, key: Option<&str>) -> Room {
+        let (config, footprint) = (&self.inner.config, &self.inner.footprint);
+        let server = config
+            .max_state_bytes
+            .saturating_sub(footprint.state_bytes.load(Ordering::Relaxed));
+        let share = config.max_state_bytes / KEY_SHARE;
+        Room {
+            server,
+            server_budget: config.max_state_bytes,
+            key: key.map(|k| share.saturating_sub(footprint.held_by(k).state)),
+            key_budget: share,
+        }
+    }
+
+    /// Room left for a new producer entry: in the server's producer and state budgets, and
+    /// for an append of `key`, in its share of each.
+    fn producer_caps(&self, key: Option<&str>) -> admit::Caps {
+        let (config, footprint) = (&self.inner.config, &self.inner.footprint);
+        let state = self.state_room(key);
+        let share = config.max_producer_bytes / KEY_SHARE;
+        admit::Caps {
+            max_producers: config.max_producers_per_stream,
+            producer_budget: config.max_producer_bytes,
+            producer_room: config
+                .max_producer_bytes
+                .saturating_sub(footprint.producer_bytes.load(Ordering::Relaxed))
+                .min(state.server),
+            key_room: state.key.map(|state_room| {
+                share
+                    .saturating_sub(footprint.held_by(key.unwrap_or_default()).producers)
+                    .min(state_room)
+            }),
+            key_budget: share,
+        }
+    }
+
     /// Decides an append against the stream's applied state and its pipeline; a commit is
     /// added to what the pipeline leaves (the caller submits it, or forgets the pipeline).
     fn admit_append(
@@ -1170,21 +1320,7 @@ impl Streams {
             applied: &s,
             pending: pipeline.pending.as_ref(),
         };
-        let config = &self.inner.config;
-        let room =
-            |budget: u64, used: &AtomicU64| budget.saturating_sub(used.load(Ordering::Relaxed));
-        let caps = admit::Caps {
-            max_producers: config.max_producers_per_stream,
-            producer_budget: config.max_producer_bytes,
-            producer_room: room(
-                config.max_producer_bytes,
-                &self.inner.footprint.producer_bytes,
-            )
-            .min(room(
-                config.max_state_bytes,
-                &self.inner.footprint.state_bytes,
-            )),
-        };
+        let caps = self.producer_caps(req.key.as_deref());
         let op = match admit::append(&view, req, &caps)? {
             admit::Admission::Commit(op) => op,
             admit::Admission::Answer(outcome) => return Ok(Admitted::Answer(outcome)),
@@ -1258,6 +1394,7 @@ impl Streams {
                 name: name.to_owned(),
                 incarnation: current,
             },
+            None,
         )
         .await?;
         Ok(())
@@ -1484,8 +1621,12 @@ impl Streams {
                 continue;
             }
             let was = counted(name, &s);
-            forgotten += s.expire_producers(before, now, max_retired);
-            inner.footprint.change(was, counted(name, &s));
+            let mut released = Vec::new();
+            forgotten += s.expire_producers_releasing(before, now, max_retired, &mut released);
+            inner
+                .footprint
+                .change(stream.key.as_ref(), was, counted(name, &s));
+            inner.footprint.producers_removed(&released);
             inner.cold.touch(name);
         }
         forgotten
@@ -1499,12 +1640,17 @@ impl Streams {
         let now = producer_clock_ms();
         let mut s = stream.write_state();
         let was = counted(&stream.name, &s);
-        let forgotten = s.expire_producers(
+        let mut released = Vec::new();
+        let forgotten = s.expire_producers_releasing(
             now.saturating_sub(expiry),
             now,
             inner.config.max_producers_per_stream,
+            &mut released,
         );
-        inner.footprint.change(was, counted(&stream.name, &s));
+        inner
+            .footprint
+            .change(stream.key.as_ref(), was, counted(&stream.name, &s));
+        inner.footprint.producers_removed(&released);
         if forgotten > 0 {
             inner.cold.touch(&stream.name);
         }

@@ -6,6 +6,7 @@
 use bytes::Bytes;
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 
 use super::codec::{ForkSpec, Lifetime, ProducerTuple};
 use crate::log::Lsn;
@@ -113,6 +114,11 @@ pub(crate) struct ProducerState {
     /// before producers expired: such entries count from when they are loaded.
     #[serde(default)]
     pub(crate) last_ms: i64,
+    /// The API key (its name) whose append created the entry, whose share of the producer
+    /// and stream-state budgets it counts against; `None` when requests are not
+    /// authenticated, and for entries replayed or loaded (kept in memory only).
+    #[serde(skip)]
+    pub(crate) key: Option<Arc<str>>,
 }
 
 impl ProducerState {
@@ -353,6 +359,7 @@ impl StreamState {
                 last_seq: r.last_seq,
                 receipts: VecDeque::new(),
                 last_ms: 0,
+                key: None,
             })
         })
     }
@@ -372,11 +379,24 @@ impl StreamState {
     /// Retires producers whose last append was applied before `before_ms` (at `now_ms`):
     /// their entries go, a [`Retired`] record of each stays, at most `max_retired` on the
     /// stream (the oldest retired go first). Returns how many were retired.
+    #[cfg(test)]
     pub(crate) fn expire_producers(
         &mut self,
         before_ms: i64,
         now_ms: i64,
         max_retired: usize,
+    ) -> usize {
+        self.expire_producers_releasing(before_ms, now_ms, max_retired, &mut Vec::new())
+    }
+
+    /// [`StreamState::expire_producers`], adding to `released` the key and cost of every
+    /// retired entry a key created.
+    pub(crate) fn expire_producers_releasing(
+        &mut self,
+        before_ms: i64,
+        now_ms: i64,
+        max_retired: usize,
+        released: &mut Vec<(Arc<str>, u64)>,
     ) -> usize {
         let mut freed = 0;
         let mut gone = Vec::new();
@@ -385,6 +405,9 @@ impl StreamState {
             let keep = state.last_ms >= before_ms;
             if !keep {
                 freed += producer_cost(id);
+                if let Some(key) = state.key.take() {
+                    released.push((key, producer_cost(id)));
+                }
                 changed.push(id.clone());
                 gone.push((
                     producer_key(id),
@@ -417,6 +440,7 @@ impl StreamState {
     }
 
     /// Applies an admitted append (or close).
+    #[cfg(test)]
     pub(crate) fn apply_append(
         &mut self,
         lsn: Lsn,
@@ -425,6 +449,21 @@ impl StreamState {
         producer: Option<ProducerTuple>,
         stream_seq: Option<String>,
     ) {
+        self.apply_append_by(lsn, data, close, producer, stream_seq, None);
+    }
+
+    /// [`StreamState::apply_append`] of an append `key` asked for: a producer entry it
+    /// creates is `key`'s, and its cost is returned (to count against `key`'s share).
+    pub(crate) fn apply_append_by(
+        &mut self,
+        lsn: Lsn,
+        data: Option<Bytes>,
+        close: bool,
+        producer: Option<ProducerTuple>,
+        stream_seq: Option<String>,
+        key: Option<&Arc<str>>,
+    ) -> Option<u64> {
+        let mut created = None;
         if let Some(data) = data
             && !data.is_empty()
         {
@@ -438,6 +477,10 @@ impl StreamState {
                 None => {
                     let mut state = ProducerState::default();
                     state.record(p, tail);
+                    if let Some(key) = key {
+                        state.key = Some(key.clone());
+                        created = Some(producer_cost(&p.id));
+                    }
                     self.producers.insert(p.id.clone(), state);
                     self.producer_bytes += producer_cost(&p.id);
                     if !self.retired.is_empty() {
@@ -460,6 +503,7 @@ impl StreamState {
             self.closed_by = producer;
         }
         self.applied_lsn = lsn;
+        created
     }
 }
 

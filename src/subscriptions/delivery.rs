@@ -183,6 +183,7 @@ async fn attempt(
                     producer: None,
                     stream_seq: None,
                     incarnation: None,
+                    key: None,
                 })
                 .await
                 .map_err(|e| format!("wake stream {wake_stream:?}: {e}"))?;

@@ -123,6 +123,7 @@ impl Harness {
                 fork: None,
                 body: Bytes::from(body.to_owned()),
                 incarnation: None,
+                key: None,
             })
             .await
             .unwrap();
@@ -139,6 +140,7 @@ impl Harness {
                 producer: None,
                 stream_seq: None,
                 incarnation: None,
+                key: None,
             })
             .await
             .unwrap();

@@ -82,6 +82,7 @@ fn create_stream(name: &str) -> CreateRequest {
         fork: None,
         body: Bytes::new(),
         incarnation: None,
+        key: None,
     }
 }
 
@@ -94,6 +95,7 @@ fn append(name: &str, body: String) -> AppendRequest {
         producer: None,
         stream_seq: None,
         incarnation: None,
+        key: None,
     }
 }
 

@@ -150,6 +150,7 @@ fn create(name: &str, content_type: &str) -> CreateRequest {
         fork: None,
         body: Bytes::new(),
         incarnation: None,
+        key: None,
     }
 }
 
@@ -162,6 +163,7 @@ fn append(name: &str, body: &[u8]) -> AppendRequest {
         producer: None,
         stream_seq: None,
         incarnation: None,
+        key: None,
     }
 }
 

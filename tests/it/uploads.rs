@@ -851,3 +851,127 @@ async fn idle_connections_from_one_peer_cannot_take_every_slot() {
     assert_eq!(r.status(), 200);
     drop(idle);
 }
+
+/// An append of producer `id` as `key`: `(status, body)`.
+async fn produce_as(
+    client: &reqwest::Client,
+    base: &str,
+    key: &str,
+    stream: &str,
+    id: &str,
+) -> (u16, Value) {
+    let r = client
+        .post(format!("{base}/v1/stream/{stream}"))
+        .bearer_auth(key)
+        .header("content-type", "text/plain")
+        .header("producer-id", id)
+        .header("producer-epoch", "0")
+        .header("producer-seq", "0")
+        .body(format!("{id};"))
+        .send()
+        .await
+        .expect("append");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// Creates stream `name` as `key`; its status and body.
+async fn create_as(client: &reqwest::Client, base: &str, key: &str, name: &str) -> (u16, Value) {
+    let r = client
+        .put(format!("{base}/v1/stream/{name}"))
+        .bearer_auth(key)
+        .header("content-type", "text/plain")
+        .send()
+        .await
+        .expect("create");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_write_key_cannot_fill_the_stream_state_or_producer_budgets() {
+    // Producer entries within 4 KiB in all, stream state within 16 KiB: each key may hold
+    // half of each. Producers idle for 3 s expire.
+    let config = "max_producers_per_stream = 1000\nmax_producer_bytes = 4096\n\
+                  max_stream_state_bytes = 16384\nproducer_expiry_seconds = 3\n";
+    let server = Server::start(
+        "key-shares",
+        &[
+            "--api-key",
+            "write=w1",
+            "--api-key",
+            "write=w2",
+            "--api-key",
+            "admin=a",
+        ],
+        config,
+    );
+    let base = server.base.clone();
+    let client = reqwest::Client::new();
+    assert_eq!(create_as(&client, &base, "w1", "shared").await.0, 201);
+
+    // w1 adds producers until it is refused: 429 for its own share, nothing applied.
+    let mut admitted = 0;
+    let body = loop {
+        let (status, body) =
+            produce_as(&client, &base, "w1", "shared", &format!("w1-{admitted}")).await;
+        if status != 200 {
+            assert_eq!(status, 429, "{body}");
+            break body;
+        }
+        admitted += 1;
+        assert!(admitted < 200, "w1's producers were never refused");
+    };
+    println!("w1 held {admitted} producers before its share was full: {body}");
+    assert_eq!(body["code"], "too_many_requests", "{body}");
+    assert_eq!(body["details"]["status"], "rejected", "{body}");
+    let held = common::metric(&client, &base, "sluice_stream_producer_bytes").await;
+    assert!(
+        held <= 2048.0,
+        "one key holds {held} producer bytes, past half of 4096"
+    );
+
+    // w2, on the same stream and on a stream of its own, still has its whole share.
+    assert_eq!(create_as(&client, &base, "w2", "mine").await.0, 201);
+    for i in 0..admitted {
+        let stream = if i % 2 == 0 { "shared" } else { "mine" };
+        let (status, body) = produce_as(&client, &base, "w2", stream, &format!("w2-{i}")).await;
+        assert_eq!(status, 200, "w2's producer {i}: {body}");
+    }
+
+    // Streams: w1 creates until refused (429), and w2 can still create.
+    let mut created = 0;
+    loop {
+        let (status, body) = create_as(&client, &base, "w1", &format!("w1-s{created}")).await;
+        if status != 201 {
+            assert_eq!(status, 429, "{body}");
+            break;
+        }
+        created += 1;
+        assert!(created < 500, "w1's streams were never refused");
+    }
+    println!("w1 created {created} more streams before its share was full");
+    let (status, body) = create_as(&client, &base, "w2", "w2-s0").await;
+    assert_eq!(status, 201, "{body}");
+
+    // What w1 created comes back to its share once deleted (by an admin: deletes are theirs).
+    for i in 0..created {
+        let r = client
+            .delete(format!("{base}/v1/stream/w1-s{i}"))
+            .bearer_auth("a")
+            .send()
+            .await
+            .expect("delete");
+        assert_eq!(r.status(), 204);
+    }
+    let (status, body) = create_as(&client, &base, "w1", "w1-again").await;
+    assert_eq!(status, 201, "{body}");
+
+    // So do its producers once they expired: refused at first, w1's next producer makes the
+    // stream forget its idle ones, and gets in.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (status, body) = produce_as(&client, &base, "w1", "shared", "w1-late").await;
+    assert_eq!(status, 200, "{body}");
+    let held = common::metric(&client, &base, "sluice_stream_producer_bytes").await;
+    assert!(held <= 4096.0, "{held}");
+}
