@@ -23,16 +23,20 @@
 //! end (an age limit holds anyway), and a flush then decodes a budget's worth at a time.
 //!
 //! Small batches coalesce: a committed batch smaller than [`COALESCE_BELOW_BYTES`] joins the
-//! newest entry of the set when that entry is in memory, of the same schema, itself still
-//! under that size, and not taken by a flush under way (`Unflushed::cut`). One entry then
-//! holds the rows of several records, in LSN order, and keeps their LSNs: memory, spills and
-//! flushes follow rows and bytes, not requests (a one-row batch alone costs its arrays'
-//! overhead, about a kilobyte). A flush takes whole entries and covers up to the last record
-//! of the last one it took; an entry a flush took takes no more records, so every position
-//! this process commits is the last LSN of an entry. A position committed by another process
-//! under the same node id (a commit of a node that stalled past its lease, landing after a
-//! taker replayed and coalesced the same records differently) may fall inside an entry: the
-//! install then trims the entry to the records past it (`Unflushed::trim_through`).
+//! newest entry of the set when that entry is in memory, of the same schema, itself still under
+//! that size, and not taken by a flush under way (`Unflushed::cut`). One entry then holds the
+//! rows of several records, in LSN order, and keeps their LSNs: memory, spills and flushes
+//! follow rows and bytes, not requests (a one-row batch alone costs its arrays' overhead, about
+//! a kilobyte). An entry's rows are a few runs (batches) whose sizes follow a binary counter
+//! (`push_run`): as an entry grows on the log's writer thread, each of its rows is copied about
+//! log2(rows) times, not once for every batch that joins. A flush takes whole entries and
+//! covers up to the last record of the last one it took; an entry a flush took takes no more
+//! records (unless that flush failed before its commit was sent: then no manifest can cover
+//! it), so every position this process commits is the last LSN of an entry. A position
+//! committed by another process under the same node id (a commit of a node that stalled past
+//! its lease, landing after a taker replayed and coalesced the same records differently) may
+//! fall inside an entry: the install then trims the entry to the records past it
+//! (`Unflushed::trim_through`).
 //!
 //! The manifest decides, never memory: whenever a manifest state is installed (a flush's own
 //! commit, or a refresh that reads versions written since), the unflushed batches that its
