@@ -608,6 +608,16 @@ fn small_requests(
         let sluice = start_sluice();
         runtime.block_on(create_streams(&sluice.base, streams));
         runtime.block_on(create_events_table(&client, &sluice.base));
+        let ingests = |name, bodies: &[Vec<u8>], rows| Workload {
+            name,
+            requests: Arc::new(posts(
+                &sluice.base,
+                &vec![path.to_owned(); bodies.len()],
+                "application/x-ndjson",
+                bodies,
+            )),
+            rows,
+        };
         let workloads = [
             Workload {
                 name: "256-byte appends",
@@ -619,26 +629,8 @@ fn small_requests(
                 )),
                 rows: 1,
             },
-            Workload {
-                name: "1-row ingests",
-                requests: Arc::new(posts(
-                    &sluice.base,
-                    &vec![path.to_owned(); one_row.len()],
-                    "application/x-ndjson",
-                    &one_row,
-                )),
-                rows: 1,
-            },
-            Workload {
-                name: "10-row ingests",
-                requests: Arc::new(posts(
-                    &sluice.base,
-                    &vec![path.to_owned(); ten_rows.len()],
-                    "application/x-ndjson",
-                    &ten_rows,
-                )),
-                rows: 10,
-            },
+            ingests("1-row ingests", &one_row, 1),
+            ingests("10-row ingests", &ten_rows, 10),
         ];
         let mut order: Vec<usize> = (0..workloads.len()).collect();
         if round % 2 == 0 {
