@@ -586,14 +586,16 @@ fn small_requests(
     };
     let (one_row, ten_rows) = (bodies(1), bodies(10));
     // The rows' own Arrow size: the 1-row bodies decoded as one batch, copied into buffers
-    // of its exact size (the decoder's builders leave spare capacity).
+    // of its size (the decoder's builders leave spare capacity; `concat_batches` of one
+    // batch alone would hand it back as it is, hence the empty one).
     let arrow_per_row = {
         let decoder = sluice::ingest::Decoder::new(&support::event_columns());
         let batch = decoder
             .decode(&one_row.concat(), &sluice::ingest::Limits::default())
             .expect("bench rows decode");
-        let batch = arrow_select::concat::concat_batches(&batch.schema(), [&batch])
-            .expect("one batch concatenates");
+        let batch =
+            arrow_select::concat::concat_batches(&batch.schema(), [&batch, &batch.slice(0, 0)])
+                .expect("one batch concatenates");
         batch.get_array_memory_size() as f64 / batch.num_rows().max(1) as f64
     };
     println!(

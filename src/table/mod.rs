@@ -405,12 +405,7 @@ impl Unflushed {
                     slices.push(run.batch.slice(skip, n - skip));
                     skip = 0;
                 }
-                let compacted = match slices.first() {
-                    Some(first) => {
-                        arrow_select::concat::concat_batches(&first.schema(), &slices).ok()
-                    }
-                    None => None,
-                };
+                let compacted = copied(&slices);
                 *runs = match compacted {
                     Some(batch) => vec![Run::fresh(batch)],
                     // Not joined (cannot happen for runs of one schema): the slices
@@ -440,6 +435,19 @@ impl Run {
         let bytes = batch.get_array_memory_size();
         Run { batch, bytes }
     }
+}
+
+/// `batches` (of one schema) copied into one batch of fresh buffers of their rows' size.
+/// (`concat_batches` hands a lone batch back as it is, a view that keeps its whole buffers:
+/// an empty view is added to make it copy.)
+fn copied(batches: &[RecordBatch]) -> Option<RecordBatch> {
+    let first = batches.first()?;
+    let empty = first.slice(0, 0);
+    let mut all: Vec<&RecordBatch> = batches.iter().collect();
+    if all.len() == 1 {
+        all.push(&empty);
+    }
+    arrow_select::concat::concat_batches(&first.schema(), all).ok()
 }
 
 /// Appends `run` to an entry's runs, then joins the newest two while the newer holds at
@@ -1846,5 +1854,28 @@ mod tests {
         assert_eq!(held_ids(&state), vec![5, 6]);
         assert_eq!(state.held_bytes, state.unflushed[0].bytes);
         assert_eq!(state.unflushed[0].runs.as_ref().map(Vec::len), Some(1));
+    }
+
+    /// The rows a trim keeps of one run are copied out of it: the dropped rows' buffers go,
+    /// and the entry's size says so.
+    #[test]
+    fn a_trim_inside_one_run_frees_the_dropped_rows() {
+        let batch = ids(0, 1024);
+        let bytes = batch.get_array_memory_size();
+        let lsns: Vec<Lsn> = (1..=1024).collect();
+        let ends: Vec<usize> = (1..=1024).collect();
+        let mut state = TableState {
+            manifest: ManifestState::default(),
+            unflushed: VecDeque::from([entry(&lsns, &ends, Some(batch), bytes)]),
+            held_bytes: bytes,
+            spilled: 0,
+            spilled_bytes: 0,
+            last_append: None,
+        };
+        state.install(covering(1, 1020), "n");
+        assert_eq!(held_ids(&state), vec![1020, 1021, 1022, 1023]);
+        let kept = state.unflushed[0].bytes;
+        assert!(kept * 16 < bytes, "{kept} bytes kept of {bytes}");
+        assert_eq!(state.held_bytes, kept);
     }
 }
