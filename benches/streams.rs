@@ -1,6 +1,13 @@
 //! The request path under load: 256-byte stream appends spread over 100 streams, and small
 //! table-ingest requests (1 and 10 rows), over HTTP/1.1 keep-alive connections.
 //!
+//! Small requests (one event per request, as many apps send them) are measured against the
+//! stream append in the same run: one sluice per round takes 256-byte appends, 1-row and
+//! 10-row NDJSON ingests in turn, at each ingest connection count, and the figures are the
+//! server's CPU per ingest over its CPU per append, the 1-row p99, the non-2xx answers, and
+//! the unflushed set's bytes per row (the server's own figure, read after each 1-row run)
+//! over the rows' size as one decoded Arrow batch.
+//!
 //! Peers, in the same run on the same machine: the Durable Streams protocol's Node reference
 //! server in memory (one thread, nothing durable: the cost of the protocol alone) and with its
 //! durable file-backed store (fdatasync per append, coalesced); and two floor servers
@@ -20,7 +27,7 @@
 //! `BENCH_STREAMS` (100), `BENCH_INGEST_CONNECTIONS` (default `32,256`), `BENCH_ROUNDS` (3:
 //! each round starts the five servers afresh, one after another, in one order in odd rounds
 //! (sluice first) and the reverse in even ones (sluice last); the ratios printed are medians
-//! over the rounds, with each round's).
+//! over the rounds, with each round's). `BENCH_PART=small` runs only the small requests.
 
 mod support;
 
@@ -40,7 +47,7 @@ use tokio::net::TcpStream;
 
 use support::harness::{
     Server, cpu_seconds, create_events_table, env_or, free_port, scratch, selected, start_sluice,
-    wait_ready,
+    table_stats, wait_ready,
 };
 
 const MESSAGE_BYTES: usize = 256;
@@ -396,11 +403,15 @@ fn main() {
     let ingest_counts = connection_counts("BENCH_INGEST_CONNECTIONS", "32,256");
     let seconds = env_or("BENCH_SECONDS", 10) as u64;
     let streams = env_or("BENCH_STREAMS", 100);
+    let rounds = env_or("BENCH_ROUNDS", 3).max(1);
     // The load generator: one thread.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
+    if std::env::var("BENCH_PART").is_ok_and(|part| part == "small") {
+        return small_requests(&runtime, &ingest_counts, seconds, streams, rounds);
+    }
     println!(
         "stream appends: {MESSAGE_BYTES}-byte messages to {streams} streams, {seconds} s measured after {} s of warm-up, load from one thread",
         WARMUP.as_secs()
@@ -413,7 +424,6 @@ fn main() {
     // The machine's noise (other tenants, the disk) moves one run by 20-40 %: rounds start
     // every server afresh, alternate which side goes first, and the figures are the medians
     // over the rounds, printed with every round's.
-    let rounds = env_or("BENCH_ROUNDS", 3).max(1);
     let starters: [fn() -> Server; 5] = [
         start_sluice,
         || start_reference(false),
@@ -521,14 +531,50 @@ fn main() {
         println!("sluice p99 at 32 connections: {}", median_of(&p99s, " ms"));
     }
 
-    // Small table-ingest requests, as apps send them.
-    let sluice = start_sluice();
-    runtime.block_on(create_events_table(&reqwest::Client::new(), &sluice.base));
-    let path = "/v1/catalog/databases/scopedb/schemas/public/tables/events/ingest".to_owned();
-    println!("small ingest requests into sluice (events table, fsync per group):");
-    for rows in [1usize, 10] {
+    small_requests(&runtime, &ingest_counts, seconds, streams, rounds);
+}
+
+/// What one round of [`small_requests`] shows at one connection count.
+struct SmallFigures {
+    /// Server CPU per 1-row ingest over its CPU per append.
+    one_row_cpu: f64,
+    /// Server CPU per 10-row ingest over its CPU per append.
+    ten_rows_cpu: f64,
+    /// The 1-row ingests' p99 latency, in milliseconds.
+    one_row_p99_ms: f64,
+    /// Unflushed bytes per row after the 1-row ingests, over the rows' Arrow size.
+    memory: f64,
+    /// Answers other than 2xx, of all three kinds.
+    errors: usize,
+}
+
+/// One request kind of [`small_requests`].
+struct Workload {
+    name: &'static str,
+    requests: Arc<Vec<Vec<u8>>>,
+    rows: usize,
+}
+
+/// Small requests as apps send them, one event per request: 1-row and 10-row NDJSON ingests
+/// into the events table against 256-byte stream appends, all to one sluice per round, at
+/// each of `counts` connections, in an order that turns around every round. Per round and
+/// connection count: the server's CPU per 1-row (10-row) ingest over its CPU per append, and
+/// after each 1-row run the unflushed set's bytes per row (the server's own figure) over what
+/// the same rows take as one decoded Arrow batch.
+fn small_requests(
+    runtime: &tokio::runtime::Runtime,
+    counts: &[usize],
+    seconds: u64,
+    streams: usize,
+    rounds: usize,
+) {
+    let path = "/v1/catalog/databases/scopedb/schemas/public/tables/events/ingest";
+    let paths: Vec<String> = (0..streams)
+        .map(|s| format!("/v1/stream/bench-{s}"))
+        .collect();
+    let bodies = |rows: usize| -> Vec<Vec<u8>> {
         let mut rng = support::Rng::new(7);
-        let bodies: Vec<Vec<u8>> = (0..256)
+        (0..256)
             .map(|b| {
                 let mut body = String::new();
                 for r in 0..rows {
@@ -536,21 +582,123 @@ fn main() {
                 }
                 body.into_bytes()
             })
-            .collect();
-        let requests = Arc::new(posts(
-            &sluice.base,
-            &vec![path.clone(); bodies.len()],
-            "application/x-ndjson",
-            &bodies,
-        ));
-        runtime.block_on(blast_each(
-            &sluice,
-            &requests,
-            &ingest_counts,
-            seconds,
-            |connections| format!("{rows} row(s), {connections} connections"),
-            "requests",
+            .collect()
+    };
+    let (one_row, ten_rows) = (bodies(1), bodies(10));
+    // The rows' own Arrow size: the 1-row bodies decoded as one batch, copied into buffers
+    // of its size (the decoder's builders leave spare capacity; `concat_batches` of one
+    // batch alone would hand it back as it is, hence the empty one).
+    let arrow_per_row = {
+        let decoder = sluice::ingest::Decoder::new(&support::event_columns());
+        let batch = decoder
+            .decode(&one_row.concat(), &sluice::ingest::Limits::default())
+            .expect("bench rows decode");
+        let batch =
+            arrow_select::concat::concat_batches(&batch.schema(), [&batch, &batch.slice(0, 0)])
+                .expect("one batch concatenates");
+        batch.get_array_memory_size() as f64 / batch.num_rows().max(1) as f64
+    };
+    println!(
+        "small requests into one sluice (fsync per group): 256-byte appends to {streams} streams, 1-row and 10-row ingests into the events table; {seconds} s measured after {} s of warm-up each; the rows' Arrow size as one batch: {arrow_per_row:.0} bytes/row",
+        WARMUP.as_secs()
+    );
+    let client = reqwest::Client::new();
+    // Per round, per connection count.
+    let mut figures: Vec<Vec<SmallFigures>> = Vec::new();
+    for round in 1..=rounds {
+        println!("round {round} of {rounds}");
+        let sluice = start_sluice();
+        runtime.block_on(create_streams(&sluice.base, streams));
+        runtime.block_on(create_events_table(&client, &sluice.base));
+        let ingests = |name, bodies: &[Vec<u8>], rows| Workload {
+            name,
+            requests: Arc::new(posts(
+                &sluice.base,
+                &vec![path.to_owned(); bodies.len()],
+                "application/x-ndjson",
+                bodies,
+            )),
             rows,
-        ));
+        };
+        let workloads = [
+            Workload {
+                name: "256-byte appends",
+                requests: Arc::new(posts(
+                    &sluice.base,
+                    &paths,
+                    "application/octet-stream",
+                    &[vec![b'x'; MESSAGE_BYTES]],
+                )),
+                rows: 1,
+            },
+            ingests("1-row ingests", &one_row, 1),
+            ingests("10-row ingests", &ten_rows, 10),
+        ];
+        let mut order: Vec<usize> = (0..workloads.len()).collect();
+        if round % 2 == 0 {
+            order.reverse();
+        }
+        let mut per_count = Vec::new();
+        for &connections in counts {
+            let mut measured: Vec<Option<Measured>> = (0..workloads.len()).map(|_| None).collect();
+            let mut memory = f64::NAN;
+            for &which in &order {
+                let w = &workloads[which];
+                let m = runtime.block_on(blast(
+                    address(&sluice.base),
+                    sluice.child.id(),
+                    w.requests.clone(),
+                    connections,
+                    seconds,
+                ));
+                report(
+                    &format!("{}, {connections} connections", w.name),
+                    "requests",
+                    w.rows,
+                    &m,
+                );
+                if which == 1 {
+                    let stats = runtime.block_on(table_stats(&client, &sluice.base, false));
+                    let (bytes, rows) = (
+                        stats["unflushed_bytes"].as_f64().unwrap_or(0.0),
+                        stats["unflushed_rows"].as_f64().unwrap_or(0.0),
+                    );
+                    println!(
+                        "    unflushed after it: {rows:.0} rows in {} entries, {bytes:.0} bytes ({:.0} bytes/row, {} spilled)",
+                        stats["unflushed_batches"],
+                        bytes / rows.max(1.0),
+                        stats["spilled_bytes"],
+                    );
+                    memory = bytes / rows.max(1.0) / arrow_per_row;
+                }
+                measured[which] = Some(m);
+            }
+            let [Some(append), Some(one), Some(ten)] = measured.as_slice() else {
+                unreachable!("every workload ran");
+            };
+            let per_append = append.cpu_micros_per_request().max(1e-9);
+            per_count.push(SmallFigures {
+                one_row_cpu: one.cpu_micros_per_request() / per_append,
+                ten_rows_cpu: ten.cpu_micros_per_request() / per_append,
+                one_row_p99_ms: one.quantile(0.99).as_secs_f64() * 1e3,
+                memory,
+                errors: append.errors + one.errors + ten.errors,
+            });
+        }
+        figures.push(per_count);
+    }
+    println!("small requests over {rounds} rounds (median, then each round's):");
+    for (i, connections) in counts.iter().enumerate() {
+        let each = |f: fn(&SmallFigures) -> f64| -> Vec<f64> {
+            figures.iter().map(|round| f(&round[i])).collect()
+        };
+        let errors: usize = figures.iter().map(|round| round[i].errors).sum();
+        println!(
+            "  {connections:>4} connections: server CPU per 1-row ingest {} an append's, per 10-row ingest {}; 1-row p99 {}; unflushed bytes per row {} the rows' Arrow size; non-2xx answers {errors}",
+            median_of(&each(|f| f.one_row_cpu), "x"),
+            median_of(&each(|f| f.ten_rows_cpu), "x"),
+            median_of(&each(|f| f.one_row_p99_ms), " ms"),
+            median_of(&each(|f| f.memory), "x"),
+        );
     }
 }

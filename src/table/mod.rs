@@ -23,16 +23,20 @@
 //! end (an age limit holds anyway), and a flush then decodes a budget's worth at a time.
 //!
 //! Small batches coalesce: a committed batch smaller than [`COALESCE_BELOW_BYTES`] joins the
-//! newest entry of the set when that entry is in memory, of the same schema, itself still
-//! under that size, and not taken by a flush under way (`Unflushed::cut`). One entry then
-//! holds the rows of several records, in LSN order, and keeps their LSNs: memory, spills and
-//! flushes follow rows and bytes, not requests (a one-row batch alone costs its arrays'
-//! overhead, about a kilobyte). A flush takes whole entries and covers up to the last record
-//! of the last one it took; an entry a flush took takes no more records, so every position
-//! this process commits is the last LSN of an entry. A position committed by another process
-//! under the same node id (a commit of a node that stalled past its lease, landing after a
-//! taker replayed and coalesced the same records differently) may fall inside an entry: the
-//! install then trims the entry to the records past it (`Unflushed::trim_through`).
+//! newest entry of the set when that entry is in memory, of the same schema, itself still under
+//! that size, and not taken by a flush under way (`Unflushed::cut`). One entry then holds the
+//! rows of several records, in LSN order, and keeps their LSNs: memory, spills and flushes
+//! follow rows and bytes, not requests (a one-row batch alone costs its arrays' overhead, about
+//! a kilobyte). An entry's rows are a few runs (batches) whose sizes follow a binary counter
+//! (`push_run`): as an entry grows on the log's writer thread, each of its rows is copied about
+//! log2(rows) times, not once for every batch that joins. A flush takes whole entries and
+//! covers up to the last record of the last one it took; an entry a flush took takes no more
+//! records (unless that flush failed before its commit was sent: then no manifest can cover
+//! it), so every position this process commits is the last LSN of an entry. A position
+//! committed by another process under the same node id (a commit of a node that stalled past
+//! its lease, landing after a taker replayed and coalesced the same records differently) may
+//! fall inside an entry: the install then trims the entry to the records past it
+//! (`Unflushed::trim_through`).
 //!
 //! The manifest decides, never memory: whenever a manifest state is installed (a flush's own
 //! commit, or a refresh that reads versions written since), the unflushed batches that its
@@ -374,8 +378,9 @@ struct Unflushed {
     lsns: Vec<Lsn>,
     /// For each record of `lsns`, the number of the entry's rows up to and including its own.
     ends: Vec<usize>,
-    /// The decoded rows; `None` once spilled (its records are read back from the log).
-    batch: Option<RecordBatch>,
+    /// The decoded rows, in order, as runs (see [`push_run`]); `None` once spilled (its
+    /// records are read back from the log).
+    runs: Option<Vec<Run>>,
     rows: usize,
     /// Its decoded size.
     bytes: usize,
@@ -410,15 +415,28 @@ impl Unflushed {
             *end -= rows_gone;
         }
         let kept = self.rows - rows_gone;
-        self.bytes = match &self.batch {
-            Some(batch) => {
-                // Copied out of the slice, so the dropped rows' buffers go too.
-                let slice = batch.slice(rows_gone, kept);
-                let compact = arrow_select::concat::concat_batches(&slice.schema(), [&slice])
-                    .unwrap_or(slice);
-                let bytes = compact.get_array_memory_size();
-                self.batch = Some(compact);
-                bytes
+        self.bytes = match &mut self.runs {
+            Some(runs) => {
+                // The kept rows, copied out of their runs, so the dropped rows' buffers go too.
+                let mut skip = rows_gone;
+                let mut slices = Vec::with_capacity(runs.len());
+                for run in runs.iter() {
+                    let n = run.batch.num_rows();
+                    if skip >= n {
+                        skip -= n;
+                        continue;
+                    }
+                    slices.push(run.batch.slice(skip, n - skip));
+                    skip = 0;
+                }
+                let compacted = copied(&slices);
+                *runs = match compacted {
+                    Some(batch) => vec![Run::fresh(batch)],
+                    // Not joined (cannot happen for runs of one schema): the slices
+                    // themselves, their size counted in full.
+                    None => slices.into_iter().map(Run::fresh).collect(),
+                };
+                runs.iter().map(|r| r.bytes).sum()
             }
             // Spilled: its records are read back from the log, so what it stands for is a
             // share of the spilled bytes.
@@ -426,6 +444,54 @@ impl Unflushed {
         };
         self.rows = kept;
         (before, self.bytes)
+    }
+}
+
+/// Consecutive rows of an unflushed entry held as one batch, with its size in memory.
+struct Run {
+    batch: RecordBatch,
+    bytes: usize,
+}
+
+impl Run {
+    /// A run of a batch that owns its buffers (not a view of a shared one).
+    fn fresh(batch: RecordBatch) -> Run {
+        let bytes = batch.get_array_memory_size();
+        Run { batch, bytes }
+    }
+}
+
+/// `batches` (of one schema) copied into one batch of fresh buffers of their rows' size.
+/// (`concat_batches` hands a lone batch back as it is, a view that keeps its whole buffers:
+/// an empty view is added to make it copy.)
+fn copied(batches: &[RecordBatch]) -> Option<RecordBatch> {
+    let first = batches.first()?;
+    let empty = first.slice(0, 0);
+    let mut all: Vec<&RecordBatch> = batches.iter().collect();
+    if all.len() == 1 {
+        all.push(&empty);
+    }
+    arrow_select::concat::concat_batches(&first.schema(), all).ok()
+}
+
+/// Appends `run` to an entry's runs, then joins the newest two while the newer holds at
+/// least as many rows as the one before it (a binary counter): the runs' row counts shrink
+/// from the oldest on, an entry of `k` rows holds about `log2(k)` runs, and each row is
+/// copied about `log2(k)` times as the entry grows, not once for every batch that joins it.
+/// Runs that cannot be joined stay apart (still in order).
+fn push_run(runs: &mut Vec<Run>, run: Run) {
+    runs.push(run);
+    while let [.., older, newer] = runs.as_slice()
+        && newer.batch.num_rows() >= older.batch.num_rows()
+    {
+        let Ok(joined) = arrow_select::concat::concat_batches(
+            &older.batch.schema(),
+            [&older.batch, &newer.batch],
+        ) else {
+            return;
+        };
+        runs.truncate(runs.len() - 2);
+        runs.push(Run::fresh(joined));
     }
 }
 
@@ -456,7 +522,7 @@ impl TableState {
             .is_some_and(|u| u.last_lsn() <= covered)
         {
             if let Some(u) = self.unflushed.pop_front() {
-                if u.batch.is_some() {
+                if u.runs.is_some() {
                     self.held_bytes = self.held_bytes.saturating_sub(u.bytes);
                 } else {
                     self.spilled = self.spilled.saturating_sub(1);
@@ -469,7 +535,7 @@ impl TableState {
         if let Some(front) = self.unflushed.front_mut()
             && front.first_lsn() <= covered
         {
-            let in_memory = front.batch.is_some();
+            let in_memory = front.runs.is_some();
             let (before, after) = front.trim_through(covered);
             let total = if in_memory {
                 &mut self.held_bytes
@@ -479,6 +545,17 @@ impl TableState {
             *total = total.saturating_sub(before) + after;
         }
         self.manifest = manifest;
+    }
+
+    /// Frees the entries a flush's cut took first (`fresh`: their last records, ascending)
+    /// when the flush failed before its commit: no manifest covers them, so the newest may
+    /// take records again.
+    fn uncut(&mut self, fresh: &[Lsn]) {
+        for u in self.unflushed.iter_mut() {
+            if fresh.binary_search(&u.last_lsn()).is_ok() {
+                u.cut = false;
+            }
+        }
     }
 
     /// Bytes of unflushed batches, in memory or spilled.
@@ -491,7 +568,7 @@ impl TableState {
         let Some(u) = self.unflushed.get_mut(self.spilled) else {
             return 0;
         };
-        if u.batch.take().is_none() {
+        if u.runs.take().is_none() {
             return 0;
         }
         self.spilled += 1;
@@ -545,14 +622,14 @@ impl Table {
             && let Some(tail) = state.unflushed.back_mut()
             && !tail.cut
             && tail.bytes < COALESCE_BELOW_BYTES
-            && let Some(held) = &tail.batch
-            && held.schema() == batch.schema()
-            && let Ok(joined) =
-                arrow_select::concat::concat_batches(&batch.schema(), [held, &batch])
+            && let Some(runs) = &mut tail.runs
+            && runs
+                .first()
+                .is_some_and(|run| run.batch.schema() == batch.schema())
         {
             let before = tail.bytes;
-            tail.bytes = joined.get_array_memory_size();
-            tail.batch = Some(joined);
+            push_run(runs, Run { batch, bytes });
+            tail.bytes = runs.iter().map(|r| r.bytes).sum();
             tail.rows += rows;
             tail.lsns.push(lsn);
             tail.ends.push(tail.rows);
@@ -564,7 +641,7 @@ impl Table {
         state.unflushed.push_back(Unflushed {
             lsns: vec![lsn],
             ends: vec![rows],
-            batch: Some(batch),
+            runs: Some(vec![Run { batch, bytes }]),
             rows,
             bytes,
             at: Instant::now(),
@@ -891,8 +968,8 @@ impl Tables {
         // One pass: every unflushed batch is read from memory or from the log, once.
         let (mut lsns, mut spilled_rows, mut batches) = (Vec::new(), 0u64, Vec::new());
         for u in &state.unflushed {
-            match &u.batch {
-                Some(batch) => batches.push(batch.clone()),
+            match &u.runs {
+                Some(runs) => batches.extend(runs.iter().map(|r| r.batch.clone())),
                 None => {
                     lsns.extend_from_slice(&u.lsns);
                     spilled_rows += u.rows as u64;
@@ -1143,8 +1220,11 @@ impl Tables {
         let cut = {
             let mut state = table.lock();
             let spilled = state.spilled;
-            let mut taken: Vec<(Vec<Lsn>, Option<RecordBatch>)> = Vec::new();
+            let mut taken: Vec<(Vec<Lsn>, Option<Vec<RecordBatch>>)> = Vec::new();
             let mut bytes = 0;
+            // The entries this cut is the first to take (by last record, which a cut entry
+            // keeps): no commit can have covered up to them yet.
+            let mut fresh = Vec::new();
             for u in state.unflushed.iter_mut() {
                 // With spilled batches in it, the cut is at most a budget's worth: what the
                 // flush decodes besides what memory holds.
@@ -1153,8 +1233,15 @@ impl Tables {
                 }
                 bytes += u.bytes;
                 // Its rows are this flush's now: a later batch starts an entry of its own.
+                if !u.cut {
+                    fresh.push(u.last_lsn());
+                }
                 u.cut = true;
-                taken.push((u.lsns.clone(), u.batch.clone()));
+                let runs = u
+                    .runs
+                    .as_ref()
+                    .map(|runs| runs.iter().map(|r| r.batch.clone()).collect::<Vec<_>>());
+                taken.push((u.lsns.clone(), runs));
             }
             let first = taken.first().and_then(|(lsns, _)| lsns.first().copied());
             let last = taken.last().and_then(|(lsns, _)| lsns.last().copied());
@@ -1163,12 +1250,12 @@ impl Tables {
                     // A refresh may take these batches out of memory (an earlier commit of
                     // ours that landed): their records stay until this flush is done.
                     let kept = LogHold::new(&self.holds, &self.next_hold, first);
-                    Some((taken, first, last, kept))
+                    Some((taken, first, last, kept, fresh))
                 }
                 _ => None,
             }
         };
-        let Some((taken, first_lsn, last_lsn, kept)) = cut else {
+        let Some((taken, first_lsn, last_lsn, kept, fresh)) = cut else {
             if let Publish::Await = publish {
                 // The loop's last flush of this table may still be publishing its view
                 // (`Publish::Behind`): a caller that awaits gets it published too.
@@ -1176,30 +1263,57 @@ impl Tables {
             }
             return Ok(None);
         };
-        let mut reader = self.log.reader();
-        let table_id = id.to_owned();
-        let reads = self.stats.spilled_reads.clone();
-        let (file, written) = self
-            .write_data_file(&table, move || {
-                let mut batches = Vec::with_capacity(taken.len());
-                for (lsns, batch) in taken {
-                    match batch {
-                        Some(batch) => batches.push(batch),
-                        None => {
-                            let reader = reader.as_mut().ok_or_else(|| {
-                                TableError::Task(
-                                    "spilled batches need the commit log's local segments".into(),
-                                )
-                            })?;
-                            for lsn in lsns {
-                                batches.push(read_spilled(reader, &table_id, lsn, &reads)?);
+        // Until its commit is attempted, a failure leaves no trace in the manifest: the
+        // entries this cut took first may take records again (an entry some earlier commit
+        // may cover, ambiguous, stays cut).
+        let prepared: Result<_, TableError> = async {
+            let mut reader = self.log.reader();
+            let table_id = id.to_owned();
+            let reads = self.stats.spilled_reads.clone();
+            let (file, written) = self
+                .write_data_file(&table, move || {
+                    let mut batches = Vec::with_capacity(taken.len());
+                    for (lsns, batch) in taken {
+                        match batch {
+                            Some(runs) => batches.extend(runs),
+                            None => {
+                                let reader = reader.as_mut().ok_or_else(|| {
+                                    TableError::Task(
+                                        "spilled batches need the commit log's local segments"
+                                            .into(),
+                                    )
+                                })?;
+                                for lsn in lsns {
+                                    batches.push(read_spilled(reader, &table_id, lsn, &reads)?);
+                                }
                             }
                         }
                     }
-                }
-                Ok(batches)
-            })
-            .await?;
+                    Ok(batches)
+                })
+                .await?;
+            let committing = table.committing.clone().lock_owned().await;
+            self.node.ensure_current().await?;
+            // Measured from the upload's start (the object's age as garbage collection sees
+            // it), not from the cut: encoding a large cut (a taken-over node's whole log) on a
+            // busy machine may take longer than the deadline, and a clock that counted it
+            // would fail every retry alike.
+            if written.elapsed() > self.commit_deadline() {
+                // Garbage collection may take a file this old for an orphan: write it again.
+                return Err(TableError::Task(
+                    "the flushed file waited too long for its commit".into(),
+                ));
+            }
+            Ok((file, committing))
+        }
+        .await;
+        let (file, committing) = match prepared {
+            Ok(prepared) => prepared,
+            Err(e) => {
+                table.lock().uncut(&fresh);
+                return Err(e);
+            }
+        };
         let node = self.node.id().to_owned();
         let change = Change {
             added: vec![file.clone()],
@@ -1209,18 +1323,6 @@ impl Tables {
             // answer lost) must not be written twice.
             flushed_below: Some((node.clone(), first_lsn)),
         };
-        let committing = table.committing.clone().lock_owned().await;
-        self.node.ensure_current().await?;
-        // Measured from the upload's start (the object's age as garbage collection sees it),
-        // not from the cut: encoding a large cut (a taken-over node's whole log) on a busy
-        // machine may take longer than the deadline, and a clock that counted it would fail
-        // every retry alike.
-        if written.elapsed() > self.commit_deadline() {
-            // Garbage collection may take a file this old for an orphan: write it again.
-            return Err(TableError::Task(
-                "the flushed file waited too long for its commit".into(),
-            ));
-        }
         // The newest state: a compaction may have committed since the cut.
         let manifest = table.lock().manifest.clone();
         let committed = match table
@@ -1659,11 +1761,17 @@ mod tests {
             lsns: lsns.to_vec(),
             ends: ends.to_vec(),
             rows: ends.last().copied().unwrap_or(0),
-            batch,
+            runs: batch.map(|batch| vec![Run { batch, bytes }]),
             bytes,
             at: Instant::now(),
             cut: false,
         }
+    }
+
+    fn id_values(batch: &RecordBatch) -> Vec<i64> {
+        let column = batch.column(0);
+        let column = column.as_any().downcast_ref::<Int64Array>().expect("ids");
+        column.values().to_vec()
     }
 
     fn covering(version: u64, lsn: Lsn) -> ManifestState {
@@ -1677,10 +1785,8 @@ mod tests {
     fn held_ids(state: &TableState) -> Vec<i64> {
         let mut out = Vec::new();
         for u in &state.unflushed {
-            if let Some(batch) = &u.batch {
-                let column = batch.column(0);
-                let column = column.as_any().downcast_ref::<Int64Array>().expect("ids");
-                out.extend(column.values().iter().copied());
+            for run in u.runs.iter().flatten() {
+                out.extend(id_values(&run.batch));
             }
         }
         out
@@ -1752,5 +1858,78 @@ mod tests {
             (4, 400, 400)
         );
         assert_eq!(state.spilled, 1);
+    }
+
+    /// Small batches joining an entry are held as runs whose row counts follow the binary
+    /// form of the entry's rows (each row copied about log2 of them times, not once per
+    /// joining batch), keep their order, and count their bytes.
+    #[test]
+    fn runs_of_an_entry_join_as_a_binary_counter() {
+        let mut runs = Vec::new();
+        for (k, id) in (0..1000i64).enumerate() {
+            let batch = ids(id, id + 1);
+            let bytes = batch.get_array_memory_size();
+            push_run(&mut runs, Run { batch, bytes });
+            let rows = k + 1;
+            assert_eq!(runs.len(), rows.count_ones() as usize, "after {rows} rows");
+        }
+        let counts: Vec<usize> = runs.iter().map(|r| r.batch.num_rows()).collect();
+        assert_eq!(counts, vec![512, 256, 128, 64, 32, 8]);
+        let held: Vec<i64> = runs.iter().flat_map(|r| id_values(&r.batch)).collect();
+        assert_eq!(held, (0..1000).collect::<Vec<_>>());
+        for run in &runs {
+            assert_eq!(run.bytes, run.batch.get_array_memory_size());
+        }
+    }
+
+    /// A covered position inside an entry of several runs keeps exactly the later rows, in
+    /// one run.
+    #[test]
+    fn a_position_inside_an_entry_of_runs_trims_across_them() {
+        let mut runs = Vec::new();
+        for id in 0..7i64 {
+            let batch = ids(id, id + 1);
+            let bytes = batch.get_array_memory_size();
+            push_run(&mut runs, Run { batch, bytes });
+        }
+        assert_eq!(runs.len(), 3);
+        let bytes: usize = runs.iter().map(|r| r.bytes).sum();
+        let mut u = entry(&[1, 2, 3, 4, 5, 6, 7], &[1, 2, 3, 4, 5, 6, 7], None, bytes);
+        u.runs = Some(runs);
+        let mut state = TableState {
+            manifest: ManifestState::default(),
+            unflushed: VecDeque::from([u]),
+            held_bytes: bytes,
+            spilled: 0,
+            spilled_bytes: 0,
+            last_append: None,
+        };
+        state.install(covering(1, 5), "n");
+        assert_eq!(held_ids(&state), vec![5, 6]);
+        assert_eq!(state.held_bytes, state.unflushed[0].bytes);
+        assert_eq!(state.unflushed[0].runs.as_ref().map(Vec::len), Some(1));
+    }
+
+    /// The rows a trim keeps of one run are copied out of it: the dropped rows' buffers go,
+    /// and the entry's size says so.
+    #[test]
+    fn a_trim_inside_one_run_frees_the_dropped_rows() {
+        let batch = ids(0, 1024);
+        let bytes = batch.get_array_memory_size();
+        let lsns: Vec<Lsn> = (1..=1024).collect();
+        let ends: Vec<usize> = (1..=1024).collect();
+        let mut state = TableState {
+            manifest: ManifestState::default(),
+            unflushed: VecDeque::from([entry(&lsns, &ends, Some(batch), bytes)]),
+            held_bytes: bytes,
+            spilled: 0,
+            spilled_bytes: 0,
+            last_append: None,
+        };
+        state.install(covering(1, 1020), "n");
+        assert_eq!(held_ids(&state), vec![1020, 1021, 1022, 1023]);
+        let kept = state.unflushed[0].bytes;
+        assert!(kept * 16 < bytes, "{kept} bytes kept of {bytes}");
+        assert_eq!(state.held_bytes, kept);
     }
 }

@@ -914,6 +914,39 @@ async fn an_object_store_outage_defers_flushes_and_loses_nothing() {
     assert!(faults.counts().1 > 0);
 }
 
+/// A flush that fails before its commit (the store is down) leaves no entry frozen: small
+/// batches appended between the failed attempts go on joining one entry, and the flush after
+/// the outage writes each row once.
+#[tokio::test]
+async fn flushes_failing_before_their_commit_leave_small_batches_coalescing() {
+    const ROWS: i64 = 40;
+    let w = world("memory");
+    let (faults, storage) = faulty(&w);
+    let (_log, tables) = open_tables(
+        LogConfig::new(w.dir.join("outage-small")),
+        storage.clone(),
+        TableConfig::default(),
+    )
+    .await;
+    tables.create_table("t", &columns()).await.unwrap();
+    faults.set_down(true);
+    for id in 0..ROWS {
+        tables.append("t", batch(id, id + 1)).await.unwrap();
+        assert!(tables.flush("t").await.is_err());
+    }
+    let stats = tables.stats("t").await.unwrap();
+    assert_eq!(stats.unflushed_rows, ROWS as u64);
+    assert_eq!(
+        stats.unflushed_batches, 1,
+        "each failed flush left its cut entry frozen"
+    );
+    faults.set_down(false);
+    assert_eq!(tables.flush_due(true).await.unwrap(), 1);
+    assert_exactly(&storage, &tables, "t", ROWS).await;
+    let (_l2, fresh) = w.open("reader", TableConfig::default()).await;
+    assert_exactly(&w.storage, &fresh, "t", ROWS).await;
+}
+
 #[tokio::test]
 async fn ambiguous_manifest_creates_are_settled_by_reading_back() {
     let w = world("memory");
