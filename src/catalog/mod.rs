@@ -9,6 +9,17 @@
 //! `PUT` replaces a subtree and answers what it was before and after. Every table carries a
 //! storage id, fixed when the table is created, naming its data in object storage, so a table
 //! dropped and created again starts empty.
+//!
+//! **Column ids.** Every column carries an id (`id`), given when the column is created and
+//! never given again in its table: a table's `last_column_id` is the highest id it ever
+//! gave, and a new column takes the next. Data files and batches name their columns by id
+//! (`PARQUET:field_id` on their Arrow fields), so a column keeps its data across a rename,
+//! a dropped column's data is never read again, and a new column that reuses a dropped
+//! column's name starts empty. Tables stored before ids existed read with ids = positions
+//! from 1 (their columns never changed). A change of a table's columns (added, dropped,
+//! renamed, commented) raises its `schema_id` by one (the Iceberg view's schema id). A
+//! `PUT` names a kept column by its `id`, or without one by its name; a column type or a
+//! computed column's expression never changes (drop the column and add another).
 
 use std::collections::BTreeMap;
 
@@ -77,6 +88,9 @@ pub enum CatalogError {
 /// A column of a table definition.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ColumnDef {
+    /// The column's id within its table (see the module docs): given by the catalog.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<i32>,
     /// Column name.
     pub name: String,
     /// One of sluice's type names.
@@ -99,6 +113,144 @@ pub struct TableDef {
     pub comment: Option<String>,
     /// Columns in order.
     pub columns: Vec<ColumnDef>,
+    /// The highest column id the table ever gave (see the module docs): given by the
+    /// catalog.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_column_id: Option<i32>,
+    /// The number of changes of the table's columns so far: given by the catalog.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_id: Option<i32>,
+}
+
+/// Most columns a table may have.
+pub(crate) const MAX_COLUMNS: usize = 1000;
+
+impl TableDef {
+    /// Each column's id, in order (see the module docs).
+    pub(crate) fn column_ids(&self) -> Vec<i32> {
+        self.columns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| c.id.unwrap_or_else(|| position_id(i)))
+            .collect()
+    }
+
+    /// The table's schema id (0 until its columns first change).
+    pub(crate) fn schema_id(&self) -> i32 {
+        self.schema_id.unwrap_or(0)
+    }
+
+    /// The highest column id the table ever gave.
+    pub(crate) fn last_column_id(&self) -> i32 {
+        let highest = self.column_ids().into_iter().max().unwrap_or(0);
+        self.last_column_id.unwrap_or(0).max(highest)
+    }
+}
+
+/// The id of the column at `index` of a table stored before ids existed.
+pub(crate) fn position_id(index: usize) -> i32 {
+    i32::try_from(index + 1).unwrap_or(i32::MAX)
+}
+
+/// Gives every column of `def` an id, and the table its `last_column_id` and `schema_id`
+/// (a table stored before ids existed: ids are positions from 1).
+fn fill_ids(def: &mut TableDef) {
+    let ids = def.column_ids();
+    for (c, id) in def.columns.iter_mut().zip(ids) {
+        c.id = Some(id);
+    }
+    def.last_column_id = Some(def.last_column_id());
+    def.schema_id = Some(def.schema_id());
+}
+
+/// Gives `after` (a new definition of table `name`, `before` if it exists) its column ids:
+/// a column that names an id keeps it (it must be one of `before`'s), one without an id is
+/// `before`'s column of that name if there is one (and no other column claimed its id), and
+/// any other is new and takes the next id. Raises the schema id when the columns changed.
+/// Refuses a change of a kept column's type or expression.
+fn evolve(before: Option<&TableDef>, after: &mut TableDef, name: &str) -> Result<(), CatalogError> {
+    let Some(before) = before else {
+        for (i, c) in after.columns.iter_mut().enumerate() {
+            c.id = Some(position_id(i));
+        }
+        after.last_column_id = Some(i32::try_from(after.columns.len()).unwrap_or(i32::MAX));
+        after.schema_id = Some(0);
+        return Ok(());
+    };
+    let before_ids = before.column_ids();
+    let mut claimed = std::collections::HashSet::new();
+    for c in &after.columns {
+        if let Some(id) = c.id {
+            if !before_ids.contains(&id) {
+                return Err(CatalogError::Invalid(format!(
+                    "column {} names id {id}, which no column of table {name} has (leave the id out for a new column)",
+                    c.name
+                )));
+            }
+            if !claimed.insert(id) {
+                return Err(CatalogError::Invalid(format!(
+                    "two columns of table {name} name id {id}"
+                )));
+            }
+        }
+    }
+    let mut last = before.last_column_id();
+    for c in after.columns.iter_mut().filter(|c| c.id.is_none()) {
+        let kept = before
+            .columns
+            .iter()
+            .zip(&before_ids)
+            .find(|(b, id)| b.name == c.name && !claimed.contains(*id))
+            .map(|(_, id)| *id);
+        let id = match kept {
+            Some(id) => id,
+            None => {
+                last = last.checked_add(1).ok_or_else(|| {
+                    CatalogError::Invalid(format!("table {name} has used up its column ids"))
+                })?;
+                last
+            }
+        };
+        claimed.insert(id);
+        c.id = Some(id);
+    }
+    for c in &after.columns {
+        let Some((b, _)) = before
+            .columns
+            .iter()
+            .zip(&before_ids)
+            .find(|(_, id)| Some(**id) == c.id)
+        else {
+            continue;
+        };
+        let (old, new) = (
+            b.data_type.parse::<ColumnType>().ok(),
+            c.data_type.parse::<ColumnType>().ok(),
+        );
+        if old != new {
+            return Err(CatalogError::Unsupported(format!(
+                "changing the type of column {name}.{} from {} to {} is not supported (no reader widens sluice's types): add a new column instead",
+                c.name, b.data_type, c.data_type
+            )));
+        }
+        if b.expression != c.expression {
+            return Err(CatalogError::Unsupported(format!(
+                "changing whether or how column {name}.{} is computed is not supported: drop it and add a new column",
+                c.name
+            )));
+        }
+    }
+    after.last_column_id = Some(last);
+    let mut kept = before.clone();
+    fill_ids(&mut kept);
+    after.schema_id = Some(if kept.columns == after.columns {
+        kept.schema_id()
+    } else {
+        kept.schema_id().checked_add(1).ok_or_else(|| {
+            CatalogError::Invalid(format!("table {name} has used up its schema ids"))
+        })?
+    });
+    Ok(())
 }
 
 /// A schema definition.
@@ -290,6 +442,10 @@ pub struct Mutation {
     /// Tables created by the change: (qualified name, storage id, definition).
     #[serde(skip)]
     pub created_tables: Vec<(String, String, TableDef)>,
+    /// Existing tables whose columns the change changed: (qualified name, storage id, new
+    /// definition).
+    #[serde(skip)]
+    pub changed_tables: Vec<(String, String, TableDef)>,
 }
 
 /// Checks a database, schema, table or column name.
@@ -315,6 +471,13 @@ fn check_table(def: &TableDef) -> Result<(), CatalogError> {
         return Err(CatalogError::Invalid(format!(
             "table {} needs at least one column",
             def.name
+        )));
+    }
+    if def.columns.len() > MAX_COLUMNS {
+        return Err(CatalogError::Invalid(format!(
+            "table {} has {} columns; at most {MAX_COLUMNS} are allowed",
+            def.name,
+            def.columns.len()
         )));
     }
     let mut seen = std::collections::HashSet::new();
@@ -384,6 +547,19 @@ impl RootDef {
         self.schema(d, s)?.tables.iter().find(|x| x.name == t)
     }
 
+    /// Every table, mutable, with its qualified name.
+    fn tables_mut(&mut self) -> impl Iterator<Item = (String, &mut TableDef)> {
+        self.databases.iter_mut().flat_map(|d| {
+            let db = d.name.clone();
+            d.schemas.iter_mut().flat_map(move |s| {
+                let prefix = format!("{db}.{}", s.name);
+                s.tables
+                    .iter_mut()
+                    .map(move |t| (format!("{prefix}.{}", t.name), t))
+            })
+        })
+    }
+
     /// Every table as (qualified name, definition).
     fn all_tables(&self) -> BTreeMap<String, &TableDef> {
         let mut out = BTreeMap::new();
@@ -407,8 +583,8 @@ impl RootDef {
     }
 }
 
-/// Compares two catalogs: what is dropped, and what existing tables change.
-fn diff(before: &RootDef, after: &RootDef) -> Result<Vec<String>, CatalogError> {
+/// Compares two catalogs (column ids given, see [`evolve`]): what is dropped.
+fn diff(before: &RootDef, after: &RootDef) -> Vec<String> {
     let mut dropped = Vec::new();
     for d in &before.databases {
         match after.database(&d.name) {
@@ -427,26 +603,16 @@ fn diff(before: &RootDef, after: &RootDef) -> Result<Vec<String>, CatalogError> 
         match a.get(name) {
             None => dropped.push(format!("table {name}")),
             Some(at) => {
-                for c in &bt.columns {
-                    if !at.columns.iter().any(|x| x.name == c.name) {
+                let kept = at.column_ids();
+                for (c, id) in bt.columns.iter().zip(bt.column_ids()) {
+                    if !kept.contains(&id) {
                         dropped.push(format!("column {name}.{}", c.name));
                     }
-                }
-                let same_columns = bt.columns.len() == at.columns.len()
-                    && bt.columns.iter().zip(&at.columns).all(|(x, y)| {
-                        x.name == y.name
-                            && x.data_type == y.data_type
-                            && x.expression == y.expression
-                    });
-                if !same_columns {
-                    return Err(CatalogError::Unsupported(format!(
-                        "changing the columns of existing table {name} is not supported; create a new table"
-                    )));
                 }
             }
         }
     }
-    Ok(dropped)
+    dropped
 }
 
 /// One version's databases, schemas and tables (see [`Catalog::listing`]).
@@ -555,8 +721,16 @@ impl Catalog {
         Ok(catalog)
     }
 
+    /// Reads version `v`, its tables' column ids given (see [`fill_ids`]).
     async fn read_version(&self, v: u64) -> Result<Option<CatalogVersion>, CatalogError> {
-        Ok(self.log.read(self.storage.store().as_ref(), v).await?)
+        let mut version: Option<CatalogVersion> =
+            self.log.read(self.storage.store().as_ref(), v).await?;
+        if let Some(version) = &mut version {
+            for (_, def) in version.root.tables_mut() {
+                fill_ids(def);
+            }
+        }
+        Ok(version)
     }
 
     /// The newest version: the highest listed, then any that landed after the listing.
@@ -811,7 +985,18 @@ impl Catalog {
         let before = current.root.subtree(path);
         let mut root = current.root.clone();
         apply(&mut root, path, value.clone())?;
-        let dropped = diff(&current.root, &root)?;
+        let old_tables = current.root.all_tables();
+        let mut changed_tables = Vec::new();
+        for (name, def) in root.tables_mut() {
+            let old = old_tables.get(&name).copied();
+            evolve(old, def, &name)?;
+            if let (Some(old), Some(id)) = (old, current.table_ids.get(&name))
+                && old.schema_id() != def.schema_id()
+            {
+                changed_tables.push((name, id.clone(), def.clone()));
+            }
+        }
+        let dropped = diff(&current.root, &root);
         let destructive = !dropped.is_empty();
         if destructive && !allow_destructive {
             return Err(CatalogError::Destructive(dropped.join(", ")));
@@ -839,6 +1024,7 @@ impl Catalog {
                 destructive,
                 version: current.version,
                 created_tables: Vec::new(),
+                changed_tables: Vec::new(),
             });
         }
         let next = CatalogVersion {
@@ -860,6 +1046,7 @@ impl Catalog {
             destructive,
             version,
             created_tables,
+            changed_tables,
         })
     }
 }

@@ -53,7 +53,7 @@ use object_store::path::Path;
 use crate::log::{CommitLog, LogConsumer, LogError, Lsn, Record, RecordKind};
 use crate::node::{Node, NodeError};
 use crate::storage::{Storage, paths};
-use crate::types::{Column, arrow_schema};
+use crate::types::Column;
 pub(crate) use files::dictionary_pages_only;
 use manifest::{Change, Manifest};
 pub(crate) use manifest::{DataFile, ManifestState};
@@ -393,7 +393,6 @@ impl TableState {
 
 struct Table {
     id: String,
-    schema: SchemaRef,
     manifest: Manifest,
     state: Mutex<TableState>,
     /// One flush of this table at a time on this node (a flush takes the oldest unflushed
@@ -591,10 +590,9 @@ impl Tables {
         manifest: Manifest,
         state: ManifestState,
     ) -> Result<Arc<Table>, TableError> {
-        let columns = state.table_columns()?;
+        state.schema()?;
         let table = Arc::new(Table {
             id: id.to_owned(),
-            schema: arrow_schema(&columns),
             manifest,
             state: Mutex::new(TableState {
                 manifest: state,
@@ -623,12 +621,28 @@ impl Tables {
     }
 
     /// Creates a table with these columns (computed ones included: batches carry their
-    /// values). Creating an existing table with the same columns is a no-op.
+    /// values), with ids = positions from 1. Creating an existing table with the same columns
+    /// is a no-op.
     pub async fn create_table(&self, id: &str, columns: &[Column]) -> Result<(), TableError> {
+        let ids: Vec<i32> = (0..columns.len())
+            .map(crate::catalog::position_id)
+            .collect();
+        self.create_table_shaped(id, columns, &ids, 0).await
+    }
+
+    /// [`Tables::create_table`] with the columns' ids `ids` and schema id `schema_id` (a
+    /// table whose catalog columns changed before its storage was created).
+    pub(crate) async fn create_table_shaped(
+        &self,
+        id: &str,
+        columns: &[Column],
+        ids: &[i32],
+        schema_id: i32,
+    ) -> Result<(), TableError> {
         check_id(id)?;
         let manifest = Manifest::new(id, self.config.checkpoint_interval);
         let state = manifest
-            .create(self.storage.store().as_ref(), columns)
+            .create(self.storage.store().as_ref(), columns, ids, schema_id)
             .await?;
         if self.get(id).is_none() {
             self.insert(id, manifest, state)?;
@@ -654,9 +668,44 @@ impl Tables {
         }
     }
 
-    /// The Arrow schema of a table.
+    /// The Arrow schema of a table: its current shape, each field with its column id.
     pub async fn schema(&self, id: &str) -> Result<SchemaRef, TableError> {
-        Ok(self.table(id).await?.schema.clone())
+        self.table(id).await?.lock().manifest.schema()
+    }
+
+    /// Commits a new shape of a table (its catalog's columns changed): its columns, their
+    /// ids, its schema id and the highest column id it ever gave. A no-op when the manifest's
+    /// schema id is that one or newer already. No data file is rewritten.
+    pub(crate) async fn set_shape(
+        &self,
+        id: &str,
+        columns: &[Column],
+        ids: &[i32],
+        schema_id: i32,
+        last_column_id: i32,
+    ) -> Result<(), TableError> {
+        let table = self.table(id).await?;
+        if table.lock().manifest.schema_id >= schema_id {
+            return Ok(());
+        }
+        let change = Change {
+            shape: Some((
+                manifest::column_specs(columns, ids),
+                schema_id,
+                last_column_id,
+            )),
+            ..Change::default()
+        };
+        let _committing = table.committing.lock().await;
+        self.node.ensure_current().await?;
+        let manifest = table.lock().manifest.clone();
+        let committed = table
+            .manifest
+            .commit(self.storage.store().as_ref(), &manifest, &change)
+            .await?;
+        table.lock().install(committed.clone(), self.node.id());
+        self.publish_iceberg(id, &committed).await;
+        Ok(())
     }
 
     /// Appends a batch: durable in the commit log and visible to snapshots when this returns.
@@ -668,12 +717,45 @@ impl Tables {
     /// budget.
     pub async fn append(&self, id: &str, batch: RecordBatch) -> Result<Lsn, TableError> {
         let table = self.table(id).await?;
-        if batch.schema().fields() != table.schema.fields() {
-            return Err(TableError::SchemaMismatch {
-                table: id.to_owned(),
-                reason: format!("expected {:?}, got {:?}", table.schema, batch.schema()),
-            });
-        }
+        // A batch of any shape of the table is kept (a change of its columns may land while
+        // the batch is checked): readers map its columns by id. Its columns must carry ids,
+        // distinct ones, and sluice types; a batch without ids must be of the current shape
+        // (it takes its ids).
+        let mismatch = |reason: String| TableError::SchemaMismatch {
+            table: id.to_owned(),
+            reason,
+        };
+        let labelled = batch.schema().fields().iter().all(|f| {
+            f.metadata().contains_key(crate::types::FIELD_ID_KEY)
+                && crate::types::ColumnType::from_field(f).is_some()
+        });
+        let batch = if labelled {
+            let mut seen = std::collections::HashSet::new();
+            if !crate::types::field_ids(batch.schema_ref())
+                .into_iter()
+                .all(|id| seen.insert(id))
+            {
+                return Err(mismatch("two columns have one column id".into()));
+            }
+            batch
+        } else {
+            let shape = table.lock().manifest.schema()?;
+            let same = batch.schema().fields().len() == shape.fields().len()
+                && batch
+                    .schema()
+                    .fields()
+                    .iter()
+                    .zip(shape.fields())
+                    .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type());
+            if !same {
+                return Err(mismatch(format!(
+                    "expected {shape:?}, got {:?}",
+                    batch.schema()
+                )));
+            }
+            RecordBatch::try_new(shape, batch.columns().to_vec())
+                .map_err(|e| mismatch(e.to_string()))?
+        };
         // Marked before the batch can be pushed: a flush pass never takes the first batch of
         // a burst for a lone one.
         table.lock().last_append = Some(Instant::now());
@@ -732,8 +814,16 @@ impl Tables {
             _kept: Arc::new(LogHold::new(&self.holds, &self.next_hold, first)),
         });
         Ok(TableSnapshot {
-            schema: table.schema.clone(),
-            files: state.manifest.files.clone(),
+            schema: state.manifest.schema()?,
+            files: state
+                .manifest
+                .files
+                .iter()
+                .map(|f| DataFile {
+                    field_ids: state.manifest.file_field_ids(f),
+                    ..f.clone()
+                })
+                .collect(),
             spilled,
             batches,
             version: state.manifest.version,
@@ -1025,6 +1115,7 @@ impl Tables {
             // Rows of this cut already in a file (an earlier commit that landed with its
             // answer lost) must not be written twice.
             flushed_below: Some((node.clone(), first_lsn)),
+            shape: None,
         };
         let committing = table.committing.clone().lock_owned().await;
         self.node.ensure_current().await?;
@@ -1089,10 +1180,17 @@ impl Tables {
         make: impl FnOnce() -> Result<Vec<RecordBatch>, TableError> + Send + 'static,
     ) -> Result<(DataFile, Instant), TableError> {
         let path = paths::new_table_data_file(&table.id);
-        let schema = table.schema.clone();
+        let (current, last_column_id) = {
+            let state = table.lock();
+            (state.manifest.schema()?, state.manifest.last_column_id())
+        };
         let row_group_rows = self.config.row_group_rows;
         let (bytes, file) = tokio::task::spawn_blocking(move || {
-            files::write_parquet(&schema, &make()?, row_group_rows, path)
+            let batches = make()?;
+            let inputs: Vec<SchemaRef> = batches.iter().map(RecordBatch::schema).collect();
+            let shape = files::written_shape(&current, last_column_id, &inputs);
+            let batches = files::project_all(&batches, &shape)?;
+            files::write_parquet(&shape, &batches, row_group_rows, path)
         })
         .await
         .map_err(|e| TableError::Task(e.to_string()))??;
@@ -1250,7 +1348,17 @@ impl Tables {
         let group_rows = self.config.row_group_rows.max(1) as u64;
         let groups: u64 = picked.iter().map(|f| f.rows.div_ceil(group_rows)).sum();
         let mut spliced = None;
-        if rows >= groups.max(1) * (group_rows / 4) {
+        // Only files in the current shape are spliced: any other is read and written again
+        // in it (compaction writes the current shape).
+        let current = manifest.schema()?;
+        let current_ids: BTreeMap<String, i32> = current
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .zip(crate::types::field_ids(&current))
+            .collect();
+        let current_shape = picked.iter().all(|f| f.field_ids == current_ids);
+        if current_shape && rows >= groups.max(1) * (group_rows / 4) {
             let size: u64 = picked.iter().map(|f| f.bytes).sum();
             let mut splicer = files::Splicer::new(usize::try_from(size).unwrap_or(0));
             let mut same_schema = true;
@@ -1291,6 +1399,7 @@ impl Tables {
                     rows,
                     bytes: bytes.len() as u64,
                     time_ranges,
+                    field_ids: current_ids,
                 };
                 let put = self.put_data_file(&file, bytes).await?;
                 (file, put)
@@ -1309,6 +1418,7 @@ impl Tables {
             removed: picked.iter().map(|f| f.path.clone()).collect(),
             flushed: BTreeMap::new(),
             flushed_below: None,
+            shape: None,
         };
         let _committing = table.committing.lock().await;
         self.node.ensure_current().await?;

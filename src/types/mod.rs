@@ -315,3 +315,80 @@ mod tests {
         assert_eq!(encode_base64(b"hello"), "aGVsbG8=");
     }
 }
+
+/// Arrow field metadata key of a column's id (see [`crate::catalog`]'s column ids): the
+/// Parquet writer stores it as the file schema's field id, which Iceberg readers map by.
+pub(crate) const FIELD_ID_KEY: &str = "PARQUET:field_id";
+
+/// The Arrow schema of these columns, in order, each field carrying its column id
+/// ([`FIELD_ID_KEY`]).
+pub(crate) fn arrow_schema_with_ids<'a>(
+    columns: impl IntoIterator<Item = &'a Column>,
+    ids: &[i32],
+) -> SchemaRef {
+    let fields: Vec<Field> = columns
+        .into_iter()
+        .zip(ids)
+        .map(|(c, id)| with_field_id(c.data_type.arrow_field(&c.name), *id))
+        .collect();
+    Arc::new(Schema::new(fields))
+}
+
+/// `field` carrying column id `id`.
+pub(crate) fn with_field_id(field: Field, id: i32) -> Field {
+    let mut metadata = field.metadata().clone();
+    metadata.insert(FIELD_ID_KEY.to_owned(), id.to_string());
+    field.with_metadata(metadata)
+}
+
+/// The column ids of a schema's fields: each field's [`FIELD_ID_KEY`], or for a field
+/// without one (written before ids existed, when a table's columns never changed) its
+/// position from 1.
+pub(crate) fn field_ids(schema: &Schema) -> Vec<i32> {
+    schema
+        .fields()
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            f.metadata()
+                .get(FIELD_ID_KEY)
+                .and_then(|id| id.parse().ok())
+                .unwrap_or_else(|| i32::try_from(i + 1).unwrap_or(i32::MAX))
+        })
+        .collect()
+}
+
+/// `batch` (written under any earlier shape of its table) read as `target`, column by id
+/// ([`field_ids`]): a column `batch` lacks (added since) is NULL, a column `target` lacks
+/// (dropped since) is left out, a renamed one keeps its values; a column whose type differs
+/// only in representation (a string as a view, an interval as `Int64`) is cast.
+pub(crate) fn project_by_id(
+    batch: &arrow_array::RecordBatch,
+    target: &SchemaRef,
+) -> Result<arrow_array::RecordBatch, arrow_schema::ArrowError> {
+    let source = field_ids(batch.schema_ref());
+    let columns = target
+        .fields()
+        .iter()
+        .zip(field_ids(target))
+        .map(|(field, id)| match source.iter().position(|s| *s == id) {
+            Some(i) => {
+                let column = batch.column(i);
+                if column.data_type() == field.data_type() {
+                    Ok(column.clone())
+                } else {
+                    arrow_cast::cast(column, field.data_type())
+                }
+            }
+            None => Ok(arrow_array::new_null_array(
+                field.data_type(),
+                batch.num_rows(),
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    arrow_array::RecordBatch::try_new_with_options(
+        target.clone(),
+        columns,
+        &arrow_array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+    )
+}
