@@ -317,3 +317,204 @@ async fn two_nodes_on_one_bucket_follow_every_change() {
     let second = Node::start("evolve-s3-b", Some(&url));
     evolve(&mut first, Some(&second)).await;
 }
+
+/// Sends `sql` to the statements API; its status and body.
+async fn run(client: &reqwest::Client, base: &str, sql: &str) -> (u16, Value) {
+    let r = client
+        .post(format!("{base}/v1/statements"))
+        .json(&json!({"statement": sql}))
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+#[tokio::test]
+async fn the_catalog_put_and_alter_table_follow_the_same_rules() {
+    let node = Node::start("evolve-rules", None);
+    let client = reqwest::Client::new();
+    let url = format!(
+        "{}/v1/catalog/databases/scopedb/schemas/public/tables/r",
+        node.base
+    );
+    let put = |body: Value, query: &'static str| {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            let r = client
+                .put(format!("{url}{query}"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let col = |name: &str, t: &str| json!({"name": name, "data_type": t});
+    let (status, _) = put(
+        json!({"name": "r", "columns": [col("a", "int"), col("b", "string")]}),
+        "",
+    )
+    .await;
+    assert_eq!(status, 200);
+    // Adding is not destructive; a dry run shows the new column's id and writes nothing.
+    let added =
+        json!({"name": "r", "columns": [col("a", "int"), col("b", "string"), col("c", "array")]});
+    let (status, m) = put(added.clone(), "?dry_run=true").await;
+    assert_eq!((status, m["destructive"].clone()), (200, json!(false)));
+    assert_eq!(m["after"]["columns"][2]["id"], 3);
+    assert_eq!(m["after"]["schema_id"], 1);
+    let stored: Value = client.get(&url).send().await.unwrap().json().await.unwrap();
+    assert_eq!(stored["columns"].as_array().unwrap().len(), 2);
+    assert_eq!(put(added, "").await.0, 200);
+    // Dropping needs allow_destructive.
+    let dropped = json!({"name": "r", "columns": [col("a", "int"), col("c", "array")]});
+    let (status, body) = put(dropped.clone(), "").await;
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("column scopedb.public.r.b")
+    );
+    assert_eq!(put(dropped, "?allow_destructive=true").await.0, 200);
+    // A rename names the column by id; a name without an id that was dropped is new.
+    let (status, m) = put(
+        json!({"name": "r", "columns": [
+            {"id": 1, "name": "a1", "data_type": "int"}, col("c", "array"), col("b", "int")
+        ]}),
+        "",
+    )
+    .await;
+    assert_eq!(
+        (status, m["destructive"].clone()),
+        (200, json!(false)),
+        "{m}"
+    );
+    let ids: Vec<(String, i64)> = m["after"]["columns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap().to_owned(),
+                c["id"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(ids, [("a1".into(), 1), ("c".into(), 3), ("b".into(), 4)]);
+    assert_eq!(m["after"]["last_column_id"], 4);
+    // A type change (409, as any change the catalog does not make), an unknown id, a bad
+    // name, too many columns (400): refused, nothing applied.
+    for (body, says) in [
+        (
+            json!({"name": "r", "columns": [{"id": 1, "name": "a1", "data_type": "string"}]}),
+            "changing the type",
+        ),
+        (
+            json!({"name": "r", "columns": [{"id": 9, "name": "z", "data_type": "int"}]}),
+            "names id 9",
+        ),
+        (
+            json!({"name": "r", "columns": [col("a1", "int"), col("1x", "int")]}),
+            "must start with a letter",
+        ),
+        (
+            json!({"name": "r", "columns": (0..1001).map(|i| col(&format!("c{i}"), "int")).collect::<Vec<_>>()}),
+            "at most 1000",
+        ),
+    ] {
+        let (status, answer) = put(body, "?allow_destructive=true").await;
+        let want = if says == "changing the type" { 409 } else { 400 };
+        assert_eq!(status, want, "{answer}");
+        assert!(
+            answer["message"].as_str().unwrap().contains(says),
+            "{answer}"
+        );
+        assert_eq!(answer["details"]["status"], "rejected", "{answer}");
+    }
+    let before: Value = client.get(&url).send().await.unwrap().json().await.unwrap();
+    // The statements, with sluice's type names.
+    for (sql, status, says) in [
+        (
+            "ALTER TABLE r ADD COLUMN tags array COMMENT 'labels'",
+            200,
+            "altered",
+        ),
+        (
+            "ALTER TABLE r ADD COLUMN IF NOT EXISTS tags int",
+            200,
+            "exists",
+        ),
+        ("ALTER TABLE r ADD COLUMN tags int", 400, "already exists"),
+        (
+            "ALTER TABLE r ADD COLUMN `1x` int",
+            400,
+            "must start with a letter",
+        ),
+        ("ALTER TABLE r DROP COLUMN nope", 404, "does not exist"),
+        (
+            "ALTER TABLE r DROP COLUMN IF EXISTS nope",
+            200,
+            "nothing to drop",
+        ),
+        (
+            "ALTER TABLE r RENAME COLUMN c TO tags",
+            400,
+            "already exists",
+        ),
+        ("ALTER TABLE r RENAME COLUMN c TO c2", 200, "altered"),
+        (
+            "ALTER TABLE r ALTER COLUMN c2 SET COMMENT 'json'",
+            200,
+            "altered",
+        ),
+        (
+            "ALTER TABLE r ALTER COLUMN tags DROP COMMENT",
+            200,
+            "altered",
+        ),
+        ("ALTER TABLE r DROP COLUMN b", 200, "altered"),
+        ("ALTER TABLE nope ADD COLUMN x int", 404, "does not exist"),
+    ] {
+        let (got, body) = run(&client, &node.base, sql).await;
+        assert_eq!(got, 200, "{sql}: {body}");
+        // A failed statement answers its error in the body.
+        let code = match status {
+            200 => Value::Null,
+            400 => json!("bad_request"),
+            _ => json!("not_found"),
+        };
+        assert_eq!(body["error"]["code"], code, "{sql}: {body}");
+        assert!(body.to_string().contains(says), "{sql}: {body}");
+    }
+    let after = node.rows("DESCRIBE r").await;
+    assert_eq!(
+        after,
+        [
+            vec![json!("a1"), json!("int"), Value::Null, Value::Null],
+            vec![json!("c2"), json!("array"), json!("json"), Value::Null],
+            vec![json!("tags"), json!("array"), Value::Null, Value::Null],
+        ]
+    );
+    let now: Value = client.get(&url).send().await.unwrap().json().await.unwrap();
+    assert_eq!(now["last_column_id"], 5);
+    assert_eq!(now["schema_id"], before["schema_id"].as_i64().unwrap() + 5);
+    // A row with the new columns is accepted; one with the dropped column is refused.
+    let ingest = |body: &'static str| {
+        let client = client.clone();
+        let url = format!("{url}/ingest");
+        async move {
+            client
+                .post(url)
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(ingest(r#"{"a1": 1, "c2": [1], "tags": ["x"]}"#).await, 200);
+    assert_eq!(ingest(r#"{"a1": 2, "b": 3}"#).await, 422);
+    let _ = std::fs::remove_dir_all(&node.data_dir);
+}
