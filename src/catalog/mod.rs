@@ -1151,3 +1151,107 @@ fn apply(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn col(name: &str, data_type: &str, id: Option<i32>) -> ColumnDef {
+        ColumnDef {
+            id,
+            name: name.into(),
+            data_type: data_type.into(),
+            comment: None,
+            expression: None,
+        }
+    }
+
+    fn table(columns: Vec<ColumnDef>) -> TableDef {
+        TableDef {
+            name: "t".into(),
+            comment: None,
+            columns,
+            last_column_id: None,
+            schema_id: None,
+        }
+    }
+
+    fn shape(def: &TableDef) -> Vec<(&str, i32)> {
+        def.columns
+            .iter()
+            .zip(def.column_ids())
+            .map(|(c, id)| (c.name.as_str(), id))
+            .collect()
+    }
+
+    #[test]
+    fn column_ids_are_given_once_and_never_again() {
+        let mut created = table(vec![col("a", "int", None), col("b", "string", None)]);
+        evolve(None, &mut created, "t").unwrap();
+        assert_eq!(shape(&created), [("a", 1), ("b", 2)]);
+        assert_eq!((created.last_column_id(), created.schema_id()), (2, 0));
+        // The same columns again (by name): nothing changes.
+        let mut same = table(vec![col("a", "int", None), col("b", "string", None)]);
+        evolve(Some(&created), &mut same, "t").unwrap();
+        assert_eq!(same, created);
+        // Drop b: a drop, seen by the diff.
+        let mut dropped = table(vec![col("a", "int", None)]);
+        evolve(Some(&created), &mut dropped, "t").unwrap();
+        assert_eq!((dropped.last_column_id(), dropped.schema_id()), (2, 1));
+        let root = |def: &TableDef| RootDef {
+            databases: vec![DatabaseDef {
+                name: "d".into(),
+                comment: None,
+                schemas: vec![SchemaDef {
+                    name: "s".into(),
+                    comment: None,
+                    tables: vec![def.clone()],
+                }],
+            }],
+        };
+        assert_eq!(diff(&root(&created), &root(&dropped)), ["column d.s.t.b"]);
+        // A new b, of another type: a new id.
+        let mut again = table(vec![col("a", "int", None), col("b", "int", None)]);
+        evolve(Some(&dropped), &mut again, "t").unwrap();
+        assert_eq!(shape(&again), [("a", 1), ("b", 3)]);
+        assert_eq!((again.last_column_id(), again.schema_id()), (3, 2));
+        // A rename names the id; a new column may take the old name at once.
+        let mut renamed = table(vec![
+            col("x", "int", Some(1)),
+            col("b", "int", None),
+            col("a", "string", None),
+        ]);
+        evolve(Some(&again), &mut renamed, "t").unwrap();
+        assert_eq!(shape(&renamed), [("x", 1), ("b", 3), ("a", 4)]);
+        assert!(diff(&root(&again), &root(&renamed)).is_empty());
+        // A type change, a changed expression and an unknown id are refused.
+        let mut retyped = table(vec![col("x", "string", Some(1))]);
+        assert!(matches!(
+            evolve(Some(&renamed), &mut retyped, "t"),
+            Err(CatalogError::Unsupported(m)) if m.contains("changing the type")
+        ));
+        let mut computed = table(vec![ColumnDef {
+            expression: Some("1".into()),
+            ..col("x", "int", Some(1))
+        }]);
+        assert!(evolve(Some(&renamed), &mut computed, "t").is_err());
+        let mut unknown = table(vec![col("z", "int", Some(2))]);
+        assert!(matches!(
+            evolve(Some(&renamed), &mut unknown, "t"),
+            Err(CatalogError::Invalid(m)) if m.contains("names id 2")
+        ));
+    }
+
+    #[test]
+    fn tables_stored_before_ids_read_with_positions() {
+        let mut old: TableDef = serde_json::from_value(serde_json::json!({
+            "name": "t", "columns": [
+                {"name": "a", "data_type": "int"}, {"name": "b", "data_type": "string"}
+            ]
+        }))
+        .unwrap();
+        fill_ids(&mut old);
+        assert_eq!(shape(&old), [("a", 1), ("b", 2)]);
+        assert_eq!((old.last_column_id, old.schema_id), (Some(2), Some(0)));
+    }
+}

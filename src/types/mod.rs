@@ -303,6 +303,41 @@ mod tests {
     use super::*;
 
     #[test]
+    fn batches_are_read_by_column_id() {
+        use arrow_array::{Array as _, Int64Array, RecordBatch, StringArray};
+        let old = arrow_schema_with_ids(
+            &[
+                Column::new("a", ColumnType::Int),
+                Column::new("b", ColumnType::String),
+            ],
+            &[1, 2],
+        );
+        let batch = RecordBatch::try_new(
+            old,
+            vec![
+                Arc::new(Int64Array::from(vec![1, 2])),
+                Arc::new(StringArray::from(vec!["x", "y"])),
+            ],
+        )
+        .unwrap();
+        // a renamed to a2; b dropped, and a new b (id 3) of another type.
+        let now = arrow_schema_with_ids(
+            &[
+                Column::new("b", ColumnType::Int),
+                Column::new("a2", ColumnType::Int),
+            ],
+            &[3, 1],
+        );
+        let read = project_by_id(&batch, &now).unwrap();
+        assert_eq!(read.schema(), now);
+        assert_eq!(read.column(0).null_count(), 2);
+        assert_eq!(
+            read.column(1).as_ref(),
+            &Int64Array::from(vec![1, 2]) as &dyn arrow_array::Array
+        );
+    }
+
+    #[test]
     fn base64_must_be_canonical_padded_and_standard() {
         let decode = |text: &str| {
             let mut out = Vec::new();
