@@ -764,6 +764,54 @@ pub(super) fn read_parquet(files: &[Bytes]) -> Result<Vec<RecordBatch>, TableErr
     Ok(batches)
 }
 
+/// The shape a file of `inputs` (batches or files of a table, of any of its shapes) is
+/// written in: the table's `current` columns, in order, then any column of the inputs that
+/// is newer than the shape this node knows (an id above `last_column_id`: another node's
+/// catalog added it, and its manifest commit has not been read yet), so that no value is
+/// lost. A column the table dropped (an id at or below `last_column_id` that `current` lacks)
+/// is left out. A newer column whose name is taken is written as `{name}#{id}`: readers map
+/// by id.
+pub(super) fn written_shape(
+    current: &SchemaRef,
+    last_column_id: i32,
+    inputs: &[SchemaRef],
+) -> SchemaRef {
+    let mut ids = crate::types::field_ids(current);
+    let mut fields: Vec<arrow_schema::FieldRef> = current.fields().iter().cloned().collect();
+    for input in inputs {
+        for (field, id) in input.fields().iter().zip(crate::types::field_ids(input)) {
+            if id <= last_column_id || ids.contains(&id) {
+                continue;
+            }
+            let Some(t) = crate::types::ColumnType::from_field(field) else {
+                continue;
+            };
+            let name = if fields.iter().any(|f| f.name() == field.name()) {
+                format!("{}#{id}", field.name())
+            } else {
+                field.name().clone()
+            };
+            ids.push(id);
+            fields.push(Arc::new(crate::types::with_field_id(
+                t.arrow_field(&name),
+                id,
+            )));
+        }
+    }
+    Arc::new(arrow_schema::Schema::new(fields))
+}
+
+/// `batches` read as `shape` (see [`crate::types::project_by_id`]).
+pub(super) fn project_all(
+    batches: &[RecordBatch],
+    shape: &SchemaRef,
+) -> Result<Vec<RecordBatch>, TableError> {
+    batches
+        .iter()
+        .map(|b| crate::types::project_by_id(b, shape).map_err(encoding))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -1033,52 +1081,4 @@ mod tests {
             .to_vec();
         assert_eq!(took, vec![1, 2, 3]);
     }
-}
-
-/// The shape a file of `inputs` (batches or files of a table, of any of its shapes) is
-/// written in: the table's `current` columns, in order, then any column of the inputs that
-/// is newer than the shape this node knows (an id above `last_column_id`: another node's
-/// catalog added it, and its manifest commit has not been read yet), so that no value is
-/// lost. A column the table dropped (an id at or below `last_column_id` that `current` lacks)
-/// is left out. A newer column whose name is taken is written as `{name}#{id}`: readers map
-/// by id.
-pub(super) fn written_shape(
-    current: &SchemaRef,
-    last_column_id: i32,
-    inputs: &[SchemaRef],
-) -> SchemaRef {
-    let mut ids = crate::types::field_ids(current);
-    let mut fields: Vec<arrow_schema::FieldRef> = current.fields().iter().cloned().collect();
-    for input in inputs {
-        for (field, id) in input.fields().iter().zip(crate::types::field_ids(input)) {
-            if id <= last_column_id || ids.contains(&id) {
-                continue;
-            }
-            let Some(t) = crate::types::ColumnType::from_field(field) else {
-                continue;
-            };
-            let name = if fields.iter().any(|f| f.name() == field.name()) {
-                format!("{}#{id}", field.name())
-            } else {
-                field.name().clone()
-            };
-            ids.push(id);
-            fields.push(Arc::new(crate::types::with_field_id(
-                t.arrow_field(&name),
-                id,
-            )));
-        }
-    }
-    Arc::new(arrow_schema::Schema::new(fields))
-}
-
-/// `batches` read as `shape` (see [`crate::types::project_by_id`]).
-pub(super) fn project_all(
-    batches: &[RecordBatch],
-    shape: &SchemaRef,
-) -> Result<Vec<RecordBatch>, TableError> {
-    batches
-        .iter()
-        .map(|b| crate::types::project_by_id(b, shape).map_err(encoding))
-        .collect()
 }

@@ -298,59 +298,6 @@ pub fn encode_base64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn batches_are_read_by_column_id() {
-        use arrow_array::{Array as _, Int64Array, RecordBatch, StringArray};
-        let old = arrow_schema_with_ids(
-            &[
-                Column::new("a", ColumnType::Int),
-                Column::new("b", ColumnType::String),
-            ],
-            &[1, 2],
-        );
-        let batch = RecordBatch::try_new(
-            old,
-            vec![
-                Arc::new(Int64Array::from(vec![1, 2])),
-                Arc::new(StringArray::from(vec!["x", "y"])),
-            ],
-        )
-        .unwrap();
-        // a renamed to a2; b dropped, and a new b (id 3) of another type.
-        let now = arrow_schema_with_ids(
-            &[
-                Column::new("b", ColumnType::Int),
-                Column::new("a2", ColumnType::Int),
-            ],
-            &[3, 1],
-        );
-        let read = project_by_id(&batch, &now).unwrap();
-        assert_eq!(read.schema(), now);
-        assert_eq!(read.column(0).null_count(), 2);
-        assert_eq!(
-            read.column(1).as_ref(),
-            &Int64Array::from(vec![1, 2]) as &dyn arrow_array::Array
-        );
-    }
-
-    #[test]
-    fn base64_must_be_canonical_padded_and_standard() {
-        let decode = |text: &str| {
-            let mut out = Vec::new();
-            decode_base64_into(text.as_bytes(), &mut out).map(|()| out)
-        };
-        assert_eq!(decode("aGVsbG8=").unwrap(), b"hello");
-        assert!(decode("aGVsbG8").is_err(), "padding missing");
-        assert!(decode("aGVsbG9=").is_err(), "non-zero trailing bits");
-        assert!(decode("_-8=").is_err(), "URL-safe alphabet");
-        assert_eq!(encode_base64(b"hello"), "aGVsbG8=");
-    }
-}
-
 /// Arrow field metadata key of a column's id (see [`crate::catalog`]'s column ids): the
 /// Parquet writer stores it as the file schema's field id, which Iceberg readers map by.
 pub(crate) const FIELD_ID_KEY: &str = "PARQUET:field_id";
@@ -426,4 +373,57 @@ pub(crate) fn project_by_id(
         columns,
         &arrow_array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_are_read_by_column_id() {
+        use arrow_array::{Array as _, Int64Array, RecordBatch, StringArray};
+        let old = arrow_schema_with_ids(
+            &[
+                Column::new("a", ColumnType::Int),
+                Column::new("b", ColumnType::String),
+            ],
+            &[1, 2],
+        );
+        let batch = RecordBatch::try_new(
+            old,
+            vec![
+                Arc::new(Int64Array::from(vec![1, 2])),
+                Arc::new(StringArray::from(vec!["x", "y"])),
+            ],
+        )
+        .unwrap();
+        // a renamed to a2; b dropped, and a new b (id 3) of another type.
+        let now = arrow_schema_with_ids(
+            &[
+                Column::new("b", ColumnType::Int),
+                Column::new("a2", ColumnType::Int),
+            ],
+            &[3, 1],
+        );
+        let read = project_by_id(&batch, &now).unwrap();
+        assert_eq!(read.schema(), now);
+        assert_eq!(read.column(0).null_count(), 2);
+        assert_eq!(
+            read.column(1).as_ref(),
+            &Int64Array::from(vec![1, 2]) as &dyn arrow_array::Array
+        );
+    }
+
+    #[test]
+    fn base64_must_be_canonical_padded_and_standard() {
+        let decode = |text: &str| {
+            let mut out = Vec::new();
+            decode_base64_into(text.as_bytes(), &mut out).map(|()| out)
+        };
+        assert_eq!(decode("aGVsbG8=").unwrap(), b"hello");
+        assert!(decode("aGVsbG8").is_err(), "padding missing");
+        assert!(decode("aGVsbG9=").is_err(), "non-zero trailing bits");
+        assert!(decode("_-8=").is_err(), "URL-safe alphabet");
+        assert_eq!(encode_base64(b"hello"), "aGVsbG8=");
+    }
 }
