@@ -258,6 +258,16 @@ impl ManifestState {
             .collect()
     }
 
+    /// Leaves out `file`'s column ids where they are what [`ManifestState::file_field_ids`]
+    /// gives a file without them (a table whose columns never changed): manifests stay as
+    /// small as before ids.
+    pub(crate) fn omit_default_field_ids(&self, file: &mut DataFile) {
+        let ids = std::mem::take(&mut file.field_ids);
+        if self.file_field_ids(file) != ids {
+            file.field_ids = ids;
+        }
+    }
+
     /// The stored columns as sluice columns.
     pub(crate) fn table_columns(&self) -> Result<Vec<Column>, TableError> {
         self.columns

@@ -1194,6 +1194,8 @@ impl Tables {
         })
         .await
         .map_err(|e| TableError::Task(e.to_string()))??;
+        let mut file = file;
+        table.lock().manifest.omit_default_field_ids(&mut file);
         let put = self.put_data_file(&file, bytes).await?;
         Ok((file, put))
     }
@@ -1357,7 +1359,9 @@ impl Tables {
             .map(|f| f.name().clone())
             .zip(crate::types::field_ids(&current))
             .collect();
-        let current_shape = picked.iter().all(|f| f.field_ids == current_ids);
+        let current_shape = picked
+            .iter()
+            .all(|f| manifest.file_field_ids(f) == current_ids);
         if current_shape && rows >= groups.max(1) * (group_rows / 4) {
             let size: u64 = picked.iter().map(|f| f.bytes).sum();
             let mut splicer = files::Splicer::new(usize::try_from(size).unwrap_or(0));
@@ -1394,13 +1398,14 @@ impl Tables {
                         range.1 = range.1.max(hi);
                     }
                 }
-                let file = DataFile {
+                let mut file = DataFile {
                     path: paths::new_table_data_file(&table.id),
                     rows,
                     bytes: bytes.len() as u64,
                     time_ranges,
                     field_ids: current_ids,
                 };
+                manifest.omit_default_field_ids(&mut file);
                 let put = self.put_data_file(&file, bytes).await?;
                 (file, put)
             }
