@@ -509,6 +509,12 @@ impl Database {
         &self.catalog
     }
 
+    /// The node id this process runs as.
+    #[cfg(test)]
+    pub(crate) fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+
     /// The tables.
     pub fn tables(&self) -> &Arc<Tables> {
         &self.tables

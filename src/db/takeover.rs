@@ -478,12 +478,14 @@ impl Database {
             log.clone(),
             stopped(stop_rx),
         ));
+        // Subscriptions watch the engine before it takes any append through this process
+        // (hosting it routes requests to it): no change falls before where they start.
+        self.subscriptions.attach(subscriptions, streams);
         self.takeovers
             .hosted
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .push(hosted);
-        self.subscriptions.attach(subscriptions, streams);
         Ok(true)
     }
 

@@ -95,8 +95,9 @@ fn payload(statement: &Statement) -> Response {
     let Some(output) = result else {
         return ([(header::CONTENT_TYPE, "application/json")], out).into_response();
     };
-    // The result set is the payload's last member, written batch by batch as the answer
-    // goes out: a large result is never rendered whole in memory, once or per fetch.
+    // The result set is the payload's last member, rendered piece by piece as the answer
+    // goes out: a large result is never rendered whole in memory, once or per fetch, and a
+    // reader that stops reading holds one piece (one row, if a row is larger).
     let metadata = json!({
         "fields": output
             .fields()
@@ -110,29 +111,43 @@ fn payload(statement: &Statement) -> Response {
     out.extend_from_slice(metadata.to_string().as_bytes());
     out.extend_from_slice(b",\"rows\":[");
     let head = futures::stream::once(async move { Ok(bytes::Bytes::from(out)) });
-    let rows = futures::stream::unfold((output, 0usize, false), |(output, i, any)| async move {
-        let batch = output.batches.get(i)?;
-        let mut chunk = Vec::new();
-        let mut any = any;
-        for row in 0..batch.num_rows() {
-            if any {
-                chunk.push(b',');
+    const PIECE_BYTES: usize = 64 * 1024;
+    let rows = futures::stream::unfold(
+        (output, 0usize, 0usize, false),
+        |(output, mut batch_at, mut row_at, mut any)| async move {
+            let mut chunk = Vec::new();
+            while chunk.len() < PIECE_BYTES {
+                let Some(batch) = output.batches.get(batch_at) else {
+                    break;
+                };
+                if row_at >= batch.num_rows() {
+                    batch_at += 1;
+                    row_at = 0;
+                    continue;
+                }
+                if any {
+                    chunk.push(b',');
+                }
+                any = true;
+                let cells: Vec<Option<String>> = batch
+                    .columns()
+                    .iter()
+                    .map(|c| format_cell(c, row_at))
+                    .collect();
+                if serde_json::to_writer(&mut chunk, &cells).is_err() {
+                    chunk.extend_from_slice(b"null");
+                }
+                row_at += 1;
             }
-            any = true;
-            let cells: Vec<Option<String>> = batch
-                .columns()
-                .iter()
-                .map(|c| format_cell(c, row))
-                .collect();
-            if serde_json::to_writer(&mut chunk, &cells).is_err() {
-                chunk.extend_from_slice(b"null");
+            if chunk.is_empty() {
+                return None;
             }
-        }
-        Some((
-            Ok::<_, std::convert::Infallible>(bytes::Bytes::from(chunk)),
-            (output, i + 1, any),
-        ))
-    });
+            Some((
+                Ok::<_, std::convert::Infallible>(bytes::Bytes::from(chunk)),
+                (output, batch_at, row_at, any),
+            ))
+        },
+    );
     let tail = futures::stream::once(async { Ok(bytes::Bytes::from_static(b"]}}")) });
     use futures::StreamExt as _;
     let body = axum::body::Body::from_stream(head.chain(rows).chain(tail));

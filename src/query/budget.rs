@@ -328,6 +328,17 @@ impl Drop for StopOnDrop {
     }
 }
 
+/// Stops the statement when dropped, without returning its memory: its caller stopped
+/// waiting, and its work (which may run on until its next await) keeps what it holds
+/// counted until it ends.
+pub(crate) struct CancelOnDrop(pub(crate) Arc<StatementBudget>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
 /// The configuration extension that carries a statement's budget to what DataFusion calls
 /// on its behalf (functions get their statement's configuration; so do optimizer rules).
 #[derive(Debug, Clone)]

@@ -235,6 +235,24 @@ fn check_start_index(args: &[ColumnarValue]) -> Result<()> {
     Ok(())
 }
 
+/// `lpad`/`rpad` size their output buffer from a length of the rows' own, unchecked
+/// (DataFusion 55): a negative one overflows the capacity and panics.
+fn check_pad_length(name: &str, args: &[ColumnarValue]) -> Result<()> {
+    let negative = match args.get(1) {
+        Some(ColumnarValue::Scalar(ScalarValue::Int64(Some(v)))) => *v < 0,
+        Some(ColumnarValue::Array(a)) => a
+            .as_primitive_opt::<Int64Type>()
+            .is_some_and(|a| a.iter().any(|v| v.is_some_and(|v| v < 0))),
+        _ => false,
+    };
+    if negative {
+        return Err(DataFusionError::Execution(format!(
+            "{name}: the length is negative"
+        )));
+    }
+    Ok(())
+}
+
 /// A scalar function that checks what its result can take before it runs (module docs).
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Guarded {
@@ -306,8 +324,10 @@ impl ScalarUDFImpl for Guarded {
             ColumnarValue::Array(_) => None,
         });
         check_type_strings(self.name(), scalars)?;
-        if self.name() == "array_position" {
-            check_start_index(&args.args)?;
+        match self.name() {
+            "array_position" => check_start_index(&args.args)?,
+            "lpad" | "rpad" => check_pad_length(self.name(), &args.args)?,
+            _ => {}
         }
         let budget = BudgetOption::of(&args.config_options).cloned();
         if let Some(budget) = &budget {
@@ -1406,6 +1426,20 @@ mod tests {
             "SELECT 'a' SIMILAR TO '((((x{100}){100}){100}){100})'",
         ] {
             exhausted(run(&ctx, sql).await, sql);
+        }
+    }
+
+    /// A negative length from a column made DataFusion's `lpad`/`rpad` size a buffer past
+    /// what a vector holds and panic: refused as an error instead.
+    #[tokio::test]
+    async fn a_negative_pad_length_is_an_error_not_a_panic() {
+        let (ctx, _, _) = context(64 << 20);
+        for sql in [
+            "SELECT lpad(c1, c2) FROM (VALUES ('a,b', -1), ('a,b', -1)) AS t(c1, c2)",
+            "SELECT rpad(c1, c2, c3) FROM (VALUES ('a', -9223372036854775808, 'x')) AS t(c1, c2, c3)",
+        ] {
+            let error = run(&ctx, sql).await.expect_err(sql).to_string();
+            assert!(error.contains("the length is negative"), "{sql}: {error}");
         }
     }
 

@@ -143,7 +143,7 @@ impl QueryError {
         let line = before.matches('\n').count() + 1;
         let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
         QueryError::Syntax {
-            message,
+            message: bounded_error_text(message),
             line,
             column,
         }
@@ -162,11 +162,31 @@ fn object_store_failure(e: &DataFusionError) -> Option<String> {
     None
 }
 
+/// The most bytes of an error's text kept with a statement or sent: a message may quote a
+/// value of the statement's own making (a failed cast names the string it could not cast),
+/// and a failed statement is kept, and its answer rendered, as often as it is fetched.
+pub(crate) const MAX_ERROR_TEXT_BYTES: usize = 4 << 10;
+
+/// `text` cut to [`MAX_ERROR_TEXT_BYTES`] (at a character boundary), saying how much went.
+pub(crate) fn bounded_error_text(mut text: String) -> String {
+    if text.len() <= MAX_ERROR_TEXT_BYTES {
+        return text;
+    }
+    let mut cut = MAX_ERROR_TEXT_BYTES;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let elided = text.len() - cut;
+    text.truncate(cut);
+    text.push_str(&format!("… ({elided} bytes elided)"));
+    text
+}
+
 impl From<DataFusionError> for QueryError {
     fn from(e: DataFusionError) -> Self {
         match e {
             DataFusionError::SQL(parse, _) => QueryError::Syntax {
-                message: parse.to_string(),
+                message: bounded_error_text(parse.to_string()),
                 line: 0,
                 column: 0,
             },
@@ -179,40 +199,41 @@ impl From<DataFusionError> for QueryError {
                     DataFusionError::External(e) => e.to_string(),
                     root => root.strip_backtrace(),
                 };
-                QueryError::TooComplex(message)
+                QueryError::TooComplex(bounded_error_text(message))
             }
             // Table storage failing under a scan is the server's trouble, not the query's.
             DataFusionError::External(e) => match e.downcast::<TableError>() {
                 Ok(table) => QueryError::Table(*table),
-                Err(other) => QueryError::Query(DataFusionError::External(other).strip_backtrace()),
+                Err(other) => QueryError::Query(bounded_error_text(
+                    DataFusionError::External(other).strip_backtrace(),
+                )),
             },
             DataFusionError::ObjectStore(e) => QueryError::Table(TableError::Storage(*e)),
-            // The Parquet reader wraps a failed read of a data file (one that garbage
-            // collection took after a compaction replaced it, while this statement's view
-            // still named it), and operators share or annotate it on the way up: the
-            // server's trouble too, however deep, and a retry reads afresh.
-            other if object_store_failure(&other).is_some() => {
-                let text = object_store_failure(&other).unwrap_or_default();
-                QueryError::Table(TableError::Storage(object_store::Error::Generic {
-                    store: "object store",
-                    source: text.into(),
-                }))
-            }
-            // An exhausted budget, however deeply DataFusion wrapped it. (Statements classify
-            // it with their budget, which knows whether other statements hold the memory:
-            // `budget::StatementBudget::error`.)
-            other if matches!(other.find_root(), DataFusionError::ResourcesExhausted(_)) => {
-                let message = match other.find_root() {
-                    DataFusionError::ResourcesExhausted(m) => m.clone(),
-                    root => root.strip_backtrace(),
-                };
-                QueryError::ResourcesExhausted {
-                    message,
-                    retry: false,
+            other => {
+                // The Parquet reader wraps a failed read of a data file (one that garbage
+                // collection took after a compaction replaced it, while this statement's view
+                // still named it), and operators share or annotate it on the way up: the
+                // server's trouble too, however deep, and a retry reads afresh.
+                if let Some(text) = object_store_failure(&other) {
+                    return QueryError::Table(TableError::Storage(object_store::Error::Generic {
+                        store: "object store",
+                        source: text.into(),
+                    }));
+                }
+                match other.find_root() {
+                    // An exhausted budget, however deeply DataFusion wrapped it. (Statements
+                    // classify it with their budget, which knows whether other statements hold
+                    // the memory: `budget::StatementBudget::error`.)
+                    DataFusionError::ResourcesExhausted(message) => {
+                        QueryError::ResourcesExhausted {
+                            message: bounded_error_text(message.clone()),
+                            retry: false,
+                        }
+                    }
+                    // DataFusion wraps our own errors as External; surface the message cleanly.
+                    _ => QueryError::Query(bounded_error_text(other.strip_backtrace())),
                 }
             }
-            // DataFusion wraps our own errors as External; surface the message cleanly.
-            other => QueryError::Query(other.strip_backtrace()),
         }
     }
 }
@@ -634,19 +655,31 @@ impl QueryEngine {
         let engine = self.clone();
         let timeout = self.limits.timeout;
         let budget = budget::StatementBudget::new(&self.memory, self.limits.memory_bytes, timeout);
-        let run = async move {
-            // Whatever ends this (an answer, the timeout, a cancel that drops it) stops the
-            // statement's planning thread and returns its memory.
-            let _stop = budget::StopOnDrop(Arc::clone(&budget));
-            match tokio::time::timeout(timeout, engine.query_inner(statement, &budget)).await {
-                Ok(result) => result,
-                Err(_) => {
-                    budget.time_out();
-                    Err(QueryError::Timeout(timeout.as_secs()))
-                }
-            }
+        let run = {
+            let budget = Arc::clone(&budget);
+            async move { engine.query_inner(statement, &budget).await }
         };
-        self.runtime.run(run).await.map_err(QueryError::Query)?
+        // Whatever ends the wait (an answer, the timeout, a cancel that drops it) stops the
+        // statement: its planning thread and its functions see the flag at their next
+        // checkpoint. Its memory is returned once its threads have ended.
+        let _stop = budget::CancelOnDrop(Arc::clone(&budget));
+        let until_ended = budget::StopOnDrop(Arc::clone(&budget));
+        // The timeout is kept here, not on the statement's threads: it answers even while
+        // one of them is inside a poll that does not return for minutes.
+        match tokio::time::timeout(timeout, self.runtime.run(run, until_ended)).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(runtime::ThreadError::NoThread(message))) => {
+                Err(QueryError::ResourcesExhausted {
+                    message,
+                    retry: true,
+                })
+            }
+            Ok(Err(runtime::ThreadError::Panicked)) => Err(QueryError::Panicked { wrote: false }),
+            Err(_) => {
+                budget.time_out();
+                Err(QueryError::Timeout(timeout.as_secs()))
+            }
+        }
     }
 
     async fn query_inner(
@@ -665,13 +698,13 @@ impl QueryEngine {
         };
         let (state, plan, physical) = match self.runtime.plan(planning).await {
             Ok(planned) => planned?,
-            Err(runtime::PlanThreadError::NoThread(message)) => {
+            Err(runtime::ThreadError::NoThread(message)) => {
                 return Err(QueryError::ResourcesExhausted {
                     message,
                     retry: true,
                 });
             }
-            Err(runtime::PlanThreadError::Panicked) => {
+            Err(runtime::ThreadError::Panicked) => {
                 return Err(QueryError::Panicked { wrote: false });
             }
         };
@@ -783,6 +816,19 @@ fn plan(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn error_text_is_cut_at_a_character_boundary() {
+        let text = "é".repeat(10_000);
+        let cut = super::bounded_error_text(text);
+        assert!(
+            cut.len() < super::MAX_ERROR_TEXT_BYTES + 40,
+            "{}",
+            cut.len()
+        );
+        assert!(cut.ends_with("bytes elided)"), "{cut}");
+        assert_eq!(super::bounded_error_text("short".into()), "short");
+    }
+
     use super::*;
     use crate::error::Classify;
 

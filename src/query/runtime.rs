@@ -3,11 +3,23 @@
 //! Statements are parsed, planned and executed off the HTTP runtime, on threads with large
 //! stacks ([`STACK_BYTES`]): parsers, planners and expression evaluators recurse on the
 //! statement's shape, and an expression that [`super::prepare::check_size`] lets through must
-//! never exhaust a stack. Execution runs on the statement runtime's workers. Parsing runs on
-//! its blocking threads. Planning (SQL to a logical plan, analysis, optimization and physical
-//! planning) is synchronous and can be long, so each statement plans on a thread of its own
-//! ([`StatementRuntime::plan`]): a statement that plans for long never holds a thread other
-//! statements need, and the operating system shares the cores between planning threads.
+//! never exhaust a stack. Parsing runs on the shared runtime's blocking threads.
+//!
+//! Execution runs on threads of the statement's own ([`StatementRuntime::run`]): a small
+//! runtime built for it on a dedicated thread. DataFusion operators can stay inside one poll
+//! for minutes (a nested-loop join evaluates a whole probe batch against every build row
+//! before it yields), so no statement may share the threads another one needs: the operating
+//! system shares the cores between statements' threads. Once a statement's threads together
+//! have used [`EXECUTION_SLICE`] of CPU time they go on at the lowest priority, so a
+//! `SELECT 1` runs first, however many statements are busy. A timeout or a cancel does not
+//! wait for them: the statement answers at once, and its threads stop at their next await.
+//! Until they have ended, the statement's work counts as in flight, its running slot stays
+//! taken ([`super::statements::work_token`]) and its memory stays counted, so a key cannot
+//! pile up stopped-but-running work beyond its share of the running statements.
+//!
+//! Planning (SQL to a logical plan, analysis, optimization and physical planning) is
+//! synchronous and can be long, so each statement plans on a thread of its own
+//! ([`StatementRuntime::plan`]) in the same way.
 //! A planning thread counts as the statement's work in flight until it ends (once: with its
 //! statement's task while that waits for it, by itself after), so there are
 //! never more of them than statements may run at once; a timeout or cancel stops it at its
@@ -68,6 +80,8 @@ pub(crate) struct StatementRuntime {
     /// Tasks on the runtime that have not ended (a cancelled statement counts until its work
     /// really stops: synchronous planning cannot be interrupted).
     in_flight: Arc<std::sync::atomic::AtomicUsize>,
+    /// Workers of each statement's own runtime.
+    workers: usize,
 }
 
 /// Counts a task as in flight until it is dropped (completed, or aborted and unwound).
@@ -76,15 +90,6 @@ struct InFlight(Arc<std::sync::atomic::AtomicUsize>);
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-    }
-}
-
-/// Aborts a spawned task when whoever waits for it goes away (a cancelled statement).
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 
@@ -106,6 +111,7 @@ impl StatementRuntime {
         Ok(StatementRuntime {
             runtime: Some(runtime),
             in_flight: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            workers: threads,
         })
     }
 
@@ -120,22 +126,95 @@ impl StatementRuntime {
         InFlight(self.in_flight.clone())
     }
 
-    /// Runs `work` on the statement runtime and waits for it; dropping the wait (a cancel)
-    /// aborts the work at its next await. A panic in it is an error, not a crash of the
-    /// caller.
+    /// Executes `work` on threads of its own and waits for its answer (see the module docs):
+    /// a runtime of [`StatementRuntime::workers`] workers, built for this statement on a
+    /// dedicated thread, all with [`STACK_BYTES`] stacks. Once its threads together have used
+    /// [`EXECUTION_SLICE`] of CPU time they go on at the lowest priority.
+    ///
+    /// Dropping the wait (a timeout, a cancel) answers at once: the work is dropped at its
+    /// next await, which may be minutes away inside one operator's poll. Until every one of
+    /// its threads has ended, `until_ended` is kept, the work counts as in flight, and so
+    /// does its statement's running slot ([`super::statements::work_token`]); the answer is
+    /// sent only after they ended, so a statement that answered holds nothing. A panic in
+    /// the work is an error, not a crash.
     pub(crate) async fn run<T: Send + 'static>(
         &self,
         work: impl std::future::Future<Output = T> + Send + 'static,
-    ) -> Result<T, String> {
-        let Some(runtime) = &self.runtime else {
-            return Err("the statement runtime is shut down".into());
-        };
-        let guard = self.guard();
-        let mut task = AbortOnDrop(runtime.spawn(async move {
-            let _guard = guard;
-            work.await
-        }));
-        (&mut task.0).await.map_err(|e| e.to_string())
+        until_ended: impl Send + 'static,
+    ) -> Result<T, ThreadError> {
+        if self.runtime.is_none() {
+            return Err(ThreadError::NoThread(
+                "the statement runtime is shut down".into(),
+            ));
+        }
+        let threads = Arc::new(ExecutionThreads::default());
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        // Dropped with this wait: the work stops at its next await.
+        let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let count = self.guard();
+        let token = super::statements::work_token();
+        let workers = self.workers;
+        let on_start = Arc::clone(&threads);
+        let on_stop = Arc::clone(&threads);
+        let own = Arc::clone(&threads);
+        std::thread::Builder::new()
+            .name("sluice-exec".into())
+            .stack_size(STACK_BYTES)
+            .spawn(move || {
+                own.enter();
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(workers)
+                    .thread_name("sluice-exec")
+                    .thread_stack_size(STACK_BYTES)
+                    .on_thread_start(move || on_start.enter())
+                    .on_thread_stop(move || on_stop.leave())
+                    .enable_all()
+                    .build();
+                let outcome = match runtime {
+                    Ok(runtime) => {
+                        let outcome = runtime.block_on(async move {
+                            use futures::FutureExt as _;
+                            tokio::select! {
+                                done = std::panic::AssertUnwindSafe(work).catch_unwind() => {
+                                    Some(done.map_err(|_| ThreadError::Panicked))
+                                }
+                                _ = stopped => None,
+                            }
+                        });
+                        // Waits for every worker: one in the middle of a long poll ends it
+                        // first, then drops what it ran.
+                        drop(runtime);
+                        outcome
+                    }
+                    Err(e) => Some(Err(ThreadError::NoThread(format!(
+                        "cannot start a statement's runtime: {e}"
+                    )))),
+                };
+                own.leave();
+                // Its threads ended: what it held is returned before it answers.
+                drop(until_ended);
+                drop(token);
+                drop(count);
+                if let Some(outcome) = outcome {
+                    let _ = answer.send(outcome);
+                }
+            })
+            .map_err(|e| ThreadError::NoThread(format!("cannot start a statement thread: {e}")))?;
+        let mut answered = answered;
+        let mut check = tokio::time::interval(CPU_CHECK_INTERVAL);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                outcome = &mut answered => {
+                    return outcome.unwrap_or(Err(ThreadError::Panicked));
+                }
+                _ = check.tick(), if !threads.demoted() => {
+                    if threads.cpu_time() > EXECUTION_SLICE {
+                        threads.demote();
+                    }
+                }
+            }
+        }
     }
 
     /// Runs synchronous `work` on the runtime's blocking threads (they have the same large
@@ -190,12 +269,19 @@ pub(crate) fn on_planning_thread() -> bool {
 /// The CPU time this thread has used.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn thread_cpu_time() -> Duration {
+    read_clock(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+/// What `clock` reads now (zero when it cannot be read).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn read_clock(clock: libc::clockid_t) -> Duration {
     let mut now = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: `now` is a valid timespec for the call to write; the clock exists on Linux.
-    let read = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    // SAFETY: `now` is a valid timespec for the call to write; a clock that does not exist
+    // (a thread's that ended) fails the call, which writes nothing.
+    let read = unsafe { libc::clock_gettime(clock, &mut now) };
     if read != 0 {
         return Duration::ZERO;
     }
@@ -212,19 +298,135 @@ fn thread_cpu_time() -> Duration {
 
 /// Lowers this thread's scheduling priority to the lowest nice value (19): it keeps a small
 /// share of a busy core, and threads at normal priority come first.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
 fn lower_priority() {
-    // SAFETY: system calls on this thread's own id, without pointers; on Linux,
-    // `setpriority` with a thread id changes that thread only. A failure leaves the priority
-    // as it was.
+    lower_priority_of(this_thread().0);
+}
+
+/// This thread's id and its CPU-time clock.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn this_thread() -> (libc::pid_t, libc::clockid_t) {
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: `gettid` has no arguments; `pthread_getcpuclockid` writes a clock id to
+    // `clock`, a valid place for it, for the calling thread (`pthread_self` is always valid).
+    // On failure the clock stays 0 (the process's realtime clock is never read as CPU time:
+    // see `cpu_time_of`).
     unsafe {
         let thread = libc::gettid();
+        if libc::pthread_getcpuclockid(libc::pthread_self(), &mut clock) != 0 {
+            clock = 0;
+        }
+        (thread, clock)
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn this_thread() -> (i32, i32) {
+    (0, 0)
+}
+
+/// The CPU time a thread of this process has used, by its CPU-time clock (zero when the
+/// clock cannot be read: the thread ended).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn cpu_time_of(clock: libc::clockid_t) -> Duration {
+    if clock == 0 {
+        return Duration::ZERO;
+    }
+    read_clock(clock)
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn cpu_time_of(_clock: i32) -> Duration {
+    Duration::ZERO
+}
+
+/// Lowers the scheduling priority of thread `thread` of this process to the lowest nice
+/// value (19).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn lower_priority_of(thread: libc::pid_t) {
+    // SAFETY: a system call without pointers; on Linux, `setpriority` with a thread id
+    // changes that thread only. A failure (the thread ended) leaves priorities as they were.
+    unsafe {
         libc::setpriority(libc::PRIO_PROCESS, thread as libc::id_t, 19);
     }
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn lower_priority() {}
+fn lower_priority_of(_thread: i32) {}
+
+/// How much CPU time a statement's execution threads use together at normal priority (see
+/// the module docs): ordinary statements execute in a few milliseconds, and a statement of a
+/// second of CPU still runs at the speed it would alone (past the slice, on a machine other
+/// processes keep busy, the lowest priority can slow it many times over).
+pub(crate) const EXECUTION_SLICE: Duration = Duration::from_secs(1);
+
+/// How often the CPU time of a statement's execution threads is looked at.
+const CPU_CHECK_INTERVAL: Duration = Duration::from_millis(20);
+
+/// The threads one statement executes on (see [`StatementRuntime::run`]): each registers
+/// itself when it starts and leaves when it ends, so that their CPU time can be summed and
+/// their priority lowered from outside, while one of them is inside a long poll.
+///
+/// Invariant: an id in `live` is a running thread's (it leaves before it ends), and once
+/// `demoted` is set every thread in `live`, and every thread that enters later, runs at the
+/// lowest priority.
+#[derive(Debug, Default)]
+struct ExecutionThreads {
+    /// Thread id and CPU-time clock of each running thread.
+    live: std::sync::Mutex<Vec<(ThreadId, ClockId)>>,
+    demoted: std::sync::atomic::AtomicBool,
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+type ThreadId = libc::pid_t;
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+type ClockId = libc::clockid_t;
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+type ThreadId = i32;
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+type ClockId = i32;
+
+impl ExecutionThreads {
+    fn live(&self) -> std::sync::MutexGuard<'_, Vec<(ThreadId, ClockId)>> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Called by each thread as it starts.
+    fn enter(&self) {
+        let mut live = self.live();
+        live.push(this_thread());
+        if self.demoted() {
+            lower_priority();
+        }
+    }
+
+    /// Called by each thread as it ends.
+    fn leave(&self) {
+        let (me, _) = this_thread();
+        self.live().retain(|(thread, _)| *thread != me);
+    }
+
+    fn demoted(&self) -> bool {
+        self.demoted.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// CPU time the running threads have used.
+    fn cpu_time(&self) -> Duration {
+        self.live()
+            .iter()
+            .map(|(_, clock)| cpu_time_of(*clock))
+            .sum()
+    }
+
+    /// Lowers every thread's priority to the lowest, now and for threads that start later.
+    fn demote(&self) {
+        let live = self.live();
+        self.demoted
+            .store(true, std::sync::atomic::Ordering::Release);
+        for (thread, _) in live.iter() {
+            lower_priority_of(*thread);
+        }
+    }
+}
 
 /// How a planning thread counts as work in flight (see [`StatementRuntime::plan`]).
 enum PlanThread {
@@ -259,12 +461,12 @@ impl Drop for Waiting {
     }
 }
 
-/// Why planning on a thread of its own gave no answer.
+/// Why work on threads of its own (planning, execution) gave no answer.
 #[derive(Debug)]
-pub(crate) enum PlanThreadError {
+pub(crate) enum ThreadError {
     /// No thread could be started (the process is at its limit): retry later.
     NoThread(String),
-    /// The planning panicked (a bug).
+    /// The work panicked (a bug).
     Panicked,
 }
 
@@ -276,14 +478,16 @@ impl StatementRuntime {
     pub(crate) async fn plan<T: Send + 'static>(
         &self,
         work: impl FnOnce(&tokio::runtime::Handle) -> T + Send + 'static,
-    ) -> Result<T, PlanThreadError> {
+    ) -> Result<T, ThreadError> {
         let Some(runtime) = &self.runtime else {
-            return Err(PlanThreadError::NoThread(
+            return Err(ThreadError::NoThread(
                 "the statement runtime is shut down".into(),
             ));
         };
         let handle = runtime.handle().clone();
         let (answer, answered) = tokio::sync::oneshot::channel();
+        // The statement's running slot is held until the thread ends.
+        let token = super::statements::work_token();
         let counted = Arc::new(std::sync::Mutex::new(PlanThread::Waited));
         let ended = Arc::clone(&counted);
         std::thread::Builder::new()
@@ -301,10 +505,9 @@ impl StatementRuntime {
                     PlanThread::Ended,
                 );
                 drop(was);
+                drop(token);
             })
-            .map_err(|e| {
-                PlanThreadError::NoThread(format!("cannot start a planning thread: {e}"))
-            })?;
+            .map_err(|e| ThreadError::NoThread(format!("cannot start a planning thread: {e}")))?;
         // From here until the thread ends, it counts once: as its statement's task while the
         // statement waits for it, by itself once the statement stopped waiting.
         let _waiting = Waiting {
@@ -313,7 +516,7 @@ impl StatementRuntime {
         };
         match answered.await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(_)) | Err(_) => Err(PlanThreadError::Panicked),
+            Ok(Err(_)) | Err(_) => Err(ThreadError::Panicked),
         }
     }
 }

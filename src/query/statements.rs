@@ -13,7 +13,9 @@
 //! per owner, so another key can neither read, cancel nor take over a statement by naming
 //! its id. What is kept is bounded: running statements by count (and one owner's to a
 //! quarter of them, so that one key cannot hold every slot), finished ones by count, by the
-//! bytes of their results and by age ([`StatementLimits`]).
+//! bytes of their results and by age ([`StatementLimits`]). A statement holds its running
+//! slot until it has answered *and* its work has ended ([`WorkToken`]): a timeout or a cancel
+//! answers at once, but work stuck inside a long poll keeps its slot until it really stops.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -83,6 +85,36 @@ enum Phase {
 tokio::task_local! {
     /// The phase of the statement whose work runs in this task.
     static PHASE: Arc<Mutex<Phase>>;
+    /// The running slot of the statement whose work runs in this task.
+    static WORK: Arc<WorkToken>;
+}
+
+/// Holds a statement's running slot while any of its work may still run: its task holds
+/// one, and work that may outlive the task (threads a timeout or a cancel cannot stop at
+/// once, see [`super::runtime`]) holds another ([`work_token`]). When the last is dropped
+/// the work has ended, and the slot is free once the statement has also answered.
+#[derive(Debug)]
+pub(crate) struct WorkToken {
+    registry: std::sync::Weak<Statements>,
+    owner: Owner,
+    statement: Arc<Statement>,
+}
+
+impl Drop for WorkToken {
+    fn drop(&mut self) {
+        self.statement
+            .work_ended
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(registry) = self.registry.upgrade() {
+            registry.release(&self.owner, &self.statement);
+        }
+    }
+}
+
+/// The running slot of the statement whose task calls this, for work that may outlive the
+/// task (none outside a statement's task).
+pub(crate) fn work_token() -> Option<Arc<WorkToken>> {
+    WORK.try_with(Arc::clone).ok()
 }
 
 /// Called by a statement's work before its first write (a log append, a catalog change):
@@ -116,6 +148,8 @@ pub(crate) struct Statement {
     phase: Arc<Mutex<Phase>>,
     /// What its result weighs ([`StatementOutput::memory_bytes`]), measured once it ends.
     bytes: std::sync::atomic::AtomicUsize,
+    /// Nothing of its work runs any more (its last [`WorkToken`] was dropped).
+    work_ended: std::sync::atomic::AtomicBool,
 }
 
 impl Statement {
@@ -416,18 +450,26 @@ impl Statements {
             abort: Mutex::new(None),
             phase: Arc::new(Mutex::new(Phase::Open)),
             bytes: std::sync::atomic::AtomicUsize::new(0),
+            work_ended: std::sync::atomic::AtomicBool::new(false),
         });
         let running = statement.clone();
         let running_owner = owner.clone();
         let registry = self.clone();
         let phase = statement.phase.clone();
+        let token = Arc::new(WorkToken {
+            registry: Arc::downgrade(self),
+            owner: owner.clone(),
+            statement: statement.clone(),
+        });
         let task = tokio::spawn(async move {
             use futures::FutureExt as _;
             // A panic in the work (a bug) ends the statement as failed: it must not stay
             // "running" for ever and hold a running slot.
-            let outcome = std::panic::AssertUnwindSafe(PHASE.scope(phase.clone(), work))
-                .catch_unwind()
-                .await;
+            let outcome = std::panic::AssertUnwindSafe(
+                WORK.scope(Arc::clone(&token), PHASE.scope(phase.clone(), work)),
+            )
+            .catch_unwind()
+            .await;
             let state = match outcome {
                 Ok(Ok(result)) => StatementState::Finished(Arc::new(result)),
                 Ok(Err(e)) => StatementState::Failed(Arc::new(e)),
@@ -438,6 +480,7 @@ impl Statements {
                 }
             };
             registry.end(&running_owner, &running, state);
+            drop(token);
         });
         if let Ok(mut abort) = statement.abort.lock() {
             *abort = Some(task.abort_handle());
@@ -446,13 +489,28 @@ impl Statements {
         Ok(statement)
     }
 
-    /// Ends a statement and brings the kept results back within the limits.
+    /// Ends a statement (its answer), and frees its running slot if its work has ended.
     fn end(&self, owner: &Owner, statement: &Statement, state: StatementState) {
         if statement.finish(state) {
-            let mut retained = self.retained();
-            retained.count_end(owner, &statement.id);
-            retained.prune(&self.limits);
+            self.release(owner, statement);
         }
+    }
+
+    /// Frees the statement's running slot once it has answered and its work has ended (the
+    /// later of the two calls this with both true: each sets its own flag before it looks at
+    /// the other's under the registry's lock), and brings the kept results back within the
+    /// limits.
+    fn release(&self, owner: &Owner, statement: &Statement) {
+        let mut retained = self.retained();
+        let answered = !matches!(statement.state(), StatementState::Running);
+        if answered
+            && statement
+                .work_ended
+                .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            retained.count_end(owner, &statement.id);
+        }
+        retained.prune(&self.limits);
     }
 
     /// The owner's statement with this id.

@@ -136,6 +136,12 @@ pub(crate) fn legacy_subscriptions(node: &str) -> String {
     format!("subscriptions/{node}.json")
 }
 
+/// Where the earlier layout's object is moved when some of its subscriptions did not
+/// convert (made at `millis`, Unix milliseconds).
+pub(crate) fn legacy_subscriptions_unconverted(node: &str, millis: u128) -> String {
+    format!("subscriptions/{node}.unconverted-{millis}.json")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,5 +167,9 @@ mod tests {
             "subscriptions/n/watermarks.json"
         );
         assert_eq!(legacy_subscriptions("n"), "subscriptions/n.json");
+        assert_eq!(
+            legacy_subscriptions_unconverted("n", 7),
+            "subscriptions/n.unconverted-7.json"
+        );
     }
 }

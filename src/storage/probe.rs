@@ -43,6 +43,8 @@ pub struct Probe {
     failing_writes: std::sync::Mutex<Option<String>>,
     /// Reads of objects under this prefix wait until it is cleared (a read that hangs).
     held_reads: std::sync::Mutex<Option<String>>,
+    /// Writes of objects under this prefix wait until it is cleared (a write that hangs).
+    held_writes: std::sync::Mutex<Option<String>>,
     /// Reads waiting on [`Probe::hold_reads_under`] now.
     reads_held: AtomicUsize,
     requests: AtomicU64,
@@ -91,6 +93,20 @@ impl Probe {
         }
     }
 
+    /// While set, every write of an object whose path starts with `prefix` waits (without
+    /// an answer) until the prefix is cleared (`None`); everything else goes through.
+    #[cfg(feature = "testing")]
+    pub fn hold_writes_under(&self, prefix: Option<&str>) {
+        if let Ok(mut held) = self.held_writes.lock() {
+            *held = prefix.map(str::to_owned);
+        }
+    }
+
+    /// Whether writes of `location` are held now.
+    fn holds_write(&self, location: &Path) -> bool {
+        under(&self.held_writes, location)
+    }
+
     /// How many reads [`Probe::hold_reads_under`] holds now.
     #[cfg(feature = "testing")]
     pub fn reads_held(&self) -> usize {
@@ -99,13 +115,7 @@ impl Probe {
 
     /// Whether reads of `location` are held now.
     fn holds_read(&self, location: &Path) -> bool {
-        self.held_reads
-            .lock()
-            .map(|h| {
-                h.as_ref()
-                    .is_some_and(|p| location.as_ref().starts_with(p.as_str()))
-            })
-            .unwrap_or(false)
+        under(&self.held_reads, location)
     }
 
     /// Every write waits `delay` before it is sent, as on a store that answers slowly (zero
@@ -171,15 +181,10 @@ impl Probe {
         if delay > 0 {
             tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
         }
-        let failing = self
-            .failing_writes
-            .lock()
-            .map(|f| {
-                f.as_ref()
-                    .is_some_and(|p| location.as_ref().starts_with(p.as_str()))
-            })
-            .unwrap_or(false);
-        if failing {
+        while self.holds_write(location) {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        if under(&self.failing_writes, location) {
             return Err(self.injected("write refused (injected fault)"));
         }
         Ok(())
@@ -193,6 +198,17 @@ impl Probe {
             source: message.into(),
         }
     }
+}
+
+/// Whether `location` starts with the prefix a fault switch holds (none: no).
+fn under(prefix: &std::sync::Mutex<Option<String>>, location: &Path) -> bool {
+    prefix
+        .lock()
+        .map(|p| {
+            p.as_ref()
+                .is_some_and(|p| location.as_ref().starts_with(p.as_str()))
+        })
+        .unwrap_or(false)
 }
 
 /// Wraps a store; each request consults the shared [`Probe`] first.

@@ -6,10 +6,17 @@
 //! then releases the commit log up to the cut. Restart loads the newest snapshot, the
 //! deltas over it, and replays the log after them.
 //!
-//! Checkpoints are incremental: most write a *delta*, the full state of each stream that
-//! changed since the checkpoint before (appended, created, closed, deleted, its producers
+//! Checkpoints are incremental: most write a *delta*, an entry for each stream that changed
+//! since the checkpoint before (appended, created, closed, deleted, its producers
 //! forgotten, its forks' count changed) and the names of those removed, so their cost grows
-//! with what changed, not with how many streams there are. A full *snapshot* (a new base) is
+//! with what changed, not with how many streams there are. A stream the chain holds already
+//! (same incarnation, as the last checkpoint known to have landed left it) is written as a
+//! *patch*: its small fields, the producers and retired producers changed since (set or
+//! removed), and its extents past the first `extents_kept` (the ones the chain holds and
+//! memory still has); so a delta's cost grows with the producers and extents that changed,
+//! not with how many a stream holds. New streams, and every stream a checkpoint took whose
+//! delta may not have landed, are written whole. Deltas of version 1 hold only whole
+//! streams, and load as before. A full *snapshot* (a new base) is
 //! written when there is none yet, when deltas since the base add up to half its size (or
 //! [`MAX_DELTAS`] of them), and when objects are being rewritten; loading thus reads at most
 //! about one and a half times a snapshot's bytes.
@@ -18,9 +25,20 @@
 //! the sequence moves on after every attempt, so an attempt whose answer was lost but that
 //! landed is never overwritten, and one that exists already makes the next number be tried.
 //! Until a delta is known to have landed, the streams it holds stay marked changed, so the
-//! next delta holds them too: every delta holds every change since the last one known to
-//! have landed. Applying a base's deltas in sequence order, whichever of them landed, thus
-//! gives the state at the last one.
+//! next delta holds them too, whole: every delta holds every change since the last one known
+//! to have landed, and a patch only ever follows a checkpoint known to have landed with the
+//! extents it keeps. Applying a base's deltas in sequence order, whichever of them landed,
+//! thus gives the state at the last one.
+//!
+//! Extents are merged: a checkpoint that seals a stream's new records reads back the run of
+//! small extents just before them and seals it again with them, into its own object, as one
+//! extent (see [`merge_from`]: the run is contiguous, each extent at most twice what joined
+//! so far, the whole at most [`MERGE_MAX_BYTES`], the reads of one checkpoint bounded). A
+//! stream appended at every checkpoint thus holds a logarithmic number of small extents, not
+//! one per checkpoint; every extent counts in its stream's state budget. The objects merged
+//! out of stay while the store's chain (or memory) points into them, and then for the grace
+//! period, as any unreferenced object does, so a reader on another node holding an older
+//! checkpoint still finds them.
 //!
 //! Garbage collection deletes data objects no stream's sealed extents point into (those of
 //! deleted and expired streams) and superseded snapshots, once they have stayed so for the
@@ -36,7 +54,8 @@
 //!   `| count: u32 | start: u64 | count × end: u64 | record bytes |` (little endian).
 //! - `snapshots/{lsn:020}.json`: the state of every stream at `lsn` (a base).
 //! - `deltas/{base:020}-{seq:010}.json`: delta `seq` over the base at `base`: its `lsn`,
-//!   the streams changed since the delta before, and the names removed since.
+//!   the streams changed since the delta before (`streams` whole, `patches` as changes),
+//!   and the names removed since. Applied in that order: removals, whole streams, patches.
 //!
 //! Other nodes read a node's sealed data too ([`ColdStore::sealed_view`]): under
 //! object-store durability any node answers a read of a stream another node owns from that
@@ -126,8 +145,110 @@ struct Delta {
     base: Lsn,
     seq: u64,
     lsn: Lsn,
+    /// Streams written whole: new ones, and those whose stored state is not known.
     streams: Vec<SnapshotStream>,
     removed: Vec<String>,
+    /// Streams written as their changes over the state the chain holds (version 2; version
+    /// 1 deltas have none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    patches: Vec<StreamPatch>,
+}
+
+/// The changes of one stream over the state the chain before holds of the same
+/// incarnation: its small fields whole, the producers and retired producers that changed
+/// (set or removed), and its extents past the first `extents_kept` (a checkpoint only
+/// appends extents and merges a run of the last ones).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct StreamPatch {
+    name: String,
+    incarnation: String,
+    content_type: String,
+    lifetime: Lifetime,
+    closed: bool,
+    closed_by: Option<ProducerTuple>,
+    stream_seq: Option<String>,
+    fork: Option<ForkSpec>,
+    ref_count: u32,
+    soft_deleted: bool,
+    tail: u64,
+    applied_lsn: Lsn,
+    /// The LSN of its last data change (see `StreamState::data_lsn`).
+    #[serde(default)]
+    data_lsn: Option<Lsn>,
+    producers: Vec<(String, ProducerState)>,
+    producers_removed: Vec<String>,
+    retired: Vec<(String, Retired)>,
+    retired_removed: Vec<String>,
+    extents_kept: usize,
+    extents: Vec<ColdExtent>,
+}
+
+/// Applies one delta to the streams of the chain before it (see the module docs).
+fn apply_delta(
+    streams: &mut HashMap<String, SnapshotStream>,
+    delta: Delta,
+) -> Result<(), StreamError> {
+    for name in &delta.removed {
+        streams.remove(name);
+    }
+    for s in delta.streams {
+        streams.insert(s.name.clone(), s);
+    }
+    for p in delta.patches {
+        let Some(s) = streams
+            .get_mut(&p.name)
+            .filter(|s| s.incarnation == p.incarnation)
+        else {
+            return Err(StreamError::Corrupt(format!(
+                "delta {} over {}: a change of stream {} the chain does not hold",
+                delta.seq, delta.base, p.name
+            )));
+        };
+        if p.extents_kept > s.extents.len() {
+            return Err(StreamError::Corrupt(format!(
+                "delta {} over {}: stream {} keeps {} extents of {}",
+                delta.seq,
+                delta.base,
+                p.name,
+                p.extents_kept,
+                s.extents.len()
+            )));
+        }
+        s.content_type = p.content_type;
+        s.lifetime = p.lifetime;
+        s.closed = p.closed;
+        s.closed_by = p.closed_by;
+        s.stream_seq = p.stream_seq;
+        s.fork = p.fork;
+        s.ref_count = p.ref_count;
+        s.soft_deleted = p.soft_deleted;
+        s.tail = p.tail;
+        s.applied_lsn = Some(p.applied_lsn);
+        s.data_lsn = p.data_lsn.or(s.data_lsn);
+        if !p.producers.is_empty() || !p.producers_removed.is_empty() {
+            let changed: std::collections::HashSet<&str> = p
+                .producers_removed
+                .iter()
+                .map(String::as_str)
+                .chain(p.producers.iter().map(|(id, _)| id.as_str()))
+                .collect();
+            s.producers.retain(|(id, _)| !changed.contains(id.as_str()));
+            s.producers.extend(p.producers);
+        }
+        if !p.retired.is_empty() || !p.retired_removed.is_empty() {
+            let changed: std::collections::HashSet<&str> = p
+                .retired_removed
+                .iter()
+                .map(String::as_str)
+                .chain(p.retired.iter().map(|(key, _)| key.as_str()))
+                .collect();
+            s.retired.retain(|(key, _)| !changed.contains(key.as_str()));
+            s.retired.extend(p.retired);
+        }
+        s.extents.truncate(p.extents_kept);
+        s.extents.extend(p.extents);
+    }
+    Ok(())
 }
 
 /// One node's streams as its newest snapshot has them, by name.
@@ -185,6 +306,10 @@ struct SnapshotStream {
     /// the stream then counts as changed at the snapshot's LSN).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     applied_lsn: Option<Lsn>,
+    /// The LSN of the stream's last data change (checkpoints written before it was kept
+    /// lack it: the stream then counts as changed at its last change, as above).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    data_lsn: Option<Lsn>,
 }
 
 fn storage_error(e: object_store::Error) -> StreamError {
@@ -288,13 +413,9 @@ impl ColdStore {
                 .map_err(storage_error)?;
             let delta: Delta = serde_json::from_slice(&bytes)
                 .map_err(|e| StreamError::Corrupt(format!("delta {}: {e}", meta.location)))?;
-            for name in &delta.removed {
-                streams.remove(name);
-            }
-            for s in delta.streams {
-                streams.insert(s.name.clone(), s);
-            }
-            snapshot.lsn = snapshot.lsn.max(delta.lsn);
+            let lsn = delta.lsn;
+            apply_delta(&mut streams, delta)?;
+            snapshot.lsn = snapshot.lsn.max(lsn);
             chain.next_seq = seq + 1;
             chain.deltas += 1;
             chain.delta_bytes += meta.size;
@@ -443,6 +564,7 @@ impl ColdStore {
                     s.fork,
                     s.applied_lsn.unwrap_or(snapshot.lsn),
                 );
+                state.data_lsn = s.data_lsn.unwrap_or(state.applied_lsn);
                 state.closed = s.closed;
                 state.closed_by = s.closed_by;
                 state.stream_seq = s.stream_seq;
@@ -457,6 +579,8 @@ impl ColdStore {
                 state.soft_deleted = s.soft_deleted;
                 state.tail = s.tail;
                 state.chunks = s.extents.into_iter().map(Chunk::Cold).collect();
+                state.recount_extents();
+                state.stored = true;
                 (s.name, state)
             })
             .collect();
@@ -615,17 +739,135 @@ fn seal(chunks: &mut Vec<Chunk>, extent: &ColdExtent) -> u64 {
     freed
 }
 
-/// The chunks to seal: the stream's own, with extents of objects being rewritten read back
-/// as records (only extents whose records cover them whole: fork views cut mid-record stay).
+/// A merged extent holds at most this many bytes of stream data: larger extents are never
+/// read back to be merged.
+const MERGE_MAX_BYTES: u64 = 4 << 20;
+
+/// What one checkpoint reads back to merge extents, at most: the streams past it merge at a
+/// later checkpoint.
+#[derive(Debug)]
+struct MergeBudget {
+    bytes: u64,
+    reads: usize,
+}
+
+impl Default for MergeBudget {
+    fn default() -> Self {
+        MergeBudget {
+            bytes: 64 << 20,
+            reads: 256,
+        }
+    }
+}
+
+/// Where the run of sealed extents starts that a checkpoint reads back and seals again with
+/// the stream's new records, as one extent (`chunks.len()`: none). Walking back from the
+/// new records, an extent joins while it is contiguous with them, holds at most twice what
+/// joined so far and keeps the run within [`MERGE_MAX_BYTES`]: so extents grow
+/// geometrically, a stream appended at every checkpoint holds a number of small extents
+/// logarithmic in its data (not one per checkpoint), and each byte is copied a logarithmic
+/// number of times. Reads are charged to `budget`.
+fn merge_from(chunks: &[Chunk], budget: &mut MergeBudget) -> usize {
+    let mut from = chunks.len();
+    let mut joined = 0u64;
+    while let Some(Chunk::Hot(r)) = from.checked_sub(1).map(|i| &chunks[i]) {
+        joined += r.end - r.start;
+        from -= 1;
+    }
+    if joined == 0 {
+        return chunks.len();
+    }
+    let mut next_start = match chunks.get(from) {
+        Some(Chunk::Hot(r)) => r.start,
+        _ => return chunks.len(),
+    };
+    while let Some(Chunk::Cold(e)) = from.checked_sub(1).map(|i| &chunks[i]) {
+        let size = e.end.saturating_sub(e.start);
+        if e.end != next_start
+            || size > joined.saturating_mul(2)
+            || joined + size > MERGE_MAX_BYTES
+            || budget.reads == 0
+            || e.len > budget.bytes
+        {
+            break;
+        }
+        budget.reads -= 1;
+        budget.bytes -= e.len;
+        joined += size;
+        next_start = e.start;
+        from -= 1;
+    }
+    // Only sealed extents count: the new records are at the tail.
+    while chunks.get(from).is_some_and(|c| matches!(c, Chunk::Hot(_))) {
+        from += 1;
+    }
+    from
+}
+
+/// Stream `name`'s entry in a delta as the changes over what the chain holds of it: its
+/// extents after those it shares with the chain (the sealed extents in memory, as the last
+/// checkpoint left them), and the producers changed since.
+fn patch(name: &str, s: &StreamState, extents: Vec<ColdExtent>) -> StreamPatch {
+    let stored = s.chunks.iter().filter_map(|c| match c {
+        Chunk::Cold(e) => Some(e),
+        Chunk::Hot(_) => None,
+    });
+    let extents_kept = stored
+        .zip(&extents)
+        .take_while(|(old, new)| old == new)
+        .count();
+    let mut producers = Vec::new();
+    let mut producers_removed = Vec::new();
+    for id in &s.changed_producers {
+        match s.producers.get(id) {
+            Some(state) => producers.push((id.clone(), state.clone())),
+            None => producers_removed.push(id.clone()),
+        }
+    }
+    let mut retired = Vec::new();
+    let mut retired_removed = Vec::new();
+    for key in &s.changed_retired {
+        match s.retired.get(key) {
+            Some(r) => retired.push((format!("{key:032x}"), *r)),
+            None => retired_removed.push(format!("{key:032x}")),
+        }
+    }
+    StreamPatch {
+        name: name.to_owned(),
+        incarnation: s.incarnation.clone(),
+        content_type: s.content_type.clone(),
+        lifetime: s.lifetime.clone(),
+        closed: s.closed,
+        closed_by: s.closed_by.clone(),
+        stream_seq: s.stream_seq.clone(),
+        fork: s.fork.clone(),
+        ref_count: s.ref_count,
+        soft_deleted: s.soft_deleted,
+        tail: s.tail,
+        applied_lsn: s.applied_lsn,
+        data_lsn: Some(s.data_lsn),
+        producers,
+        producers_removed,
+        retired,
+        retired_removed,
+        extents: extents.into_iter().skip(extents_kept).collect(),
+        extents_kept,
+    }
+}
+
+/// The chunks to seal: the stream's own, with extents of objects being rewritten and the
+/// extents from `merge_from` on read back as records (only extents whose records cover them
+/// whole: fork views cut mid-record stay).
 async fn with_rewrites(
     cold: &ColdStore,
     chunks: &[Chunk],
     rewrite: &std::collections::HashSet<String>,
+    merge_from: usize,
 ) -> Result<Vec<Chunk>, StreamError> {
     let mut out = Vec::with_capacity(chunks.len());
-    for chunk in chunks {
+    for (i, chunk) in chunks.iter().enumerate() {
         match chunk {
-            Chunk::Cold(e) if rewrite.contains(&e.key) => {
+            Chunk::Cold(e) if i >= merge_from || rewrite.contains(&e.key) => {
                 let records = cold.read_extent(e).await?;
                 let whole = records.first().is_some_and(|r| r.0 == e.start)
                     && records.last().is_some_and(|r| r.1 == e.end)
@@ -690,17 +932,25 @@ pub(super) async fn checkpoint(streams: &Streams, force: bool) -> Result<bool, S
             .lock()
             .map(|mut t| std::mem::take(&mut *t))
             .unwrap_or_default();
+        // The producers each stream changed are taken with it: what changes from here on
+        // goes to the next checkpoint.
         let captured: Vec<(String, Arc<super::Stream>, StreamState)> = registry
             .streams
             .iter()
             .filter_map(|(name, s)| {
-                let state = s.read_state();
+                let mut state = s.write_state();
                 let changed = full
                     || state.applied_lsn > snapshot_lsn
                     || state.hot_bytes > 0
                     || state.chunks.iter().any(|c| matches!(c, Chunk::Hot(_)))
                     || touched.contains(name);
-                changed.then(|| (name.clone(), s.clone(), state.clone()))
+                if !changed {
+                    return None;
+                }
+                let taken = state.clone();
+                state.changed_producers.clear();
+                state.changed_retired.clear();
+                Some((name.clone(), s.clone(), taken))
             })
             .collect();
         let removed: Vec<String> = touched
@@ -710,11 +960,18 @@ pub(super) async fn checkpoint(streams: &Streams, force: bool) -> Result<bool, S
             .collect();
         (lsn, captured, removed, touched)
     };
-    let written = write_checkpoint(streams, &rewrite, lsn, captured, removed, full, chain).await;
+    let written = write_checkpoint(streams, &rewrite, lsn, &captured, removed, full, chain).await;
     if written.is_err() {
-        // Not known to have landed: the next checkpoint holds these changes too.
+        // Not known to have landed: the next checkpoint holds these changes too, and these
+        // streams whole (what the store holds of them is not known).
         if let Ok(mut t) = cold.touched.lock() {
             t.extend(touched);
+        }
+        for (_, stream, taken) in &captured {
+            let mut s = stream.write_state();
+            if s.incarnation == taken.incarnation {
+                s.stored = false;
+            }
         }
         return written;
     }
@@ -743,7 +1000,7 @@ async fn write_checkpoint(
     streams: &Streams,
     rewrite: &std::collections::HashSet<String>,
     lsn: Lsn,
-    captured: Vec<(String, Arc<super::Stream>, StreamState)>,
+    captured: &[(String, Arc<super::Stream>, StreamState)],
     removed: Vec<String>,
     full: bool,
     chain: ChainState,
@@ -752,8 +1009,10 @@ async fn write_checkpoint(
     let cold = &inner.cold;
     let key = paths::new_stream_data_object(&cold.node, lsn);
     let mut sealable = Vec::with_capacity(captured.len());
-    for (_, _, state) in &captured {
-        sealable.push(with_rewrites(cold, &state.chunks, rewrite).await?);
+    let mut merge_budget = MergeBudget::default();
+    for (_, _, state) in captured {
+        let merge_from = merge_from(&state.chunks, &mut merge_budget);
+        sealable.push(with_rewrites(cold, &state.chunks, rewrite, merge_from).await?);
     }
     // Copying tens of MiB is CPU work: off the runtime's threads, into a buffer of the
     // object's size (grown by doubling, it was copied again at every step, each time into
@@ -791,16 +1050,24 @@ async fn write_checkpoint(
             .await
             .map_err(storage_error)?;
     }
-    let states: Vec<SnapshotStream> = captured
-        .iter()
-        .zip(&sealed)
-        .zip(&sealable)
-        .map(|(((name, _, s), extents), sealable)| {
-            let mut chunks = sealable.clone();
-            for extent in extents {
-                seal(&mut chunks, extent);
-            }
-            SnapshotStream {
+    let mut states: Vec<SnapshotStream> = Vec::new();
+    let mut patches: Vec<StreamPatch> = Vec::new();
+    for (((name, _, s), extents), sealable) in captured.iter().zip(&sealed).zip(&sealable) {
+        let mut chunks = sealable.clone();
+        for extent in extents {
+            seal(&mut chunks, extent);
+        }
+        let extents: Vec<ColdExtent> = chunks
+            .into_iter()
+            .filter_map(|c| match c {
+                Chunk::Cold(e) => Some(e),
+                Chunk::Hot(_) => None,
+            })
+            .collect();
+        if !full && s.stored {
+            patches.push(patch(name, s, extents));
+        } else {
+            states.push(SnapshotStream {
                 name: name.clone(),
                 incarnation: s.incarnation.clone(),
                 content_type: s.content_type.clone(),
@@ -823,16 +1090,11 @@ async fn write_checkpoint(
                 soft_deleted: s.soft_deleted,
                 tail: s.tail,
                 applied_lsn: Some(s.applied_lsn),
-                extents: chunks
-                    .into_iter()
-                    .filter_map(|c| match c {
-                        Chunk::Cold(e) => Some(e),
-                        Chunk::Hot(_) => None,
-                    })
-                    .collect(),
-            }
-        })
-        .collect();
+                data_lsn: Some(s.data_lsn),
+                extents,
+            });
+        }
+    }
     // A fenced node's snapshot would overwrite the new owner's view of these streams.
     inner
         .node
@@ -862,12 +1124,13 @@ async fn write_checkpoint(
         }
     } else {
         let mut delta = Delta {
-            version: 1,
+            version: 2,
             base: chain.base,
             seq: chain.next_seq,
             lsn,
             streams: states,
             removed,
+            patches,
         };
         let mut next = chain;
         loop {
@@ -906,19 +1169,24 @@ async fn write_checkpoint(
     if let Ok(mut c) = cold.chain.lock() {
         *c = next_chain;
     }
-    // The state is durable: swap the sealed records for their extents in memory.
-    for ((_, stream, captured_state), extents) in captured.iter().zip(&sealed) {
-        if extents.is_empty() {
-            continue;
-        }
+    // The state is durable: swap the sealed records (and the extents merged) for their
+    // extents in memory.
+    for ((name, stream, captured_state), extents) in captured.iter().zip(&sealed) {
         let mut s = stream.write_state();
         if s.incarnation != captured_state.incarnation || s.gone {
             continue;
         }
+        s.stored = true;
+        if extents.is_empty() {
+            continue;
+        }
+        let before = super::counted(name, &s);
         for extent in extents {
             let freed = seal(&mut s.chunks, extent);
             s.hot_bytes = s.hot_bytes.saturating_sub(freed);
         }
+        s.recount_extents();
+        inner.footprint.change(before, super::counted(name, &s));
     }
     cold.set_snapshot_lsn(lsn);
     inner.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
@@ -1059,6 +1327,298 @@ async fn collect_garbage_once(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stream::state::HotRecord;
+
+    fn extent(key: &str, start: u64, end: u64) -> ColdExtent {
+        ColdExtent {
+            key: key.into(),
+            pos: 0,
+            len: 12 + 8 + (end - start),
+            start,
+            end,
+        }
+    }
+
+    fn hot(start: u64, end: u64) -> Chunk {
+        Chunk::Hot(HotRecord {
+            start,
+            end,
+            data: Bytes::from(vec![b'x'; (end - start) as usize]),
+        })
+    }
+
+    /// What a checkpoint leaves of `chunks` when it merges from `from`: the extents before,
+    /// then one extent holding the rest.
+    fn sealed(chunks: &[Chunk], from: usize, key: &str) -> Vec<Chunk> {
+        let first_hot = chunks
+            .iter()
+            .position(|c| matches!(c, Chunk::Hot(_)))
+            .unwrap_or(chunks.len());
+        let from = from.min(first_hot);
+        let mut out: Vec<Chunk> = chunks[..from].to_vec();
+        let start = match &chunks[from] {
+            Chunk::Cold(e) => e.start,
+            Chunk::Hot(r) => r.start,
+        };
+        let end = chunks.last().map_or(start, Chunk::end);
+        out.push(Chunk::Cold(extent(key, start, end)));
+        out
+    }
+
+    /// A stream appended one byte before each of 10,000 checkpoints holds a logarithmic
+    /// number of extents (one per checkpoint without merging), and each byte is copied a
+    /// logarithmic number of times; big extents are never read back, and a checkpoint's
+    /// reads stop at its budget.
+    #[test]
+    fn extents_merge_geometrically() {
+        let mut chunks: Vec<Chunk> = Vec::new();
+        let mut copied = 0u64;
+        let mut most = 0;
+        for i in 0..10_000u64 {
+            chunks.push(hot(i, i + 1));
+            let from = merge_from(&chunks, &mut MergeBudget::default());
+            copied += chunks[from..]
+                .iter()
+                .map(|c| match c {
+                    Chunk::Cold(e) => e.end - e.start,
+                    Chunk::Hot(_) => 0,
+                })
+                .sum::<u64>();
+            chunks = sealed(&chunks, from, &format!("o{i}"));
+            most = most.max(chunks.len());
+            // Contiguous, whole.
+            assert!(chunks.windows(2).all(|w| match (&w[0], &w[1]) {
+                (Chunk::Cold(a), Chunk::Cold(b)) => a.end == b.start,
+                _ => false,
+            }));
+        }
+        assert_eq!(chunks.last().map(Chunk::end), Some(10_000));
+        println!(
+            "{} extents, at most {most}, {copied} bytes copied",
+            chunks.len()
+        );
+        assert!(most <= 30, "{most} extents");
+        assert!(copied <= 10_000 * 20, "{copied} bytes copied");
+        // A run of big extents stays: a new record is sealed on its own.
+        let big = MERGE_MAX_BYTES;
+        let chunks = vec![
+            Chunk::Cold(extent("a", 0, big)),
+            Chunk::Cold(extent("b", big, 2 * big)),
+            hot(2 * big, 2 * big + 1),
+        ];
+        assert_eq!(merge_from(&chunks, &mut MergeBudget::default()), 3);
+        // Nothing new: nothing merged.
+        let chunks = vec![
+            Chunk::Cold(extent("a", 0, 1)),
+            Chunk::Cold(extent("b", 1, 2)),
+        ];
+        assert_eq!(merge_from(&chunks, &mut MergeBudget::default()), 2);
+        // Not contiguous (a fork's view cut short): not merged.
+        let chunks = vec![Chunk::Cold(extent("a", 0, 1)), hot(2, 3)];
+        assert_eq!(merge_from(&chunks, &mut MergeBudget::default()), 2);
+        // The budget: one read left, one extent joins.
+        let chunks = vec![
+            Chunk::Cold(extent("a", 0, 1)),
+            Chunk::Cold(extent("b", 1, 2)),
+            hot(2, 4),
+        ];
+        let mut budget = MergeBudget {
+            bytes: 1 << 20,
+            reads: 1,
+        };
+        assert_eq!(merge_from(&chunks, &mut budget), 1);
+        assert_eq!(budget.reads, 0);
+        assert_eq!(merge_from(&chunks, &mut budget), 3);
+    }
+
+    fn stream(name: &str, producers: usize) -> StreamState {
+        let mut s = StreamState::new(
+            format!("inc-{name}"),
+            "text/plain".into(),
+            Lifetime::default(),
+            None,
+            1,
+        );
+        for i in 0..producers {
+            let p = ProducerTuple {
+                id: format!("p{i}"),
+                epoch: 0,
+                seq: 0,
+            };
+            s.apply_append(
+                2 + i as u64,
+                Some(Bytes::from_static(b"a")),
+                false,
+                Some(p),
+                None,
+            );
+        }
+        s
+    }
+
+    /// A stream's whole entry as a snapshot holds it (producers and retired sorted, to
+    /// compare).
+    fn whole(name: &str, s: &StreamState, extents: Vec<ColdExtent>) -> serde_json::Value {
+        let mut producers: Vec<(String, ProducerState)> = s
+            .producers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        producers.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut retired: Vec<(String, Retired)> = s
+            .retired
+            .iter()
+            .map(|(k, r)| (format!("{k:032x}"), *r))
+            .collect();
+        retired.sort_by(|a, b| a.0.cmp(&b.0));
+        let entry = SnapshotStream {
+            name: name.into(),
+            incarnation: s.incarnation.clone(),
+            content_type: s.content_type.clone(),
+            lifetime: s.lifetime.clone(),
+            closed: s.closed,
+            closed_by: s.closed_by.clone(),
+            stream_seq: s.stream_seq.clone(),
+            producers,
+            retired,
+            fork: s.fork.clone(),
+            ref_count: s.ref_count,
+            soft_deleted: s.soft_deleted,
+            tail: s.tail,
+            extents,
+            applied_lsn: Some(s.applied_lsn),
+            data_lsn: Some(s.data_lsn),
+        };
+        serde_json::to_value(&entry).unwrap()
+    }
+
+    fn sorted(mut s: SnapshotStream) -> serde_json::Value {
+        s.producers.sort_by(|a, b| a.0.cmp(&b.0));
+        s.retired.sort_by(|a, b| a.0.cmp(&b.0));
+        serde_json::to_value(&s).unwrap()
+    }
+
+    /// A patch holds only the producers and extents that changed, and applied over the
+    /// stored entry gives the stream's whole entry: producers added, appended again,
+    /// expired (retired) and back from retirement; extents appended and a run merged.
+    #[test]
+    fn a_patch_holds_what_changed_and_applies_to_the_whole_state() {
+        let mut s = stream("s", 2000);
+        let stored = vec![extent("o1", 0, 1000), extent("o2", 1000, 2000)];
+        s.chunks = stored.iter().cloned().map(Chunk::Cold).collect();
+        s.changed_producers.clear();
+        let mut chain: HashMap<String, SnapshotStream> = HashMap::new();
+        chain.insert(
+            "s".into(),
+            serde_json::from_value(whole("s", &s, stored.clone())).unwrap(),
+        );
+        // Changes: p1 appends, p2 expires, a new producer, one byte of data.
+        let p1 = ProducerTuple {
+            id: "p1".into(),
+            epoch: 0,
+            seq: 1,
+        };
+        s.apply_append(9000, Some(Bytes::from_static(b"b")), false, Some(p1), None);
+        if let Some(p) = s.producers.get_mut("p2") {
+            p.last_ms = 1;
+        }
+        assert_eq!(s.expire_producers(2, 3, 100), 1);
+        let fresh = ProducerTuple {
+            id: "fresh".into(),
+            epoch: 0,
+            seq: 0,
+        };
+        s.apply_append(9001, None, false, Some(fresh), None);
+        // The checkpoint merged o2 with the new byte into o3.
+        let extents = vec![extent("o1", 0, 1000), extent("o3", 1000, 2001)];
+        let p = patch("s", &s, extents.clone());
+        assert_eq!(p.extents_kept, 1);
+        assert_eq!(p.extents, vec![extent("o3", 1000, 2001)]);
+        assert_eq!(p.producers.len(), 2);
+        assert_eq!(p.producers_removed, vec!["p2".to_owned()]);
+        assert_eq!(p.retired.len(), 1);
+        let delta = Delta {
+            version: 2,
+            base: 1,
+            seq: 1,
+            lsn: 9001,
+            streams: Vec::new(),
+            removed: Vec::new(),
+            patches: vec![p],
+        };
+        let body = serde_json::to_vec(&delta).unwrap();
+        assert!(body.len() < 4096, "a patch of {} bytes", body.len());
+        let delta: Delta = serde_json::from_slice(&body).unwrap();
+        apply_delta(&mut chain, delta).unwrap();
+        assert_eq!(sorted(chain.remove("s").unwrap()), whole("s", &s, extents));
+        // The retired producer comes back: its retired record goes in the next patch.
+        s.changed_producers.clear();
+        s.changed_retired.clear();
+        let back = ProducerTuple {
+            id: "p2".into(),
+            epoch: 0,
+            seq: 1,
+        };
+        s.apply_append(9002, None, false, Some(back), None);
+        let p = patch("s", &s, Vec::new());
+        assert_eq!(p.retired_removed.len(), 1);
+        assert_eq!(p.producers.len(), 1);
+    }
+
+    /// A patch of a stream the chain does not hold (or holds another incarnation of) is
+    /// refused, never applied to the wrong state.
+    #[test]
+    fn a_patch_of_another_incarnation_is_corrupt() {
+        let s = stream("s", 1);
+        let mut chain: HashMap<String, SnapshotStream> = HashMap::new();
+        let mut other = whole("s", &s, Vec::new());
+        other["incarnation"] = "older".into();
+        chain.insert("s".into(), serde_json::from_value(other).unwrap());
+        let delta = Delta {
+            version: 2,
+            base: 1,
+            seq: 1,
+            lsn: 3,
+            streams: Vec::new(),
+            removed: Vec::new(),
+            patches: vec![patch("s", &s, Vec::new())],
+        };
+        assert!(matches!(
+            apply_delta(&mut chain, delta),
+            Err(StreamError::Corrupt(_))
+        ));
+    }
+
+    /// A delta as version 1 wrote it (whole streams only; no `patches`) still loads.
+    #[test]
+    fn a_version_1_delta_loads() {
+        let v1 = r#"{"version":1,"base":10,"seq":3,"lsn":42,
+            "streams":[{"name":"a","incarnation":"i1","content_type":"text/plain",
+              "lifetime":{"ttl_secs":null,"expires_at":null,"expires_at_ms":null},
+              "closed":true,"closed_by":null,"stream_seq":"7",
+              "producers":[["p",{"epoch":1,"last_seq":4,"receipts":[[4,9]],"last_ms":5}]],
+              "retired":[["0000000000000000000000000000abcd",{"epoch":0,"last_seq":2,"at_ms":6}]],
+              "fork":null,"ref_count":0,"soft_deleted":false,"tail":9,
+              "extents":[{"key":"streams/n/data/00000000000000000040.bin","pos":0,"len":29,
+                "start":0,"end":9}],"applied_lsn":41}],
+            "removed":["gone"]}"#;
+        let delta: Delta = serde_json::from_str(v1).unwrap();
+        assert!(delta.patches.is_empty());
+        let mut chain: HashMap<String, SnapshotStream> = HashMap::new();
+        let gone = stream("gone", 0);
+        chain.insert(
+            "gone".into(),
+            serde_json::from_value(whole("gone", &gone, Vec::new())).unwrap(),
+        );
+        apply_delta(&mut chain, delta).unwrap();
+        assert!(!chain.contains_key("gone"));
+        let a = &chain["a"];
+        assert!(a.closed);
+        assert_eq!(a.producers[0].1.last_seq, 4);
+        assert_eq!(a.retired.len(), 1);
+        assert_eq!(a.extents[0].end, 9);
+        assert_eq!(a.applied_lsn, Some(41));
+    }
 
     #[test]
     fn chunks_round_trip() {

@@ -27,11 +27,12 @@
 //! Reads stitch cold and hot data transparently. On open, the newest snapshot and its
 //! deltas are loaded and the log records after them are replayed.
 //!
-//! Memory is bounded in bytes as well as counts: every stream's state (its strings and
-//! producer entries, estimated as [`state::StreamState::footprint`]) counts against
-//! [`StreamsConfig::max_state_bytes`], producers also against
+//! Memory is bounded in bytes as well as counts: every stream's state (its strings,
+//! producer entries and sealed extents, estimated as [`state::StreamState::footprint`])
+//! counts against [`StreamsConfig::max_state_bytes`], producers also against
 //! [`StreamsConfig::max_producer_bytes`]; the counts change only where changes apply (and
-//! where producers expire), so replay counts as live does. Producers idle longer than
+//! where producers expire, and where a checkpoint seals or merges extents), so replay
+//! counts as live does. Producers idle longer than
 //! [`StreamsConfig::producer_expiry`] are retired: only their last epoch and sequence stay
 //! (a small record counted in the stream state), so their old appends are still
 //! recognized.
@@ -266,7 +267,8 @@ struct Registry {
 }
 
 /// What all streams' state counts against the stream-state and producer budgets; changed
-/// only where a change applies (and by producer expiry), so replay counts as live does.
+/// only where a change applies (and by producer expiry and checkpoints), so replay counts
+/// as live does.
 #[derive(Debug, Default)]
 struct Footprint {
     /// [`StreamState::footprint`] of every stream, producers included.
@@ -406,7 +408,7 @@ struct ChangeSet {
 pub(crate) struct StreamMark {
     pub(crate) tail: u64,
     pub(crate) incarnation: String,
-    /// The LSN of its last change.
+    /// The LSN of its last data change (closes and producer-only appends leave it).
     pub(crate) changed_lsn: Lsn,
 }
 
@@ -415,7 +417,7 @@ impl StreamMark {
         (!s.gone && !s.soft_deleted).then(|| StreamMark {
             tail: s.tail,
             incarnation: s.incarnation.clone(),
-            changed_lsn: s.applied_lsn,
+            changed_lsn: s.data_lsn,
         })
     }
 }
@@ -507,6 +509,7 @@ impl Inner {
                         let mut src = source.write_state();
                         if src.incarnation == f.source_incarnation && !src.gone {
                             state.chunks = src.prefix_chunks(f.offset);
+                            state.recount_extents();
                             src.ref_count += 1;
                             self.cold.touch(&f.source);
                         }

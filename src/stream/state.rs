@@ -5,7 +5,7 @@
 
 use bytes::Bytes;
 use std::borrow::Cow;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use super::codec::{ForkSpec, Lifetime, ProducerTuple};
 use crate::log::Lsn;
@@ -52,17 +52,28 @@ impl Chunk {
     }
 }
 
-/// What one producer's entry holds in memory besides its id (the map entry, its state and
-/// a full receipt window), for the producer-bytes budget.
-pub(crate) const PRODUCER_ENTRY_BYTES: u64 = 448;
+/// What one producer's entry holds in memory besides its id (the map entry, its state, a
+/// full receipt window and its slot in the set of producers changed since the last
+/// checkpoint), for the producer-bytes budget.
+pub(crate) const PRODUCER_ENTRY_BYTES: u64 = 480;
+
+/// What one sealed extent holds in memory besides its object's key (its chunk slot and
+/// offsets), for the stream-state budget.
+pub(crate) const EXTENT_ENTRY_BYTES: u64 = 64;
+
+/// The bytes a sealed extent counts against the stream-state budget.
+pub(crate) fn extent_cost(e: &ColdExtent) -> u64 {
+    EXTENT_ENTRY_BYTES + e.key.len() as u64
+}
 
 /// What one stream holds in memory besides its strings, producers and data (its handle,
 /// locks, version channel, registry entry), for the stream-state budget.
 pub(crate) const STREAM_ENTRY_BYTES: u64 = 1280;
 
-/// The bytes producer `id`'s entry counts against the producer-bytes budget.
+/// The bytes producer `id`'s entry counts against the producer-bytes budget (its id is held
+/// twice: as the entry's key and in the change set).
 pub(crate) fn producer_cost(id: &str) -> u64 {
-    PRODUCER_ENTRY_BYTES + id.len() as u64
+    PRODUCER_ENTRY_BYTES + 2 * id.len() as u64
 }
 
 /// What one retired producer's entry holds in memory (its key, epoch, sequence, time and
@@ -205,10 +216,26 @@ pub(crate) struct StreamState {
     /// Removed (deleted or replaced); holders of the handle must look it up again.
     pub(crate) gone: bool,
     pub(crate) tail: u64,
+    /// Its data: sealed extents first, then records not sealed yet.
     pub(crate) chunks: Vec<Chunk>,
     pub(crate) hot_bytes: u64,
-    /// The LSN of the last change applied.
+    /// What the sealed extents in `chunks` count against the stream-state budget
+    /// ([`extent_cost`] each; see [`StreamState::recount_extents`]).
+    pub(crate) extent_bytes: u64,
+    /// The LSN of the last change applied (data, close, producer state).
     pub(crate) applied_lsn: Lsn,
+    /// The LSN of the last change that added data (or of the create): what subscriptions
+    /// rescan by, so that a close or a producer-only append is no news to them.
+    pub(crate) data_lsn: Lsn,
+    /// Producers (by id) and retired producers (by key) added, changed or removed since the
+    /// last checkpoint took this stream: what its next delta entry holds of them.
+    pub(crate) changed_producers: HashSet<String>,
+    pub(crate) changed_retired: HashSet<u128>,
+    /// Whether the checkpoints in the store hold this incarnation as it was when last taken
+    /// (its sealed extents there are `chunks`' cold ones): its next delta entry may then
+    /// hold only what changed. False for a new stream and after a checkpoint that may not
+    /// have landed.
+    pub(crate) stored: bool,
 }
 
 /// Whether a content type (normalized) is a JSON stream's.
@@ -241,8 +268,26 @@ impl StreamState {
             tail: 0,
             chunks: Vec::new(),
             hot_bytes: 0,
+            extent_bytes: 0,
             applied_lsn: lsn,
+            data_lsn: lsn,
+            changed_producers: HashSet::new(),
+            changed_retired: HashSet::new(),
+            stored: false,
         }
+    }
+
+    /// Counts the sealed extents in `chunks` afresh (after they were replaced: loaded,
+    /// shared by a fork, sealed or merged by a checkpoint).
+    pub(crate) fn recount_extents(&mut self) {
+        self.extent_bytes = self
+            .chunks
+            .iter()
+            .map(|c| match c {
+                Chunk::Cold(e) => extent_cost(e),
+                Chunk::Hot(_) => 0,
+            })
+            .sum();
     }
 
     /// Appends a record at the tail.
@@ -278,8 +323,8 @@ impl StreamState {
         out
     }
 
-    /// What the stream's state counts against the stream-state budget, producers included
-    /// (its data is bounded by the checkpoint and log budgets instead).
+    /// What the stream's state counts against the stream-state budget, producers and sealed
+    /// extents included (its data is bounded by the checkpoint and log budgets instead).
     pub(crate) fn footprint(&self, name: &str) -> u64 {
         let strings = 2 * name.len()
             + self.incarnation.len()
@@ -290,6 +335,7 @@ impl StreamState {
             + strings as u64
             + self.producer_bytes
             + self.retired.len() as u64 * RETIRED_ENTRY_BYTES
+            + self.extent_bytes
     }
 
     /// Producer `id`'s standing on the stream: its entry, or what is kept of it if it
@@ -334,10 +380,12 @@ impl StreamState {
     ) -> usize {
         let mut freed = 0;
         let mut gone = Vec::new();
+        let mut changed = Vec::new();
         self.producers.retain(|id, state| {
             let keep = state.last_ms >= before_ms;
             if !keep {
                 freed += producer_cost(id);
+                changed.push(id.clone());
                 gone.push((
                     producer_key(id),
                     Retired {
@@ -350,7 +398,10 @@ impl StreamState {
             keep
         });
         self.producer_bytes -= freed;
+        self.changed_producers.extend(changed);
         let count = gone.len();
+        self.changed_retired
+            .extend(gone.iter().map(|(key, _)| *key));
         self.retired.extend(gone);
         if self.retired.len() > max_retired {
             let mut by_age: Vec<(i64, u128)> =
@@ -359,6 +410,7 @@ impl StreamState {
             let excess = self.retired.len() - max_retired;
             for (_, key) in by_age.into_iter().take(excess) {
                 self.retired.remove(&key);
+                self.changed_retired.insert(key);
             }
         }
         count
@@ -373,8 +425,11 @@ impl StreamState {
         producer: Option<ProducerTuple>,
         stream_seq: Option<String>,
     ) {
-        if let Some(data) = data {
+        if let Some(data) = data
+            && !data.is_empty()
+        {
             self.push(data);
+            self.data_lsn = lsn;
         }
         if let Some(p) = &producer {
             let tail = self.tail;
@@ -386,9 +441,15 @@ impl StreamState {
                     self.producers.insert(p.id.clone(), state);
                     self.producer_bytes += producer_cost(&p.id);
                     if !self.retired.is_empty() {
-                        self.retired.remove(&producer_key(&p.id));
+                        let key = producer_key(&p.id);
+                        if self.retired.remove(&key).is_some() {
+                            self.changed_retired.insert(key);
+                        }
                     }
                 }
+            }
+            if !self.changed_producers.contains(&p.id) {
+                self.changed_producers.insert(p.id.clone());
             }
         }
         if let Some(seq) = stream_seq {

@@ -19,16 +19,19 @@
 //! # No missed wakes
 //! Wakes are at least once. The argument, step by step:
 //! 1. Every stream engine notes the name of each stream that receives data in its change set
-//!    before its applied LSN moves past the change, and keeps each stream's last-change LSN
-//!    (in snapshots too) ([`crate::stream::Streams::take_changes`]). The set is bounded;
-//!    past the bound the engine only records that it overflowed.
+//!    before its applied LSN moves past the change, and keeps the LSN of each stream's last
+//!    data change (in checkpoints too; a close or a producer-only append leaves it)
+//!    ([`crate::stream::Streams::take_changes`]). The set is bounded; past the bound the
+//!    engine only records that it overflowed.
 //! 2. A dispatcher round ([`Subscriptions`]) takes each engine's changes and hands them to
 //!    every registry: a stream a subscription's pattern matches is linked, its tail noted,
 //!    and a wake raised when a link's tail passes its acked offset. After an overflow the
 //!    registry rescans the engine for streams changed since its cursor instead; after a
-//!    restart or a takeover, for streams changed since it first watched the engine (its
-//!    stored watermark), leaving out, per subscription, streams last changed before the
-//!    subscription was made.
+//!    restart or a takeover, and the first time it watches an engine, for streams changed
+//!    since it started watching the engine (its watermark: taken when registry and engine
+//!    meet, before the engine takes an append through this process, and no later than any
+//!    subscription's creation; kept until stored, so a failed store loses no batch), leaving
+//!    out, per subscription, streams last changed before the subscription was made.
 //! 3. A subscription with pending data always has a wake: raised when data arrives, and
 //!    again when a wake ends (done) with data still pending. A wake is delivered until it
 //!    is done: failed deliveries are retried with backoff (1 s doubling to 60 s), a webhook
@@ -52,9 +55,11 @@
 //! dispatcher rescans the engines and links it then (as a restart does). Pattern length
 //! and wildcards are bounded too (the matcher is linear, [`matching`]). What is accepted is stored in a typed form checked
 //! to load back under the loader's own limits ([`store::encode`]). A wake names at most
-//! [`registry::MAX_WAKE_STREAMS`] streams; at most `max_deliveries` deliveries run at once,
-//! each reading at most [`delivery::MAX_ANSWER_BYTES`] of a webhook's answer (its status is
-//! what counts, and a `{"done": true}` body acks the wake).
+//! [`registry::MAX_WAKE_STREAMS`] streams; at most `max_deliveries` deliveries run at once
+//! (one key's at most half of them, [`delivery::Slots`]), each reading at most [`delivery::MAX_ANSWER_BYTES`] of a webhook's answer (its status is
+//! what counts, and a `{"done": true}` body acks the wake). No request to the store waits
+//! longer than `store_timeout`: a store that hangs fails the request, and what needed it
+//! (a delivery, a round's watermark) is retried later instead of stalling every delivery.
 //!
 //! # Ownership and secrecy
 //! A subscription belongs to the key that made it ([`Caller::subject`]): any other key gets
@@ -125,12 +130,17 @@ pub struct SubscriptionLimits {
     pub max_pattern_bytes: usize,
     /// Most wildcards (`*`, `**`) in a pattern.
     pub max_wildcards: usize,
-    /// Webhook deliveries and wake-stream appends in flight at once.
+    /// Webhook deliveries and wake-stream appends in flight at once (one key holds at
+    /// most half of them).
     pub max_deliveries: usize,
     /// Bytes of definitions and linked stream names one node's subscriptions may hold.
     pub max_stored_bytes: usize,
     /// Networks webhooks may reach although they are not public (`127.0.0.0/8`, …).
     pub webhook_allowed_networks: Vec<Network>,
+    /// Longest wait for one request to the object store (a write of a subscription or of
+    /// the watermarks, a read at load): past it the request fails as unavailable and what
+    /// needed it is retried later, so a store that hangs stalls no delivery and no round.
+    pub store_timeout: Duration,
 }
 
 impl Default for SubscriptionLimits {
@@ -143,6 +153,7 @@ impl Default for SubscriptionLimits {
             max_deliveries: 16,
             max_stored_bytes: 16 << 20,
             webhook_allowed_networks: Vec::new(),
+            store_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -419,6 +430,13 @@ impl LoadedRegistry {
     }
 }
 
+/// Where a test holds `put`: it says it got there, then waits to be let go.
+#[cfg(test)]
+struct Pause {
+    reached: tokio::sync::oneshot::Sender<()>,
+    resume: tokio::sync::oneshot::Receiver<()>,
+}
+
 /// Every subscription this process holds, and the dispatcher that feeds them.
 pub(crate) struct Subscriptions {
     storage: Storage,
@@ -428,7 +446,7 @@ pub(crate) struct Subscriptions {
     /// The stream engines the process serves: its own first.
     engines: Arc<RwLock<Vec<Streams>>>,
     /// Deliveries in flight.
-    deliveries: Arc<tokio::sync::Semaphore>,
+    deliveries: Arc<delivery::Slots>,
     /// What webhooks are sent with.
     client: reqwest::Client,
     /// One dispatcher round at a time.
@@ -438,6 +456,9 @@ pub(crate) struct Subscriptions {
     /// Where consumers reach this process (its configured advertise URL, no trailing
     /// slash), or empty: callback and key URLs are then paths on the server.
     public_url: Arc<str>,
+    /// A test's pause in `put`, between reading the tails and creating the subscription.
+    #[cfg(test)]
+    put_pause: std::sync::Mutex<Option<Pause>>,
 }
 
 impl std::fmt::Debug for Subscriptions {
@@ -494,24 +515,41 @@ impl Subscriptions {
         limits: SubscriptionLimits,
         public_url: Option<String>,
     ) -> Result<Arc<Subscriptions>, SubscriptionError> {
+        let subscriptions = Self::load_own(storage, node, streams, limits, public_url).await?;
+        let weak = Arc::downgrade(&subscriptions);
+        tokio::spawn(run_rounds(weak.clone(), subscriptions.stop.subscribe()));
+        tokio::spawn(run_flushes(weak, subscriptions.stop.subscribe()));
+        Ok(subscriptions)
+    }
+
+    /// [`Subscriptions::open`] without the background loops.
+    async fn load_own(
+        storage: Storage,
+        node: Arc<Node>,
+        streams: Streams,
+        limits: SubscriptionLimits,
+        public_url: Option<String>,
+    ) -> Result<Arc<Subscriptions>, SubscriptionError> {
         let limits = Arc::new(limits);
         let client = network::webhook_client(&limits.webhook_allowed_networks)
             .map_err(SubscriptionError::Unavailable)?;
         let own = Registry::load(storage.clone(), node, limits.clone()).await?;
+        // Before the dispatcher takes any change (and before any request).
+        own.state()
+            .begin_watch(streams.node_id(), streams.applied_lsn());
         let subscriptions = Arc::new(Subscriptions {
             storage,
             client,
-            deliveries: Arc::new(tokio::sync::Semaphore::new(limits.max_deliveries.max(1))),
+            deliveries: delivery::Slots::new(limits.max_deliveries),
             limits,
             registries: RwLock::new(vec![Arc::new(own)]),
             engines: Arc::new(RwLock::new(vec![streams])),
             round: tokio::sync::Mutex::new(()),
             stop: tokio::sync::watch::channel(false).0,
             public_url: Arc::from(public_url.unwrap_or_default().trim_end_matches('/')),
+            #[cfg(test)]
+            put_pause: std::sync::Mutex::new(None),
         });
-        let weak = Arc::downgrade(&subscriptions);
-        tokio::spawn(run_rounds(weak.clone(), subscriptions.stop.subscribe()));
-        tokio::spawn(run_flushes(weak, subscriptions.stop.subscribe()));
         Ok(subscriptions)
     }
 
@@ -572,7 +610,9 @@ impl Subscriptions {
     }
 
     /// Serves a taken-over node id's subscriptions and stream engine from now on (its
-    /// registry rescans every engine from its watermarks at the next round).
+    /// registry rescans every engine from its watermarks at the next round). Called before
+    /// the engine takes any append through this process: every registry starts watching
+    /// it no later than here.
     pub(crate) fn attach(&self, registry: LoadedRegistry, streams: Streams) {
         let clashes: Vec<String> = {
             let loaded = registry.0.state();
@@ -584,6 +624,16 @@ impl Subscriptions {
         };
         if !clashes.is_empty() {
             tracing::warn!(node = %registry.0.node_id(), ids = ?clashes, "subscription ids of a taken-over node id are also this server's; their owners' requests answer 409 DUPLICATE_ID until a DELETE removes the copies (wake callbacks still find their wake)");
+        }
+        for held in self.registries() {
+            held.state()
+                .begin_watch(streams.node_id(), streams.applied_lsn());
+        }
+        {
+            let mut loaded = registry.0.state();
+            for engine in self.engines().iter().chain(std::iter::once(&streams)) {
+                loaded.begin_watch(engine.node_id(), engine.applied_lsn());
+            }
         }
         self.engines
             .write()
@@ -638,7 +688,14 @@ impl Subscriptions {
         let registries = self.registries();
         let served: HashSet<&str> = engines.iter().map(Streams::node_id).collect();
         for registry in &registries {
-            registry.state().keep_cursors(&served);
+            let mut state = registry.state();
+            state.keep_cursors(&served);
+            // Where a registry starts watching an engine is taken when they meet (`open`,
+            // `attach`); this only covers a pair that met otherwise, before its changes
+            // are taken.
+            for engine in &engines {
+                state.begin_watch(engine.node_id(), engine.applied_lsn());
+            }
         }
         for engine in &engines {
             let batch = engine.take_changes();
@@ -667,17 +724,28 @@ impl Subscriptions {
         names: Option<&[(String, StreamMark)]>,
     ) {
         let id = engine.node_id();
-        let (cursor, watermark) = {
+        let (cursor, watermark, from) = {
             let state = registry.state();
-            (state.cursor(id), state.watermark(id))
+            (
+                state.cursor(id),
+                state.watermark(id),
+                state.watched_from(id),
+            )
         };
         match cursor {
             None => {
                 // Newly attached (at start, or after a takeover): every link's tail afresh,
-                // then every stream changed since the registry first watched the engine.
-                // The first time, that position is stored before anything is applied.
+                // then every stream changed since the registry started watching the engine
+                // (the batch taken this round included: its changes are past that start).
+                // The first time, the start is stored before anything is applied; until
+                // that succeeds nothing is applied and the start is kept, so the next round
+                // rescans from it again and the batch taken now is not lost.
+                let Some(from) = from else {
+                    tracing::error!(node = %registry.node_id(), engine = %id, "no position to watch an engine from; retrying");
+                    return;
+                };
                 if watermark.is_none()
-                    && let Err(e) = registry.watch_from(id, upto).await
+                    && let Err(e) = registry.watch_from(id, from).await
                 {
                     tracing::warn!(node = %registry.node_id(), engine = %id, error = %e, "cannot store where subscriptions start watching an engine; retrying");
                     return;
@@ -685,18 +753,8 @@ impl Subscriptions {
                 let linked = registry.state().all_linked();
                 let tails = tails_in(std::slice::from_ref(engine), linked);
                 registry.state().note_all_tails(&tails, Instant::now());
-                match watermark {
-                    Some(from) => {
-                        let changed = engine.changed_since(from);
-                        self.observe(registry, id, &changed, true).await;
-                    }
-                    // Names the batch took past `upto` are news.
-                    None => {
-                        if let Some(names) = names {
-                            self.observe(registry, id, names, false).await;
-                        }
-                    }
-                }
+                let changed = engine.changed_since(from);
+                self.observe(registry, id, &changed, true).await;
             }
             Some(cursor) => match names {
                 Some(names) => self.observe(registry, id, names, false).await,
@@ -710,11 +768,11 @@ impl Subscriptions {
     }
 
     /// Room was freed in a registry with overflowed subscriptions: every stream changed since
-    /// it first watched each engine is matched again (links already made only take in their
-    /// tails).
+    /// it started watching each engine is matched again (links already made only take in
+    /// their tails).
     async fn rescan(&self, registry: &Registry, engines: &[Streams]) {
         for engine in engines {
-            let Some(from) = registry.state().watermark(engine.node_id()) else {
+            let Some(from) = registry.state().watched_from(engine.node_id()) else {
                 continue;
             };
             let changed = engine.changed_since(from);
@@ -744,33 +802,26 @@ impl Subscriptions {
         }
     }
 
-    /// Starts the deliveries that are due, within the limit of deliveries in flight.
+    /// Starts the deliveries that are due, within the slots for deliveries in flight (and
+    /// each owner's share of them: a wake whose owner holds its share waits for a later
+    /// round).
     fn start_deliveries(&self, registries: &[Arc<Registry>]) {
         for registry in registries {
-            let free = self.deliveries.available_permits();
-            if free == 0 {
+            if self.deliveries.free() == 0 {
                 return;
             }
-            let due = registry.state().take_due(Instant::now(), free);
-            for wake in due {
-                match self.deliveries.clone().try_acquire_owned() {
-                    Ok(permit) => {
-                        tokio::spawn(delivery::deliver(
-                            registry.clone(),
-                            wake,
-                            self.engines.clone(),
-                            self.client.clone(),
-                            self.public_url.clone(),
-                            permit,
-                        ));
-                    }
-                    Err(_) => registry.state().delivered(
-                        &wake.id,
-                        &wake.wake_id,
-                        &Err("no delivery slot".into()),
-                        Instant::now(),
-                    ),
-                }
+            let due = registry
+                .state()
+                .take_due(Instant::now(), |owner| self.deliveries.take(owner));
+            for (wake, slot) in due {
+                tokio::spawn(delivery::deliver(
+                    registry.clone(),
+                    wake,
+                    self.engines.clone(),
+                    self.client.clone(),
+                    self.public_url.clone(),
+                    slot,
+                ));
             }
         }
     }
@@ -831,6 +882,8 @@ impl Subscriptions {
             .iter()
             .map(|e| (e.node_id().to_owned(), e.applied_lsn()))
             .collect();
+        #[cfg(test)]
+        self.pause_in_put().await;
         let created = registry.state().create(
             caller,
             id,
@@ -846,6 +899,20 @@ impl Subscriptions {
             .state()
             .view(caller, id, registry.key(), &self.public_url)?;
         Ok((created, view))
+    }
+
+    /// Waits where a test asked `put` to (see [`Pause`]).
+    #[cfg(test)]
+    async fn pause_in_put(&self) {
+        let pause = self
+            .put_pause
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(pause) = pause {
+            let _ = pause.reached.send(());
+            let _ = pause.resume.await;
+        }
     }
 
     /// Subscription `id`, as `caller` may see it.
@@ -1075,3 +1142,6 @@ async fn run_flushes(subscriptions: Weak<Subscriptions>, stop: tokio::sync::watc
     })
     .await;
 }
+
+#[cfg(all(test, feature = "testing"))]
+mod tests;

@@ -12,10 +12,16 @@
 //!   restart goes on after the stored end, so a generation is never handed out twice (and a
 //!   wake costs no write of its own).
 //! - `cursors[engine]` is how far the engine's changes were applied to the links in memory.
-//!   `watermarks[engine]` is the engine's position when the registry first watched it,
-//!   stored before anything of the engine is applied: a restart (or the node that takes
-//!   this one over) rescans every stream changed after it, skipping, for each subscription,
-//!   streams whose last change is older than the subscription (`since`).
+//!   `watermarks[engine]` is where the registry started watching the engine, stored before
+//!   anything of the engine is applied: a restart (or the node that takes this one over)
+//!   rescans every stream changed after it, skipping, for each subscription, streams whose
+//!   last change is older than the subscription (`since`). Until it is stored,
+//!   `starts[engine]` holds it: taken when the registry and the engine first meet (at
+//!   open, at a takeover, before the engine takes any append through this process) and no
+//!   later than any subscription's `since` for the engine, so every change a subscription
+//!   must hear of is past it. The first watch of an engine rescans from it, and the start
+//!   stays until its store succeeds (a failed store keeps it, the next round retries):
+//!   no change is consumed without being observed or kept for a rescan.
 //! - A link is pending while its tail is past its acked offset; a subscription with a
 //!   pending link always has a wake (raised when the link became pending, or when the
 //!   previous wake ended), so no data goes unannounced.
@@ -507,8 +513,10 @@ pub(super) struct State {
     deleted: HashSet<String>,
     /// How far each attached engine's changes are applied to the links in memory.
     cursors: HashMap<String, Lsn>,
-    /// Each engine's position when this registry first watched it (as stored).
+    /// Where this registry started watching each engine (as stored).
     watermarks: BTreeMap<String, Lsn>,
+    /// Where this registry starts watching engines whose watermark is not stored yet.
+    starts: HashMap<String, Lsn>,
     stored_bytes: usize,
     /// What each owner holds (against [`owner_share`] of the caps).
     owners: HashMap<Arc<str>, Usage>,
@@ -843,6 +851,31 @@ impl State {
         self.watermarks.get(engine).copied()
     }
 
+    /// Where this registry watches engine `engine` from: its stored watermark, or the start
+    /// not stored yet.
+    pub(super) fn watched_from(&self, engine: &str) -> Option<Lsn> {
+        self.watermark(engine)
+            .or_else(|| self.starts.get(engine).copied())
+    }
+
+    /// Notes that this registry watches engine `engine`, whose applied LSN is `applied`
+    /// now: unless it has a watermark or a start for it already, it starts at `applied`,
+    /// or earlier at the earliest `since` a subscription holds for the engine (a
+    /// subscription made before the watermark was stored: changes after it are news to
+    /// it). Returns where the registry watches the engine from.
+    pub(super) fn begin_watch(&mut self, engine: &str, applied: Lsn) -> Lsn {
+        if let Some(from) = self.watched_from(engine) {
+            return from;
+        }
+        let start = self
+            .subs
+            .values()
+            .filter_map(|s| s.since.get(engine).copied())
+            .fold(applied, Lsn::min);
+        self.starts.insert(engine.to_owned(), start);
+        start
+    }
+
     pub(super) fn set_cursor(&mut self, engine: &str, lsn: Lsn) {
         self.cursors.insert(engine.to_owned(), lsn);
     }
@@ -977,9 +1010,15 @@ impl State {
         Ok(())
     }
 
-    /// The wakes due for delivery now, oldest first, at most `limit`; each is marked as
-    /// being delivered. A pull-wake claim whose lease ran out frees its wake first.
-    pub(super) fn take_due(&mut self, now: Instant, limit: usize) -> Vec<Due> {
+    /// The wakes due for delivery now, oldest first, each that `admit` lets go (given its
+    /// owner: a delivery slot, or `None` to leave the wake due for a later round); each
+    /// taken is marked as being delivered. A pull-wake claim whose lease ran out frees its
+    /// wake first.
+    pub(super) fn take_due<T>(
+        &mut self,
+        now: Instant,
+        mut admit: impl FnMut(&Arc<str>) -> Option<T>,
+    ) -> Vec<(Due, T)> {
         let mut due: Vec<(Instant, &mut Sub)> = Vec::new();
         for sub in self.subs.values_mut() {
             let Some(w) = sub.wake.as_mut() else {
@@ -999,16 +1038,38 @@ impl State {
         }
         due.sort_by_key(|(at, _)| *at);
         due.into_iter()
-            .take(limit)
             .filter_map(|(_, sub)| {
                 let w = sub.wake.as_mut()?;
+                let admitted = admit(&sub.owner)?;
                 w.delivering = true;
-                Some(Due {
-                    id: sub.id.clone(),
-                    wake_id: w.id.clone(),
-                })
+                Some((
+                    Due {
+                        id: sub.id.clone(),
+                        wake_id: w.id.clone(),
+                    },
+                    admitted,
+                ))
             })
             .collect()
+    }
+
+    /// [`State::take_due`] with at most `limit` taken, whoever owns them.
+    #[cfg(test)]
+    pub(super) fn take_due_n(&mut self, now: Instant, limit: usize) -> Vec<Due> {
+        let mut left = limit;
+        self.take_due(now, |_| {
+            left = left.checked_sub(1)?;
+            Some(())
+        })
+        .into_iter()
+        .map(|(due, ())| due)
+        .collect()
+    }
+
+    /// Whether subscription `id` has a wake (raised, out, or claimed).
+    #[cfg(test)]
+    pub(super) fn has_wake(&self, id: &str) -> bool {
+        self.subs.get(id).is_some_and(|s| s.wake.is_some())
     }
 
     /// The pending streams of `id`, to look up before a delivery ([`State::settle`]).
@@ -1203,6 +1264,8 @@ impl State {
     }
 
     pub(super) fn watermarks_stored(&mut self, watermarks: BTreeMap<String, Lsn>) {
+        self.starts
+            .retain(|engine, _| !watermarks.contains_key(engine));
         self.watermarks = watermarks;
     }
 }
@@ -1288,7 +1351,7 @@ impl Registry {
         node: Arc<Node>,
         limits: Arc<SubscriptionLimits>,
     ) -> Result<Registry, SubscriptionError> {
-        let store = Store::new(storage, node.id());
+        let store = Store::new(storage, node.id(), limits.store_timeout);
         let loaded = store.load().await?;
         let key = store.signing_key().await?;
         let mut state = State {
@@ -1500,7 +1563,7 @@ mod tests {
         let (mut state, _, limits, now) = subscribed("events/*");
         state.observe("n", "events/a", &mark(10, "i1"), false, &limits, now);
         state.observe("n", "other/a", &mark(10, "i1"), false, &limits, now);
-        let due = state.take_due(now, 10);
+        let due = state.take_due_n(now, 10);
         assert_eq!(due.len(), 1);
         let payload = state.payload("s", &due[0].wake_id, "http://n").unwrap();
         assert!(payload.body.contains("events/a"), "{}", payload.body);
@@ -1509,7 +1572,7 @@ mod tests {
         state.observe("n", "events/b", &mark(5, "i1"), false, &limits, now);
         state.delivered("s", &due[0].wake_id, &Ok(Delivered::WebhookDone), now);
         // events/b is still pending: a new wake, with a new generation, at once.
-        let again = state.take_due(now, 10);
+        let again = state.take_due_n(now, 10);
         assert_eq!(again.len(), 1);
         assert_ne!(again[0].wake_id, due[0].wake_id);
         let payload = state.payload("s", &again[0].wake_id, "http://n").unwrap();
@@ -1525,7 +1588,7 @@ mod tests {
         stored.base_url = "http://evil.example".into();
         state.subs.insert("s".into(), Sub::from_stored(stored));
         state.observe("n", "e/a", &mark(1, "i"), false, &limits, now);
-        let due = state.take_due(now, 10);
+        let due = state.take_due_n(now, 10);
         let payload = state
             .payload("s", &due[0].wake_id, "http://live:7")
             .unwrap();
@@ -1551,7 +1614,7 @@ mod tests {
         let (mut taken, _, _, _) = subscribed("e/*");
         own.observe("n1", "e/a", &mark(1, "i"), false, &limits, now);
         taken.observe("n2", "e/b", &mark(1, "i"), false, &limits, now);
-        let wake_id = taken.take_due(now, 1)[0].wake_id.clone();
+        let wake_id = taken.take_due_n(now, 1)[0].wake_id.clone();
         let (token, generation) = current(&taken);
         let holders = [std::cell::RefCell::new(own), std::cell::RefCell::new(taken)];
         let acks = vec![("e/b".to_owned(), 1)];
@@ -1723,11 +1786,11 @@ mod tests {
     fn failed_deliveries_are_tried_again_later() {
         let (mut state, _, limits, now) = subscribed("e/*");
         state.observe("n", "e/a", &mark(1, "i"), false, &limits, now);
-        let due = state.take_due(now, 10);
-        assert!(state.take_due(now, 10).is_empty(), "being delivered");
+        let due = state.take_due_n(now, 10);
+        assert!(state.take_due_n(now, 10).is_empty(), "being delivered");
         state.delivered("s", &due[0].wake_id, &Err("refused".into()), now);
-        assert!(state.take_due(now, 10).is_empty(), "backing off");
-        assert_eq!(state.take_due(now + Duration::from_secs(2), 10).len(), 1);
+        assert!(state.take_due_n(now, 10).is_empty(), "backing off");
+        assert_eq!(state.take_due_n(now + Duration::from_secs(2), 10).len(), 1);
     }
 
     #[test]
@@ -1780,7 +1843,7 @@ mod tests {
     fn acks_never_pass_the_tail_and_a_recreated_stream_starts_over() {
         let (mut state, _, limits, now) = subscribed("e/*");
         state.observe("n", "e/a", &mark(10, "i1"), false, &limits, now);
-        let due = state.take_due(now, 1);
+        let due = state.take_due_n(now, 1);
         let (token, generation) = current(&state);
         // An ack far past the tail stops at the tail.
         let next = state
@@ -1814,7 +1877,7 @@ mod tests {
         // Deleted and created again, with less data than was acked: pending from 0.
         state.observe("n", "e/a", &mark(4, "i2"), false, &limits, now);
         assert_eq!(state.subs["s"].links["e/a"].acked, 0);
-        assert_eq!(state.take_due(now, 1).len(), 1);
+        assert_eq!(state.take_due_n(now, 1).len(), 1);
     }
 
     #[test]
@@ -1881,7 +1944,7 @@ mod tests {
         ));
         // After the lease, the wake is announced again, and another worker may claim it.
         let later = now + Duration::from_secs(2);
-        assert_eq!(state.take_due(later, 10).len(), 1);
+        assert_eq!(state.take_due_n(later, 10).len(), 1);
         let again = state
             .claim(&alice, "p", "w2", &no_tails(), later)
             .unwrap()
@@ -1926,14 +1989,14 @@ mod tests {
         let reserved = state.subs["s"].stored().generation;
         assert!(reserved >= GENERATION_BLOCK);
         // Acked, it is stored.
-        let due = state.take_due(now, 1);
+        let due = state.take_due_n(now, 1);
         state.payload("s", &due[0].wake_id, "http://n").unwrap();
         state.delivered("s", &due[0].wake_id, &Ok(Delivered::WebhookDone), now);
         assert_eq!(state.subs["s"].stored().links["e/new"].acked, 5);
         // The next wakes take generations from the same stored block.
         for tail in 6..10 {
             state.observe("n", "e/new", &mark(tail, "i"), false, &limits, now);
-            let due = state.take_due(now, 1);
+            let due = state.take_due_n(now, 1);
             state.payload("s", &due[0].wake_id, "http://n").unwrap();
             state.delivered("s", &due[0].wake_id, &Ok(Delivered::WebhookDone), now);
         }
@@ -1944,7 +2007,7 @@ mod tests {
     fn done_without_progress_waits_and_deleted_streams_end_their_wakes() {
         let (mut state, _, limits, now) = subscribed("e/*");
         state.observe("n", "e/a", &mark(10, "i"), false, &limits, now);
-        let due = state.take_due(now, 1);
+        let due = state.take_due_n(now, 1);
         state.payload("s", &due[0].wake_id, "http://n").unwrap();
         let (token, generation) = current(&state);
         // Done, acking nothing: the data is still pending, and the next wake waits a lease.
@@ -1961,9 +2024,9 @@ mod tests {
             )
             .unwrap();
         assert!(next);
-        assert!(state.take_due(now, 1).is_empty());
+        assert!(state.take_due_n(now, 1).is_empty());
         let later = now + Duration::from_secs(2);
-        let due = state.take_due(later, 1);
+        let due = state.take_due_n(later, 1);
         assert_eq!(due.len(), 1);
         // The stream was deleted meanwhile: the wake ends without a delivery, and none
         // follows.
@@ -1972,7 +2035,7 @@ mod tests {
         assert!(state.payload("s", &due[0].wake_id, "http://n").is_none());
         assert!(
             state
-                .take_due(later + Duration::from_secs(60), 1)
+                .take_due_n(later + Duration::from_secs(60), 1)
                 .is_empty()
         );
         assert!(!state.subs["s"].links.contains_key("e/a"));

@@ -17,8 +17,16 @@
 //!
 //! Nothing is written that this module could not load back: [`encode`] decodes what it
 //! encoded and refuses objects over [`MAX_OBJECT_BYTES`], the most [`Store::load`] reads.
-//! The earlier layout, one object `subscriptions/{node}.json` for all, is read once, written
-//! out in this layout, and then deleted.
+//! The earlier layout, one object `subscriptions/{node}.json` for all, is read once and
+//! written out in this layout. Then it is deleted when every subscription in it was
+//! written out; when some could not be (no usable type, too large to store), it is moved
+//! aside first, to `subscriptions/{node}.unconverted-{unix ms}.json`, and logged: nothing
+//! that was not converted is deleted, and what was converted is not read again (a
+//! subscription deleted since would come back).
+//!
+//! Every request to the store waits at most the store timeout
+//! ([`super::SubscriptionLimits::store_timeout`]); past it the request fails as
+//! unavailable, and its caller retries later.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -106,7 +114,7 @@ fn decode(bytes: &[u8]) -> Result<StoredSubscription, String> {
 }
 
 /// The object key of subscription `id`: ids are client input, object names are not.
-fn key(id: &str) -> String {
+pub(super) fn key(id: &str) -> String {
     let digest = ring::digest::digest(&ring::digest::SHA256, id.as_bytes());
     digest.as_ref()[..16]
         .iter()
@@ -134,6 +142,8 @@ pub(super) struct Loaded {
 pub(super) struct Store {
     storage: Storage,
     node: String,
+    /// Longest wait for one request.
+    timeout: std::time::Duration,
 }
 
 fn storage_error(e: object_store::Error) -> SubscriptionError {
@@ -141,21 +151,51 @@ fn storage_error(e: object_store::Error) -> SubscriptionError {
 }
 
 impl Store {
-    pub(super) fn new(storage: Storage, node: &str) -> Store {
+    pub(super) fn new(storage: Storage, node: &str, timeout: std::time::Duration) -> Store {
         Store {
             storage,
             node: node.to_owned(),
+            timeout,
         }
+    }
+
+    /// `request` (to the store, about `path`), failed as unavailable when it does not
+    /// finish within the timeout.
+    async fn bounded<T>(
+        &self,
+        path: &Path,
+        request: impl std::future::Future<Output = T>,
+    ) -> Result<T, SubscriptionError> {
+        tokio::time::timeout(self.timeout, request)
+            .await
+            .map_err(|_| {
+                SubscriptionError::Unavailable(format!(
+                    "subscription storage: no answer about {path} within {} ms",
+                    self.timeout.as_millis()
+                ))
+            })
     }
 
     /// Writes `bytes` at `path`.
     async fn put(&self, path: &Path, bytes: Vec<u8>) -> Result<(), SubscriptionError> {
-        self.storage
-            .store()
-            .put(path, PutPayload::from(bytes))
-            .await
-            .map_err(storage_error)?;
+        self.bounded(
+            path,
+            self.storage.store().put(path, PutPayload::from(bytes)),
+        )
+        .await?
+        .map_err(storage_error)?;
         Ok(())
+    }
+
+    /// Deletes the object at `path` (done when there is none).
+    async fn delete_object(&self, path: &Path) -> Result<(), SubscriptionError> {
+        match self
+            .bounded(path, self.storage.store().delete(path))
+            .await?
+        {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(storage_error(e)),
+        }
     }
 
     /// Writes subscription `id`'s stored form (from [`encode`]).
@@ -169,11 +209,8 @@ impl Store {
 
     /// Deletes subscription `id`'s object (done when there is none).
     pub(super) async fn delete(&self, id: &str) -> Result<(), SubscriptionError> {
-        let path = Path::from(paths::subscription(&self.node, &key(id)));
-        match self.storage.store().delete(&path).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(storage_error(e)),
-        }
+        self.delete_object(&Path::from(paths::subscription(&self.node, &key(id))))
+            .await
     }
 
     pub(super) async fn write_watermarks(
@@ -194,17 +231,20 @@ impl Store {
 
     /// Reads an object whole, if it exists and holds at most `limit` bytes.
     async fn read(&self, path: &Path, limit: usize) -> Result<Read, SubscriptionError> {
-        let got = match self.storage.store().get(path).await {
-            Ok(got) => got,
-            Err(object_store::Error::NotFound { .. }) => return Ok(Read::Missing),
-            Err(e) => return Err(storage_error(e)),
+        let read = async {
+            let got = match self.storage.store().get(path).await {
+                Ok(got) => got,
+                Err(object_store::Error::NotFound { .. }) => return Ok(Read::Missing),
+                Err(e) => return Err(storage_error(e)),
+            };
+            if usize::try_from(got.meta.size).unwrap_or(usize::MAX) > limit {
+                return Ok(Read::TooLarge(got.meta.size));
+            }
+            Ok(Read::Bytes(
+                got.bytes().await.map_err(storage_error)?.to_vec(),
+            ))
         };
-        if usize::try_from(got.meta.size).unwrap_or(usize::MAX) > limit {
-            return Ok(Read::TooLarge(got.meta.size));
-        }
-        Ok(Read::Bytes(
-            got.bytes().await.map_err(storage_error)?.to_vec(),
-        ))
+        self.bounded(path, read).await?
     }
 
     /// An object that must be read whole (or be missing).
@@ -228,11 +268,8 @@ impl Store {
         let mut loaded = Loaded::default();
         let dir = Path::from(paths::subscriptions(&self.node));
         let listed: Vec<object_store::ObjectMeta> = self
-            .storage
-            .store()
-            .list(Some(&dir))
-            .try_collect()
-            .await
+            .bounded(&dir, self.storage.store().list(Some(&dir)).try_collect())
+            .await?
             .map_err(storage_error)?;
         let reads = futures::stream::iter(listed.into_iter().map(|meta| async move {
             let read = self.read(&meta.location, MAX_OBJECT_BYTES).await;
@@ -272,7 +309,9 @@ impl Store {
     }
 
     /// Moves the earlier layout's subscriptions into this one: each written as an object,
-    /// then the old object deleted. Ones already moved (a move cut short) are kept as moved.
+    /// then the old object deleted, or, when some did not convert, moved aside (never
+    /// deleted with what it alone holds). Ones already moved (a move cut short) are kept as
+    /// moved.
     async fn migrate_legacy(&self, loaded: &mut Loaded) -> Result<(), SubscriptionError> {
         let path = Path::from(paths::legacy_subscriptions(&self.node));
         let Some(bytes) = self.read_small(&path, 64 << 20).await? else {
@@ -285,27 +324,36 @@ impl Store {
                 return Ok(());
             }
         };
+        let mut unconverted = Vec::new();
         for old in legacy.subscriptions {
             if loaded.subscriptions.iter().any(|s| s.id == old.id) {
                 continue;
             }
+            let id = old.id.clone();
             let Some(sub) = old.into_stored() else {
+                unconverted.push(id);
                 continue;
             };
             let encoded = match encode(&sub) {
                 Ok(encoded) => encoded,
                 Err(e) => {
-                    tracing::error!(subscription = %sub.id, error = %e, "an earlier subscription cannot be stored again; dropped");
+                    tracing::error!(subscription = %sub.id, error = %e, "an earlier subscription cannot be stored in this layout; it is kept in the earlier layout's object, moved aside");
+                    unconverted.push(id);
                     continue;
                 }
             };
             self.write(&sub.id, encoded).await?;
             loaded.subscriptions.push(sub);
         }
-        match self.storage.store().delete(&path).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(storage_error(e)),
+        if !unconverted.is_empty() {
+            let millis = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis());
+            let aside = Path::from(paths::legacy_subscriptions_unconverted(&self.node, millis));
+            self.put(&aside, bytes).await?;
+            tracing::error!(object = %path, kept = %aside, ids = ?unconverted, "earlier subscriptions did not convert to this layout; the earlier object is kept, moved aside, for someone to look at");
         }
+        self.delete_object(&path).await
     }
 
     /// The node's signing key: the stored one, or a new one stored first (a conditional
@@ -332,16 +380,12 @@ impl Store {
                 pkcs8: base64::engine::general_purpose::STANDARD.encode(pkcs8.as_ref()),
             })
             .map_err(|e| SubscriptionError::Unavailable(e.to_string()))?;
-            match self
-                .storage
-                .store()
-                .put_opts(
-                    &path,
-                    PutPayload::from(body),
-                    PutOptions::from(PutMode::Create),
-                )
-                .await
-            {
+            let create = self.storage.store().put_opts(
+                &path,
+                PutPayload::from(body),
+                PutOptions::from(PutMode::Create),
+            );
+            match self.bounded(&path, create).await? {
                 Ok(_) => return SigningKey::from_pkcs8(pkcs8.as_ref()).map(Arc::new),
                 // Another process stored one first (or an earlier attempt landed): read it.
                 Err(
@@ -457,7 +501,7 @@ mod legacy {
                 (Some("webhook"), Some(w), _) => Target::Webhook { url: w.url },
                 (Some("pull-wake"), _, Some(s)) => Target::PullWake { wake_stream: s },
                 _ => {
-                    tracing::error!(subscription = %self.id, "an earlier subscription has no usable type; dropped");
+                    tracing::error!(subscription = %self.id, "an earlier subscription has no usable type; it is not converted");
                     return None;
                 }
             };
@@ -537,6 +581,57 @@ mod tests {
         // Keys are digests: fixed length, no client text.
         assert_eq!(key("../../x").len(), 32);
         assert_ne!(key("a"), key("b"));
+    }
+
+    #[tokio::test]
+    async fn earlier_subscriptions_that_do_not_convert_are_kept_aside_never_deleted() {
+        let storage =
+            Storage::from_store(Arc::new(object_store::memory::InMemory::new()), "memory://");
+        let store = Store::new(storage.clone(), "n", std::time::Duration::from_secs(10));
+        let legacy = r#"{"subscriptions":[
+            {"id":"good","definition":{"type":"pull-wake","wake_stream":"w","pattern":"e/*"},"links":{},"generation":1},
+            {"id":"bad","definition":{"type":"carrier-pigeon"},"links":{},"generation":1}]}"#;
+        let old = Path::from(paths::legacy_subscriptions("n"));
+        storage
+            .store()
+            .put(&old, PutPayload::from(legacy.as_bytes().to_vec()))
+            .await
+            .unwrap();
+        let loaded = store.load().await.unwrap();
+        let ids: Vec<&str> = loaded.subscriptions.iter().map(|s| s.id.as_str()).collect();
+        assert_eq!(ids, ["good"]);
+        // The earlier object is moved aside whole: `bad` lives on there, nowhere else.
+        assert!(matches!(
+            storage.store().get(&old).await,
+            Err(object_store::Error::NotFound { .. })
+        ));
+        let listed: Vec<object_store::ObjectMeta> = storage
+            .store()
+            .list(Some(&Path::from("subscriptions")))
+            .try_collect()
+            .await
+            .unwrap();
+        let aside: Vec<&object_store::ObjectMeta> = listed
+            .iter()
+            .filter(|m| {
+                m.location
+                    .as_ref()
+                    .starts_with("subscriptions/n.unconverted-")
+            })
+            .collect();
+        assert_eq!(aside.len(), 1, "{listed:?}");
+        let kept = storage
+            .store()
+            .get(&aside[0].location)
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        assert_eq!(&kept[..], legacy.as_bytes());
+        // What was converted is not converted again: deleted, it stays deleted.
+        store.delete("good").await.unwrap();
+        assert!(store.load().await.unwrap().subscriptions.is_empty());
     }
 
     #[test]

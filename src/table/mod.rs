@@ -22,6 +22,18 @@
 //! ([`TableConfig::flush_quiet`]) and the spill budget has room, flushes wait for the burst's
 //! end (an age limit holds anyway), and a flush then decodes a budget's worth at a time.
 //!
+//! Small batches coalesce: a committed batch smaller than [`COALESCE_BELOW_BYTES`] joins the
+//! newest entry of the set when that entry is in memory, of the same schema, itself still
+//! under that size, and not taken by a flush under way (`Unflushed::cut`). One entry then
+//! holds the rows of several records, in LSN order, and keeps their LSNs: memory, spills and
+//! flushes follow rows and bytes, not requests (a one-row batch alone costs its arrays'
+//! overhead, about a kilobyte). A flush takes whole entries and covers up to the last record
+//! of the last one it took; an entry a flush took takes no more records, so every position
+//! this process commits is the last LSN of an entry. A position committed by another process
+//! under the same node id (a commit of a node that stalled past its lease, landing after a
+//! taker replayed and coalesced the same records differently) may fall inside an entry: the
+//! install then trims the entry to the records past it (`Unflushed::trim_through`).
+//!
 //! The manifest decides, never memory: whenever a manifest state is installed (a flush's own
 //! commit, or a refresh that reads versions written since), the unflushed batches that its
 //! position for this node covers leave memory in the same step, under the table's lock. So a
@@ -326,15 +338,71 @@ pub struct TableStats {
     pub unflushed_rows: u64,
 }
 
+/// A batch smaller than this joins the newest unflushed entry of its table while that entry
+/// is smaller than this too (see the module docs): the copy each join makes stays small, and
+/// an entry of one-row batches holds hundreds of rows.
+pub(crate) const COALESCE_BELOW_BYTES: usize = 32 << 10;
+
+/// One entry of a table's unflushed set: the rows of one or more consecutive records of the
+/// table (coalesced small batches), in memory or spilled.
 struct Unflushed {
-    lsn: Lsn,
-    /// The decoded batch; `None` once spilled (its record is read back from the log).
+    /// The records whose rows it holds, ascending (one, unless small batches coalesced).
+    lsns: Vec<Lsn>,
+    /// For each record of `lsns`, the number of the entry's rows up to and including its own.
+    ends: Vec<usize>,
+    /// The decoded rows; `None` once spilled (its records are read back from the log).
     batch: Option<RecordBatch>,
     rows: usize,
     /// Its decoded size.
     bytes: usize,
-    /// When it joined the set (for `flush_interval`).
+    /// When its first batch joined the set (for `flush_interval`).
     at: Instant,
+    /// Taken by a flush's cut: it takes no more records (the flush covers up to its last).
+    cut: bool,
+}
+
+impl Unflushed {
+    /// Its first record: the log keeps records from here while it is unflushed.
+    fn first_lsn(&self) -> Lsn {
+        self.lsns.first().copied().unwrap_or(0)
+    }
+
+    /// Its last record: a flush that took it covers up to here.
+    fn last_lsn(&self) -> Lsn {
+        self.lsns.last().copied().unwrap_or(0)
+    }
+
+    /// Drops the rows of its records at or below `covered` (in files now), keeping the
+    /// rest; returns its size before and after.
+    fn trim_through(&mut self, covered: Lsn) -> (usize, usize) {
+        let before = self.bytes;
+        let gone = self.lsns.partition_point(|&lsn| lsn <= covered);
+        let Some(&rows_gone) = gone.checked_sub(1).and_then(|i| self.ends.get(i)) else {
+            return (before, before);
+        };
+        self.lsns.drain(..gone);
+        self.ends.drain(..gone);
+        for end in &mut self.ends {
+            *end -= rows_gone;
+        }
+        let kept = self.rows - rows_gone;
+        self.bytes = match &self.batch {
+            Some(batch) => {
+                // Copied out of the slice, so the dropped rows' buffers go too.
+                let slice = batch.slice(rows_gone, kept);
+                let compact = arrow_select::concat::concat_batches(&slice.schema(), [&slice])
+                    .unwrap_or(slice);
+                let bytes = compact.get_array_memory_size();
+                self.batch = Some(compact);
+                bytes
+            }
+            // Spilled: its records are read back from the log, so what it stands for is a
+            // share of the spilled bytes.
+            None => before.saturating_mul(kept) / self.rows.max(1),
+        };
+        self.rows = kept;
+        (before, self.bytes)
+    }
 }
 
 /// Invariant: the spilled batches are a prefix of `unflushed` (the oldest are spilled
@@ -358,7 +426,11 @@ impl TableState {
             return;
         }
         let covered = manifest.flushed.get(node).copied().unwrap_or(0);
-        while self.unflushed.front().is_some_and(|u| u.lsn <= covered) {
+        while self
+            .unflushed
+            .front()
+            .is_some_and(|u| u.last_lsn() <= covered)
+        {
             if let Some(u) = self.unflushed.pop_front() {
                 if u.batch.is_some() {
                     self.held_bytes = self.held_bytes.saturating_sub(u.bytes);
@@ -367,6 +439,20 @@ impl TableState {
                     self.spilled_bytes = self.spilled_bytes.saturating_sub(u.bytes);
                 }
             }
+        }
+        // A position inside the oldest entry left (see the module docs): its covered
+        // records go, the rest stay.
+        if let Some(front) = self.unflushed.front_mut()
+            && front.first_lsn() <= covered
+        {
+            let in_memory = front.batch.is_some();
+            let (before, after) = front.trim_through(covered);
+            let total = if in_memory {
+                &mut self.held_bytes
+            } else {
+                &mut self.spilled_bytes
+            };
+            *total = total.saturating_sub(before) + after;
         }
         self.manifest = manifest;
     }
@@ -422,17 +508,42 @@ impl Table {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Adds a committed batch of `bytes` in memory to the unflushed set.
+    /// Adds a committed batch of `bytes` in memory to the unflushed set, joined to the
+    /// newest entry when both are small (see the module docs).
     fn push(&self, lsn: Lsn, batch: RecordBatch, bytes: usize) {
         let rows = batch.num_rows();
         let mut state = self.lock();
+        let spilled = state.spilled;
+        let len = state.unflushed.len();
+        if bytes < COALESCE_BELOW_BYTES
+            && len > spilled
+            && let Some(tail) = state.unflushed.back_mut()
+            && !tail.cut
+            && tail.bytes < COALESCE_BELOW_BYTES
+            && let Some(held) = &tail.batch
+            && held.schema() == batch.schema()
+            && let Ok(joined) =
+                arrow_select::concat::concat_batches(&batch.schema(), [held, &batch])
+        {
+            let before = tail.bytes;
+            tail.bytes = joined.get_array_memory_size();
+            tail.batch = Some(joined);
+            tail.rows += rows;
+            tail.lsns.push(lsn);
+            tail.ends.push(tail.rows);
+            let after = tail.bytes;
+            state.held_bytes = state.held_bytes.saturating_sub(before) + after;
+            return;
+        }
         state.held_bytes += bytes;
         state.unflushed.push_back(Unflushed {
-            lsn,
+            lsns: vec![lsn],
+            ends: vec![rows],
             batch: Some(batch),
             rows,
             bytes,
             at: Instant::now(),
+            cut: false,
         });
     }
 }
@@ -798,7 +909,7 @@ impl Tables {
             match &u.batch {
                 Some(batch) => batches.push(batch.clone()),
                 None => {
-                    lsns.push(u.lsn);
+                    lsns.extend_from_slice(&u.lsns);
                     spilled_rows += u.rows as u64;
                 }
             }
@@ -903,7 +1014,7 @@ impl Tables {
         whole: bool,
     ) -> Result<Option<DataFile>, TableError> {
         let table = self.table(id).await?;
-        let until = table.lock().unflushed.back().map(|u| u.lsn);
+        let until = table.lock().unflushed.back().map(Unflushed::last_lsn);
         let mut last = None;
         let mut front = None;
         loop {
@@ -911,7 +1022,7 @@ impl Tables {
             let Some((file, through)) = self.flush_once(id, publish).await? else {
                 // Nothing left, or a cut superseded by a commit of ours that landed (its rows
                 // left the set): go on for what is left of the call's batches.
-                let now = table.lock().unflushed.front().map(|u| u.lsn);
+                let now = table.lock().unflushed.front().map(Unflushed::first_lsn);
                 let left = now.is_some_and(|lsn| until.is_some_and(|until| lsn <= until));
                 // Again only while each pass moves the set on.
                 if whole && left && now != front {
@@ -1013,9 +1124,9 @@ impl Tables {
                 held += state.held_bytes;
                 spilled += state.spilled_bytes;
                 if let Some(first_held) = state.unflushed.get(state.spilled)
-                    && oldest.is_none_or(|(lsn, _)| first_held.lsn < lsn)
+                    && oldest.is_none_or(|(lsn, _)| first_held.first_lsn() < lsn)
                 {
-                    oldest = Some((first_held.lsn, t));
+                    oldest = Some((first_held.first_lsn(), t));
                 }
             }
             if held <= self.config.max_unflushed_bytes || spilled >= budget {
@@ -1053,21 +1164,25 @@ impl Tables {
         // The cut: a prefix of what is unflushed now. Appends may go on; they land after it.
         let chunk = self.config.max_unflushed_bytes.max(self.config.flush_bytes);
         let cut = {
-            let state = table.lock();
-            let mut taken: Vec<(Lsn, Option<RecordBatch>)> = Vec::new();
+            let mut state = table.lock();
+            let spilled = state.spilled;
+            let mut taken: Vec<(Vec<Lsn>, Option<RecordBatch>)> = Vec::new();
             let mut bytes = 0;
-            for u in &state.unflushed {
+            for u in state.unflushed.iter_mut() {
                 // With spilled batches in it, the cut is at most a budget's worth: what the
                 // flush decodes besides what memory holds.
-                if state.spilled > 0 && !taken.is_empty() && bytes + u.bytes > chunk {
+                if spilled > 0 && !taken.is_empty() && bytes + u.bytes > chunk {
                     break;
                 }
                 bytes += u.bytes;
-                taken.push((u.lsn, u.batch.clone()));
+                // Its rows are this flush's now: a later batch starts an entry of its own.
+                u.cut = true;
+                taken.push((u.lsns.clone(), u.batch.clone()));
             }
-            match (taken.first(), taken.last()) {
+            let first = taken.first().and_then(|(lsns, _)| lsns.first().copied());
+            let last = taken.last().and_then(|(lsns, _)| lsns.last().copied());
+            match (first, last) {
                 (Some(first), Some(last)) => {
-                    let (first, last) = (first.0, last.0);
                     // A refresh may take these batches out of memory (an earlier commit of
                     // ours that landed): their records stay until this flush is done.
                     let kept = LogHold::new(&self.holds, &self.next_hold, first);
@@ -1090,19 +1205,20 @@ impl Tables {
         let (file, written) = self
             .write_data_file(&table, move || {
                 let mut batches = Vec::with_capacity(taken.len());
-                for (lsn, batch) in taken {
-                    let batch = match batch {
-                        Some(batch) => batch,
+                for (lsns, batch) in taken {
+                    match batch {
+                        Some(batch) => batches.push(batch),
                         None => {
                             let reader = reader.as_mut().ok_or_else(|| {
                                 TableError::Task(
                                     "spilled batches need the commit log's local segments".into(),
                                 )
                             })?;
-                            read_spilled(reader, &table_id, lsn, &reads)?
+                            for lsn in lsns {
+                                batches.push(read_spilled(reader, &table_id, lsn, &reads)?);
+                            }
                         }
-                    };
-                    batches.push(batch);
+                    }
                 }
                 Ok(batches)
             })
@@ -1487,7 +1603,7 @@ impl Tables {
         let tables = self.tables.read().unwrap_or_else(|p| p.into_inner());
         let unflushed = tables
             .values()
-            .filter_map(|t| t.lock().unflushed.front().map(|u| u.lsn))
+            .filter_map(|t| t.lock().unflushed.front().map(Unflushed::first_lsn))
             .min();
         drop(tables);
         // After the tables: a hold taken under a table's lock before that table gave the
@@ -1582,4 +1698,120 @@ async fn publish_iceberg(storage: &Storage, id: &str, state: &ManifestState, gra
 
 fn elapsed_nanos(started: Instant) -> u64 {
     u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{Array as _, Int64Array};
+
+    fn ids(from: i64, to: i64) -> RecordBatch {
+        let schema = Arc::new(arrow_schema::Schema::new(vec![arrow_schema::Field::new(
+            "id",
+            arrow_schema::DataType::Int64,
+            false,
+        )]));
+        let column = Arc::new(Int64Array::from_iter_values(from..to));
+        RecordBatch::try_new(schema, vec![column]).expect("batch")
+    }
+
+    fn entry(lsns: &[Lsn], ends: &[usize], batch: Option<RecordBatch>, bytes: usize) -> Unflushed {
+        Unflushed {
+            lsns: lsns.to_vec(),
+            ends: ends.to_vec(),
+            rows: ends.last().copied().unwrap_or(0),
+            batch,
+            bytes,
+            at: Instant::now(),
+            cut: false,
+        }
+    }
+
+    fn covering(version: u64, lsn: Lsn) -> ManifestState {
+        ManifestState {
+            version,
+            flushed: BTreeMap::from([("n".to_owned(), lsn)]),
+            ..ManifestState::default()
+        }
+    }
+
+    fn held_ids(state: &TableState) -> Vec<i64> {
+        let mut out = Vec::new();
+        for u in &state.unflushed {
+            if let Some(batch) = &u.batch {
+                let column = batch.column(0);
+                let column = column.as_any().downcast_ref::<Int64Array>().expect("ids");
+                out.extend(column.values().iter().copied());
+            }
+        }
+        out
+    }
+
+    /// A covered position inside a coalesced entry (a commit of another process under this
+    /// node's id that grouped the records otherwise) drops exactly the covered records' rows:
+    /// none read twice, none lost.
+    #[test]
+    fn a_position_inside_a_coalesced_entry_trims_it() {
+        // Records 10..=13 hold rows 0, 1-2, 3, 4-5; record 14 holds 6-7.
+        let first = ids(0, 6);
+        let second = ids(6, 8);
+        let (a, b) = (
+            first.get_array_memory_size(),
+            second.get_array_memory_size(),
+        );
+        let mut state = TableState {
+            manifest: ManifestState::default(),
+            unflushed: VecDeque::from([
+                entry(&[10, 11, 12, 13], &[1, 3, 4, 6], Some(first), a),
+                entry(&[14], &[2], Some(second), b),
+            ]),
+            held_bytes: a + b,
+            spilled: 0,
+            spilled_bytes: 0,
+            last_append: None,
+        };
+        state.install(covering(1, 9), "n");
+        assert_eq!(held_ids(&state), (0..8).collect::<Vec<_>>());
+        state.install(covering(2, 11), "n");
+        assert_eq!(held_ids(&state), (3..8).collect::<Vec<_>>());
+        let front = &state.unflushed[0];
+        assert_eq!(
+            (front.lsns.as_slice(), front.ends.as_slice()),
+            (&[12, 13][..], &[1, 3][..])
+        );
+        assert_eq!(front.rows, 3);
+        let sizes: usize = state.unflushed.iter().map(|u| u.bytes).sum();
+        assert_eq!(state.held_bytes, sizes);
+        state.install(covering(3, 13), "n");
+        assert_eq!(held_ids(&state), vec![6, 7]);
+        assert_eq!(state.held_bytes, b);
+        state.install(covering(4, 14), "n");
+        assert!(state.unflushed.is_empty());
+        assert_eq!(state.held_bytes, 0);
+    }
+
+    /// A spilled entry is trimmed to the records past the position (its rows are read back
+    /// by LSN), and the spilled bytes follow.
+    #[test]
+    fn a_position_inside_a_spilled_entry_trims_its_records() {
+        let mut state = TableState {
+            manifest: ManifestState::default(),
+            unflushed: VecDeque::from([entry(&[10, 11, 12], &[2, 4, 6], None, 600)]),
+            held_bytes: 0,
+            spilled: 1,
+            spilled_bytes: 600,
+            last_append: None,
+        };
+        state.install(covering(1, 10), "n");
+        let front = &state.unflushed[0];
+        assert_eq!(
+            (front.lsns.as_slice(), front.ends.as_slice()),
+            (&[11, 12][..], &[2, 4][..])
+        );
+        assert_eq!(
+            (front.rows, front.bytes, state.spilled_bytes),
+            (4, 400, 400)
+        );
+        assert_eq!(state.spilled, 1);
+    }
 }

@@ -202,3 +202,151 @@ async fn checkpoints_write_what_changed_and_a_killed_server_loads_it_all() {
         seq += 1;
     }
 }
+
+/// Waits until a checkpoint is written after the change just made (or one that was being
+/// written when it was made).
+async fn one_checkpoint(client: &reqwest::Client, base: &str) {
+    let start = common::metric(client, base, "sluice_stream_checkpoints_total").await;
+    let started = Instant::now();
+    while common::metric(client, base, "sluice_stream_checkpoints_total").await < start + 1.0 {
+        assert!(started.elapsed() < Duration::from_secs(30), "no checkpoint");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_appended_at_every_checkpoint_keeps_deltas_and_extents_small() {
+    use futures::StreamExt as _;
+    // Checkpoints every 0.1 s; a stream with 1000 producers, then one byte through one of
+    // them before each of 60 checkpoints. Each delta holds that producer and the extents
+    // that changed (not the stream's 1000 producers, nor one extent per checkpoint so far),
+    // the extents are merged and counted in the stream state, and a killed server loads it
+    // all.
+    let config = "log_segment_bytes = 65536\nstream_checkpoint_interval_seconds = 0.1\n\
+                  maintenance_interval_seconds = 0.05\n";
+    let mut server = Server::start("patches", &[], config);
+    let base = server.base.clone();
+    let client = reqwest::Client::new();
+    assert_eq!(put(&client, &base, "many", "").await, 201);
+    assert_eq!(put(&client, &base, "tick", "").await, 201);
+    // Sealed extents count in the stream state: "tick" gets one or two (two appends, two
+    // checkpoints; its state has nothing else that grows).
+    let empty = common::metric(&client, &base, "sluice_stream_state_bytes").await;
+    checkpoints(&client, &base).await;
+    let sealed = common::metric(&client, &base, "sluice_stream_state_bytes").await;
+    println!("stream state {empty} -> {sealed} bytes with tick's extents");
+    assert!(sealed - empty >= 100.0, "the extents are not counted");
+    let statuses: Vec<u16> = futures::stream::iter(0..1000)
+        .map(|i| {
+            let (client, base) = (client.clone(), base.clone());
+            async move {
+                let id = format!("producer-{i:04}");
+                post(&client, &base, "many", "x", Some((id.as_str(), 0)), false).await
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    let mut content = "x".repeat(1000);
+    checkpoints(&client, &base).await;
+    let state_before = common::metric(&client, &base, "sluice_stream_state_bytes").await;
+    let streams_dir = server.dir.join("data/objects/streams");
+    let before = objects(&streams_dir);
+    let largest_base = before
+        .iter()
+        .filter(|(k, _)| k.contains("/snapshots/") || k.contains("/deltas/"))
+        .map(|(_, v)| *v)
+        .max()
+        .unwrap_or(0);
+    assert!(
+        largest_base > 50_000,
+        "1000 producers in {largest_base} bytes"
+    );
+    for seq in 1..=60u64 {
+        let status = post(
+            &client,
+            &base,
+            "many",
+            "y",
+            Some(("producer-0007", seq)),
+            false,
+        )
+        .await;
+        assert_eq!(status, 200);
+        content.push('y');
+        one_checkpoint(&client, &base).await;
+    }
+    let after = objects(&streams_dir);
+    let deltas: Vec<(&String, &u64)> = after
+        .iter()
+        .filter(|(k, _)| k.contains("/deltas/") && !before.contains_key(*k))
+        .collect();
+    assert!(deltas.len() >= 30, "{} new deltas", deltas.len());
+    let largest = deltas.iter().map(|(_, v)| **v).max().unwrap_or(0);
+    println!(
+        "{} new deltas, the largest {largest} bytes (the base {largest_base})",
+        deltas.len()
+    );
+    for (name, size) in &deltas {
+        assert!(**size < 4096, "delta {name} of {size} bytes for one byte");
+    }
+    // Extents count in the stream state, and stay few: one per checkpoint would be 60.
+    let state_after = common::metric(&client, &base, "sluice_stream_state_bytes").await;
+    let grown = state_after - state_before;
+    println!("stream state {state_before} -> {state_after} bytes");
+    assert!(
+        grown < 12.0 * 200.0,
+        "the stream state grew by {grown} bytes"
+    );
+    // Killed, and back from the base, its deltas and the log: all data, and the producers.
+    server.restart();
+    let r = client
+        .get(format!("{base}/v1/stream/many?offset=-1"))
+        .send()
+        .await
+        .expect("read");
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.expect("body"), content);
+    assert_eq!(
+        post(
+            &client,
+            &base,
+            "many",
+            "dup",
+            Some(("producer-0007", 60)),
+            false
+        )
+        .await,
+        204
+    );
+    assert_eq!(
+        post(
+            &client,
+            &base,
+            "many",
+            "dup",
+            Some(("producer-0999", 0)),
+            false
+        )
+        .await,
+        204
+    );
+    assert_eq!(
+        post(
+            &client,
+            &base,
+            "many",
+            "z",
+            Some(("producer-0999", 1)),
+            false
+        )
+        .await,
+        200
+    );
+    let restarted = common::metric(&client, &base, "sluice_stream_state_bytes").await;
+    assert_eq!(
+        restarted, state_after,
+        "the state counts as it did before the restart"
+    );
+}

@@ -781,3 +781,92 @@ async fn planning_runs_beside_other_statements_and_stops_at_the_timeout() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A statement that stays inside one poll for minutes: DataFusion's nested-loop join
+/// evaluates a whole probe batch against every build row (here 8,192 × 1,000,000 filter
+/// evaluations) before it yields.
+const STUCK_IN_ONE_POLL: &str =
+    "SELECT count(*) FROM range(1000000) a JOIN range(1000000) b ON a.value + b.value = 7";
+
+/// Statements stuck inside one poll stall no other key's statements, answer their timeout
+/// or cancel at once, and hold their key's running slots until their threads really end
+/// (so a key cannot pile up stuck statements past its share).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_stuck_in_one_poll_stall_nobody_and_answer_their_timeout_at_once() {
+    let keys = [
+        "--api-key",
+        "read=k1",
+        "--api-key",
+        "read=k2",
+        "--api-key",
+        "admin=a-key",
+    ];
+    // Eight running statements, two per key.
+    let config = "statement_timeout_seconds = 3\nmax_running_statements = 8\n";
+    let server = Server::start("hostile-stuck", &keys, config);
+    let base = server.base.clone();
+    let client = reqwest::Client::new();
+    let submit = |key: &'static str| {
+        let (client, base) = (client.clone(), base.clone());
+        tokio::spawn(async move {
+            let sent = Instant::now();
+            let answer = run(&client, &base, key, STUCK_IN_ONE_POLL).await;
+            (answer, sent.elapsed())
+        })
+    };
+    let stuck = [submit("k1"), submit("k1")];
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Another key's statement runs beside them (the bound is generous for a loaded machine:
+    // without threads of their own, it waited for their polls, minutes).
+    let sent = Instant::now();
+    let answer = run(&client, &base, "k2", "SELECT 1").await;
+    assert_eq!(answer.outcome, "finished", "{answer:?}");
+    assert!(
+        sent.elapsed() < Duration::from_secs(10),
+        "a SELECT 1 waited {:?} behind statements stuck in one poll",
+        sent.elapsed()
+    );
+    eprintln!("SELECT 1 beside two stuck statements: {:?}", sent.elapsed());
+    for s in stuck {
+        let (answer, took) = s.await.unwrap();
+        assert_eq!(answer.outcome, "statement_timeout", "{answer:?}");
+        eprintln!("stuck statement answered after {took:?}");
+        assert!(
+            took < Duration::from_secs(10),
+            "the 3 s timeout answered after {took:?}"
+        );
+    }
+    // They answered, but their threads are still inside their polls: they still hold k1's
+    // two running slots.
+    let third = run(&client, &base, "k1", "SELECT 1").await;
+    assert_eq!((third.http, &*third.outcome), (429, "too_many_requests"));
+    // A cancel answers at once too, and the cancelled statement holds its slot the same way.
+    let submitted = {
+        let (client, base) = (client.clone(), base.clone());
+        tokio::spawn(async move {
+            let body = json!({ "statement": STUCK_IN_ONE_POLL, "statement_id": "stuck" });
+            let sent = client.post(format!("{base}/v1/statements"));
+            let r = sent.bearer_auth("k2").json(&body).send().await.unwrap();
+            r.json::<Value>().await.unwrap()
+        })
+    };
+    let id = "stuck";
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let cancelled = Instant::now();
+    let r = client
+        .post(format!("{base}/v1/statements/{id}/cancel"))
+        .bearer_auth("k2")
+        .send()
+        .await
+        .unwrap();
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["status"], "cancelled", "{body}");
+    assert!(cancelled.elapsed() < Duration::from_secs(5));
+    eprintln!("cancel answered after {:?}", cancelled.elapsed());
+    let body = submitted.await.unwrap();
+    assert_eq!(body["status"], "cancelled", "{body}");
+    let answer = run(&client, &base, "k2", "SELECT 1").await;
+    assert_eq!(answer.outcome, "finished", "{answer:?}");
+    let answer = run(&client, &base, "a-key", "SELECT 1").await;
+    assert_eq!(answer.outcome, "finished", "{answer:?}");
+}

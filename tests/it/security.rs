@@ -955,3 +955,28 @@ async fn webhook_callbacks_work_with_api_keys_and_patterns_are_bounded() {
         .unwrap();
     assert_eq!(r.status(), 409);
 }
+
+/// A failed statement's error may quote a value the statement made (a failed cast names the
+/// string): what is kept and sent is cut to a few KiB, however large the value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_statements_error_text_is_bounded() {
+    let server = Server::start("error-text", &[], "");
+    let base = server.base.clone();
+    let (status, body) = submit(&base, "", "SELECT CAST(repeat('x', 5000000) AS INT)").await;
+    assert_eq!(status, 200, "{body}");
+    let body = finished(&base, "", body).await;
+    assert_eq!(body["status"], "failed", "{body}");
+    let text = body.to_string();
+    assert!(
+        text.len() < 32 << 10,
+        "the failed statement's answer holds {} bytes",
+        text.len()
+    );
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("bytes elided")),
+        "{}",
+        &text[..text.len().min(2000)]
+    );
+}

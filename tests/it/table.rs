@@ -690,6 +690,85 @@ async fn log_segments_are_released_after_flush(backend: &str) {
     assert_exactly(&w.storage, &tables, "s", 200).await;
 }
 
+/// One-row batches coalesce in memory (the set's entries and bytes follow rows, not
+/// requests), and every row is read exactly once through flushes cut while appends go on,
+/// spills of coalesced entries, and crashes that replay them.
+async fn small_batches_coalesce_and_every_row_is_read_once(backend: &str) {
+    const ROWS: i64 = 3000;
+    let w = world(backend);
+    let single = batch(0, 1).get_array_memory_size();
+    let (log, tables) = w.open("small", TableConfig::default()).await;
+    let tables = Arc::new(tables);
+    tables.create_table("t", &columns()).await.unwrap();
+    // 30 writers of one-row batches; a flush cut in the middle of them.
+    let append_range = |from: i64, to: i64| {
+        let tables = tables.clone();
+        tokio::spawn(async move {
+            let writers: Vec<_> = (0..30)
+                .map(|w| {
+                    let tables = tables.clone();
+                    tokio::spawn(async move {
+                        let mut id = from + w;
+                        while id < to {
+                            tables.append("t", batch(id, id + 1)).await.unwrap();
+                            id += 30;
+                        }
+                    })
+                })
+                .collect();
+            for writer in writers {
+                writer.await.unwrap();
+            }
+        })
+    };
+    append_range(0, ROWS / 2).await.unwrap();
+    let more = append_range(ROWS / 2, ROWS);
+    let flushed = tables.flush("t").await.unwrap().expect("a file");
+    more.await.unwrap();
+    assert!(flushed.rows >= (ROWS / 2) as u64, "{}", flushed.rows);
+    let stats = tables.stats("t").await.unwrap();
+    println!(
+        "{} unflushed rows in {} entries, {} bytes (a one-row batch alone: {single} bytes)",
+        stats.unflushed_rows, stats.unflushed_batches, stats.unflushed_bytes
+    );
+    assert!(stats.unflushed_rows > 0);
+    assert!(
+        stats.unflushed_batches as u64 * 20 <= stats.unflushed_rows,
+        "one-row batches did not coalesce: {} entries for {} rows",
+        stats.unflushed_batches,
+        stats.unflushed_rows
+    );
+    assert!(
+        stats.unflushed_bytes as u64 * 4 <= stats.unflushed_rows * single as u64,
+        "memory follows requests: {} bytes for {} rows",
+        stats.unflushed_bytes,
+        stats.unflushed_rows
+    );
+    assert_exactly(&w.storage, &tables, "t", ROWS).await;
+    // A crash: the records replay, coalesced again, and then spill under a small budget.
+    log.close();
+    drop(tables);
+    let small_budget = TableConfig {
+        max_unflushed_bytes: 8 << 10,
+        ..TableConfig::default()
+    };
+    let (log, tables) = w.open("small", small_budget.clone()).await;
+    let stats = tables.stats("t").await.unwrap();
+    assert!(stats.spilled_bytes > 0, "replayed entries spilled");
+    assert!(stats.unflushed_batches as u64 * 20 <= stats.unflushed_rows);
+    assert_exactly(&w.storage, &tables, "t", ROWS).await;
+    for id in ROWS..ROWS + 100 {
+        tables.append("t", batch(id, id + 1)).await.unwrap();
+    }
+    assert_exactly(&w.storage, &tables, "t", ROWS + 100).await;
+    tables.flush("t").await.unwrap();
+    assert_exactly(&w.storage, &tables, "t", ROWS + 100).await;
+    log.close();
+    drop(tables);
+    let (_log, tables) = w.open("small", small_budget).await;
+    assert_exactly(&w.storage, &tables, "t", ROWS + 100).await;
+}
+
 macro_rules! conformance {
     ($backend:ident, $name:literal) => {
         mod $backend {
@@ -713,6 +792,7 @@ macro_rules! conformance {
             case!(log_segments_are_released_after_flush);
             case!(spilled_batches_are_read_back_from_the_log);
             case!(spilled_batches_flush_a_budget_at_a_time);
+            case!(small_batches_coalesce_and_every_row_is_read_once);
         }
     };
 }

@@ -219,7 +219,7 @@ fn stall(addr: SocketAddr, key: Option<&str>, sent: usize) -> std::thread::JoinH
 async fn wait_held(client: &reqwest::Client, base: &str, at_least: f64) {
     let started = Instant::now();
     while common::metric(client, base, "sluice_request_body_bytes_held").await < at_least {
-        assert!(started.elapsed() < Duration::from_secs(20), "never held");
+        assert!(started.elapsed() < Duration::from_secs(60), "never held");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -632,7 +632,9 @@ async fn a_read_key_holding_statement_bodies_stalls_no_one() {
     let hogs: Vec<_> = (0..2)
         .map(|_| hold_json(at, "r1", "/v1/statements", 1536 << 10))
         .collect();
-    wait_held(&client, &base, f64::from(1 << 20)).await;
+    // At least half its share (on a loaded machine the peak of the share may pass between
+    // two looks; what it holds beside another key's ingest is what the test is about).
+    wait_held(&client, &base, f64::from(1 << 19)).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let held = common::metric(&client, &base, "sluice_request_body_bytes_held").await;
     println!("a read key's two stalled statement bodies hold {held} bytes");
@@ -660,11 +662,8 @@ async fn a_read_key_holding_statement_bodies_stalls_no_one() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_never_reads_its_answer_is_cut_off() {
-    let config = "response_write_timeout_seconds = 2\n";
-    let server = Server::start("slow-reader", &[], config);
-    let base = server.base.clone();
+/// Stream `big` of 8 MiB, in eight appends.
+async fn eight_mib_stream(base: &str) {
     let client = reqwest::Client::new();
     let r = client
         .put(format!("{base}/v1/stream/big"))
@@ -683,6 +682,14 @@ async fn a_client_that_never_reads_its_answer_is_cut_off() {
             .expect("append");
         assert!(r.status().is_success());
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_its_answer_is_cut_off() {
+    let config = "response_write_timeout_seconds = 2\n";
+    let server = Server::start("slow-reader", &[], config);
+    let base = server.base.clone();
+    eight_mib_stream(&base).await;
     let at = addr(&server);
     let received = tokio::task::spawn_blocking(move || {
         let mut s = std::net::TcpStream::connect(at).expect("connect");
@@ -707,6 +714,115 @@ async fn a_client_that_never_reads_its_answer_is_cut_off() {
     .expect("join");
     println!("a client that read nothing for 6 s then got {received} bytes of 2 x 8 MiB");
     assert!(received < 16 << 20, "the whole answer waited for it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_result_goes_out_in_pieces_that_read_back_whole() {
+    // 60,000 rows of ~30 bytes: several batches, each cut into pieces of about 64 KiB.
+    // Every row arrives once, in order, and the payload parses whole (no comma lost or
+    // doubled at a piece's or a batch's edge).
+    let server = Server::start("pieces", &[], "");
+    let client = reqwest::Client::new();
+    let body = common::statement(
+        &client,
+        &server.base,
+        "SELECT value, repeat('x', 20) AS pad FROM generate_series(1, 60000) ORDER BY value",
+    )
+    .await;
+    assert_eq!(body["status"], "finished", "{body}");
+    let rows = body["result_set"]["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 60000);
+    for (i, row) in rows.iter().enumerate() {
+        assert_eq!(row[0], Value::from((i + 1).to_string()), "row {i}");
+        assert_eq!(row[1], Value::from("x".repeat(20)), "row {i}");
+    }
+    assert_eq!(body["result_set"]["metadata"]["num_rows"], 60000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_never_reads_cannot_hold_up_shutdown() {
+    // The write timeout alone would keep the connection for ten minutes: the stop must end
+    // it within `shutdown_timeout_seconds`, flush, and exit cleanly.
+    let config = "response_write_timeout_seconds = 600\nshutdown_timeout_seconds = 3\n";
+    let mut server = Server::start("stuck-reader", &[], config);
+    let base = server.base.clone();
+    eight_mib_stream(&base).await;
+    let mut stuck = std::net::TcpStream::connect(addr(&server)).expect("connect");
+    let get = "GET /v1/stream/big?offset=-1 HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    stuck.write_all(get.repeat(2).as_bytes()).expect("requests");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let stopped = Instant::now();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let exit = loop {
+        if let Some(exit) = server.child.try_wait().expect("wait") {
+            break exit;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still running 120 s after SIGTERM with a reader that never reads"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    println!("stopped {:?} after SIGTERM: {exit:?}", stopped.elapsed());
+    assert!(exit.success(), "clean exit: {exit:?}");
+    drop(stuck);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_from_many_addresses_make_room_for_a_request() {
+    // Every slot held by connections that never send a byte, from as many addresses as
+    // there are slots (so no per-peer cap applies), under a header timeout of two minutes:
+    // a request that arrives is answered at once, a silent connection closed for it.
+    let config = "max_connections = 20\nmax_connections_per_peer = 20\n\
+                  header_timeout_seconds = 120\n";
+    let server = Server::start("silent-flood", &[], config);
+    let at = addr(&server);
+    let mut silent = Vec::new();
+    for i in 0..24u8 {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind(SocketAddr::from(([127, 0, 1, 1 + i], 0)))
+            .expect("bind");
+        silent.push(socket.connect(at).await.expect("connect"));
+    }
+    // A connection that started a request and one that finished one stay open.
+    let mut started = std::net::TcpStream::connect(at).expect("connect");
+    started
+        .write_all(b"GET /v1/health HTTP/1.1\r\n")
+        .expect("partial request");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let client = reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+        .build()
+        .expect("client");
+    for _ in 0..5 {
+        let asked = Instant::now();
+        let r = tokio::time::timeout(
+            Duration::from_secs(60),
+            client.get(format!("{}/v1/health", server.base)).send(),
+        )
+        .await
+        .expect("a request waited a minute behind silent connections")
+        .expect("health");
+        assert_eq!(r.status(), 200);
+        println!("answered in {:?} with every slot silent", asked.elapsed());
+    }
+    // The started request is still served.
+    started
+        .write_all(b"Host: localhost\r\nConnection: close\r\n\r\n")
+        .expect("rest of the request");
+    started
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let mut answer = String::new();
+    let _ = started.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    drop(silent);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -434,6 +434,10 @@ fn record_batch(ctx: &Ctx, table: &str, b: u64, answer: Answer, bad: bool, what:
         .and_then(|t| t.batches.get_mut(&b))
     {
         batch.class = class;
+        if class == Class::Committed {
+            let rows = batch.rows;
+            model.acknowledged.0 += rows;
+        }
     }
     class
 }
@@ -611,6 +615,9 @@ async fn append(ctx: &Ctx, lane: u64, rng: &mut Rng, base: &str, name: &str) -> 
         }
         Answer::Unknown(_) => Message::Unknown,
     };
+    if matches!(message, Message::Committed(_)) {
+        model.acknowledged.1 += 1;
+    }
     if closed && matches!(message, Message::Committed(_)) {
         model.violation(format!(
             "{what}: appended to a stream whose close was acknowledged"
@@ -657,6 +664,9 @@ async fn produce(ctx: &Ctx, base: &str, name: &str) -> Class {
     .await;
     let class = answer.class();
     let mut model = ctx.model();
+    if class == Class::Committed {
+        model.acknowledged.1 += 1;
+    }
     let mut problem = None;
     {
         let Some(stream) = model.streams.get_mut(name) else {

@@ -377,7 +377,7 @@ async fn load_for(
 /// pressure (503) among all answers.
 fn progress(ctx: &Ctx) -> (u64, u64, u64, u64) {
     let model = ctx.model.lock().unwrap();
-    let (rows, messages) = model.committed();
+    let (rows, messages) = model.acknowledged;
     let refused = model.answers.get("503 rejected").copied().unwrap_or(0);
     let answers = model.answers.values().sum();
     (rows, messages, refused, answers)

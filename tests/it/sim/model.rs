@@ -162,6 +162,9 @@ pub struct Model {
     pub violations: Vec<String>,
     /// Answers by class, for the report.
     pub answers: BTreeMap<&'static str, u64>,
+    /// Rows and messages acknowledged since the start, counted as the answers come (never
+    /// less after a drop or a delete, unlike [`Model::committed`]): the measure of progress.
+    pub acknowledged: (u64, u64),
     /// The last requests and their answers, printed with a failure.
     pub recent: std::collections::VecDeque<String>,
     /// When the run started (the times in `recent` count from it).
