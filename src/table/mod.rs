@@ -1815,3 +1815,76 @@ mod tests {
         assert_eq!(state.spilled, 1);
     }
 }
+
+/// Coalescing and column ids: entries join only batches of one shape, so each entry is read
+/// and flushed by its own columns' ids.
+#[cfg(test)]
+mod coalescing {
+    use super::*;
+    use arrow_array::Int64Array;
+
+    /// A one-row batch of one `long` column named `name` with column id `id`.
+    fn labelled(name: &str, id: i32, value: i64) -> RecordBatch {
+        let field = crate::types::with_field_id(
+            arrow_schema::Field::new(name, arrow_schema::DataType::Int64, true),
+            id,
+        );
+        let schema = Arc::new(arrow_schema::Schema::new(vec![field]));
+        RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(vec![value]))]).expect("batch")
+    }
+
+    fn table() -> Table {
+        Table {
+            id: "t".into(),
+            manifest: Manifest::new("t", 10),
+            state: Mutex::new(TableState {
+                manifest: ManifestState::default(),
+                unflushed: VecDeque::new(),
+                held_bytes: 0,
+                spilled: 0,
+                spilled_bytes: 0,
+                last_append: None,
+            }),
+            flushing: tokio::sync::Mutex::new(()),
+            compacting: tokio::sync::Mutex::new(()),
+            committing: Arc::new(tokio::sync::Mutex::new(())),
+            floor_checked: Mutex::new(None),
+        }
+    }
+
+    /// Small batches of one shape join one entry; a batch whose column has another id (the
+    /// same name and type, after a drop and re-add) or another name (a rename) starts its
+    /// own entry, and the entries keep their batches' ids.
+    #[test]
+    fn small_batches_of_other_column_ids_never_join() {
+        let table = table();
+        for (lsn, batch) in [
+            (1, labelled("b", 2, 1)),
+            (2, labelled("b", 2, 2)),
+            (3, labelled("b", 3, 3)),
+            (4, labelled("b2", 3, 4)),
+            (5, labelled("b2", 3, 5)),
+        ] {
+            let bytes = batch.get_array_memory_size();
+            table.push(lsn, batch, bytes);
+        }
+        let state = table.lock();
+        let entries: Vec<(Vec<Lsn>, Vec<i32>, Vec<String>)> = state
+            .unflushed
+            .iter()
+            .map(|u| {
+                let schema = u.batch.as_ref().expect("in memory").schema();
+                let names = schema.fields().iter().map(|f| f.name().clone()).collect();
+                (u.lsns.clone(), crate::types::field_ids(&schema), names)
+            })
+            .collect();
+        assert_eq!(
+            entries,
+            [
+                (vec![1, 2], vec![2], vec!["b".to_owned()]),
+                (vec![3], vec![3], vec!["b".to_owned()]),
+                (vec![4, 5], vec![3], vec!["b2".to_owned()]),
+            ]
+        );
+    }
+}
