@@ -427,6 +427,47 @@ pub struct MutateOptions<'a> {
     pub allow_destructive: bool,
 }
 
+/// Takes the catalog's own fields (columns' `id`, tables' `last_column_id` and `schema_id`)
+/// out of `value`, a subtree at `path` as [`Catalog::get`] answers it: the ScopeDB-shaped
+/// form that clients which refuse unknown fields read (the HTTP routes answer it unless
+/// asked `?with_ids=true`). Walks the catalog's fixed levels (databases, schemas, tables,
+/// columns), never deeper.
+pub(crate) fn hide_ids(path: &CatalogPath, value: &mut serde_json::Value) {
+    fn items<'a>(
+        value: &'a mut serde_json::Value,
+        key: &str,
+    ) -> impl Iterator<Item = &'a mut serde_json::Value> {
+        value
+            .get_mut(key)
+            .and_then(serde_json::Value::as_array_mut)
+            .into_iter()
+            .flatten()
+    }
+    fn table(t: &mut serde_json::Value) {
+        if let Some(t) = t.as_object_mut() {
+            t.remove("last_column_id");
+            t.remove("schema_id");
+        }
+        for c in items(t, "columns") {
+            if let Some(c) = c.as_object_mut() {
+                c.remove("id");
+            }
+        }
+    }
+    fn schema(s: &mut serde_json::Value) {
+        items(s, "tables").for_each(table);
+    }
+    fn database(d: &mut serde_json::Value) {
+        items(d, "schemas").for_each(schema);
+    }
+    match path {
+        CatalogPath::Root => items(value, "databases").for_each(database),
+        CatalogPath::Database(_) => database(value),
+        CatalogPath::Schema(..) => schema(value),
+        CatalogPath::Table(..) => table(value),
+    }
+}
+
 /// What a mutation did (or, in a dry run, would do).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Mutation {

@@ -416,12 +416,21 @@ async fn the_catalog_put_and_alter_table_follow_the_same_rules() {
     // Adding is not destructive; a dry run shows the new column's id and writes nothing.
     let added =
         json!({"name": "r", "columns": [col("a", "int"), col("b", "string"), col("c", "array")]});
-    let (status, m) = put(added.clone(), "?dry_run=true").await;
+    let (status, m) = put(added.clone(), "?dry_run=true&with_ids=true").await;
     assert_eq!((status, m["destructive"].clone()), (200, json!(false)));
     assert_eq!(m["after"]["columns"][2]["id"], 3);
     assert_eq!(m["after"]["schema_id"], 1);
+    // Unasked, the answer is ScopeDB-shaped: no ids (clients that refuse unknown fields).
+    let (status, m) = put(added.clone(), "?dry_run=true").await;
+    assert_eq!(status, 200);
+    assert_eq!(m["after"]["columns"], added["columns"], "{m}");
+    assert!(m["after"].get("schema_id").is_none(), "{m}");
     let stored: Value = client.get(&url).send().await.unwrap().json().await.unwrap();
-    assert_eq!(stored["columns"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        stored["columns"],
+        json!([col("a", "int"), col("b", "string")])
+    );
+    assert!(stored.get("last_column_id").is_none(), "{stored}");
     assert_eq!(put(added, "").await.0, 200);
     // Dropping needs allow_destructive.
     let dropped = json!({"name": "r", "columns": [col("a", "int"), col("c", "array")]});
@@ -439,7 +448,7 @@ async fn the_catalog_put_and_alter_table_follow_the_same_rules() {
         json!({"name": "r", "columns": [
             {"id": 1, "name": "a1", "data_type": "int"}, col("c", "array"), col("b", "int")
         ]}),
-        "",
+        "?with_ids=true",
     )
     .await;
     assert_eq!(
@@ -493,7 +502,15 @@ async fn the_catalog_put_and_alter_table_follow_the_same_rules() {
         );
         assert_eq!(answer["details"]["status"], "rejected", "{answer}");
     }
-    let before: Value = client.get(&url).send().await.unwrap().json().await.unwrap();
+    let with_ids = format!("{url}?with_ids=true");
+    let before: Value = client
+        .get(&with_ids)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     // The statements, with sluice's type names.
     for (sql, status, says) in [
         (
@@ -557,7 +574,14 @@ async fn the_catalog_put_and_alter_table_follow_the_same_rules() {
             vec![json!("tags"), json!("array"), Value::Null, Value::Null],
         ]
     );
-    let now: Value = client.get(&url).send().await.unwrap().json().await.unwrap();
+    let now: Value = client
+        .get(&with_ids)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(now["last_column_id"], 5);
     assert_eq!(now["schema_id"], before["schema_id"].as_i64().unwrap() + 5);
     // A row with the new columns is accepted; one with the dropped column is refused.
