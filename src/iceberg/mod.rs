@@ -170,9 +170,32 @@ fn field_doc(view: View, t: ColumnType) -> Option<&'static str> {
 
 /// The table's current schema (its schema id, its columns with their ids) in `view`.
 fn schema_json(view: View, columns: &[Column], state: &ManifestState) -> Value {
+    shape_json(view, columns, &state.column_ids(), state.schema_id)
+}
+
+/// Every schema the view lists: the table's earlier shapes the manifest keeps (each under
+/// its schema id, as snapshots written under it name it), then the current one. An earlier
+/// shape that no longer parses is left out (the current one is checked when the table
+/// loads).
+fn schemas_json(view: View, columns: &[Column], state: &ManifestState) -> Vec<Value> {
+    let mut schemas: Vec<Value> = state
+        .past_shapes
+        .iter()
+        .filter(|p| p.schema_id != state.schema_id)
+        .filter_map(|p| {
+            let (columns, ids) = p.columns().ok()?;
+            Some(shape_json(view, &columns, &ids, p.schema_id))
+        })
+        .collect();
+    schemas.push(schema_json(view, columns, state));
+    schemas
+}
+
+/// A schema: `columns` with their `ids`, under `schema_id`, in `view`.
+fn shape_json(view: View, columns: &[Column], ids: &[i32], schema_id: i32) -> Value {
     let fields: Vec<Value> = columns
         .iter()
-        .zip(state.column_ids())
+        .zip(ids)
         .map(|(c, id)| {
             let mut field = json!({
                 "id": id,
@@ -186,7 +209,7 @@ fn schema_json(view: View, columns: &[Column], state: &ManifestState) -> Value {
             field
         })
         .collect();
-    json!({"type": "struct", "schema-id": state.schema_id, "fields": fields})
+    json!({"type": "struct", "schema-id": schema_id, "fields": fields})
 }
 
 /// The name mapping that gives files without field ids their columns' ids: such files hold
@@ -715,7 +738,7 @@ fn metadata_json(
             .fold(now_ms, u64::max),
         "last-column-id": state.last_column_id(),
         "current-schema-id": state.schema_id,
-        "schemas": [schema_json(view, columns, state)],
+        "schemas": schemas_json(view, columns, state),
         "default-spec-id": 0,
         "partition-specs": [{"spec-id": 0, "fields": []}],
         "last-partition-id": 999,

@@ -15,7 +15,8 @@
 //! schema id (never one below the state's: [`Change::shape`]). Data files are never
 //! rewritten for it: each [`DataFile`] records its columns' ids (`field_ids`; a file written
 //! before ids has none, and its columns are the table's first, with ids = positions from 1)
-//! and readers map its columns by id.
+//! and readers map its columns by id. The state keeps the shapes before the current one
+//! (`past_shapes`, the newest [`MAX_PAST_SHAPES`]) for the Iceberg view's schema history.
 
 use std::collections::BTreeMap;
 
@@ -151,6 +152,10 @@ pub(crate) struct ManifestState {
     /// ids hold these, with ids = positions from 1); empty while `columns` are the first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub first_columns: Vec<String>,
+    /// The shapes the table had before `columns`, oldest first, at most
+    /// [`MAX_PAST_SHAPES`]: the Iceberg view lists them as its earlier schemas.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub past_shapes: Vec<PastShape>,
     /// Live files, in the order they were added.
     pub files: Vec<DataFile>,
     /// Per node, the log position covered by files.
@@ -176,6 +181,15 @@ impl ManifestState {
                 self.first_columns = self.columns.iter().map(|c| c.name.clone()).collect();
             }
             self.last_column_id = self.last_column_id();
+            let schema_id = v.schema_id.unwrap_or(0);
+            if !self.columns.is_empty() && schema_id != self.schema_id {
+                self.past_shapes.push(PastShape {
+                    schema_id: self.schema_id,
+                    columns: std::mem::take(&mut self.columns),
+                });
+                let over = self.past_shapes.len().saturating_sub(MAX_PAST_SHAPES);
+                self.past_shapes.drain(..over);
+            }
             self.columns = columns.clone();
             self.schema_id = v.schema_id.unwrap_or(0);
             self.last_column_id = self.last_column_id().max(v.last_column_id.unwrap_or(0));
@@ -219,11 +233,7 @@ impl ManifestState {
 
     /// Each stored column's id, in order.
     pub(crate) fn column_ids(&self) -> Vec<i32> {
-        self.columns
-            .iter()
-            .enumerate()
-            .map(|(i, c)| c.id.unwrap_or_else(|| crate::catalog::position_id(i)))
-            .collect()
+        spec_ids(&self.columns)
     }
 
     /// The highest column id the table ever gave.
@@ -270,20 +280,54 @@ impl ManifestState {
 
     /// The stored columns as sluice columns.
     pub(crate) fn table_columns(&self) -> Result<Vec<Column>, TableError> {
-        self.columns
-            .iter()
-            .map(|c| {
-                let t: ColumnType =
-                    c.data_type
-                        .parse()
-                        .map_err(|_| TableError::CorruptManifest {
-                            path: "columns".into(),
-                            reason: format!("unknown column type {:?}", c.data_type),
-                        })?;
-                Ok(Column::new(c.name.clone(), t))
-            })
-            .collect()
+        shape_columns(&self.columns)
     }
+}
+
+/// Most earlier shapes a manifest state keeps ([`ManifestState::past_shapes`]): as many as
+/// the Iceberg view keeps snapshots, so every snapshot it lists finds its schema.
+pub(crate) const MAX_PAST_SHAPES: usize = 64;
+
+/// A shape a table had before its current one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PastShape {
+    /// Its schema id.
+    pub schema_id: i32,
+    /// Its columns, with their ids.
+    pub columns: Vec<ColumnSpec>,
+}
+
+impl PastShape {
+    /// Its columns as sluice columns, with their ids.
+    pub(crate) fn columns(&self) -> Result<(Vec<Column>, Vec<i32>), TableError> {
+        Ok((shape_columns(&self.columns)?, spec_ids(&self.columns)))
+    }
+}
+
+/// Each column's id: its own, or (stored before ids) its position from 1.
+fn spec_ids(columns: &[ColumnSpec]) -> Vec<i32> {
+    columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| c.id.unwrap_or_else(|| crate::catalog::position_id(i)))
+        .collect()
+}
+
+/// Stored columns as sluice columns.
+fn shape_columns(columns: &[ColumnSpec]) -> Result<Vec<Column>, TableError> {
+    columns
+        .iter()
+        .map(|c| {
+            let t: ColumnType = c
+                .data_type
+                .parse()
+                .map_err(|_| TableError::CorruptManifest {
+                    path: "columns".into(),
+                    reason: format!("unknown column type {:?}", c.data_type),
+                })?;
+            Ok(Column::new(c.name.clone(), t))
+        })
+        .collect()
 }
 
 /// What a commit wants to change.
@@ -519,4 +563,56 @@ pub(crate) fn column_specs(columns: &[Column], ids: &[i32]) -> Vec<ColumnSpec> {
             data_type: c.data_type.as_str().to_owned(),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod shapes {
+    use super::*;
+
+    fn shape(version: u64, schema_id: i32, names: &[&str]) -> Version {
+        let columns = names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| ColumnSpec {
+                id: Some(crate::catalog::position_id(i)),
+                name: (*name).to_owned(),
+                data_type: "int".into(),
+            })
+            .collect();
+        Version {
+            version,
+            tag: String::new(),
+            columns: Some(columns),
+            schema_id: Some(schema_id),
+            last_column_id: None,
+            added: Vec::new(),
+            removed: Vec::new(),
+            flushed: BTreeMap::new(),
+            committed_ms: 0,
+        }
+    }
+
+    /// Each change of shape keeps the one before under its schema id, oldest first, the
+    /// newest [`MAX_PAST_SHAPES`] of them; a version of the same schema id keeps none.
+    #[test]
+    fn past_shapes_are_kept_newest_last_and_bounded() {
+        let mut state = ManifestState::default();
+        state.apply(&shape(0, 0, &["a"]));
+        assert!(state.past_shapes.is_empty());
+        state.apply(&shape(1, 1, &["a", "b"]));
+        state.apply(&shape(2, 1, &["a", "b"]));
+        let kept: Vec<(i32, usize)> = state
+            .past_shapes
+            .iter()
+            .map(|p| (p.schema_id, p.columns.len()))
+            .collect();
+        assert_eq!(kept, [(0, 1)]);
+        for id in 2..=100 {
+            state.apply(&shape(u64::try_from(id).unwrap_or(0) + 1, id, &["a"]));
+        }
+        assert_eq!(state.past_shapes.len(), MAX_PAST_SHAPES);
+        assert_eq!(state.past_shapes.first().map(|p| p.schema_id), Some(36));
+        assert_eq!(state.past_shapes.last().map(|p| p.schema_id), Some(99));
+        assert_eq!(state.schema_id, 100);
+    }
 }

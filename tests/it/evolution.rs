@@ -252,6 +252,18 @@ fn check_iceberg(node: &Node, acked: &BTreeMap<i64, usize>) {
         seen["iceberg_types"],
         json!({"id": "long", "a2": "string", "b": "long"})
     );
+    // The schema history: one schema per change, each with its columns' ids.
+    assert_eq!(seen["current_schema_id"], 4);
+    assert_eq!(
+        seen["schemas"],
+        json!({
+            "0": [[1, "id", "long"], [2, "a", "string"]],
+            "1": [[1, "id", "long"], [2, "a", "string"], [3, "b", "string"]],
+            "2": [[1, "id", "long"], [2, "a2", "string"], [3, "b", "string"]],
+            "3": [[1, "id", "long"], [2, "a2", "string"]],
+            "4": [[1, "id", "long"], [2, "a2", "string"], [4, "b", "long"]],
+        })
+    );
     assert_eq!(seen["rows"].as_array().unwrap().len(), want.len());
     assert_eq!(seen["rows"], json!(want), "pyiceberg");
     assert_eq!(seen["readers"]["daft"]["rows"], json!(want), "daft");
