@@ -615,3 +615,79 @@ async fn the_catalog_put_and_alter_table_follow_the_same_rules() {
     assert_eq!(ingest(r#"{"a1": 2, "b": 3}"#).await, 422);
     let _ = std::fs::remove_dir_all(&node.data_dir);
 }
+
+/// Computed columns are added and dropped through the catalog `PUT`: a new one is filled in
+/// rows written after it (older rows, flushed or not, read NULL), ingest must still omit it,
+/// dropping it needs `allow_destructive`, and one added again under the dropped name starts
+/// empty with its new expression.
+#[tokio::test]
+async fn computed_columns_are_added_and_dropped() {
+    let node = Node::start("evolve-computed", None);
+    let client = reqwest::Client::new();
+    let url = format!(
+        "{}/v1/catalog/databases/scopedb/schemas/public/tables/t",
+        node.base
+    );
+    let put = |columns: Value, query: &'static str| {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            let r = client
+                .put(format!("{url}{query}"))
+                .json(&json!({"name": "t", "columns": columns}))
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let ingest = |body: &'static str| {
+        let (client, url) = (client.clone(), format!("{url}/ingest"));
+        async move {
+            let r = client.post(url).body(body).send().await.unwrap();
+            r.status().as_u16()
+        }
+    };
+    let id = json!({"name": "id", "data_type": "int"});
+    assert_eq!(put(json!([id]), "").await.0, 200);
+    assert_eq!(ingest(r#"{"id": 1}"#).await, 200);
+    wait_flushed(&node).await;
+    assert_eq!(ingest(r#"{"id": 2}"#).await, 200);
+    let twice = json!({"name": "twice", "data_type": "int", "expression": "id * 2"});
+    let (status, m) = put(json!([id, twice]), "").await;
+    assert_eq!((status, m["destructive"].clone()), (200, json!(false)), "{m}");
+    assert_eq!(ingest(r#"{"id": 3}"#).await, 200);
+    assert_eq!(ingest(r#"{"id": 4, "twice": 8}"#).await, 422);
+    let s = |v: &str| json!(v);
+    assert_eq!(
+        node.rows("SELECT id, twice FROM t ORDER BY id").await,
+        [
+            vec![s("1"), Value::Null],
+            vec![s("2"), Value::Null],
+            vec![s("3"), s("6")],
+        ]
+    );
+    // Dropping it is destructive.
+    let (status, body) = put(json!([id]), "").await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(put(json!([id]), "?allow_destructive=true").await.0, 200);
+    assert_eq!(
+        node.rows("SELECT * FROM t ORDER BY id").await,
+        [vec![s("1")], vec![s("2")], vec![s("3")]]
+    );
+    // Added again under its name, with another expression: a new column.
+    let thrice = json!({"name": "twice", "data_type": "int", "expression": "id * 3"});
+    let (status, m) = put(json!([id, thrice]), "?with_ids=true").await;
+    assert_eq!(status, 200, "{m}");
+    assert_eq!(m["after"]["columns"][1]["id"], 3, "{m}");
+    assert_eq!(ingest(r#"{"id": 5}"#).await, 200);
+    assert_eq!(
+        node.rows("SELECT id, twice FROM t ORDER BY id").await,
+        [
+            vec![s("1"), Value::Null],
+            vec![s("2"), Value::Null],
+            vec![s("3"), Value::Null],
+            vec![s("5"), s("15")],
+        ]
+    );
+    let _ = std::fs::remove_dir_all(&node.data_dir);
+}
