@@ -654,7 +654,11 @@ async fn computed_columns_are_added_and_dropped() {
     assert_eq!(ingest(r#"{"id": 2}"#).await, 200);
     let twice = json!({"name": "twice", "data_type": "int", "expression": "id * 2"});
     let (status, m) = put(json!([id, twice]), "").await;
-    assert_eq!((status, m["destructive"].clone()), (200, json!(false)), "{m}");
+    assert_eq!(
+        (status, m["destructive"].clone()),
+        (200, json!(false)),
+        "{m}"
+    );
     assert_eq!(ingest(r#"{"id": 3}"#).await, 200);
     assert_eq!(ingest(r#"{"id": 4, "twice": 8}"#).await, 422);
     let s = |v: &str| json!(v);
