@@ -503,6 +503,26 @@ struct Table {
 const FLOOR_CHECK_INTERVAL: Duration = Duration::from_secs(30);
 
 impl Table {
+    /// A table of this manifest state, nothing unflushed.
+    fn new(id: &str, manifest: Manifest, state: ManifestState) -> Table {
+        Table {
+            id: id.to_owned(),
+            manifest,
+            state: Mutex::new(TableState {
+                manifest: state,
+                unflushed: VecDeque::new(),
+                held_bytes: 0,
+                spilled: 0,
+                spilled_bytes: 0,
+                last_append: None,
+            }),
+            flushing: tokio::sync::Mutex::new(()),
+            compacting: tokio::sync::Mutex::new(()),
+            committing: Arc::new(tokio::sync::Mutex::new(())),
+            floor_checked: Mutex::new(None),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, TableState> {
         // A panic while holding the lock leaves plain data behind; keep serving it.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -702,22 +722,7 @@ impl Tables {
         state: ManifestState,
     ) -> Result<Arc<Table>, TableError> {
         state.schema()?;
-        let table = Arc::new(Table {
-            id: id.to_owned(),
-            manifest,
-            state: Mutex::new(TableState {
-                manifest: state,
-                unflushed: VecDeque::new(),
-                held_bytes: 0,
-                spilled: 0,
-                spilled_bytes: 0,
-                last_append: None,
-            }),
-            flushing: tokio::sync::Mutex::new(()),
-            compacting: tokio::sync::Mutex::new(()),
-            committing: Arc::new(tokio::sync::Mutex::new(())),
-            floor_checked: Mutex::new(None),
-        });
+        let table = Arc::new(Table::new(id, manifest, state));
         let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
         Ok(tables.entry(id.to_owned()).or_insert(table).clone())
     }
@@ -1834,22 +1839,7 @@ mod coalescing {
     }
 
     fn table() -> Table {
-        Table {
-            id: "t".into(),
-            manifest: Manifest::new("t", 10),
-            state: Mutex::new(TableState {
-                manifest: ManifestState::default(),
-                unflushed: VecDeque::new(),
-                held_bytes: 0,
-                spilled: 0,
-                spilled_bytes: 0,
-                last_append: None,
-            }),
-            flushing: tokio::sync::Mutex::new(()),
-            compacting: tokio::sync::Mutex::new(()),
-            committing: Arc::new(tokio::sync::Mutex::new(())),
-            floor_checked: Mutex::new(None),
-        }
+        Table::new("t", Manifest::new("t", 10), ManifestState::default())
     }
 
     /// Small batches of one shape join one entry; a batch whose column has another id (the

@@ -398,6 +398,22 @@ async fn run(client: &reqwest::Client, base: &str, sql: &str) -> (u16, Value) {
     (r.status().as_u16(), r.json().await.unwrap())
 }
 
+/// `GET {url}`'s JSON answer.
+async fn get_json(client: &reqwest::Client, url: &str) -> Value {
+    client.get(url).send().await.unwrap().json().await.unwrap()
+}
+
+/// `PUT {url}{query}` with `body`: the status and the JSON answer.
+async fn put_json(client: &reqwest::Client, url: &str, body: Value, query: &str) -> (u16, Value) {
+    let r = client
+        .put(format!("{url}{query}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
 #[tokio::test]
 async fn the_catalog_put_and_alter_table_follow_the_same_rules() {
     let node = Node::start("evolve-rules", None);
@@ -406,18 +422,7 @@ async fn the_catalog_put_and_alter_table_follow_the_same_rules() {
         "{}/v1/catalog/databases/scopedb/schemas/public/tables/r",
         node.base
     );
-    let put = |body: Value, query: &'static str| {
-        let (client, url) = (client.clone(), url.clone());
-        async move {
-            let r = client
-                .put(format!("{url}{query}"))
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
-            (r.status().as_u16(), r.json::<Value>().await.unwrap())
-        }
-    };
+    let put = |body: Value, query: &'static str| put_json(&client, &url, body, query);
     let col = |name: &str, t: &str| json!({"name": name, "data_type": t});
     let (status, _) = put(
         json!({"name": "r", "columns": [col("a", "int"), col("b", "string")]}),
@@ -437,7 +442,7 @@ async fn the_catalog_put_and_alter_table_follow_the_same_rules() {
     assert_eq!(status, 200);
     assert_eq!(m["after"]["columns"], added["columns"], "{m}");
     assert!(m["after"].get("schema_id").is_none(), "{m}");
-    let stored: Value = client.get(&url).send().await.unwrap().json().await.unwrap();
+    let stored = get_json(&client, &url).await;
     assert_eq!(
         stored["columns"],
         json!([col("a", "int"), col("b", "string")])
@@ -515,14 +520,7 @@ async fn the_catalog_put_and_alter_table_follow_the_same_rules() {
         assert_eq!(answer["details"]["status"], "rejected", "{answer}");
     }
     let with_ids = format!("{url}?with_ids=true");
-    let before: Value = client
-        .get(&with_ids)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let before = get_json(&client, &with_ids).await;
     // The statements, with sluice's type names.
     for (sql, status, says) in [
         (
@@ -586,14 +584,7 @@ async fn the_catalog_put_and_alter_table_follow_the_same_rules() {
             vec![json!("tags"), json!("array"), Value::Null, Value::Null],
         ]
     );
-    let now: Value = client
-        .get(&with_ids)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let now = get_json(&client, &with_ids).await;
     assert_eq!(now["last_column_id"], 5);
     assert_eq!(now["schema_id"], before["schema_id"].as_i64().unwrap() + 5);
     // A row with the new columns is accepted; one with the dropped column is refused.
@@ -629,16 +620,12 @@ async fn computed_columns_are_added_and_dropped() {
         node.base
     );
     let put = |columns: Value, query: &'static str| {
-        let (client, url) = (client.clone(), url.clone());
-        async move {
-            let r = client
-                .put(format!("{url}{query}"))
-                .json(&json!({"name": "t", "columns": columns}))
-                .send()
-                .await
-                .unwrap();
-            (r.status().as_u16(), r.json::<Value>().await.unwrap())
-        }
+        put_json(
+            &client,
+            &url,
+            json!({"name": "t", "columns": columns}),
+            query,
+        )
     };
     let ingest = |body: &'static str| {
         let (client, url) = (client.clone(), format!("{url}/ingest"));
