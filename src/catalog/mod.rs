@@ -9,6 +9,17 @@
 //! `PUT` replaces a subtree and answers what it was before and after. Every table carries a
 //! storage id, fixed when the table is created, naming its data in object storage, so a table
 //! dropped and created again starts empty.
+//!
+//! **Column ids.** Every column carries an id (`id`), given when the column is created and
+//! never given again in its table: a table's `last_column_id` is the highest id it ever
+//! gave, and a new column takes the next. Data files and batches name their columns by id
+//! (`PARQUET:field_id` on their Arrow fields), so a column keeps its data across a rename,
+//! a dropped column's data is never read again, and a new column that reuses a dropped
+//! column's name starts empty. Tables stored before ids existed read with ids = positions
+//! from 1 (their columns never changed). A change of a table's columns (added, dropped,
+//! renamed, commented) raises its `schema_id` by one (the Iceberg view's schema id). A
+//! `PUT` names a kept column by its `id`, or without one by its name; a column type or a
+//! computed column's expression never changes (drop the column and add another).
 
 use std::collections::BTreeMap;
 
@@ -98,6 +109,9 @@ impl Classify for CatalogError {
 /// A column of a table definition.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ColumnDef {
+    /// The column's id within its table (see the module docs): given by the catalog.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<i32>,
     /// Column name.
     pub name: String,
     /// One of sluice's type names.
@@ -120,6 +134,144 @@ pub struct TableDef {
     pub comment: Option<String>,
     /// Columns in order.
     pub columns: Vec<ColumnDef>,
+    /// The highest column id the table ever gave (see the module docs): given by the
+    /// catalog.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_column_id: Option<i32>,
+    /// The number of changes of the table's columns so far: given by the catalog.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_id: Option<i32>,
+}
+
+/// Most columns a table may have.
+pub(crate) const MAX_COLUMNS: usize = 1000;
+
+impl TableDef {
+    /// Each column's id, in order (see the module docs).
+    pub(crate) fn column_ids(&self) -> Vec<i32> {
+        self.columns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| c.id.unwrap_or_else(|| position_id(i)))
+            .collect()
+    }
+
+    /// The table's schema id (0 until its columns first change).
+    pub(crate) fn schema_id(&self) -> i32 {
+        self.schema_id.unwrap_or(0)
+    }
+
+    /// The highest column id the table ever gave.
+    pub(crate) fn last_column_id(&self) -> i32 {
+        let highest = self.column_ids().into_iter().max().unwrap_or(0);
+        self.last_column_id.unwrap_or(0).max(highest)
+    }
+}
+
+/// The id of the column at `index` of a table stored before ids existed.
+pub(crate) fn position_id(index: usize) -> i32 {
+    i32::try_from(index + 1).unwrap_or(i32::MAX)
+}
+
+/// Gives every column of `def` an id, and the table its `last_column_id` and `schema_id`
+/// (a table stored before ids existed: ids are positions from 1).
+fn fill_ids(def: &mut TableDef) {
+    let ids = def.column_ids();
+    for (c, id) in def.columns.iter_mut().zip(ids) {
+        c.id = Some(id);
+    }
+    def.last_column_id = Some(def.last_column_id());
+    def.schema_id = Some(def.schema_id());
+}
+
+/// Gives `after` (a new definition of table `name`, `before` if it exists) its column ids:
+/// a column that names an id keeps it (it must be one of `before`'s), one without an id is
+/// `before`'s column of that name if there is one (and no other column claimed its id), and
+/// any other is new and takes the next id. Raises the schema id when the columns changed.
+/// Refuses a change of a kept column's type or expression.
+fn evolve(before: Option<&TableDef>, after: &mut TableDef, name: &str) -> Result<(), CatalogError> {
+    let Some(before) = before else {
+        for (i, c) in after.columns.iter_mut().enumerate() {
+            c.id = Some(position_id(i));
+        }
+        after.last_column_id = Some(i32::try_from(after.columns.len()).unwrap_or(i32::MAX));
+        after.schema_id = Some(0);
+        return Ok(());
+    };
+    let before_ids = before.column_ids();
+    let mut claimed = std::collections::HashSet::new();
+    for c in &after.columns {
+        if let Some(id) = c.id {
+            if !before_ids.contains(&id) {
+                return Err(CatalogError::Invalid(format!(
+                    "column {} names id {id}, which no column of table {name} has (leave the id out for a new column)",
+                    c.name
+                )));
+            }
+            if !claimed.insert(id) {
+                return Err(CatalogError::Invalid(format!(
+                    "two columns of table {name} name id {id}"
+                )));
+            }
+        }
+    }
+    let mut last = before.last_column_id();
+    for c in after.columns.iter_mut().filter(|c| c.id.is_none()) {
+        let kept = before
+            .columns
+            .iter()
+            .zip(&before_ids)
+            .find(|(b, id)| b.name == c.name && !claimed.contains(*id))
+            .map(|(_, id)| *id);
+        let id = match kept {
+            Some(id) => id,
+            None => {
+                last = last.checked_add(1).ok_or_else(|| {
+                    CatalogError::Invalid(format!("table {name} has used up its column ids"))
+                })?;
+                last
+            }
+        };
+        claimed.insert(id);
+        c.id = Some(id);
+    }
+    for c in &after.columns {
+        let Some((b, _)) = before
+            .columns
+            .iter()
+            .zip(&before_ids)
+            .find(|(_, id)| Some(**id) == c.id)
+        else {
+            continue;
+        };
+        let (old, new) = (
+            b.data_type.parse::<ColumnType>().ok(),
+            c.data_type.parse::<ColumnType>().ok(),
+        );
+        if old != new {
+            return Err(CatalogError::Unsupported(format!(
+                "changing the type of column {name}.{} from {} to {} is not supported (no reader widens sluice's types): add a new column instead",
+                c.name, b.data_type, c.data_type
+            )));
+        }
+        if b.expression != c.expression {
+            return Err(CatalogError::Unsupported(format!(
+                "changing whether or how column {name}.{} is computed is not supported: drop it and add a new column",
+                c.name
+            )));
+        }
+    }
+    after.last_column_id = Some(last);
+    let mut kept = before.clone();
+    fill_ids(&mut kept);
+    after.schema_id = Some(if kept.columns == after.columns {
+        kept.schema_id()
+    } else {
+        kept.schema_id().checked_add(1).ok_or_else(|| {
+            CatalogError::Invalid(format!("table {name} has used up its schema ids"))
+        })?
+    });
+    Ok(())
 }
 
 /// A schema definition.
@@ -296,6 +448,47 @@ pub struct MutateOptions<'a> {
     pub allow_destructive: bool,
 }
 
+/// Takes the catalog's own fields (columns' `id`, tables' `last_column_id` and `schema_id`)
+/// out of `value`, a subtree at `path` as [`Catalog::get`] answers it: the ScopeDB-shaped
+/// form that clients which refuse unknown fields read (the HTTP routes answer it unless
+/// asked `?with_ids=true`). Walks the catalog's fixed levels (databases, schemas, tables,
+/// columns), never deeper.
+pub(crate) fn hide_ids(path: &CatalogPath, value: &mut serde_json::Value) {
+    fn items<'a>(
+        value: &'a mut serde_json::Value,
+        key: &str,
+    ) -> impl Iterator<Item = &'a mut serde_json::Value> {
+        value
+            .get_mut(key)
+            .and_then(serde_json::Value::as_array_mut)
+            .into_iter()
+            .flatten()
+    }
+    fn table(t: &mut serde_json::Value) {
+        if let Some(t) = t.as_object_mut() {
+            t.remove("last_column_id");
+            t.remove("schema_id");
+        }
+        for c in items(t, "columns") {
+            if let Some(c) = c.as_object_mut() {
+                c.remove("id");
+            }
+        }
+    }
+    fn schema(s: &mut serde_json::Value) {
+        items(s, "tables").for_each(table);
+    }
+    fn database(d: &mut serde_json::Value) {
+        items(d, "schemas").for_each(schema);
+    }
+    match path {
+        CatalogPath::Root => items(value, "databases").for_each(database),
+        CatalogPath::Database(_) => database(value),
+        CatalogPath::Schema(..) => schema(value),
+        CatalogPath::Table(..) => table(value),
+    }
+}
+
 /// What a mutation did (or, in a dry run, would do).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Mutation {
@@ -311,6 +504,10 @@ pub struct Mutation {
     /// Tables created by the change: (qualified name, storage id, definition).
     #[serde(skip)]
     pub created_tables: Vec<(String, String, TableDef)>,
+    /// Existing tables whose columns the change changed: (qualified name, storage id, new
+    /// definition).
+    #[serde(skip)]
+    pub changed_tables: Vec<(String, String, TableDef)>,
 }
 
 /// Checks a database, schema, table or column name.
@@ -336,6 +533,13 @@ fn check_table(def: &TableDef) -> Result<(), CatalogError> {
         return Err(CatalogError::Invalid(format!(
             "table {} needs at least one column",
             def.name
+        )));
+    }
+    if def.columns.len() > MAX_COLUMNS {
+        return Err(CatalogError::Invalid(format!(
+            "table {} has {} columns; at most {MAX_COLUMNS} are allowed",
+            def.name,
+            def.columns.len()
         )));
     }
     let mut seen = std::collections::HashSet::new();
@@ -405,6 +609,19 @@ impl RootDef {
         self.schema(d, s)?.tables.iter().find(|x| x.name == t)
     }
 
+    /// Every table, mutable, with its qualified name.
+    fn tables_mut(&mut self) -> impl Iterator<Item = (String, &mut TableDef)> {
+        self.databases.iter_mut().flat_map(|d| {
+            let db = d.name.clone();
+            d.schemas.iter_mut().flat_map(move |s| {
+                let prefix = format!("{db}.{}", s.name);
+                s.tables
+                    .iter_mut()
+                    .map(move |t| (format!("{prefix}.{}", t.name), t))
+            })
+        })
+    }
+
     /// Every table as (qualified name, definition).
     fn all_tables(&self) -> BTreeMap<String, &TableDef> {
         let mut out = BTreeMap::new();
@@ -428,8 +645,8 @@ impl RootDef {
     }
 }
 
-/// Compares two catalogs: what is dropped, and what existing tables change.
-fn diff(before: &RootDef, after: &RootDef) -> Result<Vec<String>, CatalogError> {
+/// Compares two catalogs (column ids given, see [`evolve`]): what is dropped.
+fn diff(before: &RootDef, after: &RootDef) -> Vec<String> {
     let mut dropped = Vec::new();
     for d in &before.databases {
         match after.database(&d.name) {
@@ -448,26 +665,16 @@ fn diff(before: &RootDef, after: &RootDef) -> Result<Vec<String>, CatalogError> 
         match a.get(name) {
             None => dropped.push(format!("table {name}")),
             Some(at) => {
-                for c in &bt.columns {
-                    if !at.columns.iter().any(|x| x.name == c.name) {
+                let kept = at.column_ids();
+                for (c, id) in bt.columns.iter().zip(bt.column_ids()) {
+                    if !kept.contains(&id) {
                         dropped.push(format!("column {name}.{}", c.name));
                     }
-                }
-                let same_columns = bt.columns.len() == at.columns.len()
-                    && bt.columns.iter().zip(&at.columns).all(|(x, y)| {
-                        x.name == y.name
-                            && x.data_type == y.data_type
-                            && x.expression == y.expression
-                    });
-                if !same_columns {
-                    return Err(CatalogError::Unsupported(format!(
-                        "changing the columns of existing table {name} is not supported; create a new table"
-                    )));
                 }
             }
         }
     }
-    Ok(dropped)
+    dropped
 }
 
 /// One version's databases, schemas and tables (see [`Catalog::listing`]).
@@ -576,8 +783,16 @@ impl Catalog {
         Ok(catalog)
     }
 
+    /// Reads version `v`, its tables' column ids given (see [`fill_ids`]).
     async fn read_version(&self, v: u64) -> Result<Option<CatalogVersion>, CatalogError> {
-        Ok(self.log.read(self.storage.store().as_ref(), v).await?)
+        let mut version: Option<CatalogVersion> =
+            self.log.read(self.storage.store().as_ref(), v).await?;
+        if let Some(version) = &mut version {
+            for (_, def) in version.root.tables_mut() {
+                fill_ids(def);
+            }
+        }
+        Ok(version)
     }
 
     /// The newest version: the highest listed, then any that landed after the listing.
@@ -832,7 +1047,18 @@ impl Catalog {
         let before = current.root.subtree(path);
         let mut root = current.root.clone();
         apply(&mut root, path, value.clone())?;
-        let dropped = diff(&current.root, &root)?;
+        let old_tables = current.root.all_tables();
+        let mut changed_tables = Vec::new();
+        for (name, def) in root.tables_mut() {
+            let old = old_tables.get(&name).copied();
+            evolve(old, def, &name)?;
+            if let (Some(old), Some(id)) = (old, current.table_ids.get(&name))
+                && old.schema_id() != def.schema_id()
+            {
+                changed_tables.push((name, id.clone(), def.clone()));
+            }
+        }
+        let dropped = diff(&current.root, &root);
         let destructive = !dropped.is_empty();
         if destructive && !allow_destructive {
             return Err(CatalogError::Destructive(dropped.join(", ")));
@@ -860,6 +1086,7 @@ impl Catalog {
                 destructive,
                 version: current.version,
                 created_tables: Vec::new(),
+                changed_tables: Vec::new(),
             });
         }
         let next = CatalogVersion {
@@ -881,6 +1108,7 @@ impl Catalog {
             destructive,
             version,
             created_tables,
+            changed_tables,
         })
     }
 }
@@ -984,4 +1212,108 @@ fn apply(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn col(name: &str, data_type: &str, id: Option<i32>) -> ColumnDef {
+        ColumnDef {
+            id,
+            name: name.into(),
+            data_type: data_type.into(),
+            comment: None,
+            expression: None,
+        }
+    }
+
+    fn table(columns: Vec<ColumnDef>) -> TableDef {
+        TableDef {
+            name: "t".into(),
+            comment: None,
+            columns,
+            last_column_id: None,
+            schema_id: None,
+        }
+    }
+
+    fn shape(def: &TableDef) -> Vec<(&str, i32)> {
+        def.columns
+            .iter()
+            .zip(def.column_ids())
+            .map(|(c, id)| (c.name.as_str(), id))
+            .collect()
+    }
+
+    #[test]
+    fn column_ids_are_given_once_and_never_again() {
+        let mut created = table(vec![col("a", "int", None), col("b", "string", None)]);
+        evolve(None, &mut created, "t").unwrap();
+        assert_eq!(shape(&created), [("a", 1), ("b", 2)]);
+        assert_eq!((created.last_column_id(), created.schema_id()), (2, 0));
+        // The same columns again (by name): nothing changes.
+        let mut same = table(vec![col("a", "int", None), col("b", "string", None)]);
+        evolve(Some(&created), &mut same, "t").unwrap();
+        assert_eq!(same, created);
+        // Drop b: a drop, seen by the diff.
+        let mut dropped = table(vec![col("a", "int", None)]);
+        evolve(Some(&created), &mut dropped, "t").unwrap();
+        assert_eq!((dropped.last_column_id(), dropped.schema_id()), (2, 1));
+        let root = |def: &TableDef| RootDef {
+            databases: vec![DatabaseDef {
+                name: "d".into(),
+                comment: None,
+                schemas: vec![SchemaDef {
+                    name: "s".into(),
+                    comment: None,
+                    tables: vec![def.clone()],
+                }],
+            }],
+        };
+        assert_eq!(diff(&root(&created), &root(&dropped)), ["column d.s.t.b"]);
+        // A new b, of another type: a new id.
+        let mut again = table(vec![col("a", "int", None), col("b", "int", None)]);
+        evolve(Some(&dropped), &mut again, "t").unwrap();
+        assert_eq!(shape(&again), [("a", 1), ("b", 3)]);
+        assert_eq!((again.last_column_id(), again.schema_id()), (3, 2));
+        // A rename names the id; a new column may take the old name at once.
+        let mut renamed = table(vec![
+            col("x", "int", Some(1)),
+            col("b", "int", None),
+            col("a", "string", None),
+        ]);
+        evolve(Some(&again), &mut renamed, "t").unwrap();
+        assert_eq!(shape(&renamed), [("x", 1), ("b", 3), ("a", 4)]);
+        assert!(diff(&root(&again), &root(&renamed)).is_empty());
+        // A type change, a changed expression and an unknown id are refused.
+        let mut retyped = table(vec![col("x", "string", Some(1))]);
+        assert!(matches!(
+            evolve(Some(&renamed), &mut retyped, "t"),
+            Err(CatalogError::Unsupported(m)) if m.contains("changing the type")
+        ));
+        let mut computed = table(vec![ColumnDef {
+            expression: Some("1".into()),
+            ..col("x", "int", Some(1))
+        }]);
+        assert!(evolve(Some(&renamed), &mut computed, "t").is_err());
+        let mut unknown = table(vec![col("z", "int", Some(2))]);
+        assert!(matches!(
+            evolve(Some(&renamed), &mut unknown, "t"),
+            Err(CatalogError::Invalid(m)) if m.contains("names id 2")
+        ));
+    }
+
+    #[test]
+    fn tables_stored_before_ids_read_with_positions() {
+        let mut old: TableDef = serde_json::from_value(serde_json::json!({
+            "name": "t", "columns": [
+                {"name": "a", "data_type": "int"}, {"name": "b", "data_type": "string"}
+            ]
+        }))
+        .unwrap();
+        fill_ids(&mut old);
+        assert_eq!(shape(&old), [("a", 1), ("b", 2)]);
+        assert_eq!((old.last_column_id, old.schema_id), (Some(2), Some(0)));
+    }
 }

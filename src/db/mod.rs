@@ -227,7 +227,8 @@ pub struct Database {
     probe: Arc<Probe>,
     ingest_stats: IngestStats,
     gc_stats: GcStats,
-    plans: Mutex<HashMap<String, Arc<IngestPlan>>>,
+    /// Each table's ingest plan, by storage id, with the schema id it was compiled for.
+    plans: Mutex<HashMap<String, (i32, Arc<IngestPlan>)>>,
     /// Admission of request bodies ([`DbConfig::ingest_inflight_bytes`]).
     body_budget: admission::BodyBudget,
     /// Dead nodes' ids this process took over (object-store durability).
@@ -614,6 +615,7 @@ impl Database {
                 tracing::debug!(table = %id, error = %e, "manifest refresh failed");
             }
         }
+        self.sync_shapes().await;
     }
 
     /// The one shutdown: stores the subscriptions, seals stream data, flushes every table,
@@ -657,7 +659,7 @@ impl Database {
             let created = match crate::catalog::table_columns(def) {
                 Ok(columns) => self
                     .tables
-                    .create_table(id, &columns)
+                    .create_table_shaped(id, &columns, &def.column_ids(), def.schema_id())
                     .await
                     .map_err(|e| e.to_string()),
                 Err(e) => Err(e.to_string()),
@@ -666,17 +668,64 @@ impl Database {
                 tracing::warn!(table = %id, %error, "table storage not created yet; the first write creates it");
             }
         }
+        // A change of columns reaches the table's manifest (and its Iceberg view) now; if it
+        // cannot, the next catalog refresh of any node that has the table open commits it.
+        for (_, id, def) in &m.changed_tables {
+            if let Err(error) = self.sync_shape(id, def).await {
+                tracing::warn!(table = %id, %error, "table shape not committed to its manifest yet; a refresh commits it");
+            }
+        }
         Ok(m)
+    }
+
+    /// Commits the catalog's shape of table `id` (`def`) to its manifest, if the manifest's
+    /// is older (see `Tables::set_shape`). A table without storage has nothing to change.
+    async fn sync_shape(
+        &self,
+        id: &str,
+        def: &crate::catalog::TableDef,
+    ) -> Result<(), IngestFailure> {
+        let columns = crate::catalog::table_columns(def)?;
+        match self
+            .tables
+            .set_shape(
+                id,
+                &columns,
+                &def.column_ids(),
+                def.schema_id(),
+                def.last_column_id(),
+            )
+            .await
+        {
+            Err(TableError::NotFound(_)) => Ok(()),
+            other => Ok(other?),
+        }
+    }
+
+    /// [`Database::sync_shape`] for every table this node has open.
+    async fn sync_shapes(&self) {
+        let open: std::collections::HashSet<String> =
+            self.tables.open_tables().into_iter().collect();
+        for t in self.catalog.tables().await {
+            if open.contains(&t.id)
+                && let Err(error) = self.sync_shape(&t.id, &t.def).await
+            {
+                tracing::debug!(table = %t.id, %error, "table shape not committed yet");
+            }
+        }
     }
 
     fn plan(&self, table: &ResolvedTable) -> Result<Arc<IngestPlan>, IngestFailure> {
         let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(p) = plans.get(&table.id) {
+        let schema_id = table.def.schema_id();
+        if let Some((compiled, p)) = plans.get(&table.id)
+            && *compiled == schema_id
+        {
             return Ok(p.clone());
         }
         let columns = table.columns()?;
         let plan = Arc::new(compile_plan(&table.def, &columns)?);
-        plans.insert(table.id.clone(), plan.clone());
+        plans.insert(table.id.clone(), (schema_id, plan.clone()));
         Ok(plan)
     }
 
@@ -788,7 +837,16 @@ impl Database {
     ) -> Result<usize, IngestFailure> {
         use std::sync::atomic::Ordering::Relaxed;
         let size = ndjson.len() as u64;
-        let result = self.insert_rows_uncounted(table, ndjson, limits).await;
+        let mut result = self
+            .insert_rows_uncounted(table, ndjson.clone(), limits)
+            .await;
+        // Rows refused by this node's shape of the table may fit a newer one another node
+        // committed (a column added there): look once, and check them again under it.
+        if let Err(IngestFailure::Input(IngestError::InvalidRows(_))) = &result
+            && let Some(newer) = self.newer_shape(table).await
+        {
+            result = self.insert_rows_uncounted(&newer, ndjson, limits).await;
+        }
         match &result {
             Ok(rows) => {
                 self.ingest_stats.rows.fetch_add(*rows as u64, Relaxed);
@@ -802,6 +860,26 @@ impl Database {
             Err(_) => {}
         }
         result
+    }
+
+    /// The table's definition in a catalog version newer than this node holds, if there is
+    /// one (one small read of the store) and it changed the table's columns.
+    async fn newer_shape(&self, table: &ResolvedTable) -> Option<ResolvedTable> {
+        if !self
+            .catalog
+            .changed_since(std::time::Instant::now())
+            .await
+            .unwrap_or(false)
+        {
+            return None;
+        }
+        self.catalog.refresh().await.ok()?;
+        let now = self
+            .catalog
+            .table(&table.database, &table.schema, &table.def.name)
+            .await
+            .ok()?;
+        (now.id == table.id && now.def.schema_id() != table.def.schema_id()).then_some(now)
     }
 
     async fn insert_rows_uncounted(
@@ -836,7 +914,12 @@ impl Database {
                 Err(TableError::NotFound(_)) => {
                     // Catalog entry without storage yet (a crash between the two): create it.
                     self.tables
-                        .create_table(&resolved.id, &resolved.columns()?)
+                        .create_table_shaped(
+                            &resolved.id,
+                            &resolved.columns()?,
+                            &resolved.def.column_ids(),
+                            resolved.def.schema_id(),
+                        )
                         .await?;
                     self.tables.append(&resolved.id, batch).await?;
                 }
@@ -917,7 +1000,7 @@ fn compile_plan(
     columns: &[Column],
 ) -> Result<IngestPlan, CatalogError> {
     let decoder = Decoder::new(columns);
-    let stored_schema = crate::types::arrow_schema(columns);
+    let stored_schema = crate::types::arrow_schema_with_ids(columns, &def.column_ids());
     let input_schema = decoder.schema().clone();
     let mut computed = Vec::new();
     // Functions guarded as in statements: a write key's rows must not size an allocation
@@ -1027,7 +1110,13 @@ impl IngestPlan {
     /// Adds the computed columns to a decoded batch, in definition order.
     fn complete(&self, input: RecordBatch) -> Result<RecordBatch, IngestFailure> {
         if self.computed.is_empty() {
-            return Ok(input);
+            // The stored schema: the same columns, with their ids.
+            return input.with_schema(self.stored_schema.clone()).map_err(|e| {
+                IngestFailure::Computed {
+                    column: String::new(),
+                    message: e.to_string(),
+                }
+            });
         }
         let rows = input.num_rows();
         let mut inputs = input.columns().iter();

@@ -7,7 +7,7 @@ use crate::catalog::{
 };
 use crate::ingest::Limits;
 use crate::ingest::encode::{Target, write_ndjson};
-use crate::query::ddl::{Ddl, DropKind};
+use crate::query::ddl::{AlterColumn, Ddl, DropKind};
 use crate::query::statements::begin_write;
 use crate::query::{Insert, InsertColumns, Prepared, QueryError, StatementOutput, qualify};
 
@@ -231,6 +231,102 @@ impl Database {
         ))
     }
 
+    /// `ALTER TABLE`: the table's definition with `change` made, written back if the
+    /// catalog did not change meanwhile (tried again a few times if it did). Kept columns
+    /// keep their ids (a rename too); a new column takes a new id.
+    async fn alter_table(
+        &self,
+        name: &[String],
+        change: &AlterColumn,
+    ) -> Result<StatementOutput, QueryError> {
+        const ATTEMPTS: usize = 5;
+        let (d, s, t) = qualify(name)?;
+        let path = CatalogPath::Table(d.clone(), s.clone(), t.clone());
+        let label = format!("{d}.{s}.{t}");
+        let missing = |column: &str| CatalogError::NotFound {
+            kind: "column",
+            name: format!("{label}.{column}"),
+        };
+        let done = |message: String| Ok(StatementOutput::text("status", vec![message]));
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            // Another node may have created the table or changed it.
+            self.resolve_table(&d, &s, &t).await?;
+            let (value, version) = self.catalog.get(&path).await?;
+            let mut def: TableDef =
+                serde_json::from_value(value).map_err(|e| CatalogError::Invalid(e.to_string()))?;
+            let position =
+                |def: &TableDef, column: &str| def.columns.iter().position(|c| c.name == column);
+            let destructive = match change {
+                AlterColumn::Add {
+                    column,
+                    data_type,
+                    comment,
+                    if_not_exists,
+                } => {
+                    if position(&def, column).is_some() {
+                        if *if_not_exists {
+                            return done(format!("column {label}.{column} exists"));
+                        }
+                        return Err(CatalogError::Invalid(format!(
+                            "column {label}.{column} already exists"
+                        ))
+                        .into());
+                    }
+                    def.columns.push(ColumnDef {
+                        id: None,
+                        name: column.clone(),
+                        data_type: data_type.as_str().to_owned(),
+                        comment: comment.clone(),
+                        expression: None,
+                    });
+                    false
+                }
+                AlterColumn::Drop { column, if_exists } => {
+                    match position(&def, column) {
+                        Some(i) => {
+                            def.columns.remove(i);
+                        }
+                        None if *if_exists => return done("nothing to drop".into()),
+                        None => return Err(missing(column).into()),
+                    }
+                    true
+                }
+                AlterColumn::Rename { from, to } => {
+                    let i = position(&def, from).ok_or_else(|| missing(from))?;
+                    if position(&def, to).is_some() {
+                        return Err(CatalogError::Invalid(format!(
+                            "column {label}.{to} already exists"
+                        ))
+                        .into());
+                    }
+                    def.columns[i].name = to.clone();
+                    false
+                }
+                AlterColumn::Comment { column, comment } => {
+                    let i = position(&def, column).ok_or_else(|| missing(column))?;
+                    def.columns[i].comment = comment.clone();
+                    false
+                }
+            };
+            let value = serde_json::to_value(&def).map_err(|e| QueryError::Query(e.to_string()))?;
+            let expected = version.to_string();
+            let options = MutateOptions {
+                if_match: Some(&expected),
+                allow_destructive: destructive,
+                ..MutateOptions::default()
+            };
+            begin_write()?;
+            match self.mutate_catalog(&path, Some(value), options).await {
+                Ok(_) => return done(format!("altered table {label}")),
+                Err(QueryError::Catalog(CatalogError::Stale { .. } | CatalogError::Conflict))
+                    if attempt < ATTEMPTS => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     async fn run_ddl(&self, ddl: Ddl) -> Result<StatementOutput, QueryError> {
         match ddl {
             Ddl::CreateTable {
@@ -240,11 +336,14 @@ impl Database {
             } => {
                 let (d, s, t) = qualify(&name)?;
                 let def = TableDef {
+                    last_column_id: None,
+                    schema_id: None,
                     name: t.clone(),
                     comment: None,
                     columns: columns
                         .into_iter()
                         .map(|(name, t, comment)| ColumnDef {
+                            id: None,
                             name,
                             data_type: t.as_str().to_owned(),
                             comment,
@@ -317,6 +416,7 @@ impl Database {
                     Err(e) => Err(e),
                 }
             }
+            Ddl::AlterTable { name, change } => self.alter_table(&name, &change).await,
             Ddl::Describe { name } => {
                 let (d, s, t) = qualify(&name)?;
                 let table = self.resolve_table(&d, &s, &t).await?;

@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 use super::{ApiError, AppState};
-use crate::catalog::{CatalogPath, MutateOptions};
+use crate::catalog::{CatalogPath, MutateOptions, hide_ids};
 
 /// Query parameters of catalog mutations.
 #[derive(Debug, Default, Deserialize)]
@@ -16,6 +16,17 @@ pub(super) struct MutationParams {
     dry_run: Option<bool>,
     #[serde(default)]
     allow_destructive: Option<bool>,
+    #[serde(default)]
+    with_ids: Option<bool>,
+}
+
+/// Query parameters of catalog reads.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct ReadParams {
+    /// Answer the catalog's own fields too (columns' `id`, tables' `last_column_id` and
+    /// `schema_id`); without it the answer is ScopeDB-shaped (see [`hide_ids`]).
+    #[serde(default)]
+    with_ids: Option<bool>,
 }
 
 fn with_etag(body: serde_json::Value, version: u64) -> Response {
@@ -26,9 +37,16 @@ fn with_etag(body: serde_json::Value, version: u64) -> Response {
     response
 }
 
-async fn read(state: &AppState, path: CatalogPath) -> Result<Response, ApiError> {
+async fn read(
+    state: &AppState,
+    path: CatalogPath,
+    params: ReadParams,
+) -> Result<Response, ApiError> {
     state.db.catalog().refresh().await?;
-    let (value, version) = state.db.catalog().get(&path).await?;
+    let (mut value, version) = state.db.catalog().get(&path).await?;
+    if !params.with_ids.unwrap_or(false) {
+        hide_ids(&path, &mut value);
+    }
     Ok(with_etag(value, version))
 }
 
@@ -52,13 +70,22 @@ async fn write(
             },
         )
         .await?;
+    let mut m = m;
+    if !params.with_ids.unwrap_or(false) {
+        for side in [&mut m.before, &mut m.after].into_iter().flatten() {
+            hide_ids(&path, side);
+        }
+    }
     let version = m.version;
     let body = serde_json::to_value(&m).map_err(|e| ApiError::bad_request(e.to_string()))?;
     Ok(with_etag(body, version))
 }
 
-pub(super) async fn get_root(State(state): State<AppState>) -> Result<Response, ApiError> {
-    read(&state, CatalogPath::Root).await
+pub(super) async fn get_root(
+    State(state): State<AppState>,
+    Query(params): Query<ReadParams>,
+) -> Result<Response, ApiError> {
+    read(&state, CatalogPath::Root, params).await
 }
 
 pub(super) async fn put_root(
@@ -75,8 +102,9 @@ pub(super) async fn put_root(
 pub(super) async fn get_database(
     State(state): State<AppState>,
     Path(db): Path<String>,
+    Query(params): Query<ReadParams>,
 ) -> Result<Response, ApiError> {
-    read(&state, CatalogPath::Database(db)).await
+    read(&state, CatalogPath::Database(db), params).await
 }
 
 pub(super) async fn put_database(
@@ -110,8 +138,9 @@ pub(super) async fn delete_database(
 pub(super) async fn get_schema(
     State(state): State<AppState>,
     Path((db, schema)): Path<(String, String)>,
+    Query(params): Query<ReadParams>,
 ) -> Result<Response, ApiError> {
-    read(&state, CatalogPath::Schema(db, schema)).await
+    read(&state, CatalogPath::Schema(db, schema), params).await
 }
 
 pub(super) async fn put_schema(
@@ -152,8 +181,9 @@ pub(super) async fn delete_schema(
 pub(super) async fn get_table(
     State(state): State<AppState>,
     Path((db, schema, table)): Path<(String, String, String)>,
+    Query(params): Query<ReadParams>,
 ) -> Result<Response, ApiError> {
-    read(&state, CatalogPath::Table(db, schema, table)).await
+    read(&state, CatalogPath::Table(db, schema, table), params).await
 }
 
 pub(super) async fn put_table(

@@ -67,9 +67,13 @@
 //! - **The views stand apart**: each is published, loaded and collected on its own, so a
 //!   failure of one (storage, a damaged directory, metadata numbers used up) never stops
 //!   the other's loads, publications or metadata collection.
-//! - **Field ids** are column positions from 1 (a table's columns never change). Parquet files
-//!   written since this view exists carry them; the name mapping in the table properties
-//!   (`schema.name-mapping.default`) resolves the columns of files written before.
+//! - **Field ids** are the columns' ids ([`crate::catalog`]; positions from 1 for tables
+//!   created before ids), and the schema id is the table's (each change of its columns is a
+//!   new one; `last-column-id` is the highest id the table ever gave). Parquet files carry
+//!   their columns' ids; the name mapping in the table properties
+//!   (`schema.name-mapping.default`) resolves the columns of files written before field ids
+//!   (the table's first columns). A file's `value_counts` and bounds name the current
+//!   columns it holds, by id.
 //! - **Types**: timestamp is `timestamptz_ns` in v3 and `timestamptz` in v2 (see above); int
 //!   and uint are `long` (a uint column only ever holds `0..=i64::MAX`: ingest and `INSERT`
 //!   refuse larger values, so `long` holds every value exactly, and files written since
@@ -79,7 +83,7 @@
 
 mod avro;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::time::Duration;
 
 use futures::TryStreamExt as _;
@@ -88,7 +92,7 @@ use object_store::{ObjectStore, ObjectStoreExt as _, PutMode, PutOptions, PutPay
 use serde_json::{Value, json};
 
 use crate::storage::{Storage, paths};
-use crate::table::{Collectable, ManifestObserver, ManifestState, TableError, field_id};
+use crate::table::{Collectable, ManifestObserver, ManifestState, TableError};
 use crate::types::{Column, ColumnType};
 use avro::Encoder;
 
@@ -164,14 +168,37 @@ fn field_doc(view: View, t: ColumnType) -> Option<&'static str> {
     }
 }
 
-/// The table schema (schema id 0) in `view`.
-fn schema_json(view: View, columns: &[Column]) -> Value {
+/// The table's current schema (its schema id, its columns with their ids) in `view`.
+fn schema_json(view: View, columns: &[Column], state: &ManifestState) -> Value {
+    shape_json(view, columns, &state.column_ids(), state.schema_id)
+}
+
+/// Every schema the view lists: the table's earlier shapes the manifest keeps (each under
+/// its schema id, as snapshots written under it name it), then the current one. An earlier
+/// shape that no longer parses is left out (the current one is checked when the table
+/// loads).
+fn schemas_json(view: View, columns: &[Column], state: &ManifestState) -> Vec<Value> {
+    let mut schemas: Vec<Value> = state
+        .past_shapes
+        .iter()
+        .filter(|p| p.schema_id != state.schema_id)
+        .filter_map(|p| {
+            let (columns, ids) = p.columns().ok()?;
+            Some(shape_json(view, &columns, &ids, p.schema_id))
+        })
+        .collect();
+    schemas.push(schema_json(view, columns, state));
+    schemas
+}
+
+/// A schema: `columns` with their `ids`, under `schema_id`, in `view`.
+fn shape_json(view: View, columns: &[Column], ids: &[i32], schema_id: i32) -> Value {
     let fields: Vec<Value> = columns
         .iter()
-        .enumerate()
-        .map(|(i, c)| {
+        .zip(ids)
+        .map(|(c, id)| {
             let mut field = json!({
-                "id": field_id(i),
+                "id": id,
                 "name": c.name,
                 "required": false,
                 "type": iceberg_type(view, c.data_type),
@@ -182,16 +209,37 @@ fn schema_json(view: View, columns: &[Column]) -> Value {
             field
         })
         .collect();
-    json!({"type": "struct", "schema-id": 0, "fields": fields})
+    json!({"type": "struct", "schema-id": schema_id, "fields": fields})
 }
 
-/// The name mapping that gives files without field ids their columns' ids.
-fn name_mapping(columns: &[Column]) -> String {
-    let mapping: Vec<Value> = columns
+/// The name mapping that gives files without field ids their columns' ids: such files hold
+/// the table's first columns, with ids = positions from 1 (a first column dropped since is
+/// listed too, with its id, which the schema no longer has: its values are never read, and
+/// a new column that took its name does not get them). Columns added since are listed by
+/// their names where no first column had that name.
+fn name_mapping(columns: &[Column], state: &ManifestState) -> String {
+    let first: Vec<(i32, String)> = match state.first_columns.is_empty() {
+        true => columns
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (crate::catalog::position_id(i), c.name.clone()))
+            .collect(),
+        false => state
+            .first_columns
+            .iter()
+            .enumerate()
+            .map(|(i, name)| (crate::catalog::position_id(i), name.clone()))
+            .collect(),
+    };
+    let mut mapping: Vec<Value> = first
         .iter()
-        .enumerate()
-        .map(|(i, c)| json!({"field-id": field_id(i), "names": [c.name]}))
+        .map(|(id, name)| json!({"field-id": id, "names": [name]}))
         .collect();
+    for (c, id) in columns.iter().zip(state.column_ids()) {
+        if !first.iter().any(|(i, name)| *i == id || *name == c.name) {
+            mapping.push(json!({"field-id": id, "names": [c.name]}));
+        }
+    }
     Value::Array(mapping).to_string()
 }
 
@@ -645,7 +693,7 @@ fn snapshot_json(
             "total-position-deletes": "0",
             "total-equality-deletes": "0",
         },
-        "schema-id": 0,
+        "schema-id": state.schema_id,
     });
     if view == View::V3 {
         snapshot["first-row-id"] = json!(first_row_id(state));
@@ -688,16 +736,16 @@ fn metadata_json(
             .iter()
             .filter_map(|s| s["timestamp-ms"].as_u64())
             .fold(now_ms, u64::max),
-        "last-column-id": columns.len(),
-        "current-schema-id": 0,
-        "schemas": [schema_json(view, columns)],
+        "last-column-id": state.last_column_id(),
+        "current-schema-id": state.schema_id,
+        "schemas": schemas_json(view, columns, state),
         "default-spec-id": 0,
         "partition-specs": [{"spec-id": 0, "fields": []}],
         "last-partition-id": 999,
         "default-sort-order-id": 0,
         "sort-orders": [{"order-id": 0, "fields": []}],
         "properties": {
-            "schema.name-mapping.default": name_mapping(columns),
+            "schema.name-mapping.default": name_mapping(columns, state),
             "write.format.default": "parquet",
             "sluice.table-id": id,
             MANIFEST_VERSION_PROPERTY: state.version.to_string(),
@@ -856,13 +904,13 @@ async fn write_snapshot_objects(
     state: &ManifestState,
 ) -> Result<(), TableError> {
     let v = state.version;
-    let timestamp_ids: BTreeMap<&str, i32> = columns
+    let ids = state.column_ids();
+    let timestamp_ids: Vec<i32> = columns
         .iter()
-        .enumerate()
-        .filter(|(_, c)| c.data_type == ColumnType::Timestamp)
-        .map(|(i, c)| (c.name.as_str(), field_id(i)))
+        .zip(&ids)
+        .filter(|(c, _)| c.data_type == ColumnType::Timestamp)
+        .map(|(_, id)| *id)
         .collect();
-    let column_ids: Vec<i32> = (0..columns.len()).map(field_id).collect();
     let mut records = Vec::with_capacity(state.files.len());
     let (mut added, mut existing) = ((0i64, 0i64), (0i64, 0i64));
     let mut min_sequence = v;
@@ -877,8 +925,17 @@ async fn write_snapshot_objects(
         min_sequence = min_sequence.min(added_in);
         let mut lower = Vec::new();
         let mut upper = Vec::new();
+        // By id: the file's names are those of the shape it was written in.
+        let file_ids = state.file_field_ids(f);
+        let column_ids: Vec<i32> = ids
+            .iter()
+            .copied()
+            .filter(|id| file_ids.values().any(|f| f == id))
+            .collect();
         for (name, (lo, hi)) in &f.time_ranges {
-            if let Some(&field) = timestamp_ids.get(name.as_str()) {
+            if let Some(&field) = file_ids.get(name.as_str())
+                && timestamp_ids.contains(&field)
+            {
                 let (lo, hi) = time_bounds(view, *lo, *hi);
                 lower.push((field, lo));
                 upper.push((field, hi));
@@ -922,14 +979,14 @@ async fn write_snapshot_objects(
         }
         records.push(e.into_bytes());
     }
-    let schema = schema_json(view, columns).to_string();
+    let schema = schema_json(view, columns, state).to_string();
     let place = place_tag(&storage.location_of(""));
     let manifest_path = manifest(view, id, v, &place);
     let manifest_bytes = avro::container(
         &manifest_entry_schema(view),
         &[
             ("schema", schema),
-            ("schema-id", "0".into()),
+            ("schema-id", state.schema_id.to_string()),
             ("partition-spec", "[]".into()),
             ("partition-spec-id", "0".into()),
             ("format-version", view.format_version().to_string()),

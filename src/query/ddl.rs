@@ -5,6 +5,10 @@
 //! CREATE DATABASE [IF NOT EXISTS] db
 //! CREATE SCHEMA [IF NOT EXISTS] [db.]schema
 //! DROP TABLE|SCHEMA|DATABASE [IF EXISTS] name
+//! ALTER TABLE name ADD [COLUMN] [IF NOT EXISTS] col type [COMMENT '...']
+//! ALTER TABLE name DROP [COLUMN] [IF EXISTS] col
+//! ALTER TABLE name RENAME COLUMN col TO new_name
+//! ALTER TABLE name ALTER [COLUMN] col SET COMMENT '...' | DROP COMMENT
 //! DESCRIBE [TABLE] name
 //! SHOW TABLES | SHOW DATABASES | SHOW SCHEMAS
 //! ```
@@ -38,9 +42,36 @@ pub(crate) enum Ddl {
     Describe {
         name: Vec<String>,
     },
+    AlterTable {
+        name: Vec<String>,
+        change: AlterColumn,
+    },
     ShowTables,
     ShowDatabases,
     ShowSchemas,
+}
+
+/// What an `ALTER TABLE` changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AlterColumn {
+    Add {
+        column: String,
+        data_type: ColumnType,
+        comment: Option<String>,
+        if_not_exists: bool,
+    },
+    Drop {
+        column: String,
+        if_exists: bool,
+    },
+    Rename {
+        from: String,
+        to: String,
+    },
+    Comment {
+        column: String,
+        comment: Option<String>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,6 +211,79 @@ impl Parser {
         Ok(parts)
     }
 
+    fn column_type(&mut self) -> Result<ColumnType, DdlError> {
+        let offset = self.offset();
+        self.ident()?
+            .parse()
+            .map_err(|e: crate::types::UnknownTypeError| DdlError {
+                message: e.to_string(),
+                offset,
+            })
+    }
+
+    fn comment(&mut self) -> Result<String, DdlError> {
+        match self.tokens.get(self.pos) {
+            Some((Token::Str(s), _)) => {
+                let s = s.clone();
+                self.pos += 1;
+                Ok(s)
+            }
+            _ => Err(self.error("expected a quoted comment")),
+        }
+    }
+
+    /// The change of an `ALTER TABLE name`, after the name.
+    fn alter_column(&mut self) -> Result<AlterColumn, DdlError> {
+        if self.keyword("ADD") {
+            self.keyword("COLUMN");
+            let if_not_exists = self.if_not_exists()?;
+            let column = self.ident()?;
+            let data_type = self.column_type()?;
+            let comment = match self.keyword("COMMENT") {
+                true => Some(self.comment()?),
+                false => None,
+            };
+            Ok(AlterColumn::Add {
+                column,
+                data_type,
+                comment,
+                if_not_exists,
+            })
+        } else if self.keyword("DROP") {
+            self.keyword("COLUMN");
+            let if_exists = self.if_exists()?;
+            Ok(AlterColumn::Drop {
+                column: self.ident()?,
+                if_exists,
+            })
+        } else if self.keyword("RENAME") {
+            self.expect_keyword("COLUMN")?;
+            let from = self.ident()?;
+            self.expect_keyword("TO")?;
+            Ok(AlterColumn::Rename {
+                from,
+                to: self.ident()?,
+            })
+        } else if self.keyword("ALTER") {
+            self.keyword("COLUMN");
+            let column = self.ident()?;
+            let comment = if self.keyword("SET") {
+                self.expect_keyword("COMMENT")?;
+                Some(self.comment()?)
+            } else if self.keyword("DROP") {
+                self.expect_keyword("COMMENT")?;
+                None
+            } else {
+                return Err(self.error(
+                    "expected SET COMMENT or DROP COMMENT (a column's type never changes: add a new column)",
+                ));
+            };
+            Ok(AlterColumn::Comment { column, comment })
+        } else {
+            Err(self.error("expected ADD, DROP, RENAME COLUMN or ALTER COLUMN"))
+        }
+    }
+
     fn if_not_exists(&mut self) -> Result<bool, DdlError> {
         if self.keyword("IF") {
             self.expect_keyword("NOT")?;
@@ -227,6 +331,7 @@ pub(crate) fn parse(sql: &str) -> Result<Option<Ddl>, DdlError> {
             && (is_keyword(&tokens, 1, "TABLE")
                 || is_keyword(&tokens, 1, "DATABASE")
                 || is_keyword(&tokens, 1, "SCHEMA")))
+        || (is_keyword(&tokens, 0, "ALTER") && is_keyword(&tokens, 1, "TABLE"))
         || is_keyword(&tokens, 0, "DESCRIBE")
         || is_keyword(&tokens, 0, "DESC")
         || (is_keyword(&tokens, 0, "SHOW")
@@ -323,6 +428,13 @@ pub(crate) fn parse(sql: &str) -> Result<Option<Ddl>, DdlError> {
             name: p.name()?,
             if_exists,
         }
+    } else if p.keyword("ALTER") {
+        p.expect_keyword("TABLE")?;
+        let name = p.name()?;
+        Ddl::AlterTable {
+            name,
+            change: p.alter_column()?,
+        }
     } else if p.keyword("DESCRIBE") || p.keyword("DESC") {
         p.keyword("TABLE");
         Ddl::Describe { name: p.name()? }
@@ -369,6 +481,62 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn alter_table_statements() {
+        let add = parse("ALTER TABLE db.s.t ADD COLUMN IF NOT EXISTS tags array COMMENT 'labels'");
+        assert_eq!(
+            add.unwrap().unwrap(),
+            Ddl::AlterTable {
+                name: vec!["db".into(), "s".into(), "t".into()],
+                change: AlterColumn::Add {
+                    column: "tags".into(),
+                    data_type: ColumnType::Array,
+                    comment: Some("labels".into()),
+                    if_not_exists: true,
+                },
+            }
+        );
+        assert_eq!(
+            parse("alter table t drop if exists x;").unwrap().unwrap(),
+            Ddl::AlterTable {
+                name: vec!["t".into()],
+                change: AlterColumn::Drop {
+                    column: "x".into(),
+                    if_exists: true,
+                },
+            }
+        );
+        assert_eq!(
+            parse("ALTER TABLE t RENAME COLUMN a TO `b`")
+                .unwrap()
+                .unwrap(),
+            Ddl::AlterTable {
+                name: vec!["t".into()],
+                change: AlterColumn::Rename {
+                    from: "a".into(),
+                    to: "b".into(),
+                },
+            }
+        );
+        assert_eq!(
+            parse("ALTER TABLE t ALTER COLUMN a DROP COMMENT")
+                .unwrap()
+                .unwrap(),
+            Ddl::AlterTable {
+                name: vec!["t".into()],
+                change: AlterColumn::Comment {
+                    column: "a".into(),
+                    comment: None,
+                },
+            }
+        );
+        let e = parse("ALTER TABLE t ALTER COLUMN a TYPE string").unwrap_err();
+        assert!(e.message.contains("never changes"), "{e:?}");
+        let e = parse("ALTER TABLE t ADD c varchar").unwrap_err();
+        assert!(e.message.contains("unknown column type"), "{e:?}");
+        assert!(parse("ALTER TABLE t ADD c int extra").is_err());
     }
 
     #[test]

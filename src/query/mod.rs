@@ -654,14 +654,13 @@ impl QueryEngine {
         for t in listing.tables {
             // A table in the catalog whose storage does not exist yet reads as empty; a query
             // never creates storage.
-            let schema = match self.tables.schema(&t.id).await {
-                Ok(s) => s,
-                Err(TableError::NotFound(_)) => {
-                    keep = false;
-                    crate::types::arrow_schema(&t.columns()?)
-                }
+            match self.tables.schema(&t.id).await {
+                Ok(_) => {}
+                Err(TableError::NotFound(_)) => keep = false,
                 Err(e) => return Err(e.into()),
-            };
+            }
+            // The catalog's shape: files and batches of any earlier one are read by column id.
+            let schema = crate::types::arrow_schema_with_ids(&t.columns()?, &t.def.column_ids());
             let table = Arc::new(provider::SluiceTable::new(
                 t.id.clone(),
                 &schema,

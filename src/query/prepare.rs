@@ -402,6 +402,11 @@ mod tests {
         assert_eq!(access("insert into t (a) select 1"), Ok(Access::Write));
         assert_eq!(access("CREATE TABLE t (a int)"), Ok(Access::Admin));
         assert_eq!(access("drop table t"), Ok(Access::Admin));
+        assert_eq!(access("ALTER TABLE t ADD COLUMN c int"), Ok(Access::Admin));
+        assert_eq!(
+            access("alter table t rename column a to b"),
+            Ok(Access::Admin)
+        );
     }
 
     #[test]

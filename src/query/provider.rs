@@ -20,12 +20,14 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::logical_expr::{BinaryExpr, Expr, Operator, TableProviderFilterPushDown};
+use datafusion::physical_expr::expressions::Column as PhysicalColumn;
 use datafusion::physical_expr_adapter::{
     DefaultPhysicalExprAdapterFactory, PhysicalExprAdapter, PhysicalExprAdapterFactory,
 };
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::SendableRecordBatchStream;
 use datafusion::physical_plan::empty::EmptyExec;
+use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::physical_plan::union::UnionExec;
@@ -174,85 +176,51 @@ impl TableProvider for SluiceTable {
             Err(e) => return Err(DataFusionError::External(Box::new(e))),
         };
         let mut inputs: Vec<Arc<dyn ExecutionPlan>> = Vec::new();
-        let files: Vec<&DataFile> = snapshot
-            .files
-            .iter()
-            .filter(|f| may_match(f, filters))
-            .collect();
-        if !files.is_empty() {
-            // Footers and page indexes come from the runtime's cache. Filters are not pushed
-            // into the Parquet reader: on the query bench, row-level pushdown made the
-            // typical filters (a quarter or a fifth of the rows) 1.5 to 2 times slower, and
-            // helped only the JSON extraction. The scan's predicate (which prunes row groups
-            // and pages) is not set here: DataFusion's physical filter pushdown gives the
-            // scan the conjuncts of the filter above it, and a predicate set here as well
-            // was evaluated twice in every pruning step.
-            let store = state
-                .runtime_env()
-                .object_store(ObjectStoreUrl::parse(STORE_URL)?)?;
-            let footers = state.runtime_env().cache_manager.get_file_metadata_cache();
-            let source = ParquetSource::new(self.schema.clone())
-                .with_parquet_file_reader_factory(Arc::new(CachedParquetFileReaderFactory::new(
-                    store.clone(),
-                    footers.clone(),
-                )))
-                // sluice writes no bloom filters: looking for them is wasted work per row group.
-                .with_bloom_filter_on_read(false);
-            let mut builder =
-                FileScanConfigBuilder::new(ObjectStoreUrl::parse(STORE_URL)?, Arc::new(source))
-                    .with_projection_indices(projection.cloned())?
-                    .with_limit(limit)
-                    .with_expr_adapter(Some(Arc::new(FileColumns)));
-            // Whether every file's footer was read (a file that cannot be read must fail the
-            // query as it would fail a scan, not be counted from the manifest).
-            let mut readable = true;
-            // About four ranges a partition when whole files are read (see `scan_ranges`).
-            let total: u64 = files.iter().map(|f| f.bytes).sum();
-            let rows: u64 = files.iter().map(|f| f.rows).sum();
-            let partitions = state.config().target_partitions().max(1);
-            let range_bytes = (total / (4 * partitions as u64)).max(MIN_RANGE_BYTES);
-            let mut ranges = Vec::new();
-            for f in files {
-                let file = PartitionedFile::new(f.path.clone(), f.bytes);
-                // Footers come from (and stay in) the runtime's cache; a file whose footer
-                // cannot be read is scanned whole and fails there.
-                let metadata = DFParquetMetadata::new(store.as_ref(), &file.object_meta)
-                    .with_file_metadata_cache(Some(footers.clone()))
-                    .fetch_metadata()
-                    .await;
-                let Ok(metadata) = metadata else {
-                    readable = false;
-                    ranges.push((file, f.bytes));
-                    continue;
-                };
-                for range in scan_ranges(&metadata, &self.schema, filters, range_bytes) {
-                    let (start, end) = (range.start, range.end);
-                    let statistics = range.statistics(&self.schema);
-                    let mut range = file
-                        .clone()
-                        .with_range(start as i64, end as i64)
-                        .with_statistics(Arc::new(statistics));
-                    // For a grouping that reads strings as dictionaries (`dictionary_scan`).
-                    range.extensions.insert(FileFooter(Arc::clone(&metadata)));
-                    ranges.push((range, end - start));
+        // Files whose columns are the table's by name and id are scanned (and pruned) as the
+        // table; each other shape (written before a column was renamed, dropped, or its name
+        // reused) is scanned as its own view of the table's columns, renamed back above it.
+        let ids = crate::types::field_ids(&self.schema);
+        let mut aligned: Vec<&DataFile> = Vec::new();
+        let mut shapes: Vec<(SchemaRef, Vec<&DataFile>)> = Vec::new();
+        for f in &snapshot.files {
+            match file_view(&self.schema, &ids, &f.field_ids) {
+                None => {
+                    if may_match(f, filters) {
+                        aligned.push(f);
+                    }
                 }
+                Some(view) => match shapes.iter_mut().find(|(v, _)| *v == view) {
+                    Some((_, files)) => files.push(f),
+                    None => shapes.push((view, vec![f])),
+                },
             }
-            // The manifest's row counts: with no filter every row of every file is read, so
-            // the count is exact and `count(*)` is answered from it without reading a page.
-            // (Not the footers' bounds of timestamp columns for `min(time)`: DataFusion
-            // carries exact bounds through any cast, and a time of day's are not a cast's.)
-            let mut statistics = datafusion::common::Statistics::new_unknown(&self.schema);
-            statistics.num_rows = match usize::try_from(rows) {
-                Ok(rows) if readable && filters.is_empty() => Precision::Exact(rows),
-                Ok(rows) => Precision::Inexact(rows),
-                Err(_) => Precision::Absent,
+        }
+        if let Some(scan) = self
+            .parquet_scan(state, &self.schema, aligned, projection, filters, limit)
+            .await?
+        {
+            inputs.push(scan);
+        }
+        for (view, files) in shapes {
+            let Some(scan) = self
+                .parquet_scan(state, &view, files, projection, &[], limit)
+                .await?
+            else {
+                continue;
             };
-            builder = builder.with_statistics(statistics);
-            // No range: no row group of any file may match.
-            if !ranges.is_empty() {
-                builder = builder.with_file_groups(contiguous_groups(ranges, partitions));
-                inputs.push(DataSourceExec::from_data_source(builder.build()));
-            }
+            let columns: Vec<usize> = match projection {
+                Some(p) => p.clone(),
+                None => (0..self.schema.fields().len()).collect(),
+            };
+            let exprs: Vec<ProjectionExpr> = columns
+                .iter()
+                .enumerate()
+                .map(|(i, c)| ProjectionExpr {
+                    expr: Arc::new(PhysicalColumn::new(view.field(*c).name(), i)),
+                    alias: self.schema.field(*c).name().clone(),
+                })
+                .collect();
+            inputs.push(Arc::new(ProjectionExec::try_new(exprs, scan)?));
         }
         if let Some(spilled) = snapshot.spilled {
             let scan = SpilledScan {
@@ -272,7 +240,7 @@ impl TableProvider for SluiceTable {
             let batches = snapshot
                 .batches
                 .iter()
-                .map(|b| cast_to(b, &self.schema))
+                .map(|b| Ok(crate::types::project_by_id(b, &self.schema)?))
                 .collect::<Result<Vec<_>>>()?;
             inputs.push(MemorySourceConfig::try_new_exec(
                 &[batches],
@@ -292,6 +260,134 @@ impl TableProvider for SluiceTable {
             _ => UnionExec::try_new(inputs),
         }
     }
+}
+
+impl SluiceTable {
+    /// The scan of Parquet `files` as `schema` (the table's, or a view of it that names its
+    /// columns as these files do: see [`file_view`]); pruned by `filters` (none for a view:
+    /// the filters name the table's columns). `None` when no row group may match.
+    async fn parquet_scan(
+        &self,
+        state: &dyn Session,
+        schema: &SchemaRef,
+        files: Vec<&DataFile>,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        if files.is_empty() {
+            return Ok(None);
+        }
+        // Footers and page indexes come from the runtime's cache. Filters are not pushed
+        // into the Parquet reader: on the query bench, row-level pushdown made the
+        // typical filters (a quarter or a fifth of the rows) 1.5 to 2 times slower, and
+        // helped only the JSON extraction. The scan's predicate (which prunes row groups
+        // and pages) is not set here: DataFusion's physical filter pushdown gives the
+        // scan the conjuncts of the filter above it, and a predicate set here as well
+        // was evaluated twice in every pruning step.
+        let store = state
+            .runtime_env()
+            .object_store(ObjectStoreUrl::parse(STORE_URL)?)?;
+        let footers = state.runtime_env().cache_manager.get_file_metadata_cache();
+        let source = ParquetSource::new(schema.clone())
+            .with_parquet_file_reader_factory(Arc::new(CachedParquetFileReaderFactory::new(
+                store.clone(),
+                footers.clone(),
+            )))
+            // sluice writes no bloom filters: looking for them is wasted work per row group.
+            .with_bloom_filter_on_read(false);
+        let mut builder =
+            FileScanConfigBuilder::new(ObjectStoreUrl::parse(STORE_URL)?, Arc::new(source))
+                .with_projection_indices(projection.cloned())?
+                .with_limit(limit)
+                .with_expr_adapter(Some(Arc::new(FileColumns)));
+        // Whether every file's footer was read (a file that cannot be read must fail the
+        // query as it would fail a scan, not be counted from the manifest).
+        let mut readable = true;
+        // About four ranges a partition when whole files are read (see `scan_ranges`).
+        let total: u64 = files.iter().map(|f| f.bytes).sum();
+        let rows: u64 = files.iter().map(|f| f.rows).sum();
+        let partitions = state.config().target_partitions().max(1);
+        let range_bytes = (total / (4 * partitions as u64)).max(MIN_RANGE_BYTES);
+        let mut ranges = Vec::new();
+        for f in files {
+            let file = PartitionedFile::new(f.path.clone(), f.bytes);
+            // Footers come from (and stay in) the runtime's cache; a file whose footer
+            // cannot be read is scanned whole and fails there.
+            let metadata = DFParquetMetadata::new(store.as_ref(), &file.object_meta)
+                .with_file_metadata_cache(Some(footers.clone()))
+                .fetch_metadata()
+                .await;
+            let Ok(metadata) = metadata else {
+                readable = false;
+                ranges.push((file, f.bytes));
+                continue;
+            };
+            for range in scan_ranges(&metadata, schema, filters, range_bytes) {
+                let (start, end) = (range.start, range.end);
+                let statistics = range.statistics(schema);
+                let mut range = file
+                    .clone()
+                    .with_range(start as i64, end as i64)
+                    .with_statistics(Arc::new(statistics));
+                // For a grouping that reads strings as dictionaries (`dictionary_scan`).
+                range.extensions.insert(FileFooter(Arc::clone(&metadata)));
+                ranges.push((range, end - start));
+            }
+        }
+        // The manifest's row counts: with no filter every row of every file is read, so
+        // the count is exact and `count(*)` is answered from it without reading a page.
+        // (Not the footers' bounds of timestamp columns for `min(time)`: DataFusion
+        // carries exact bounds through any cast, and a time of day's are not a cast's.)
+        let mut statistics = datafusion::common::Statistics::new_unknown(schema);
+        statistics.num_rows = match usize::try_from(rows) {
+            Ok(rows) if readable && filters.is_empty() => Precision::Exact(rows),
+            Ok(rows) => Precision::Inexact(rows),
+            Err(_) => Precision::Absent,
+        };
+        builder = builder.with_statistics(statistics);
+        // No range: no row group of any file may match.
+        if !ranges.is_empty() {
+            builder = builder.with_file_groups(contiguous_groups(ranges, partitions));
+            return Ok(Some(DataSourceExec::from_data_source(builder.build())));
+        }
+        Ok(None)
+    }
+}
+
+/// The table's columns (`table`, with ids `ids`) as a file whose columns have the ids
+/// `file` (by name) holds them: `None` when the file names each of its columns the table
+/// has by the table's name for it (and holds no other under a name the table uses), so it
+/// reads as the table; else the table's schema with each column renamed to the file's name
+/// for its id, or to a name no column can have when the file lacks it (it reads as NULL).
+fn file_view(
+    table: &SchemaRef,
+    ids: &[i32],
+    file: &std::collections::BTreeMap<String, i32>,
+) -> Option<SchemaRef> {
+    let aligned = file.iter().all(|(name, id)| match table.index_of(name) {
+        Ok(i) => ids.get(i) == Some(id),
+        Err(_) => !ids.contains(id),
+    });
+    if aligned {
+        return None;
+    }
+    let fields: Vec<Field> = table
+        .fields()
+        .iter()
+        .zip(ids)
+        .map(|(f, id)| {
+            let name = file
+                .iter()
+                .find(|(_, file_id)| *file_id == id)
+                .map_or_else(|| format!("absent column {id}"), |(name, _)| name.clone());
+            f.as_ref().clone().with_name(name)
+        })
+        .collect();
+    Some(Arc::new(Schema::new_with_metadata(
+        fields,
+        table.metadata().clone(),
+    )))
 }
 
 /// A table's spilled batches, read back from the commit log while the scan goes: a blocking
@@ -330,7 +426,7 @@ impl PartitionStream for SpilledScan {
                             for batch in batches.read() {
                                 let batch = batch
                                     .map_err(|e| DataFusionError::External(Box::new(e)))
-                                    .and_then(|b| cast_to(&b, &schema));
+                                    .and_then(|b| Ok(crate::types::project_by_id(&b, &schema)?));
                                 let failed = batch.is_err();
                                 if tx.blocking_send(batch).is_err() || failed {
                                     return;

@@ -147,18 +147,26 @@ pub(super) fn write_parquet(
         }
     }
     let bytes = Bytes::from(out);
+    let field_ids = schema
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .zip(crate::types::field_ids(schema))
+        .collect();
     let file = DataFile {
         path,
         rows: batches.iter().map(|b| b.num_rows() as u64).sum(),
         bytes: bytes.len() as u64,
         time_ranges,
+        field_ids,
     };
     Ok((bytes, file))
 }
 
 /// The schema a Parquet file is written with (and embeds), which every Iceberg reader of
 /// the table's views ([`crate::iceberg`]) accepts: each column carries its Iceberg field id
-/// (`PARQUET:field_id`, which the Parquet writer puts in the file's schema) and its sluice
+/// (`PARQUET:field_id`, which the Parquet writer puts in the file's schema: the column's id,
+/// [`crate::types::field_ids`]) and its sluice
 /// type (`sluice.type`); an interval is `Int64` nanoseconds (readers refuse Arrow's
 /// `Duration`); a uint is `Int64`, a plain signed INT64 in Parquet, the type the Iceberg
 /// specification gives `long` (Iceberg has no unsigned types, and Java's and C++'s readers
@@ -167,17 +175,18 @@ pub(super) fn write_parquet(
 /// refuse). Queries read files as the table's schema, casting back ([`crate::query`]'s
 /// scan), and [`file_column`] turns a table column into its file type.
 pub(super) fn file_schema(schema: &SchemaRef) -> SchemaRef {
+    let ids = crate::types::field_ids(schema);
     let fields: Vec<arrow_schema::FieldRef> = schema
         .fields()
         .iter()
-        .enumerate()
-        .map(|(i, f)| {
+        .zip(ids)
+        .map(|(f, id)| {
             let mut metadata = f.metadata().clone();
             metadata.remove(crate::types::EXTENSION_NAME_KEY);
             metadata.remove(crate::types::EXTENSION_METADATA_KEY);
             metadata.insert(
                 parquet::arrow::PARQUET_FIELD_ID_META_KEY.to_owned(),
-                field_id(i).to_string(),
+                id.to_string(),
             );
             let data_type = match f.data_type() {
                 DataType::Duration(_) | DataType::UInt64 => DataType::Int64,
@@ -755,9 +764,52 @@ pub(super) fn read_parquet(files: &[Bytes]) -> Result<Vec<RecordBatch>, TableErr
     Ok(batches)
 }
 
-/// The Iceberg field id (`PARQUET:field_id`) of the column at `index`.
-pub(crate) fn field_id(index: usize) -> i32 {
-    i32::try_from(index + 1).unwrap_or(i32::MAX)
+/// The shape a file of `inputs` (batches or files of a table, of any of its shapes) is
+/// written in: the table's `current` columns, in order, then any column of the inputs that
+/// is newer than the shape this node knows (an id above `last_column_id`: another node's
+/// catalog added it, and its manifest commit has not been read yet), so that no value is
+/// lost. A column the table dropped (an id at or below `last_column_id` that `current` lacks)
+/// is left out. A newer column whose name is taken is written as `{name}#{id}`: readers map
+/// by id.
+pub(super) fn written_shape(
+    current: &SchemaRef,
+    last_column_id: i32,
+    inputs: &[SchemaRef],
+) -> SchemaRef {
+    let mut ids = crate::types::field_ids(current);
+    let mut fields: Vec<arrow_schema::FieldRef> = current.fields().iter().cloned().collect();
+    for input in inputs {
+        for (field, id) in input.fields().iter().zip(crate::types::field_ids(input)) {
+            if id <= last_column_id || ids.contains(&id) {
+                continue;
+            }
+            let Some(t) = crate::types::ColumnType::from_field(field) else {
+                continue;
+            };
+            let name = if fields.iter().any(|f| f.name() == field.name()) {
+                format!("{}#{id}", field.name())
+            } else {
+                field.name().clone()
+            };
+            ids.push(id);
+            fields.push(Arc::new(crate::types::with_field_id(
+                t.arrow_field(&name),
+                id,
+            )));
+        }
+    }
+    Arc::new(arrow_schema::Schema::new(fields))
+}
+
+/// `batches` read as `shape` (see [`crate::types::project_by_id`]).
+pub(super) fn project_all(
+    batches: &[RecordBatch],
+    shape: &SchemaRef,
+) -> Result<Vec<RecordBatch>, TableError> {
+    batches
+        .iter()
+        .map(|b| crate::types::project_by_id(b, shape).map_err(encoding))
+        .collect()
 }
 
 #[cfg(test)]

@@ -8,6 +8,15 @@
 //! it, not the whole history; garbage collection deletes versions below a checkpoint once
 //! they are older than the grace period, after raising the log's floor, and a reader whose
 //! state is below the floor loads the table again.
+//!
+//! **Shape.** The manifest holds the table's current columns with their ids (see
+//! [`crate::catalog`]'s column ids), its schema id and the highest column id it ever gave. A
+//! change of the catalog's columns is committed here as a version with the new columns and
+//! schema id (never one below the state's: [`Change::shape`]). Data files are never
+//! rewritten for it: each [`DataFile`] records its columns' ids (`field_ids`; a file written
+//! before ids has none, and its columns are the table's first, with ids = positions from 1)
+//! and readers map its columns by id. The state keeps the shapes before the current one
+//! (`past_shapes`, the newest [`MAX_PAST_SHAPES`]) for the Iceberg view's schema history.
 
 use std::collections::BTreeMap;
 
@@ -30,11 +39,18 @@ pub struct DataFile {
     /// For each timestamp column, the (min, max) nanoseconds of its non-null values.
     #[serde(default)]
     pub time_ranges: BTreeMap<String, (i64, i64)>,
+    /// Each column's id, by its name in the file (none in files written before ids: see the
+    /// module docs).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub field_ids: BTreeMap<String, i32>,
 }
 
 /// A column as the manifest stores it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct ColumnSpec {
+    /// Column id (none in manifests written before ids: the position from 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<i32>,
     /// Column name.
     pub name: String,
     /// sluice type name.
@@ -48,9 +64,15 @@ pub(crate) struct Version {
     pub version: u64,
     /// Random tag of the attempt that wrote it.
     pub tag: String,
-    /// The table's stored columns (set by version 0).
+    /// The table's stored columns (set by version 0, and by each change of shape).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub columns: Option<Vec<ColumnSpec>>,
+    /// With `columns`: the schema id of that shape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_id: Option<i32>,
+    /// With `columns`: the highest column id the table ever gave.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_column_id: Option<i32>,
     /// Files added.
     #[serde(default)]
     pub added: Vec<DataFile>,
@@ -119,6 +141,21 @@ pub(crate) struct ManifestState {
     pub version: u64,
     /// The stored columns.
     pub columns: Vec<ColumnSpec>,
+    /// The schema id of `columns`.
+    #[serde(default)]
+    pub schema_id: i32,
+    /// The highest column id the table ever gave (0 in states written before ids: then the
+    /// number of columns).
+    #[serde(default)]
+    pub last_column_id: i32,
+    /// The names of the table's first columns, once its shape changed (files written before
+    /// ids hold these, with ids = positions from 1); empty while `columns` are the first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub first_columns: Vec<String>,
+    /// The shapes the table had before `columns`, oldest first, at most
+    /// [`MAX_PAST_SHAPES`]: the Iceberg view lists them as its earlier schemas.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub past_shapes: Vec<PastShape>,
     /// Live files, in the order they were added.
     pub files: Vec<DataFile>,
     /// Per node, the log position covered by files.
@@ -140,7 +177,22 @@ impl ManifestState {
     pub(crate) fn apply(&mut self, v: &Version) {
         self.version = v.version;
         if let Some(columns) = &v.columns {
+            if self.first_columns.is_empty() && !self.columns.is_empty() {
+                self.first_columns = self.columns.iter().map(|c| c.name.clone()).collect();
+            }
+            self.last_column_id = self.last_column_id();
+            let schema_id = v.schema_id.unwrap_or(0);
+            if !self.columns.is_empty() && schema_id != self.schema_id {
+                self.past_shapes.push(PastShape {
+                    schema_id: self.schema_id,
+                    columns: std::mem::take(&mut self.columns),
+                });
+                let over = self.past_shapes.len().saturating_sub(MAX_PAST_SHAPES);
+                self.past_shapes.drain(..over);
+            }
             self.columns = columns.clone();
+            self.schema_id = v.schema_id.unwrap_or(0);
+            self.last_column_id = self.last_column_id().max(v.last_column_id.unwrap_or(0));
         }
         let mut change = LastChange {
             committed_ms: v.committed_ms,
@@ -179,22 +231,103 @@ impl ManifestState {
         }
     }
 
-    /// The stored columns as sluice columns.
-    pub(crate) fn table_columns(&self) -> Result<Vec<Column>, TableError> {
-        self.columns
-            .iter()
-            .map(|c| {
-                let t: ColumnType =
-                    c.data_type
-                        .parse()
-                        .map_err(|_| TableError::CorruptManifest {
-                            path: "columns".into(),
-                            reason: format!("unknown column type {:?}", c.data_type),
-                        })?;
-                Ok(Column::new(c.name.clone(), t))
-            })
+    /// Each stored column's id, in order.
+    pub(crate) fn column_ids(&self) -> Vec<i32> {
+        spec_ids(&self.columns)
+    }
+
+    /// The highest column id the table ever gave.
+    pub(crate) fn last_column_id(&self) -> i32 {
+        let highest = self.column_ids().into_iter().max().unwrap_or(0);
+        self.last_column_id.max(highest)
+    }
+
+    /// The stored columns' Arrow schema, each field with its column id.
+    pub(crate) fn schema(&self) -> Result<arrow_schema::SchemaRef, TableError> {
+        Ok(crate::types::arrow_schema_with_ids(
+            &self.table_columns()?,
+            &self.column_ids(),
+        ))
+    }
+
+    /// The column ids of `file` by name: its own, or for a file written before ids, the
+    /// table's first columns by position.
+    pub(crate) fn file_field_ids(&self, file: &DataFile) -> BTreeMap<String, i32> {
+        if !file.field_ids.is_empty() {
+            return file.field_ids.clone();
+        }
+        let first: Vec<&String> = if self.first_columns.is_empty() {
+            self.columns.iter().map(|c| &c.name).collect()
+        } else {
+            self.first_columns.iter().collect()
+        };
+        first
+            .into_iter()
+            .enumerate()
+            .map(|(i, name)| (name.clone(), crate::catalog::position_id(i)))
             .collect()
     }
+
+    /// Leaves out `file`'s column ids where they are what [`ManifestState::file_field_ids`]
+    /// gives a file without them (a table whose columns never changed): manifests stay as
+    /// small as before ids.
+    pub(crate) fn omit_default_field_ids(&self, file: &mut DataFile) {
+        let ids = std::mem::take(&mut file.field_ids);
+        if self.file_field_ids(file) != ids {
+            file.field_ids = ids;
+        }
+    }
+
+    /// The stored columns as sluice columns.
+    pub(crate) fn table_columns(&self) -> Result<Vec<Column>, TableError> {
+        shape_columns(&self.columns)
+    }
+}
+
+/// Most earlier shapes a manifest state keeps ([`ManifestState::past_shapes`]): as many as
+/// the Iceberg view keeps snapshots, so every snapshot it lists finds its schema.
+pub(crate) const MAX_PAST_SHAPES: usize = 64;
+
+/// A shape a table had before its current one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PastShape {
+    /// Its schema id.
+    pub schema_id: i32,
+    /// Its columns, with their ids.
+    pub columns: Vec<ColumnSpec>,
+}
+
+impl PastShape {
+    /// Its columns as sluice columns, with their ids.
+    pub(crate) fn columns(&self) -> Result<(Vec<Column>, Vec<i32>), TableError> {
+        Ok((shape_columns(&self.columns)?, spec_ids(&self.columns)))
+    }
+}
+
+/// Each column's id: its own, or (stored before ids) its position from 1.
+fn spec_ids(columns: &[ColumnSpec]) -> Vec<i32> {
+    columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| c.id.unwrap_or_else(|| crate::catalog::position_id(i)))
+        .collect()
+}
+
+/// Stored columns as sluice columns.
+fn shape_columns(columns: &[ColumnSpec]) -> Result<Vec<Column>, TableError> {
+    columns
+        .iter()
+        .map(|c| {
+            let t: ColumnType = c
+                .data_type
+                .parse()
+                .map_err(|_| TableError::CorruptManifest {
+                    path: "columns".into(),
+                    reason: format!("unknown column type {:?}", c.data_type),
+                })?;
+            Ok(Column::new(c.name.clone(), t))
+        })
+        .collect()
 }
 
 /// What a commit wants to change.
@@ -211,6 +344,9 @@ pub(crate) struct Change {
     /// (else [`TableError::Conflict`]): a flush whose rows are already in a file must not
     /// add them again.
     pub flushed_below: Option<(String, u64)>,
+    /// A new shape (columns, schema id, last column id): committed only while the state's
+    /// schema id is below this one's (a commit that finds it reached is a no-op).
+    pub shape: Option<(Vec<ColumnSpec>, i32, i32)>,
 }
 
 /// Manifest access for one table.
@@ -253,18 +389,16 @@ impl Manifest {
         &self,
         store: &dyn ObjectStore,
         columns: &[Column],
+        ids: &[i32],
+        schema_id: i32,
     ) -> Result<ManifestState, TableError> {
-        let specs: Vec<ColumnSpec> = columns
-            .iter()
-            .map(|c| ColumnSpec {
-                name: c.name.clone(),
-                data_type: c.data_type.as_str().to_owned(),
-            })
-            .collect();
+        let specs = column_specs(columns, ids);
         let v0 = Version {
             version: 0,
             tag: new_tag(),
             columns: Some(specs.clone()),
+            schema_id: Some(schema_id),
+            last_column_id: ids.iter().copied().max(),
             added: Vec::new(),
             removed: Vec::new(),
             flushed: BTreeMap::new(),
@@ -381,10 +515,21 @@ impl Manifest {
                     )));
                 }
             }
+            let shape = match &change.shape {
+                Some((_, schema_id, _)) if state.schema_id >= *schema_id => {
+                    if change.added.is_empty() && change.removed.is_empty() {
+                        return Ok(state);
+                    }
+                    None
+                }
+                other => other.clone(),
+            };
             let v = Version {
                 version: state.version + 1,
                 tag: tag.clone(),
-                columns: None,
+                schema_id: shape.as_ref().map(|s| s.1),
+                last_column_id: shape.as_ref().map(|s| s.2),
+                columns: shape.map(|s| s.0),
                 added: change.added.clone(),
                 removed: change.removed.clone(),
                 flushed: change.flushed.clone(),
@@ -404,5 +549,70 @@ impl Manifest {
             // Another writer took this version: fold it (and any after it) in, and go again.
             self.refresh(store, &mut state, false).await?;
         }
+    }
+}
+
+/// Columns as the manifest stores them, with their ids.
+pub(crate) fn column_specs(columns: &[Column], ids: &[i32]) -> Vec<ColumnSpec> {
+    columns
+        .iter()
+        .zip(ids)
+        .map(|(c, id)| ColumnSpec {
+            id: Some(*id),
+            name: c.name.clone(),
+            data_type: c.data_type.as_str().to_owned(),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod shapes {
+    use super::*;
+
+    fn shape(version: u64, schema_id: i32, names: &[&str]) -> Version {
+        let columns = names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| ColumnSpec {
+                id: Some(crate::catalog::position_id(i)),
+                name: (*name).to_owned(),
+                data_type: "int".into(),
+            })
+            .collect();
+        Version {
+            version,
+            tag: String::new(),
+            columns: Some(columns),
+            schema_id: Some(schema_id),
+            last_column_id: None,
+            added: Vec::new(),
+            removed: Vec::new(),
+            flushed: BTreeMap::new(),
+            committed_ms: 0,
+        }
+    }
+
+    /// Each change of shape keeps the one before under its schema id, oldest first, the
+    /// newest [`MAX_PAST_SHAPES`] of them; a version of the same schema id keeps none.
+    #[test]
+    fn past_shapes_are_kept_newest_last_and_bounded() {
+        let mut state = ManifestState::default();
+        state.apply(&shape(0, 0, &["a"]));
+        assert!(state.past_shapes.is_empty());
+        state.apply(&shape(1, 1, &["a", "b"]));
+        state.apply(&shape(2, 1, &["a", "b"]));
+        let kept: Vec<(i32, usize)> = state
+            .past_shapes
+            .iter()
+            .map(|p| (p.schema_id, p.columns.len()))
+            .collect();
+        assert_eq!(kept, [(0, 1)]);
+        for id in 2..=100 {
+            state.apply(&shape(u64::try_from(id).unwrap_or(0) + 1, id, &["a"]));
+        }
+        assert_eq!(state.past_shapes.len(), MAX_PAST_SHAPES);
+        assert_eq!(state.past_shapes.first().map(|p| p.schema_id), Some(36));
+        assert_eq!(state.past_shapes.last().map(|p| p.schema_id), Some(99));
+        assert_eq!(state.schema_id, 100);
     }
 }

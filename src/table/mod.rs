@@ -70,8 +70,8 @@ use crate::error::{Cause, Classify, ErrorClass, Kind};
 use crate::log::{CommitLog, LogConsumer, LogError, Lsn, Record, RecordKind};
 use crate::node::{Node, NodeError};
 use crate::storage::{Storage, paths};
-use crate::types::{Column, arrow_schema};
-pub(crate) use files::{dictionary_pages_only, field_id};
+use crate::types::Column;
+pub(crate) use files::dictionary_pages_only;
 use manifest::{Change, Manifest};
 pub(crate) use manifest::{DataFile, ManifestState};
 
@@ -580,7 +580,6 @@ impl TableState {
 
 struct Table {
     id: String,
-    schema: SchemaRef,
     manifest: Manifest,
     state: Mutex<TableState>,
     /// One flush of this table at a time on this node (a flush takes the oldest unflushed
@@ -605,6 +604,26 @@ struct Table {
 const FLOOR_CHECK_INTERVAL: Duration = Duration::from_secs(30);
 
 impl Table {
+    /// A table of this manifest state, nothing unflushed.
+    fn new(id: &str, manifest: Manifest, state: ManifestState) -> Table {
+        Table {
+            id: id.to_owned(),
+            manifest,
+            state: Mutex::new(TableState {
+                manifest: state,
+                unflushed: VecDeque::new(),
+                held_bytes: 0,
+                spilled: 0,
+                spilled_bytes: 0,
+                last_append: None,
+            }),
+            flushing: tokio::sync::Mutex::new(()),
+            compacting: tokio::sync::Mutex::new(()),
+            committing: Arc::new(tokio::sync::Mutex::new(())),
+            floor_checked: Mutex::new(None),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, TableState> {
         // A panic while holding the lock leaves plain data behind; keep serving it.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -846,24 +865,8 @@ impl Tables {
         manifest: Manifest,
         state: ManifestState,
     ) -> Result<Arc<Table>, TableError> {
-        let columns = state.table_columns()?;
-        let table = Arc::new(Table {
-            id: id.to_owned(),
-            schema: arrow_schema(&columns),
-            manifest,
-            state: Mutex::new(TableState {
-                manifest: state,
-                unflushed: VecDeque::new(),
-                held_bytes: 0,
-                spilled: 0,
-                spilled_bytes: 0,
-                last_append: None,
-            }),
-            flushing: tokio::sync::Mutex::new(()),
-            compacting: tokio::sync::Mutex::new(()),
-            committing: Arc::new(tokio::sync::Mutex::new(())),
-            floor_checked: Mutex::new(None),
-        });
+        state.schema()?;
+        let table = Arc::new(Table::new(id, manifest, state));
         let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
         Ok(tables.entry(id.to_owned()).or_insert(table).clone())
     }
@@ -878,12 +881,28 @@ impl Tables {
     }
 
     /// Creates a table with these columns (computed ones included: batches carry their
-    /// values). Creating an existing table with the same columns is a no-op.
+    /// values), with ids = positions from 1. Creating an existing table with the same columns
+    /// is a no-op.
     pub async fn create_table(&self, id: &str, columns: &[Column]) -> Result<(), TableError> {
+        let ids: Vec<i32> = (0..columns.len())
+            .map(crate::catalog::position_id)
+            .collect();
+        self.create_table_shaped(id, columns, &ids, 0).await
+    }
+
+    /// [`Tables::create_table`] with the columns' ids `ids` and schema id `schema_id` (a
+    /// table whose catalog columns changed before its storage was created).
+    pub(crate) async fn create_table_shaped(
+        &self,
+        id: &str,
+        columns: &[Column],
+        ids: &[i32],
+        schema_id: i32,
+    ) -> Result<(), TableError> {
         check_id(id)?;
         let manifest = Manifest::new(id, self.config.checkpoint_interval);
         let state = manifest
-            .create(self.storage.store().as_ref(), columns)
+            .create(self.storage.store().as_ref(), columns, ids, schema_id)
             .await?;
         if self.get(id).is_none() {
             self.insert(id, manifest, state)?;
@@ -909,9 +928,44 @@ impl Tables {
         }
     }
 
-    /// The Arrow schema of a table.
+    /// The Arrow schema of a table: its current shape, each field with its column id.
     pub async fn schema(&self, id: &str) -> Result<SchemaRef, TableError> {
-        Ok(self.table(id).await?.schema.clone())
+        self.table(id).await?.lock().manifest.schema()
+    }
+
+    /// Commits a new shape of a table (its catalog's columns changed): its columns, their
+    /// ids, its schema id and the highest column id it ever gave. A no-op when the manifest's
+    /// schema id is that one or newer already. No data file is rewritten.
+    pub(crate) async fn set_shape(
+        &self,
+        id: &str,
+        columns: &[Column],
+        ids: &[i32],
+        schema_id: i32,
+        last_column_id: i32,
+    ) -> Result<(), TableError> {
+        let table = self.table(id).await?;
+        if table.lock().manifest.schema_id >= schema_id {
+            return Ok(());
+        }
+        let change = Change {
+            shape: Some((
+                manifest::column_specs(columns, ids),
+                schema_id,
+                last_column_id,
+            )),
+            ..Change::default()
+        };
+        let _committing = table.committing.lock().await;
+        self.node.ensure_current().await?;
+        let manifest = table.lock().manifest.clone();
+        let committed = table
+            .manifest
+            .commit(self.storage.store().as_ref(), &manifest, &change)
+            .await?;
+        table.lock().install(committed.clone(), self.node.id());
+        self.show(id, &committed).await;
+        Ok(())
     }
 
     /// Appends a batch: durable in the commit log and visible to snapshots when this returns.
@@ -923,12 +977,45 @@ impl Tables {
     /// budget.
     pub async fn append(&self, id: &str, batch: RecordBatch) -> Result<Lsn, TableError> {
         let table = self.table(id).await?;
-        if batch.schema().fields() != table.schema.fields() {
-            return Err(TableError::SchemaMismatch {
-                table: id.to_owned(),
-                reason: format!("expected {:?}, got {:?}", table.schema, batch.schema()),
-            });
-        }
+        // A batch of any shape of the table is kept (a change of its columns may land while
+        // the batch is checked): readers map its columns by id. Its columns must carry ids,
+        // distinct ones, and sluice types; a batch without ids must be of the current shape
+        // (it takes its ids).
+        let mismatch = |reason: String| TableError::SchemaMismatch {
+            table: id.to_owned(),
+            reason,
+        };
+        let labelled = batch.schema().fields().iter().all(|f| {
+            f.metadata().contains_key(crate::types::FIELD_ID_KEY)
+                && crate::types::ColumnType::from_field(f).is_some()
+        });
+        let batch = if labelled {
+            let mut seen = std::collections::HashSet::new();
+            if !crate::types::field_ids(batch.schema_ref())
+                .into_iter()
+                .all(|id| seen.insert(id))
+            {
+                return Err(mismatch("two columns have one column id".into()));
+            }
+            batch
+        } else {
+            let shape = table.lock().manifest.schema()?;
+            let same = batch.schema().fields().len() == shape.fields().len()
+                && batch
+                    .schema()
+                    .fields()
+                    .iter()
+                    .zip(shape.fields())
+                    .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type());
+            if !same {
+                return Err(mismatch(format!(
+                    "expected {shape:?}, got {:?}",
+                    batch.schema()
+                )));
+            }
+            RecordBatch::try_new(shape, batch.columns().to_vec())
+                .map_err(|e| mismatch(e.to_string()))?
+        };
         // Marked before the batch can be pushed: a flush pass never takes the first batch of
         // a burst for a lone one.
         table.lock().last_append = Some(Instant::now());
@@ -987,8 +1074,16 @@ impl Tables {
             _kept: Arc::new(LogHold::new(&self.holds, &self.next_hold, first)),
         });
         Ok(TableSnapshot {
-            schema: table.schema.clone(),
-            files: state.manifest.files.clone(),
+            schema: state.manifest.schema()?,
+            files: state
+                .manifest
+                .files
+                .iter()
+                .map(|f| DataFile {
+                    field_ids: state.manifest.file_field_ids(f),
+                    ..f.clone()
+                })
+                .collect(),
             spilled,
             batches,
             version: state.manifest.version,
@@ -1322,6 +1417,7 @@ impl Tables {
             // Rows of this cut already in a file (an earlier commit that landed with its
             // answer lost) must not be written twice.
             flushed_below: Some((node.clone(), first_lsn)),
+            shape: None,
         };
         // The newest state: a compaction may have committed since the cut.
         let manifest = table.lock().manifest.clone();
@@ -1376,13 +1472,22 @@ impl Tables {
         make: impl FnOnce() -> Result<Vec<RecordBatch>, TableError> + Send + 'static,
     ) -> Result<(DataFile, Instant), TableError> {
         let path = paths::new_table_data_file(&table.id);
-        let schema = table.schema.clone();
+        let (current, last_column_id) = {
+            let state = table.lock();
+            (state.manifest.schema()?, state.manifest.last_column_id())
+        };
         let row_group_rows = self.config.row_group_rows;
         let (bytes, file) = tokio::task::spawn_blocking(move || {
-            files::write_parquet(&schema, &make()?, row_group_rows, path)
+            let batches = make()?;
+            let inputs: Vec<SchemaRef> = batches.iter().map(RecordBatch::schema).collect();
+            let shape = files::written_shape(&current, last_column_id, &inputs);
+            let batches = files::project_all(&batches, &shape)?;
+            files::write_parquet(&shape, &batches, row_group_rows, path)
         })
         .await
         .map_err(|e| TableError::Task(e.to_string()))??;
+        let mut file = file;
+        table.lock().manifest.omit_default_field_ids(&mut file);
         let put = self.put_data_file(&file, bytes).await?;
         Ok((file, put))
     }
@@ -1537,7 +1642,19 @@ impl Tables {
         let group_rows = self.config.row_group_rows.max(1) as u64;
         let groups: u64 = picked.iter().map(|f| f.rows.div_ceil(group_rows)).sum();
         let mut spliced = None;
-        if rows >= groups.max(1) * (group_rows / 4) {
+        // Only files in the current shape are spliced: any other is read and written again
+        // in it (compaction writes the current shape).
+        let current = manifest.schema()?;
+        let current_ids: BTreeMap<String, i32> = current
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .zip(crate::types::field_ids(&current))
+            .collect();
+        let current_shape = picked
+            .iter()
+            .all(|f| manifest.file_field_ids(f) == current_ids);
+        if current_shape && rows >= groups.max(1) * (group_rows / 4) {
             let size: u64 = picked.iter().map(|f| f.bytes).sum();
             let mut splicer = files::Splicer::new(usize::try_from(size).unwrap_or(0));
             let mut same_schema = true;
@@ -1573,12 +1690,14 @@ impl Tables {
                         range.1 = range.1.max(hi);
                     }
                 }
-                let file = DataFile {
+                let mut file = DataFile {
                     path: paths::new_table_data_file(&table.id),
                     rows,
                     bytes: bytes.len() as u64,
                     time_ranges,
+                    field_ids: current_ids,
                 };
+                manifest.omit_default_field_ids(&mut file);
                 let put = self.put_data_file(&file, bytes).await?;
                 (file, put)
             }
@@ -1596,6 +1715,7 @@ impl Tables {
             removed: picked.iter().map(|f| f.path.clone()).collect(),
             flushed: BTreeMap::new(),
             flushed_below: None,
+            shape: None,
         };
         let _committing = table.committing.lock().await;
         self.node.ensure_current().await?;
@@ -1931,5 +2051,69 @@ mod tests {
         let kept = state.unflushed[0].bytes;
         assert!(kept * 16 < bytes, "{kept} bytes kept of {bytes}");
         assert_eq!(state.held_bytes, kept);
+    }
+}
+
+/// Coalescing and column ids: entries join only batches of one shape, so each entry is read
+/// and flushed by its own columns' ids.
+#[cfg(test)]
+mod coalescing {
+    use super::*;
+    use arrow_array::Int64Array;
+
+    /// A one-row batch of one `long` column named `name` with column id `id`.
+    fn labelled(name: &str, id: i32, value: i64) -> RecordBatch {
+        let field = crate::types::with_field_id(
+            arrow_schema::Field::new(name, arrow_schema::DataType::Int64, true),
+            id,
+        );
+        let schema = Arc::new(arrow_schema::Schema::new(vec![field]));
+        RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(vec![value]))]).expect("batch")
+    }
+
+    fn table() -> Table {
+        Table::new("t", Manifest::new("t", 10), ManifestState::default())
+    }
+
+    /// Small batches of one shape join one entry; a batch whose column has another id (the
+    /// same name and type, after a drop and re-add) or another name (a rename) starts its
+    /// own entry, and the entries keep their batches' ids.
+    #[test]
+    fn small_batches_of_other_column_ids_never_join() {
+        let table = table();
+        for (lsn, batch) in [
+            (1, labelled("b", 2, 1)),
+            (2, labelled("b", 2, 2)),
+            (3, labelled("b", 3, 3)),
+            (4, labelled("b2", 3, 4)),
+            (5, labelled("b2", 3, 5)),
+        ] {
+            let bytes = batch.get_array_memory_size();
+            table.push(lsn, batch, bytes);
+        }
+        let state = table.lock();
+        let entries: Vec<(Vec<Lsn>, Vec<i32>, Vec<String>)> = state
+            .unflushed
+            .iter()
+            .map(|u| {
+                let schema = u
+                    .runs
+                    .as_ref()
+                    .and_then(|r| r.first())
+                    .expect("in memory")
+                    .batch
+                    .schema();
+                let names = schema.fields().iter().map(|f| f.name().clone()).collect();
+                (u.lsns.clone(), crate::types::field_ids(&schema), names)
+            })
+            .collect();
+        assert_eq!(
+            entries,
+            [
+                (vec![1, 2], vec![2], vec!["b".to_owned()]),
+                (vec![3], vec![3], vec!["b".to_owned()]),
+                (vec![4, 5], vec![3], vec!["b2".to_owned()]),
+            ]
+        );
     }
 }

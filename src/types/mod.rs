@@ -298,9 +298,121 @@ pub fn encode_base64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
+/// Arrow field metadata key of a column's id (see [`crate::catalog`]'s column ids): the
+/// Parquet writer stores it as the file schema's field id, which Iceberg readers map by.
+pub(crate) const FIELD_ID_KEY: &str = "PARQUET:field_id";
+
+/// The Arrow schema of these columns, in order, each field carrying its column id
+/// ([`FIELD_ID_KEY`]).
+pub(crate) fn arrow_schema_with_ids<'a>(
+    columns: impl IntoIterator<Item = &'a Column>,
+    ids: &[i32],
+) -> SchemaRef {
+    let fields: Vec<Field> = columns
+        .into_iter()
+        .zip(ids)
+        .map(|(c, id)| with_field_id(c.data_type.arrow_field(&c.name), *id))
+        .collect();
+    Arc::new(Schema::new(fields))
+}
+
+/// `field` carrying column id `id`.
+pub(crate) fn with_field_id(field: Field, id: i32) -> Field {
+    let mut metadata = field.metadata().clone();
+    metadata.insert(FIELD_ID_KEY.to_owned(), id.to_string());
+    field.with_metadata(metadata)
+}
+
+/// The column ids of a schema's fields: each field's [`FIELD_ID_KEY`], or for a field
+/// without one (written before ids existed, when a table's columns never changed) its
+/// position from 1.
+pub(crate) fn field_ids(schema: &Schema) -> Vec<i32> {
+    schema
+        .fields()
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            f.metadata()
+                .get(FIELD_ID_KEY)
+                .and_then(|id| id.parse().ok())
+                .unwrap_or_else(|| i32::try_from(i + 1).unwrap_or(i32::MAX))
+        })
+        .collect()
+}
+
+/// `batch` (written under any earlier shape of its table) read as `target`, column by id
+/// ([`field_ids`]): a column `batch` lacks (added since) is NULL, a column `target` lacks
+/// (dropped since) is left out, a renamed one keeps its values; a column whose type differs
+/// only in representation (a string as a view, an interval as `Int64`) is cast.
+pub(crate) fn project_by_id(
+    batch: &arrow_array::RecordBatch,
+    target: &SchemaRef,
+) -> Result<arrow_array::RecordBatch, arrow_schema::ArrowError> {
+    let source = field_ids(batch.schema_ref());
+    let columns = target
+        .fields()
+        .iter()
+        .zip(field_ids(target))
+        .map(|(field, id)| match source.iter().position(|s| *s == id) {
+            Some(i) => {
+                let column = batch.column(i);
+                if column.data_type() == field.data_type() {
+                    Ok(column.clone())
+                } else {
+                    arrow_cast::cast(column, field.data_type())
+                }
+            }
+            None => Ok(arrow_array::new_null_array(
+                field.data_type(),
+                batch.num_rows(),
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    arrow_array::RecordBatch::try_new_with_options(
+        target.clone(),
+        columns,
+        &arrow_array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn batches_are_read_by_column_id() {
+        use arrow_array::{Array as _, Int64Array, RecordBatch, StringArray};
+        let old = arrow_schema_with_ids(
+            &[
+                Column::new("a", ColumnType::Int),
+                Column::new("b", ColumnType::String),
+            ],
+            &[1, 2],
+        );
+        let batch = RecordBatch::try_new(
+            old,
+            vec![
+                Arc::new(Int64Array::from(vec![1, 2])),
+                Arc::new(StringArray::from(vec!["x", "y"])),
+            ],
+        )
+        .unwrap();
+        // a renamed to a2; b dropped, and a new b (id 3) of another type.
+        let now = arrow_schema_with_ids(
+            &[
+                Column::new("b", ColumnType::Int),
+                Column::new("a2", ColumnType::Int),
+            ],
+            &[3, 1],
+        );
+        let read = project_by_id(&batch, &now).unwrap();
+        assert_eq!(read.schema(), now);
+        assert_eq!(read.column(0).null_count(), 2);
+        assert_eq!(
+            read.column(1).as_ref(),
+            &Int64Array::from(vec![1, 2]) as &dyn arrow_array::Array
+        );
+    }
 
     #[test]
     fn base64_must_be_canonical_padded_and_standard() {

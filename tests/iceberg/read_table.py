@@ -176,6 +176,11 @@ def main():
     out["format_version"] = table.metadata.format_version
     out["metadata_location"] = table.metadata_location
     out["iceberg_types"] = {f.name: str(f.field_type) for f in table.schema().fields}
+    out["current_schema_id"] = table.metadata.current_schema_id
+    out["schemas"] = {
+        str(schema_id): [[f.field_id, f.name, str(f.field_type)] for f in schema.fields]
+        for schema_id, schema in table.schemas().items()
+    }
     snapshot = table.current_snapshot()
     out["snapshot"] = None if snapshot is None else snapshot.snapshot_id
     out["snapshots"] = [s.snapshot_id for s in table.snapshots()]

@@ -74,6 +74,24 @@ async fn scopedb_client_crate_appends_reads_the_catalog_and_queries() {
         .await
         .unwrap();
     assert_eq!(schema.definition.tables[0].name, "events");
+    // A table's definition read and put back through the SDK (a dry run): both answers
+    // parse in its typed, unknown-field-refusing shape.
+    let resource = table.catalog();
+    let snapshot = resource.get().await.unwrap();
+    assert_eq!(snapshot.definition.columns[0].name, "time");
+    let preview = resource
+        .apply(
+            &snapshot.definition,
+            scopedb_client::CatalogOptions {
+                dry_run: true,
+                expected_version: Some(snapshot.version),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(!preview.destructive);
+    assert_eq!(preview.after.as_ref(), Some(&snapshot.definition));
 
     // Statements, both the one-shot query and a submitted handle.
     let result = client

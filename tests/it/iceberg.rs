@@ -36,7 +36,13 @@ const ALL_READERS: &str = "daft,polars,duckdb";
 /// Runs the readers (pyiceberg, and `readers`) on `scopedb.public.table` through the catalog
 /// at `base`, in the view `warehouse` names (the default view for `None`), and returns what
 /// they saw.
-fn read(base: &str, key: &str, table: &str, warehouse: Option<&str>, readers: &str) -> Value {
+pub(super) fn read(
+    base: &str,
+    key: &str,
+    table: &str,
+    warehouse: Option<&str>,
+    readers: &str,
+) -> Value {
     read_filtered(base, key, table, warehouse, readers, None, None)
 }
 

@@ -12,6 +12,7 @@ mod contracts;
 mod crash;
 mod decoder;
 mod durability;
+mod evolution;
 mod hostile;
 mod iceberg;
 mod layering;

@@ -260,8 +260,33 @@ async fn the_example_table_matches_the_table_schema_and_is_accepted() {
         .await
         .unwrap();
     assert_eq!(r.status(), 400);
+    // As sent (the ScopeDB shape), and with `?with_ids=true` with the ids the catalog gave:
+    // positions from 1, schema id 0.
     let stored: Value = client.get(&url).send().await.unwrap().json().await.unwrap();
     assert_eq!(stored, events);
+    let stored: Value = client
+        .get(format!("{url}?with_ids=true"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut given = events.clone();
+    for (i, c) in given["columns"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .enumerate()
+    {
+        c["id"] = json!(i + 1);
+    }
+    given["last_column_id"] = json!(events["columns"].as_array().unwrap().len());
+    given["schema_id"] = json!(0);
+    assert_eq!(stored, given);
+    let mut errors = Vec::new();
+    validate(&schema, &schema, &stored, "$", &mut errors);
+    assert!(errors.is_empty(), "{errors:#?}");
 }
 
 #[tokio::test]
