@@ -251,7 +251,9 @@ impl Database {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            // Another node may have created the table or changed it.
+            // Another node may have created the table or changed it: whether the change is
+            // a no-op or an error is decided on the newest catalog, not this node's copy.
+            self.catalog.refresh().await?;
             self.resolve_table(&d, &s, &t).await?;
             let (value, version) = self.catalog.get(&path).await?;
             let mut def: TableDef =
