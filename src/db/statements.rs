@@ -9,7 +9,7 @@ use crate::ingest::Limits;
 use crate::ingest::encode::{Target, write_ndjson};
 use crate::query::ddl::{Ddl, DropKind};
 use crate::query::statements::begin_write;
-use crate::query::{Insert, InsertColumns, Prepared, QueryError, StatementOutput, qualify};
+use crate::query::{Insert, InsertColumns, Parsed, Prepared, QueryError, StatementOutput, qualify};
 
 use super::{Database, IngestFailure};
 
@@ -32,12 +32,17 @@ impl From<IngestFailure> for QueryError {
 
 impl Database {
     /// Parses and classifies a statement (see [`Prepared`]).
-    pub(crate) async fn prepare(&self, text: &str) -> Result<Prepared, QueryError> {
+    pub(crate) async fn prepare(&self, text: &str) -> Result<Parsed, QueryError> {
         self.engine.prepare(text.to_owned()).await
     }
 
     /// Runs a prepared statement to completion. The caller has checked that it may.
-    pub(crate) async fn run(&self, statement: Prepared) -> Result<StatementOutput, QueryError> {
+    pub(crate) async fn run(&self, parsed: Parsed) -> Result<StatementOutput, QueryError> {
+        // The text's reservation is held until the statement has run.
+        let Parsed {
+            statement,
+            text_hold: _text_hold,
+        } = parsed;
         match statement {
             Prepared::Catalog(ddl) => self.run_ddl(ddl).await,
             Prepared::Query(query) => {
