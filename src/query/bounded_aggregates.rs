@@ -13,6 +13,18 @@
 //! Every other aggregate and window function keeps a state bounded by its input (a sum, a
 //! count, the values it was given) or by a fixed size (`approx_distinct`), which
 //! `guard::tests` lists as reviewed.
+//!
+//! What an aggregate *emits* as a window function is another matter: it emits a value for
+//! every row, over the row's frame, so an `array_agg` over a growing frame emits the whole
+//! frame for every row (quadratic), and one over a whole partition emits its one value
+//! repeated to every row. So every aggregate of the registry is registered wrapped
+//! ([`charge_emitted`], [`Emitting`]): each value it emits is charged, before the window
+//! operator collects it, to that operator's statement budget ([`WindowCharges`], set by
+//! [`super::operator_memory`] while the operator runs): its values' bytes or the buffers it
+//! holds beyond its inputs', whichever is more, times the rows given to it since the value
+//! before (the rows a whole-partition window repeats it to). The charge lasts until the
+//! operator emits the batch holding the values, which is charged instead. As an ordinary
+//! aggregate (`GROUP BY`) the wrapper is the function it wraps.
 
 use std::sync::Arc;
 

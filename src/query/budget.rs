@@ -8,7 +8,9 @@
 //!   joins, aggregations, the batches a recursive query keeps), the results of its functions
 //!   while anything still holds them ([`super::guard`]), what its plan costs to build and
 //!   optimize, and what its plan's constants can cost once broadcast to every row of a batch
-//!   ([`super::plan_limits`]). A request past the statement's own limit fails for good (the
+//!   ([`super::plan_limits`]), what its window functions emit and its joins output
+//!   ([`super::operator_memory`]). Before any of that, its text reserves what parsing and
+//!   planning it can take in the server's pool alone ([`super::QueryEngine::prepare`]). A request past the statement's own limit fails for good (the
 //!   statement needs more than a statement may have); a request the server cannot grant
 //!   because other statements hold the rest fails as "retry later". Either way DataFusion
 //!   sees `ResourcesExhausted`, and [`StatementBudget::error`] classifies it.

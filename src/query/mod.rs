@@ -604,7 +604,12 @@ impl QueryEngine {
     /// reserved in the server's statement memory before the parse, until the statement
     /// ends (see [`Parsed`]).
     pub(crate) async fn prepare(&self, text: String) -> Result<Parsed, QueryError> {
-        let bytes = prepare::text_bytes(&text);
+        // A text past the length cap is refused by the parse's own check, at once.
+        let bytes = if text.len() > prepare::MAX_STATEMENT_BYTES {
+            0
+        } else {
+            prepare::text_bytes(&text)
+        };
         let refused = |message: String, retry: bool| QueryError::ResourcesExhausted {
             message: format!(
                 "a statement of {} bytes takes about {bytes} bytes to parse and plan: \
