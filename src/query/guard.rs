@@ -1289,15 +1289,7 @@ pub(crate) fn buffer_ranges(data: &ArrayData) -> Vec<(usize, usize)> {
 
 /// The bytes of `data`'s buffers that are not within any of `inputs`' buffers.
 fn new_bytes(data: &ArrayData, inputs: &[(usize, usize)]) -> usize {
-    buffer_ranges(data)
-        .into_iter()
-        .filter(|(start, end)| {
-            !inputs
-                .iter()
-                .any(|(s, e)| *s <= *start && *end <= *e && start != end)
-        })
-        .map(|(start, end)| end - start)
-        .sum()
+    bytes_outside(buffer_ranges(data), inputs)
 }
 
 /// What `data` holds beyond its inputs: the bytes of its distinct buffers that are not
@@ -1309,6 +1301,11 @@ pub(crate) fn fresh_bytes(data: &ArrayData, inputs: &[(usize, usize)]) -> usize 
     let handles = ranges.len().saturating_mul(size_of::<Buffer>());
     ranges.sort_unstable();
     ranges.dedup();
+    bytes_outside(ranges, inputs).saturating_add(handles)
+}
+
+/// The bytes of `ranges` that are not within any of `inputs`.
+fn bytes_outside(ranges: Vec<(usize, usize)>, inputs: &[(usize, usize)]) -> usize {
     ranges
         .into_iter()
         .filter(|(start, end)| {
@@ -1317,7 +1314,7 @@ pub(crate) fn fresh_bytes(data: &ArrayData, inputs: &[(usize, usize)]) -> usize 
                 .any(|(s, e)| *s <= *start && *end <= *e && start != end)
         })
         .map(|(start, end)| end - start)
-        .fold(handles, usize::saturating_add)
+        .fold(0, usize::saturating_add)
 }
 
 /// A reservation kept alive by the buffers that hold its bytes.

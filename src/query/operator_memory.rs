@@ -96,10 +96,10 @@ impl PhysicalOptimizerRule for BoundOperatorOutput {
                     return Ok(Transformed::no(node));
                 };
                 let width = Arc::new(AtomicUsize::new(0));
-                let build = BoundedExec::new(Arc::clone(build), Role::Build(Arc::clone(&width)));
-                let probe = BoundedExec::new(Arc::clone(probe), Role::Probe(width));
+                let build = BoundedExec::wrap(Arc::clone(build), Role::Build(Arc::clone(&width)));
+                let probe = BoundedExec::wrap(Arc::clone(probe), Role::Probe(width));
                 let join = Arc::clone(&node).replace_children(vec![build, probe], recompute())?;
-                Ok(Transformed::yes(BoundedExec::new(join, Role::Output)))
+                Ok(Transformed::yes(BoundedExec::wrap(join, Role::Output)))
             } else if window {
                 let input_columns = node
                     .children()
@@ -108,10 +108,10 @@ impl PhysicalOptimizerRule for BoundOperatorOutput {
                 let inputs = node
                     .children()
                     .into_iter()
-                    .map(|c| BoundedExec::new(Arc::clone(c), Role::WindowInput))
+                    .map(|c| BoundedExec::wrap(Arc::clone(c), Role::WindowInput))
                     .collect();
                 let window = Arc::clone(&node).replace_children(inputs, recompute())?;
-                Ok(Transformed::yes(BoundedExec::new(
+                Ok(Transformed::yes(BoundedExec::wrap(
                     window,
                     Role::Window(input_columns),
                 )))
@@ -139,7 +139,7 @@ pub(crate) struct BoundedExec {
 }
 
 impl BoundedExec {
-    fn new(input: Arc<dyn ExecutionPlan>, role: Role) -> Arc<dyn ExecutionPlan> {
+    fn wrap(input: Arc<dyn ExecutionPlan>, role: Role) -> Arc<dyn ExecutionPlan> {
         Arc::new(BoundedExec { input, role })
     }
 }
@@ -183,7 +183,7 @@ impl ExecutionPlan for BoundedExec {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let [input] = <[_; 1]>::try_from(children)
             .map_err(|_| DataFusionError::Internal("a bounded node has one child".into()))?;
-        Ok(BoundedExec::new(input, self.role.clone()))
+        Ok(BoundedExec::wrap(input, self.role.clone()))
     }
 
     fn maintains_input_order(&self) -> Vec<bool> {
