@@ -706,13 +706,17 @@ impl QueryEngine {
 
     /// Runs a read-only query to completion, within the statement limits: its budget
     /// (memory, deadline) and its plan's caps (see the module docs).
+    /// `text` is what the statement's text reserved ([`Parsed`]): it counts against the
+    /// statement's own budget from here.
     pub(crate) async fn query(
         &self,
         statement: DfStatement,
+        text: Option<datafusion::execution::memory_pool::MemoryReservation>,
     ) -> Result<StatementOutput, QueryError> {
         let engine = self.clone();
         let timeout = self.limits.timeout;
-        let budget = budget::StatementBudget::new(&self.memory, self.limits.memory_bytes, timeout);
+        let budget =
+            budget::StatementBudget::holding(&self.memory, self.limits.memory_bytes, timeout, text);
         let run = {
             let budget = Arc::clone(&budget);
             async move { engine.query_inner(statement, &budget).await }
