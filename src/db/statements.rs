@@ -9,7 +9,7 @@ use crate::ingest::Limits;
 use crate::ingest::encode::{Target, write_ndjson};
 use crate::query::ddl::{AlterColumn, Ddl, DropKind};
 use crate::query::statements::begin_write;
-use crate::query::{Insert, InsertColumns, Prepared, QueryError, StatementOutput, qualify};
+use crate::query::{Insert, InsertColumns, Parsed, Prepared, QueryError, StatementOutput, qualify};
 
 use super::{Database, IngestFailure};
 
@@ -32,21 +32,30 @@ impl From<IngestFailure> for QueryError {
 
 impl Database {
     /// Parses and classifies a statement (see [`Prepared`]).
-    pub(crate) async fn prepare(&self, text: &str) -> Result<Prepared, QueryError> {
+    pub(crate) async fn prepare(&self, text: &str) -> Result<Parsed, QueryError> {
         self.engine.prepare(text.to_owned()).await
     }
 
     /// Runs a prepared statement to completion. The caller has checked that it may.
-    pub(crate) async fn run(&self, statement: Prepared) -> Result<StatementOutput, QueryError> {
+    pub(crate) async fn run(&self, parsed: Parsed) -> Result<StatementOutput, QueryError> {
+        // The text's reservation is held until the statement has run; a query's budget takes
+        // it over.
+        let Parsed {
+            statement,
+            text_hold,
+        } = parsed;
         match statement {
-            Prepared::Catalog(ddl) => self.run_ddl(ddl).await,
+            Prepared::Catalog(ddl) => {
+                let _text_hold = text_hold;
+                self.run_ddl(ddl).await
+            }
             Prepared::Query(query) => {
                 self.see_named_tables(&query).await;
-                self.engine.query(*query).await
+                self.engine.query(*query, Some(text_hold)).await
             }
             Prepared::Insert(insert) => {
                 self.see_named_tables(&insert.source).await;
-                self.run_insert(insert).await
+                self.run_insert(insert, text_hold).await
             }
         }
     }
@@ -95,7 +104,11 @@ impl Database {
 
     /// `INSERT`: the source query runs read-only; its rows are written in ingest's NDJSON form
     /// and go through [`Database::insert_rows`], the path every table write takes.
-    async fn run_insert(&self, insert: Insert) -> Result<StatementOutput, QueryError> {
+    async fn run_insert(
+        &self,
+        insert: Insert,
+        text_hold: datafusion::execution::memory_pool::MemoryReservation,
+    ) -> Result<StatementOutput, QueryError> {
         let (d, s, t) = qualify(&insert.table)?;
         let table = self.resolve_table(&d, &s, &t).await?;
         let input_columns: Vec<ColumnDef> = table
@@ -105,7 +118,7 @@ impl Database {
             .filter(|c| c.expression.is_none())
             .cloned()
             .collect();
-        let source = self.engine.query(*insert.source).await?;
+        let source = self.engine.query(*insert.source, Some(text_hold)).await?;
         let source_names: Vec<String> = source
             .schema
             .fields()

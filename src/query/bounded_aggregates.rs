@@ -13,26 +13,49 @@
 //! Every other aggregate and window function keeps a state bounded by its input (a sum, a
 //! count, the values it was given) or by a fixed size (`approx_distinct`), which
 //! `guard::tests` lists as reviewed.
+//!
+//! What an aggregate *emits* as a window function is another matter: it emits a value for
+//! every row, over the row's frame, so an `array_agg` over a growing frame emits the whole
+//! frame for every row (quadratic), and one over a whole partition emits its one value
+//! repeated to every row. So every aggregate of the registry is registered wrapped
+//! ([`charge_emitted`], [`Emitting`]): each value it emits is charged, before the window
+//! operator collects it, to that operator's statement budget ([`WindowCharges`], set by
+//! [`super::operator_memory`] while the operator runs): its values' bytes or the buffers it
+//! holds beyond its inputs', whichever is more, times the rows given to it since the value
+//! before (the rows a whole-partition window repeats it to). The charge lasts until the
+//! operator emits the batch holding the values, which is charged instead. As an ordinary
+//! aggregate (`GROUP BY`) the wrapper is the function it wraps.
 
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, BooleanArray};
+use arrow_array::{Array as _, ArrayRef, BooleanArray};
 use arrow_schema::{DataType, FieldRef};
 use datafusion::common::ScalarValue;
 use datafusion::error::{DataFusionError, Result};
-use datafusion::logical_expr::function::{
-    AccumulatorArgs, PartitionEvaluatorArgs, StateFieldsArgs, WindowUDFFieldArgs,
+use datafusion::execution::memory_pool::MemoryReservation;
+use datafusion::logical_expr::expr::{
+    AggregateFunction, AggregateFunctionParams, WindowFunctionParams,
 };
+use datafusion::logical_expr::function::{
+    AccumulatorArgs, AggregateFunctionSimplification, PartitionEvaluatorArgs, StateFieldsArgs,
+    WindowUDFFieldArgs,
+};
+use datafusion::logical_expr::utils::AggregateOrderSensitivity;
 use datafusion::logical_expr::{
-    Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, EmitTo, GroupsAccumulator,
-    LimitEffect, PartitionEvaluator, ReversedUDAF, ReversedUDWF, Signature, WindowUDF,
-    WindowUDFImpl,
+    Accumulator, AggregateUDF, AggregateUDFImpl, Documentation, EmitTo, Expr, GroupsAccumulator,
+    LimitEffect, Operator, PartitionEvaluator, ReversedUDAF, ReversedUDWF, SetMonotonicity,
+    Signature, StatisticsArgs, WindowUDF, WindowUDFImpl,
 };
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::Literal;
 use datafusion::prelude::SessionContext;
 
-use super::guard::{row_bytes, scalar_bytes};
+use super::budget::StatementBudget;
+use super::guard::{buffer_ranges, fresh_bytes, row_bytes, scalar_bytes};
+
+/// The most input buffers an aggregate used as a window function remembers (see
+/// [`EmittedCharged`]).
+const MAX_INPUT_BUFFERS: usize = 64;
 
 /// The share of the statement memory `limit` one of these functions may build.
 pub(crate) fn share(limit: usize) -> u128 {
@@ -444,5 +467,333 @@ impl PartitionEvaluator for BoundedShiftEvaluator {
 
     fn include_rank(&self) -> bool {
         self.inner.include_rank()
+    }
+}
+
+thread_local! {
+    /// Where the aggregates of the window operator running on this thread now charge what
+    /// they emit (see [`in_window`]).
+    static WINDOW_CHARGES: std::cell::RefCell<Option<Arc<WindowCharges>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// What the aggregates of one window operator have emitted and the operator has not yet
+/// passed on: charged to its statement's budget until the operator emits the batch that
+/// holds it (see [`super::operator_memory`]).
+#[derive(Debug)]
+pub(crate) struct WindowCharges {
+    reservation: MemoryReservation,
+}
+
+impl WindowCharges {
+    /// Charges to `budget`.
+    pub(crate) fn new(budget: &StatementBudget) -> Result<Arc<WindowCharges>> {
+        Ok(Arc::new(WindowCharges {
+            reservation: budget.reserve("values emitted by window functions", 0)?,
+        }))
+    }
+
+    /// The operator emitted what was charged (its output batch is charged instead).
+    pub(crate) fn emitted(&self) {
+        self.reservation.free();
+    }
+}
+
+/// Runs `f` with `charges` as where the aggregates it creates or evaluates charge what they
+/// emit (`None`: nowhere): a window operator's polls run with its charges, its input's
+/// polls with none (see [`super::operator_memory`]).
+pub(crate) fn in_window<T>(charges: Option<&Arc<WindowCharges>>, f: impl FnOnce() -> T) -> T {
+    struct Restore(Option<Arc<WindowCharges>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let before = self.0.take();
+            WINDOW_CHARGES.with(|c| *c.borrow_mut() = before);
+        }
+    }
+    let _restore = Restore(WINDOW_CHARGES.with(|c| c.replace(charges.cloned())));
+    f()
+}
+
+/// Registers every aggregate function of `ctx` wrapped in [`Emitting`], so that used as a
+/// window function it charges what it emits (see the module docs).
+pub(crate) fn charge_emitted(ctx: &mut SessionContext, limit: usize) {
+    let state = ctx.state();
+    let mut seen = std::collections::HashSet::new();
+    let aggregates: Vec<Arc<AggregateUDF>> = state
+        .aggregate_functions()
+        .values()
+        .filter(|f| seen.insert(f.name().to_owned()))
+        .cloned()
+        .collect();
+    for inner in aggregates {
+        ctx.register_udaf(AggregateUDF::new_from_impl(Emitting { inner, limit }));
+    }
+}
+
+/// An aggregate function that, used as a window function, charges each value it emits to
+/// its statement's budget (see the module docs). As an ordinary aggregate it is the
+/// function it wraps.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct Emitting {
+    inner: Arc<AggregateUDF>,
+    limit: usize,
+}
+
+impl Emitting {
+    fn wrap(&self, inner: Arc<AggregateUDF>) -> Arc<AggregateUDF> {
+        Arc::new(AggregateUDF::new_from_impl(Emitting {
+            inner,
+            limit: self.limit,
+        }))
+    }
+
+    fn charged(&self, inner: Box<dyn Accumulator>) -> Box<dyn Accumulator> {
+        Box::new(EmittedCharged {
+            inner,
+            inputs: Vec::new(),
+            counted: 0,
+            limit: self.limit,
+            rows: 0,
+            name: self.inner.name().to_owned(),
+        })
+    }
+}
+
+impl AggregateUDFImpl for Emitting {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn aliases(&self) -> &[String] {
+        self.inner.aliases()
+    }
+
+    fn schema_name(&self, params: &AggregateFunctionParams) -> Result<String> {
+        self.inner.inner().schema_name(params)
+    }
+
+    fn human_display(&self, params: &AggregateFunctionParams) -> Result<String> {
+        self.inner.inner().human_display(params)
+    }
+
+    fn window_function_schema_name(&self, params: &WindowFunctionParams) -> Result<String> {
+        self.inner.inner().window_function_schema_name(params)
+    }
+
+    fn display_name(&self, params: &AggregateFunctionParams) -> Result<String> {
+        self.inner.inner().display_name(params)
+    }
+
+    fn window_function_display_name(&self, params: &WindowFunctionParams) -> Result<String> {
+        self.inner.inner().window_function_display_name(params)
+    }
+
+    fn signature(&self) -> &Signature {
+        self.inner.signature()
+    }
+
+    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+        self.inner.return_type(arg_types)
+    }
+
+    fn return_field(&self, arg_fields: &[FieldRef]) -> Result<FieldRef> {
+        self.inner.return_field(arg_fields)
+    }
+
+    fn is_nullable(&self) -> bool {
+        self.inner.is_nullable()
+    }
+
+    fn accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        Ok(self.charged(self.inner.accumulator(args)?))
+    }
+
+    fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
+        self.inner.state_fields(args)
+    }
+
+    fn groups_accumulator_supported(&self, args: AccumulatorArgs) -> bool {
+        self.inner.groups_accumulator_supported(args)
+    }
+
+    fn create_groups_accumulator(
+        &self,
+        args: AccumulatorArgs,
+    ) -> Result<Box<dyn GroupsAccumulator>> {
+        self.inner.create_groups_accumulator(args)
+    }
+
+    fn create_sliding_accumulator(&self, args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
+        Ok(self.charged(self.inner.create_sliding_accumulator(args)?))
+    }
+
+    fn with_beneficial_ordering(
+        self: Arc<Self>,
+        beneficial_ordering: bool,
+    ) -> Result<Option<Arc<dyn AggregateUDFImpl>>> {
+        let ordered =
+            Arc::clone(self.inner.inner()).with_beneficial_ordering(beneficial_ordering)?;
+        Ok(ordered.map(|inner| {
+            Arc::new(Emitting {
+                inner: Arc::new(AggregateUDF::new_from_shared_impl(inner)),
+                limit: self.limit,
+            }) as Arc<dyn AggregateUDFImpl>
+        }))
+    }
+
+    fn order_sensitivity(&self) -> AggregateOrderSensitivity {
+        self.inner.inner().order_sensitivity()
+    }
+
+    fn simplify(&self) -> Option<AggregateFunctionSimplification> {
+        self.inner.simplify()
+    }
+
+    fn simplify_expr_op_literal(
+        &self,
+        agg_function: &AggregateFunction,
+        arg: &Expr,
+        op: Operator,
+        lit: &Expr,
+        arg_is_left: bool,
+    ) -> Result<Option<Expr>> {
+        self.inner
+            .inner()
+            .simplify_expr_op_literal(agg_function, arg, op, lit, arg_is_left)
+    }
+
+    fn reverse_expr(&self) -> ReversedUDAF {
+        match self.inner.reverse_udf() {
+            ReversedUDAF::Reversed(inner) => ReversedUDAF::Reversed(self.wrap(inner)),
+            other => other,
+        }
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        self.inner.coerce_types(arg_types)
+    }
+
+    fn is_descending(&self) -> Option<bool> {
+        self.inner.is_descending()
+    }
+
+    fn value_from_stats(&self, statistics_args: &StatisticsArgs) -> Option<ScalarValue> {
+        self.inner.value_from_stats(statistics_args)
+    }
+
+    fn default_value(&self, data_type: &DataType) -> Result<ScalarValue> {
+        self.inner.default_value(data_type)
+    }
+
+    fn supports_null_handling_clause(&self) -> bool {
+        self.inner.inner().supports_null_handling_clause()
+    }
+
+    fn supports_within_group_clause(&self) -> bool {
+        self.inner.inner().supports_within_group_clause()
+    }
+
+    fn set_monotonicity(&self, data_type: &DataType) -> SetMonotonicity {
+        self.inner.inner().set_monotonicity(data_type)
+    }
+
+    fn documentation(&self) -> Option<&Documentation> {
+        self.inner.documentation()
+    }
+}
+
+/// An accumulator that charges the values it emits (see the module docs): each value's
+/// bytes, times the rows given to it since the value before (a window over a whole
+/// partition repeats its one value to every row), to the window operator it runs in
+/// ([`WindowCharges`]); outside one, to a share of the statement memory of its own.
+#[derive(Debug)]
+struct EmittedCharged {
+    inner: Box<dyn Accumulator>,
+    /// The buffers of the latest values given to it (distinct, at most
+    /// [`MAX_INPUT_BUFFERS`]): what it emits may share them.
+    inputs: Vec<(usize, usize)>,
+    /// What was emitted outside a window operator.
+    counted: u128,
+    limit: usize,
+    /// Rows given to the accumulator since it last emitted a value.
+    rows: u128,
+    name: String,
+}
+
+impl EmittedCharged {
+    fn charge(&mut self, value: &ScalarValue) -> Result<()> {
+        let rows = std::mem::take(&mut self.rows).max(1);
+        // What the value holds: its values' bytes, or the buffers it holds that its inputs
+        // do not, if more (a concatenation may copy more than it keeps).
+        let arrays = match value {
+            ScalarValue::List(a) => Some(a.to_data()),
+            ScalarValue::LargeList(a) => Some(a.to_data()),
+            ScalarValue::FixedSizeList(a) => Some(a.to_data()),
+            ScalarValue::Struct(a) => Some(a.to_data()),
+            ScalarValue::Map(a) => Some(a.to_data()),
+            _ => None,
+        };
+        let fresh = arrays.map_or(0, |d| fresh_bytes(&d, &self.inputs) as u128);
+        let bytes = scalar_bytes(value).max(fresh).saturating_mul(rows);
+        match WINDOW_CHARGES.with(|c| c.borrow().clone()) {
+            Some(charges) => charges
+                .reservation
+                .try_grow(usize::try_from(bytes).unwrap_or(usize::MAX))
+                .map_err(|e| match e.find_root() {
+                    DataFusionError::ResourcesExhausted(m) => DataFusionError::ResourcesExhausted(
+                        format!("{} emits more than its statement may hold: {m}", self.name),
+                    ),
+                    _ => e,
+                }),
+            None => {
+                self.counted = self.counted.saturating_add(bytes);
+                if self.counted > share(self.limit) {
+                    return Err(too_large(&self.name, self.counted, self.limit));
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Accumulator for EmittedCharged {
+    fn update_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
+        let rows = values.first().map_or(0, |v| v.len());
+        self.rows = self.rows.saturating_add(rows as u128);
+        for range in values.iter().flat_map(|v| buffer_ranges(&v.to_data())) {
+            if !self.inputs.contains(&range) {
+                if self.inputs.len() >= MAX_INPUT_BUFFERS {
+                    self.inputs.remove(0);
+                }
+                self.inputs.push(range);
+            }
+        }
+        self.inner.update_batch(values)
+    }
+
+    fn evaluate(&mut self) -> Result<ScalarValue> {
+        let value = self.inner.evaluate()?;
+        self.charge(&value)?;
+        Ok(value)
+    }
+
+    fn size(&self) -> usize {
+        self.inner.size()
+    }
+
+    fn state(&mut self) -> Result<Vec<ScalarValue>> {
+        self.inner.state()
+    }
+
+    fn merge_batch(&mut self, states: &[ArrayRef]) -> Result<()> {
+        self.inner.merge_batch(states)
+    }
+
+    fn retract_batch(&mut self, values: &[ArrayRef]) -> Result<()> {
+        self.inner.retract_batch(values)
+    }
+
+    fn supports_retract_batch(&self) -> bool {
+        self.inner.supports_retract_batch()
     }
 }

@@ -8,7 +8,9 @@
 //!   joins, aggregations, the batches a recursive query keeps), the results of its functions
 //!   while anything still holds them ([`super::guard`]), what its plan costs to build and
 //!   optimize, and what its plan's constants can cost once broadcast to every row of a batch
-//!   ([`super::plan_limits`]). A request past the statement's own limit fails for good (the
+//!   ([`super::plan_limits`]), what its window functions emit and its joins output
+//!   ([`super::operator_memory`]). Before any of that, its text reserves what parsing and
+//!   planning it can take in the server's pool alone ([`super::QueryEngine::prepare`]). A request past the statement's own limit fails for good (the
 //!   statement needs more than a statement may have); a request the server cannot grant
 //!   because other statements hold the rest fails as "retry later". Either way DataFusion
 //!   sees `ResourcesExhausted`, and [`StatementBudget::error`] classifies it.
@@ -188,6 +190,9 @@ pub(crate) struct StatementBudget {
     /// Reservations that last as long as the statement: its plan, the constants folded into
     /// it, function results that are single values.
     lifetime: MemoryReservation,
+    /// What the statement's text reserved for its syntax tree and plans, counted against
+    /// the statement's own limit from when it runs.
+    _text: MemoryReservation,
     stop: AtomicU8,
     deadline: Instant,
     timeout: Duration,
@@ -201,18 +206,39 @@ struct Stopped;
 impl StatementBudget {
     /// A budget of `limit` bytes in the server's pool `server`, for a statement that may run
     /// for `timeout` from now.
+    #[cfg(test)]
     pub(crate) fn new(
         server: &Arc<dyn MemoryPool>,
         limit: usize,
         timeout: Duration,
     ) -> Arc<StatementBudget> {
+        Self::holding(server, limit, timeout, None)
+    }
+
+    /// [`StatementBudget::new`], taking over `text`, the server memory the statement's text
+    /// reserved before its parse ([`super::QueryEngine::prepare`]): from here it counts
+    /// against the statement's own limit, so that a statement past its limit is refused as
+    /// its own excess, never as a full server.
+    pub(crate) fn holding(
+        server: &Arc<dyn MemoryPool>,
+        limit: usize,
+        timeout: Duration,
+        text: Option<MemoryReservation>,
+    ) -> Arc<StatementBudget> {
         let memory = Arc::new(StatementMemory::new(server, limit));
         let pool: Arc<dyn MemoryPool> = memory.clone();
         let lifetime = MemoryConsumer::new("statement plan and constants").register(&pool);
+        let text_hold = MemoryConsumer::new("statement text").register(&pool);
+        if let Some(text) = text {
+            // Held in the server's pool twice for a moment, never released in between.
+            text_hold.grow(text.size());
+            drop(text);
+        }
         Arc::new(StatementBudget {
             memory,
             pool,
             lifetime,
+            _text: text_hold,
             stop: AtomicU8::new(RUNNING),
             deadline: Instant::now() + timeout,
             timeout,

@@ -1269,7 +1269,7 @@ pub(crate) fn width_of(t: &DataType, budget: &mut usize) -> Option<u64> {
 // ---- holding a reservation for as long as a result lives -----------------------------------
 
 /// The start and end addresses of every buffer of `data` and its children.
-fn buffer_ranges(data: &ArrayData) -> Vec<(usize, usize)> {
+pub(crate) fn buffer_ranges(data: &ArrayData) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     let mut stack = vec![data.clone()];
     while let Some(d) = stack.pop() {
@@ -1289,7 +1289,24 @@ fn buffer_ranges(data: &ArrayData) -> Vec<(usize, usize)> {
 
 /// The bytes of `data`'s buffers that are not within any of `inputs`' buffers.
 fn new_bytes(data: &ArrayData, inputs: &[(usize, usize)]) -> usize {
-    buffer_ranges(data)
+    bytes_outside(buffer_ranges(data), inputs)
+}
+
+/// What `data` holds beyond its inputs: the bytes of its distinct buffers that are not
+/// within any of `inputs`' buffers (a buffer referred to many times counted once), and a
+/// buffer handle for every reference (a view array concatenated from slices refers to
+/// every data buffer of every slice).
+pub(crate) fn fresh_bytes(data: &ArrayData, inputs: &[(usize, usize)]) -> usize {
+    let mut ranges = buffer_ranges(data);
+    let handles = ranges.len().saturating_mul(size_of::<Buffer>());
+    ranges.sort_unstable();
+    ranges.dedup();
+    bytes_outside(ranges, inputs).saturating_add(handles)
+}
+
+/// The bytes of `ranges` that are not within any of `inputs`.
+fn bytes_outside(ranges: Vec<(usize, usize)>, inputs: &[(usize, usize)]) -> usize {
+    ranges
         .into_iter()
         .filter(|(start, end)| {
             !inputs
@@ -1297,7 +1314,7 @@ fn new_bytes(data: &ArrayData, inputs: &[(usize, usize)]) -> usize {
                 .any(|(s, e)| *s <= *start && *end <= *e && start != end)
         })
         .map(|(start, end)| end - start)
-        .sum()
+        .fold(0, usize::saturating_add)
 }
 
 /// A reservation kept alive by the buffers that hold its bytes.
@@ -1305,6 +1322,24 @@ fn new_bytes(data: &ArrayData, inputs: &[(usize, usize)]) -> usize {
 struct Kept {
     _buffer: Buffer,
     _reservation: Arc<Mutex<MemoryReservation>>,
+}
+
+/// `batch`, whose buffers keep `reservation` until the last of them is dropped.
+pub(crate) fn hold_batch(
+    batch: RecordBatch,
+    reservation: MemoryReservation,
+) -> Result<RecordBatch> {
+    let reservation = Arc::new(Mutex::new(reservation));
+    let columns = batch
+        .columns()
+        .iter()
+        .map(|c| make_array(hold_data(c.to_data(), &reservation)))
+        .collect();
+    Ok(RecordBatch::try_new_with_options(
+        batch.schema(),
+        columns,
+        &arrow_array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+    )?)
 }
 
 /// `data` as an array whose buffers each keep `reservation` until they are dropped.

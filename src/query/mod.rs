@@ -24,6 +24,7 @@ mod grouping;
 mod guard;
 mod json_functions;
 mod lex;
+mod operator_memory;
 mod plan_limits;
 mod prepare;
 mod provider;
@@ -61,6 +62,21 @@ use crate::types::ColumnType;
 use crate::types::cell::format_cell;
 pub(crate) use prepare::Access;
 pub(crate) use prepare::{Insert, InsertColumns, Prepared};
+
+/// A statement parsed, and the server's statement memory its text reserved for its syntax
+/// tree and plans, held until it is dropped (when the statement has run).
+#[derive(Debug)]
+pub(crate) struct Parsed {
+    pub(crate) statement: Prepared,
+    pub(crate) text_hold: datafusion::execution::memory_pool::MemoryReservation,
+}
+
+impl Parsed {
+    /// What the statement needs to run.
+    pub(crate) fn access(&self) -> Access {
+        self.statement.access()
+    }
+}
 pub(crate) use runtime::QueryLimits;
 use runtime::StatementRuntime;
 
@@ -523,6 +539,8 @@ fn base_session(env: Arc<RuntimeEnv>, limits: &QueryLimits) -> Result<SessionSta
         .with_physical_optimizer_rule(Arc::new(grouping::KeyedGrouping::new(
             grouping::Limits::DEFAULT,
         )))
+        // Last: it wraps the joins and windows the rules before it placed.
+        .with_physical_optimizer_rule(Arc::new(operator_memory::BoundOperatorOutput))
         .build();
     let mut ctx = SessionContext::new_with_state(state);
     // v['k'] in ScopeQL, and json_get* in SQL.
@@ -530,6 +548,7 @@ fn base_session(env: Arc<RuntimeEnv>, limits: &QueryLimits) -> Result<SessionSta
     time_functions::register(&mut ctx);
     guard::guard_functions(&mut ctx, limits.memory_bytes);
     bounded_aggregates::register(&mut ctx, limits.memory_bytes);
+    bounded_aggregates::charge_emitted(&mut ctx, limits.memory_bytes);
     Ok(ctx.state())
 }
 
@@ -612,12 +631,50 @@ impl QueryEngine {
     }
 
     /// Parses and classifies a statement (on the statement runtime's threads: parsing
-    /// recurses).
-    pub(crate) async fn prepare(&self, text: String) -> Result<Prepared, QueryError> {
-        self.runtime
+    /// recurses). What its syntax tree and plans can take ([`prepare::text_bytes`]) is
+    /// reserved in the server's statement memory before the parse, until the statement
+    /// ends (see [`Parsed`]).
+    pub(crate) async fn prepare(&self, text: String) -> Result<Parsed, QueryError> {
+        // A text past the length cap is refused by the parse's own check, at once.
+        let bytes = if text.len() > prepare::MAX_STATEMENT_BYTES {
+            0
+        } else {
+            prepare::text_bytes(&text)
+        };
+        let refused = |message: String, retry: bool| QueryError::ResourcesExhausted {
+            message: format!(
+                "a statement of {} bytes takes about {bytes} bytes to parse and plan: \
+                 {message}",
+                text.len()
+            ),
+            retry,
+        };
+        if bytes > self.limits.memory_bytes {
+            return Err(refused(
+                format!(
+                    "more than a statement may use (query_memory_bytes, {} bytes)",
+                    self.limits.memory_bytes
+                ),
+                false,
+            ));
+        }
+        let text_hold = datafusion::execution::memory_pool::MemoryConsumer::new("statement text")
+            .register(&self.memory);
+        text_hold.try_grow(bytes).map_err(|_| {
+            refused(
+                "the running statements hold the server's statement memory; retry shortly".into(),
+                true,
+            )
+        })?;
+        let statement = self
+            .runtime
             .run_blocking(move || prepare::prepare(&text))
             .await
-            .map_err(QueryError::Query)?
+            .map_err(QueryError::Query)??;
+        Ok(Parsed {
+            statement,
+            text_hold,
+        })
     }
 
     /// Statement work that has not ended on the statement runtime (a cancelled statement
@@ -679,13 +736,17 @@ impl QueryEngine {
 
     /// Runs a read-only query to completion, within the statement limits: its budget
     /// (memory, deadline) and its plan's caps (see the module docs).
+    /// `text` is what the statement's text reserved ([`Parsed`]): it counts against the
+    /// statement's own budget from here.
     pub(crate) async fn query(
         &self,
         statement: DfStatement,
+        text: Option<datafusion::execution::memory_pool::MemoryReservation>,
     ) -> Result<StatementOutput, QueryError> {
         let engine = self.clone();
         let timeout = self.limits.timeout;
-        let budget = budget::StatementBudget::new(&self.memory, self.limits.memory_bytes, timeout);
+        let budget =
+            budget::StatementBudget::holding(&self.memory, self.limits.memory_bytes, timeout, text);
         let run = {
             let budget = Arc::clone(&budget);
             async move { engine.query_inner(statement, &budget).await }

@@ -346,6 +346,14 @@ impl Watchdog {
         answer
     }
 
+    /// Fails if the server went past the bound so far (the watchdog watches on).
+    fn check_so_far(&self, after: &str) {
+        if let Some((rss, _)) = self.over.lock().unwrap().clone() {
+            self.check();
+            panic!("resident memory reached {} MiB after {after}", rss >> 20);
+        }
+    }
+
     /// Fails if the server went past the bound, naming what ran then.
     fn check(&self) {
         self.done.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -869,4 +877,162 @@ async fn statements_stuck_in_one_poll_stall_nobody_and_answer_their_timeout_at_o
     assert_eq!(answer.outcome, "finished", "{answer:?}");
     let answer = run(&client, &base, "a-key", "SELECT 1").await;
     assert_eq!(answer.outcome, "finished", "{answer:?}");
+}
+
+/// A value of the class that differs from row to row of [`FAN_OUT_ROWS`] (`x` is the row's
+/// number, `s` a 200-byte text ending in it), or an ordinary constant.
+fn per_row(class: Class) -> String {
+    match class {
+        Int => "x".into(),
+        Float => "CAST(x AS DOUBLE)".into(),
+        Str | Json => "s".into(),
+        Arr => "make_array(x, x, x)".into(),
+        StrArr => "make_array(s, s)".into(),
+        Bool => "x % 2 = 0".into(),
+        Ts => "to_timestamp(x)".into(),
+        other => benign(other).into(),
+    }
+}
+
+/// The rows aggregates run over as windows: enough for what a window emits per row to
+/// show (an `array_agg` over a growing frame would emit 40 GB).
+const FAN_OUT_ROWS: u64 = 20_000;
+
+/// Statements whose output repeats what they read, generated from the registry: every
+/// aggregate as a window over a growing frame and over the whole partition, every
+/// aggregate's value repeated through a cross join, and large `VALUES` statements, eight
+/// at once. Each is answered (a result or a classified refusal) with the server's resident
+/// memory within its statement memory and [`MARGIN`], and the server up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn what_operators_repeat_is_refused_or_bounded() {
+    let config = format!(
+        "query_memory_bytes = {BUDGET}\nstatement_timeout_seconds = 5\nmax_running_statements = 64\n"
+    );
+    let mut server = Server::start("hostile-repeats", &KEYS, &config);
+    let base = server.base.clone();
+    let client = reqwest::Client::new();
+    let functions = registry(&client, &base).await;
+    let source = format!(
+        "(SELECT x, concat(repeat('m', 195), CAST(x AS VARCHAR)) AS s \
+         FROM generate_series(1, {FAN_OUT_ROWS}) AS t(x)) AS g"
+    );
+    let mut windows = Vec::new();
+    let mut joins = Vec::new();
+    for (name, (kind, lists)) in &functions {
+        if *kind != Kind::Aggregate {
+            continue;
+        }
+        let mut lists: Vec<Vec<Class>> = lists.iter().cloned().collect();
+        if lists.is_empty() {
+            lists = vec![vec![Str], vec![Int], vec![Arr]];
+        }
+        // Per function: each argument count once, with per-row values.
+        let mut counts = BTreeSet::new();
+        for classes in lists.iter().filter(|c| counts.insert(c.len())) {
+            let args: Vec<String> = classes.iter().map(|c| per_row(*c)).collect();
+            let args = args.join(", ");
+            for frame in [
+                "ORDER BY x ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW",
+                "",
+            ] {
+                windows.push(format!(
+                    "SELECT count(w) FROM (SELECT {name}({args}) OVER ({frame}) AS w \
+                     FROM {source}) AS q"
+                ));
+            }
+            joins.push(format!(
+                "SELECT count(CASE WHEN r.y < 0 THEN a.v END) FROM \
+                 (SELECT {name}({args}) AS v FROM {source}) AS a \
+                 CROSS JOIN generate_series(1, 100000) AS r(y)"
+            ));
+        }
+    }
+    assert!(windows.len() > 60, "{} window statements", windows.len());
+    let values = |rows: usize| {
+        format!(
+            "SELECT count(*) FROM (VALUES {}) AS t(c)",
+            vec!["(1)"; rows].join(",")
+        )
+    };
+    let watchdog = Watchdog::start(&server, BUDGET + MARGIN);
+    let mut tally: BTreeMap<(&str, Answer), usize> = BTreeMap::new();
+    let mut failures = Vec::new();
+    let groups = [
+        ("window", windows, CONCURRENCY),
+        ("cross join", joins, CONCURRENCY),
+        // A megabyte of text (past what a statement may plan), and one of 200 KB that
+        // fits once: eight at once.
+        ("values", vec![values(260_000); 8], 8),
+        ("values", vec![values(50_000); 8], 8),
+    ];
+    for (group, statements, concurrency) in groups {
+        let at = Instant::now();
+        let count = statements.len();
+        let answers: Vec<(String, Answer)> = futures::stream::iter(statements)
+            .map(|sql| {
+                let (client, base, watchdog) = (client.clone(), base.clone(), &watchdog);
+                async move {
+                    let answer = watchdog.run(&client, &base, "r-key", &sql).await;
+                    (sql, answer)
+                }
+            })
+            .buffer_unordered(concurrency)
+            .collect()
+            .await;
+        if !server.alive() {
+            watchdog.check();
+        }
+        for (sql, answer) in answers {
+            if broken(&answer) {
+                failures.push(format!("{answer:?}: {}", &sql[..sql.len().min(300)]));
+            }
+            *tally.entry((group, answer)).or_default() += 1;
+        }
+        eprintln!(
+            "{count} {group} statements in {:?}; peak RSS so far {} MiB",
+            at.elapsed(),
+            server.memory("VmHWM") >> 20
+        );
+        // Work that answered its timeout may run on until its next await: what it holds
+        // then counts for its group.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        watchdog.check_so_far(&format!("the {group} statements"));
+        let probe = run(&client, &base, "a-key", "SELECT 1").await;
+        assert_eq!(
+            probe.outcome, "finished",
+            "after the {group} statements: {probe:?}"
+        );
+    }
+    watchdog.check();
+    let peak = server.memory("VmHWM");
+    eprintln!("{tally:?}; peak RSS {} MiB", peak >> 20);
+    assert!(server.alive(), "the server died");
+    assert!(
+        failures.is_empty(),
+        "{} broken answers:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    // What grows with its input is refused, not only bounded by the timeout (a cross join
+    // is bounded: it runs in batches that fit until its timeout).
+    let refused = |group: &str| {
+        tally
+            .iter()
+            .filter(|((g, a), _)| *g == group && a.outcome == "resources_exhausted")
+            .map(|(_, n)| n)
+            .sum::<usize>()
+    };
+    for group in ["window", "values"] {
+        assert!(
+            refused(group) > 0,
+            "no {group} statement was refused: {tally:?}"
+        );
+    }
+    assert!(
+        peak <= BUDGET + MARGIN,
+        "peak RSS {} MiB, more than the statement memory ({} MiB) and the margin ({} MiB)",
+        peak >> 20,
+        BUDGET >> 20,
+        MARGIN >> 20
+    );
 }
