@@ -1081,9 +1081,16 @@ impl Streams {
         let adds = state::STREAM_ENTRY_BYTES
             + 2 * req.name.len() as u64
             + req.content_type.as_ref().map_or(0, |c| c.len() as u64);
-        if self.state_room(req.key.as_deref()).check(adds).is_err() {
-            self.expire_producers_now();
-            self.state_room(req.key.as_deref()).check(adds)?;
+        match self.state_room(req.key.as_deref()).check(adds) {
+            Ok(()) => {}
+            // Only a full server sweeps every stream for idle producers: a key past its own
+            // share must not make every create wait on a sweep (its idle producers go at the
+            // next periodic one).
+            Err(StreamError::StateFull { .. }) => {
+                self.expire_producers_now();
+                self.state_room(req.key.as_deref()).check(adds)?;
+            }
+            Err(e) => return Err(e),
         }
         let mut content_type = req.content_type.clone();
         let mut lifetime = req.lifetime.clone();
