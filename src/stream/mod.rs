@@ -1279,6 +1279,11 @@ impl Streams {
     /// Room left in the stream-state budget for `key`: what the server has, and (for a key)
     /// what its share has.
     fn state_room(&self, key: Option<&str>) -> Room {
+        self.state_room_of(key.map(|k| self.inner.footprint.held_by(k)))
+    }
+
+    /// [`Streams::state_room`] for a key that holds `held` (`None`: no key).
+    fn state_room_of(&self, held: Option<KeyUse>) -> Room {
         let (config, footprint) = (&self.inner.config, &self.inner.footprint);
         let server = config
             .max_state_bytes
@@ -1287,7 +1292,7 @@ impl Streams {
         Room {
             server,
             server_budget: config.max_state_bytes,
-            key: key.map(|k| share.saturating_sub(footprint.held_by(k).state)),
+            key: held.map(|h| share.saturating_sub(h.state)),
             key_budget: share,
         }
     }
@@ -1296,7 +1301,8 @@ impl Streams {
     /// for an append of `key`, in its share of each.
     fn producer_caps(&self, key: Option<&str>) -> admit::Caps {
         let (config, footprint) = (&self.inner.config, &self.inner.footprint);
-        let state = self.state_room(key);
+        let held = key.map(|k| footprint.held_by(k));
+        let state = self.state_room_of(held);
         let share = config.max_producer_bytes / KEY_SHARE;
         admit::Caps {
             max_producers: config.max_producers_per_stream,
@@ -1305,11 +1311,9 @@ impl Streams {
                 .max_producer_bytes
                 .saturating_sub(footprint.producer_bytes.load(Ordering::Relaxed))
                 .min(state.server),
-            key_room: state.key.map(|state_room| {
-                share
-                    .saturating_sub(footprint.held_by(key.unwrap_or_default()).producers)
-                    .min(state_room)
-            }),
+            key_room: held
+                .zip(state.key)
+                .map(|(held, state_room)| share.saturating_sub(held.producers).min(state_room)),
             key_budget: share,
         }
     }
@@ -1327,7 +1331,9 @@ impl Streams {
             applied: &s,
             pending: pipeline.pending.as_ref(),
         };
-        let caps = self.producer_caps(req.key.as_deref());
+        // A key's share matters only to an append that may add a producer entry: others
+        // take no lock for it.
+        let caps = self.producer_caps(req.producer.as_ref().and(req.key.as_deref()));
         let op = match admit::append(&view, req, &caps)? {
             admit::Admission::Commit(op) => op,
             admit::Admission::Answer(outcome) => return Ok(Admitted::Answer(outcome)),
