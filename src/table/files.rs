@@ -131,22 +131,42 @@ pub(super) fn write_parquet(
     let out = file.into_inner().map_err(encoding)?;
     let mut time_ranges: BTreeMap<String, (i64, i64)> = BTreeMap::new();
     for batch in batches {
-        for (field, column) in schema.fields().iter().zip(batch.columns()) {
-            if !matches!(field.data_type(), DataType::Timestamp(_, _)) {
-                continue;
-            }
-            let values = column.as_primitive::<TimestampNanosecondType>();
-            if let (Some(lo), Some(hi)) = (
-                arrow_arith::aggregate::min(values),
-                arrow_arith::aggregate::max(values),
-            ) {
-                let entry = time_ranges.entry(field.name().clone()).or_insert((lo, hi));
-                entry.0 = entry.0.min(lo);
-                entry.1 = entry.1.max(hi);
-            }
+        widen_time_ranges(&mut time_ranges, schema, batch);
+    }
+    let rows = batches.iter().map(|b| b.num_rows() as u64).sum();
+    Ok(data_file(schema, path, Bytes::from(out), rows, time_ranges))
+}
+
+/// Widens `ranges` (each timestamp column's lowest and highest value) by `batch`'s values.
+fn widen_time_ranges(
+    ranges: &mut BTreeMap<String, (i64, i64)>,
+    schema: &SchemaRef,
+    batch: &RecordBatch,
+) {
+    for (field, column) in schema.fields().iter().zip(batch.columns()) {
+        if !matches!(field.data_type(), DataType::Timestamp(_, _)) {
+            continue;
+        }
+        let values = column.as_primitive::<TimestampNanosecondType>();
+        if let (Some(lo), Some(hi)) = (
+            arrow_arith::aggregate::min(values),
+            arrow_arith::aggregate::max(values),
+        ) {
+            let entry = ranges.entry(field.name().clone()).or_insert((lo, hi));
+            entry.0 = entry.0.min(lo);
+            entry.1 = entry.1.max(hi);
         }
     }
-    let bytes = Bytes::from(out);
+}
+
+/// The manifest entry of a file of `schema` at `path`.
+fn data_file(
+    schema: &SchemaRef,
+    path: String,
+    bytes: Bytes,
+    rows: u64,
+    time_ranges: BTreeMap<String, (i64, i64)>,
+) -> (Bytes, DataFile) {
     let field_ids = schema
         .fields()
         .iter()
@@ -155,12 +175,64 @@ pub(super) fn write_parquet(
         .collect();
     let file = DataFile {
         path,
-        rows: batches.iter().map(|b| b.num_rows() as u64).sum(),
+        rows,
         bytes: bytes.len() as u64,
         time_ranges,
         field_ids,
     };
-    Ok((bytes, file))
+    (bytes, file)
+}
+
+/// Writes the Parquet file `bytes` again in the table's `current` shape (see
+/// [`written_shape`]: a dropped column is left out, a column newer than `last_column_id`
+/// kept), one row group at a time, each in the order it has: memory holds one batch of
+/// decoded rows and the new file, whatever the file's size. Returns the new file's bytes
+/// and its manifest entry for `path`.
+///
+/// This is how a file written before a column was dropped loses the column: a file whose
+/// field ids include one the current schema lacks is legal Iceberg, but some readers
+/// (Daft 0.7) misread the columns that follow it.
+pub(super) fn rewrite_parquet(
+    bytes: Bytes,
+    current: &SchemaRef,
+    last_column_id: i32,
+    row_group_rows: usize,
+    path: String,
+) -> Result<(Bytes, DataFile), TableError> {
+    use parquet::arrow::arrow_reader::ArrowReaderMetadata;
+    let metadata = ArrowReaderMetadata::load(&bytes, Default::default()).map_err(encoding)?;
+    let shape = written_shape(current, last_column_id, &[metadata.schema().clone()]);
+    let file_schema = file_schema(&shape);
+    let props = writer_properties(Some(&shape), row_group_rows, zstd()?)?;
+    let mut writer =
+        ArrowWriter::try_new(Vec::new(), file_schema.clone(), Some(props)).map_err(encoding)?;
+    let mut time_ranges = BTreeMap::new();
+    let mut rows = 0u64;
+    for group in 0..metadata.metadata().num_row_groups() {
+        let reader =
+            ParquetRecordBatchReaderBuilder::new_with_metadata(bytes.clone(), metadata.clone())
+                .with_row_groups(vec![group])
+                .with_batch_size(64 * 1024)
+                .build()
+                .map_err(encoding)?;
+        for batch in reader {
+            let batch =
+                crate::types::project_by_id(&batch.map_err(encoding)?, &shape).map_err(encoding)?;
+            widen_time_ranges(&mut time_ranges, &shape, &batch);
+            rows += batch.num_rows() as u64;
+            let columns = batch
+                .columns()
+                .iter()
+                .map(file_column)
+                .collect::<Result<Vec<_>, _>>()?;
+            let batch = RecordBatch::try_new(file_schema.clone(), columns).map_err(encoding)?;
+            writer.write(&batch).map_err(encoding)?;
+        }
+        // A row group of the old file is one of the new: its rows stay in time order.
+        writer.flush().map_err(encoding)?;
+    }
+    let out = writer.into_inner().map_err(encoding)?;
+    Ok(data_file(&shape, path, Bytes::from(out), rows, time_ranges))
 }
 
 /// The schema a Parquet file is written with (and embeds), which every Iceberg reader of

@@ -268,6 +268,17 @@ impl ManifestState {
             .collect()
     }
 
+    /// Whether `file` holds a column the table dropped: an id the table gave (at or below
+    /// its `last_column_id`) that its current columns lack. (An id above it is a column
+    /// another node added that this state does not know yet, not a dropped one.)
+    pub(crate) fn holds_dropped_column(&self, file: &DataFile) -> bool {
+        let last = self.last_column_id();
+        let current = self.column_ids();
+        self.file_field_ids(file)
+            .values()
+            .any(|id| *id <= last && !current.contains(id))
+    }
+
     /// Leaves out `file`'s column ids where they are what [`ManifestState::file_field_ids`]
     /// gives a file without them (a table whose columns never changed): manifests stay as
     /// small as before ids.

@@ -371,6 +371,11 @@ pub struct TableStats {
 /// an entry of one-row batches holds hundreds of rows.
 pub(crate) const COALESCE_BELOW_BYTES: usize = 32 << 10;
 
+/// Most files a compaction pass writes again to leave out a dropped column
+/// ([`Tables::compact`]): a table with many such files loses the column from all of them
+/// over a few passes, and a pass stays short.
+const RESHAPED_PER_PASS: usize = 8;
+
 /// One entry of a table's unflushed set: the rows of one or more consecutive records of the
 /// table (coalesced small batches), in memory or spilled.
 struct Unflushed {
@@ -1603,6 +1608,8 @@ impl Tables {
     }
 
     /// Merges a table's small files into one when it has enough of them. Returns the new file.
+    /// Then writes again, in the current shape, up to [`RESHAPED_PER_PASS`] files that still
+    /// hold a column the table dropped (see [`files::rewrite_parquet`]).
     pub async fn compact(&self, id: &str) -> Result<Option<DataFile>, TableError> {
         let started = Instant::now();
         let written = self.compact_once(id).await?;
@@ -1612,7 +1619,53 @@ impl Tables {
                 .compaction_nanos
                 .fetch_add(elapsed_nanos(started), Ordering::Relaxed);
         }
+        for _ in 0..RESHAPED_PER_PASS {
+            let started = Instant::now();
+            if self.reshape_once(id).await?.is_none() {
+                break;
+            }
+            self.stats.compactions.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .compaction_nanos
+                .fetch_add(elapsed_nanos(started), Ordering::Relaxed);
+        }
         Ok(written)
+    }
+
+    /// Writes one file that holds a column the table dropped again without it, if there is
+    /// one. Returns the new file.
+    async fn reshape_once(&self, id: &str) -> Result<Option<DataFile>, TableError> {
+        let table = self.table(id).await?;
+        let _compacting = table.compacting.lock().await;
+        let manifest = table.lock().manifest.clone();
+        let Some(old) = manifest
+            .files
+            .iter()
+            .find(|f| manifest.holds_dropped_column(f))
+            .cloned()
+        else {
+            return Ok(None);
+        };
+        let current = manifest.schema()?;
+        let last_column_id = manifest.last_column_id();
+        let bytes = self.fetch(&old.path).await?;
+        let path = paths::new_table_data_file(&table.id);
+        let row_group_rows = self.config.row_group_rows;
+        let (bytes, mut file) = tokio::task::spawn_blocking(move || {
+            files::rewrite_parquet(bytes, &current, last_column_id, row_group_rows, path)
+        })
+        .await
+        .map_err(|e| TableError::Task(e.to_string()))??;
+        if file.rows != old.rows {
+            return Err(TableError::Encoding(format!(
+                "{} holds {} rows, its manifest entry says {}",
+                old.path, file.rows, old.rows
+            )));
+        }
+        manifest.omit_default_field_ids(&mut file);
+        let written = self.put_data_file(&file, bytes).await?;
+        self.commit_rewrite(&table, id, file, written, vec![old.path])
+            .await
     }
 
     async fn compact_once(&self, id: &str) -> Result<Option<DataFile>, TableError> {
@@ -1710,9 +1763,24 @@ impl Tables {
                     .await?
             }
         };
+        let removed = picked.iter().map(|f| f.path.clone()).collect();
+        self.commit_rewrite(&table, id, file, written, removed)
+            .await
+    }
+
+    /// Commits `file` (uploaded at `written`) in place of the files `removed`: the end of a
+    /// compaction. Called holding the table's compaction lock.
+    async fn commit_rewrite(
+        &self,
+        table: &Table,
+        id: &str,
+        file: DataFile,
+        written: Instant,
+        removed: Vec<String>,
+    ) -> Result<Option<DataFile>, TableError> {
         let change = Change {
             added: vec![file.clone()],
-            removed: picked.iter().map(|f| f.path.clone()).collect(),
+            removed,
             flushed: BTreeMap::new(),
             flushed_below: None,
             shape: None,

@@ -387,6 +387,80 @@ async fn two_nodes_on_one_bucket_follow_every_change() {
     evolve(&mut first, Some(&second)).await;
 }
 
+/// A column dropped from the middle of a table stays in the files written before (legal
+/// Iceberg), and Daft 0.7 misreads the columns after it in such a file ("failed to fill
+/// whole buffer"): the maintenance pass writes each such file again without the column,
+/// whatever its size and with no compaction due, and every reader reads the table, the
+/// rows of the old files (flushed and large) and of the new shape alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_column_dropped_from_the_middle_leaves_every_file() {
+    let node = Node::start_with("evolve-middle", None, NO_COMPACTION);
+    node.statement("CREATE TABLE t (id int, b string, c int)")
+        .await;
+    let client = reqwest::Client::new();
+    let ingest = |rows: std::ops::Range<i64>, with_b: bool| {
+        let body: String = rows
+            .map(|id| {
+                let row = if with_b {
+                    json!({"id": id, "b": format!("b{id}"), "c": id * 10})
+                } else {
+                    json!({"id": id, "c": id * 10})
+                };
+                format!("{row}\n")
+            })
+            .collect();
+        let request = client
+            .post(format!(
+                "{}/v1/catalog/databases/scopedb/schemas/public/tables/t/ingest",
+                node.base
+            ))
+            .header("content-type", "application/x-ndjson")
+            .body(body);
+        async move {
+            let r = request.send().await.unwrap();
+            assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+        }
+    };
+    // Two files holding `b`.
+    ingest(0..3000, true).await;
+    wait_flushed(&node).await;
+    ingest(3000..3010, true).await;
+    wait_flushed(&node).await;
+    let files_before = node.stats("t").await["files"].as_u64().unwrap();
+    assert!(files_before >= 2, "{}", node.stats("t").await);
+    let compactions = "sluice_table_compactions_total";
+    let c0 = metric(&client, &node.base, compactions).await;
+    node.statement("ALTER TABLE t DROP COLUMN b").await;
+    ingest(3010..3020, false).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metric(&client, &node.base, compactions).await < c0 + files_before as f64 {
+        assert!(
+            Instant::now() < deadline,
+            "the files holding b were not written again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Each file was written again on its own: no merge (compaction is off).
+    assert_eq!(node.stats("t").await["files"].as_u64(), Some(files_before));
+    wait_flushed(&node).await;
+    let want: Vec<Value> = (0..3020)
+        .map(|id| json!({"id": id, "c": id * 10}))
+        .collect();
+    let seen = super::iceberg::read(&node.base, "none", "t", None, "daft,duckdb");
+    assert_eq!(seen["rows"], json!(want), "pyiceberg");
+    assert_eq!(seen["readers"]["daft"]["rows"], json!(want), "daft");
+    assert_eq!(seen["readers"]["duckdb"]["rows"], json!(want), "duckdb");
+    let rows = node.rows("SELECT count(*), sum(c) FROM t").await;
+    assert_eq!(
+        rows,
+        [[
+            json!("3020"),
+            json!((0..3020).map(|i| i * 10).sum::<i64>().to_string())
+        ]]
+    );
+    let _ = std::fs::remove_dir_all(&node.data_dir);
+}
+
 /// Sends `sql` to the statements API; its status and body.
 async fn run(client: &reqwest::Client, base: &str, sql: &str) -> (u16, Value) {
     let r = client
