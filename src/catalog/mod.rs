@@ -739,6 +739,22 @@ pub struct Catalog {
     floor_checked: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
+/// Most earlier catalog versions [`Catalog::restore_ids`] reads.
+const RESTORE_LOOKBACK: u64 = 16;
+
+/// Whether `def` was stored without column ids (by a binary from before them, or before
+/// its table's first write by one that knows them).
+fn lacks_ids(def: &TableDef) -> bool {
+    def.schema_id.is_none()
+        || def.last_column_id.is_none()
+        || def.columns.iter().any(|c| c.id.is_none())
+}
+
+/// A table's column names, in order.
+fn names(def: &TableDef) -> Vec<&str> {
+    def.columns.iter().map(|c| c.name.as_str()).collect()
+}
+
 /// How often a refresh that finds nothing new checks the floor.
 const FLOOR_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -783,16 +799,113 @@ impl Catalog {
         Ok(catalog)
     }
 
-    /// Reads version `v`, its tables' column ids given (see [`fill_ids`]).
+    /// Reads version `v`, its tables' column ids given (see [`fill_ids`] and
+    /// [`Catalog::restore_ids`]).
     async fn read_version(&self, v: u64) -> Result<Option<CatalogVersion>, CatalogError> {
         let mut version: Option<CatalogVersion> =
             self.log.read(self.storage.store().as_ref(), v).await?;
         if let Some(version) = &mut version {
+            self.restore_ids(version).await?;
             for (_, def) in version.root.tables_mut() {
                 fill_ids(def);
             }
         }
         Ok(version)
+    }
+
+    /// Gives back the column ids of `version`'s tables stored without them that an earlier
+    /// version stored with them: a sluice binary from before column ids writes the whole
+    /// catalog without them (serde drops the fields it does not know), and positions would
+    /// be the wrong ids for any table whose columns changed (another column's data read
+    /// under a column's name). Such a binary cannot change a table's columns, so the
+    /// columns of that name are the same columns. Looks back through this node's version
+    /// (if it is the one before) and then the stored ones, at most [`RESTORE_LOOKBACK`]
+    /// versions; a table created since, or with no version left that has its ids, keeps
+    /// ids = positions.
+    async fn restore_ids(&self, version: &mut CatalogVersion) -> Result<(), CatalogError> {
+        let mut wanted: BTreeMap<String, String> = version
+            .root
+            .tables_mut()
+            .filter(|(_, def)| lacks_ids(def))
+            .filter_map(|(name, _)| Some((name.clone(), version.table_ids.get(&name)?.clone())))
+            .collect();
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let held = self.current.read().await.clone();
+        let mut restored: BTreeMap<String, (u64, TableDef)> = BTreeMap::new();
+        for back in 1..=RESTORE_LOOKBACK {
+            let Some(w) = version.version.checked_sub(back) else {
+                break;
+            };
+            // This node's version holds ids given or restored when it was read.
+            let from_memory = held.version == w && !held.tag.is_empty();
+            let earlier = if from_memory {
+                Some(held.clone())
+            } else {
+                self.log
+                    .read::<CatalogVersion>(self.storage.store().as_ref(), w)
+                    .await?
+            };
+            let Some(earlier) = earlier else {
+                break;
+            };
+            let tables = earlier.root.all_tables();
+            wanted.retain(|name, storage_id| {
+                let Some(def) = tables.get(name) else {
+                    return false;
+                };
+                if earlier.table_ids.get(name) != Some(storage_id) {
+                    return false;
+                }
+                if from_memory || !lacks_ids(def) {
+                    restored.insert(name.clone(), (w, (*def).clone()));
+                    return false;
+                }
+                true
+            });
+            if wanted.is_empty() {
+                break;
+            }
+        }
+        for (name, def) in version.root.tables_mut() {
+            let Some((from, earlier)) = restored.get(&name) else {
+                continue;
+            };
+            let mut earlier = earlier.clone();
+            fill_ids(&mut earlier);
+            let mut again = def.clone();
+            let result = if names(&again) == names(&earlier) {
+                for (c, e) in again.columns.iter_mut().zip(&earlier.columns) {
+                    c.id = e.id;
+                }
+                again.last_column_id = earlier.last_column_id;
+                again.schema_id = earlier.schema_id;
+                Ok(())
+            } else {
+                evolve(Some(&earlier), &mut again, &name)
+            };
+            match result {
+                Ok(()) => {
+                    tracing::warn!(
+                        table = %name,
+                        version = version.version,
+                        from,
+                        "catalog version was written without column ids (by an older sluice): \
+                         the table's ids are taken from an earlier version"
+                    );
+                    *def = again;
+                }
+                Err(e) => tracing::error!(
+                    table = %name,
+                    version = version.version,
+                    error = %e,
+                    "catalog version was written without column ids, and an earlier \
+                     version's do not fit: ids are positions"
+                ),
+            }
+        }
+        Ok(())
     }
 
     /// The newest version: the highest listed, then any that landed after the listing.
@@ -1302,6 +1415,91 @@ mod tests {
             evolve(Some(&renamed), &mut unknown, "t"),
             Err(CatalogError::Invalid(m)) if m.contains("names id 2")
         ));
+    }
+
+    /// A binary from before column ids writes the whole catalog without them: the ids of a
+    /// table whose columns changed come back from an earlier version, on this node and on
+    /// one opened afresh, also after several such versions in a row. Positions would read
+    /// `c` as the dropped `b`'s data.
+    #[tokio::test]
+    async fn ids_an_older_binary_strips_come_back_from_an_earlier_version() {
+        use serde_json::json;
+        let storage = Storage::open("memory://").unwrap();
+        let catalog = Catalog::open(storage.clone()).await.unwrap();
+        let path = CatalogPath::Table("scopedb".into(), "public".into(), "t".into());
+        let def = |names: &[&str]| {
+            let columns: Vec<_> = names
+                .iter()
+                .map(|n| json!({"name": n, "data_type": "int"}))
+                .collect();
+            Some(json!({"name": "t", "columns": columns}))
+        };
+        let destructive = MutateOptions {
+            allow_destructive: true,
+            ..MutateOptions::default()
+        };
+        catalog
+            .mutate(&path, def(&["id", "b", "c"]), destructive)
+            .await
+            .unwrap();
+        catalog
+            .mutate(&path, def(&["id", "c"]), destructive)
+            .await
+            .unwrap();
+        let store = storage.store();
+        async fn shape_of(catalog: &Catalog) -> (Vec<(String, i32)>, Option<i32>, Option<i32>) {
+            let t = catalog.table("scopedb", "public", "t").await.unwrap().def;
+            let ids = shape(&t).into_iter().map(|(n, id)| (n.to_owned(), id));
+            (ids.collect(), t.last_column_id, t.schema_id)
+        }
+        let want = (
+            vec![("id".to_owned(), 1), ("c".to_owned(), 3)],
+            Some(3),
+            Some(1),
+        );
+        assert_eq!(shape_of(&catalog).await, want);
+        for _ in 0..3 {
+            let latest = catalog.version().await;
+            let bytes = store
+                .get(&catalog.log.path(latest))
+                .await
+                .unwrap()
+                .bytes()
+                .await
+                .unwrap();
+            let mut raw: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+            for d in raw["root"]["databases"].as_array_mut().unwrap() {
+                for s in d["schemas"].as_array_mut().unwrap() {
+                    for t in s["tables"].as_array_mut().unwrap() {
+                        let t = t.as_object_mut().unwrap();
+                        t.remove("last_column_id");
+                        t.remove("schema_id");
+                        for c in t["columns"].as_array_mut().unwrap() {
+                            c.as_object_mut().unwrap().remove("id");
+                        }
+                    }
+                }
+            }
+            raw["version"] = json!(latest + 1);
+            raw["tag"] = json!(format!("older-{latest}"));
+            store
+                .put(
+                    &catalog.log.path(latest + 1),
+                    serde_json::to_vec(&raw).unwrap().into(),
+                )
+                .await
+                .unwrap();
+            catalog.refresh().await.unwrap();
+            assert_eq!(catalog.version().await, latest + 1);
+            assert_eq!(
+                shape_of(&catalog).await,
+                want,
+                "refreshed to {}",
+                latest + 1
+            );
+            let fresh = Catalog::open(storage.clone()).await.unwrap();
+            assert_eq!(shape_of(&fresh).await, want, "opened at {}", latest + 1);
+        }
     }
 
     #[test]
