@@ -837,13 +837,17 @@ impl Database {
     ) -> Result<usize, IngestFailure> {
         use std::sync::atomic::Ordering::Relaxed;
         let size = ndjson.len() as u64;
+        let started = std::time::Instant::now();
         let mut result = self
             .insert_rows_uncounted(table, ndjson.clone(), limits)
             .await;
         // Rows refused by this node's shape of the table may fit a newer one another node
-        // committed (a column added there): look once, and check them again under it.
-        if let Err(IngestFailure::Input(IngestError::InvalidRows(_))) = &result
-            && let Some(newer) = self.newer_shape(table).await
+        // committed (a column added, renamed or dropped and added again there): look once,
+        // and check them again under it. Only for problems with fields (a newer shape cannot
+        // mend a row that is not JSON), and concurrent refusals share one look.
+        if let Err(IngestFailure::Input(IngestError::InvalidRows(rows))) = &result
+            && (rows.truncated || rows.errors.iter().any(|e| e.column.is_some()))
+            && let Some(newer) = self.newer_shape(table, started).await
         {
             result = self.insert_rows_uncounted(&newer, ndjson, limits).await;
         }
@@ -863,14 +867,14 @@ impl Database {
     }
 
     /// The table's definition in a catalog version newer than this node holds, if there is
-    /// one (one small read of the store) and it changed the table's columns.
-    async fn newer_shape(&self, table: &ResolvedTable) -> Option<ResolvedTable> {
-        if !self
-            .catalog
-            .changed_since(std::time::Instant::now())
-            .await
-            .unwrap_or(false)
-        {
+    /// one and it changed the table's columns: one small read of the store, or the answer
+    /// of one that started at or after `since` (a change committed before `since` is seen).
+    async fn newer_shape(
+        &self,
+        table: &ResolvedTable,
+        since: std::time::Instant,
+    ) -> Option<ResolvedTable> {
+        if !self.catalog.changed_since(since).await.unwrap_or(false) {
             return None;
         }
         self.catalog.refresh().await.ok()?;

@@ -461,6 +461,64 @@ async fn a_column_dropped_from_the_middle_leaves_every_file() {
     let _ = std::fs::remove_dir_all(&node.data_dir);
 }
 
+/// Refreshes the catalog only every 30 s: what another node sees at once, it sees by looking.
+const SLOW_REFRESH: &str = "maintenance_interval_seconds = 30\n";
+
+/// A node that did not make a change checks a batch its shape refuses again at once under the
+/// newer catalog version (no window where it refuses a field another node's `ALTER` added or
+/// renamed it to), and refuses what no shape takes; with two nodes on the shared S3 server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn another_node_checks_a_refused_batch_under_the_newest_shape() {
+    let base = std::env::var("SLUICE_TEST_S3_URL").expect(
+        "SLUICE_TEST_S3_URL is not set: run the tests with `bash tests/run.sh`, which starts \
+         a SeaweedFS S3 server",
+    );
+    let url = format!("{base}/evolve-newest-{}", std::process::id());
+    let first = Node::start_with("evolve-newest-a", Some(&url), SLOW_REFRESH);
+    first.statement("CREATE TABLE u (id int)").await;
+    let second = Node::start_with("evolve-newest-b", Some(&url), SLOW_REFRESH);
+    let client = reqwest::Client::new();
+    let ingest = |body: &'static str| {
+        client
+            .post(format!(
+                "{}/v1/catalog/databases/scopedb/schemas/public/tables/u/ingest",
+                second.base
+            ))
+            .header("content-type", "application/x-ndjson")
+            .body(body)
+            .send()
+    };
+    assert_eq!(ingest("{\"id\": 1}\n").await.unwrap().status(), 200);
+    first.statement("ALTER TABLE u ADD COLUMN z int").await;
+    assert_eq!(
+        ingest("{\"id\": 2, \"z\": 20}\n").await.unwrap().status(),
+        200
+    );
+    first.statement("ALTER TABLE u RENAME COLUMN z TO w").await;
+    assert_eq!(
+        ingest("{\"id\": 3, \"w\": 30}\n").await.unwrap().status(),
+        200
+    );
+    // No shape takes these: refused, nothing written.
+    for bad in [
+        "{\"id\": 4, \"z\": 40}\n",
+        "{\"id\": 5, \"w\": \"x\"}\n",
+        "{\"id\": 6\n",
+    ] {
+        let r = ingest(bad).await.unwrap();
+        assert_eq!(r.status(), 422, "{bad}: {}", r.text().await.unwrap());
+    }
+    let rows = second.rows("SELECT id, w FROM u ORDER BY id").await;
+    assert_eq!(
+        rows,
+        [
+            [json!("1"), Value::Null],
+            [json!("2"), json!("20")],
+            [json!("3"), json!("30")]
+        ]
+    );
+}
+
 /// Sends `sql` to the statements API; its status and body.
 async fn run(client: &reqwest::Client, base: &str, sql: &str) -> (u16, Value) {
     let r = client
