@@ -219,6 +219,36 @@ async fn scopeql_cli_runs_ddl_queries_and_loads() {
         json!([{"service": "checkout", "n": 1}, {"service": "search", "n": 2}])
     );
 
+    // The table evolves from the CLI too, and a ScopeQL pipeline reads the new shape.
+    let (ok, out, err) = tokio::task::spawn_blocking(move || {
+        run_scopeql(
+            addr,
+            &[
+                "run",
+                "ALTER TABLE events ADD COLUMN region string COMMENT 'added later'",
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(ok, "{out}{err}");
+    let (ok, out, err) = tokio::task::spawn_blocking(move || {
+        run_scopeql(
+            addr,
+            &[
+                "run",
+                "--format",
+                "json",
+                "FROM events WHERE n = 1 SELECT service, region",
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(ok, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v, json!([{"service": "checkout", "region": null}]));
+
     // A failing statement makes scopeql fail with the server's message.
     let (ok, out, err) = tokio::task::spawn_blocking(move || {
         run_scopeql(addr, &["run", "SELECT missing_column FROM events"])
