@@ -27,9 +27,10 @@
 //! that size, and not taken by a flush under way (`Unflushed::cut`). One entry then holds the
 //! rows of several records, in LSN order, and keeps their LSNs: memory, spills and flushes
 //! follow rows and bytes, not requests (a one-row batch alone costs its arrays' overhead, about
-//! a kilobyte). An entry's rows are a few runs (batches) whose sizes follow a binary counter
+//! a kilobyte). An entry's rows are a few runs (batches) joined as Timsort joins its runs
 //! (`push_run`): as an entry grows on the log's writer thread, each of its rows is copied about
-//! log2(rows) times, not once for every batch that joins. A flush takes whole entries and
+//! log2(rows) times, not once for every batch that joins. An entry's size counts its runs and
+//! its per-record index (`lsns`, `ends`). A flush takes whole entries and
 //! covers up to the last record of the last one it took; an entry a flush took takes no more
 //! records (unless that flush failed before its commit was sent: then no manifest can cover
 //! it), so every position this process commits is the last LSN of an entry. A position
@@ -401,6 +402,12 @@ impl Unflushed {
         self.lsns.first().copied().unwrap_or(0)
     }
 
+    /// The memory of its per-record index (`lsns` and `ends`), part of its size: for an
+    /// entry of one-row records, as much as a narrow table's rows.
+    fn index_bytes(&self) -> usize {
+        (self.lsns.capacity() + self.ends.capacity()) * std::mem::size_of::<u64>()
+    }
+
     /// Its last record: a flush that took it covers up to here.
     fn last_lsn(&self) -> Lsn {
         self.lsns.last().copied().unwrap_or(0)
@@ -416,6 +423,8 @@ impl Unflushed {
         };
         self.lsns.drain(..gone);
         self.ends.drain(..gone);
+        self.lsns.shrink_to_fit();
+        self.ends.shrink_to_fit();
         for end in &mut self.ends {
             *end -= rows_gone;
         }
@@ -441,7 +450,7 @@ impl Unflushed {
                     // themselves, their size counted in full.
                     None => slices.into_iter().map(Run::fresh).collect(),
                 };
-                runs.iter().map(|r| r.bytes).sum()
+                runs.iter().map(|r| r.bytes).sum::<usize>() + self.index_bytes()
             }
             // Spilled: its records are read back from the log, so what it stands for is a
             // share of the spilled bytes.
@@ -479,24 +488,39 @@ fn copied(batches: &[RecordBatch]) -> Option<RecordBatch> {
     arrow_select::concat::concat_batches(&first.schema(), all).ok()
 }
 
-/// Appends `run` to an entry's runs, then joins the newest two while the newer holds at
-/// least as many rows as the one before it (a binary counter): the runs' row counts shrink
-/// from the oldest on, an entry of `k` rows holds about `log2(k)` runs, and each row is
-/// copied about `log2(k)` times as the entry grows, not once for every batch that joins it.
+/// Appends `run` to an entry's runs, then joins neighbours as Timsort keeps its stack of
+/// runs: every run holds more rows than the next two together, and more than the next one.
+/// The runs' row counts fall at least as fast as Fibonacci numbers from the oldest on, so an
+/// entry of `k` rows holds at most about `1.44 log2(k)` runs, whatever the sizes of the
+/// batches that joined it, and each row is copied about `log2(k)` times as the entry grows,
+/// not once for every batch that joins it (batches of one size join as a binary counter).
 /// Runs that cannot be joined stay apart (still in order).
 fn push_run(runs: &mut Vec<Run>, run: Run) {
     runs.push(run);
-    while let [.., older, newer] = runs.as_slice()
-        && newer.batch.num_rows() >= older.batch.num_rows()
-    {
-        let Ok(joined) = arrow_select::concat::concat_batches(
-            &older.batch.schema(),
-            [&older.batch, &newer.batch],
-        ) else {
+    loop {
+        let rows: Vec<usize> = runs
+            .iter()
+            .rev()
+            .take(4)
+            .map(|r| r.batch.num_rows())
+            .collect();
+        // `rows[0]` is the newest run's, `rows[1]` the one before it, and so on.
+        let join =
+            match rows[..] {
+                [c, b, a, ..] if a <= b + c || rows.get(3).is_some_and(|&z| z <= a + b) => {
+                    if a < c { 2 } else { 1 }
+                }
+                [c, b, ..] if b <= c => 1,
+                _ => return,
+            };
+        // Join the run `join` places before the newest with the one after it.
+        let at = runs.len() - 1 - join;
+        let (older, newer) = (&runs[at].batch, &runs[at + 1].batch);
+        let Ok(joined) = arrow_select::concat::concat_batches(&older.schema(), [older, newer])
+        else {
             return;
         };
-        runs.truncate(runs.len() - 2);
-        runs.push(Run::fresh(joined));
+        runs.splice(at..at + 2, [Run::fresh(joined)]);
     }
 }
 
@@ -653,16 +677,16 @@ impl Table {
         {
             let before = tail.bytes;
             push_run(runs, Run { batch, bytes });
-            tail.bytes = runs.iter().map(|r| r.bytes).sum();
+            let runs_bytes: usize = runs.iter().map(|r| r.bytes).sum();
             tail.rows += rows;
             tail.lsns.push(lsn);
             tail.ends.push(tail.rows);
+            tail.bytes = runs_bytes + tail.index_bytes();
             let after = tail.bytes;
             state.held_bytes = state.held_bytes.saturating_sub(before) + after;
             return;
         }
-        state.held_bytes += bytes;
-        state.unflushed.push_back(Unflushed {
+        let mut entry = Unflushed {
             lsns: vec![lsn],
             ends: vec![rows],
             runs: Some(vec![Run { batch, bytes }]),
@@ -670,7 +694,10 @@ impl Table {
             bytes,
             at: Instant::now(),
             cut: false,
-        });
+        };
+        entry.bytes += entry.index_bytes();
+        state.held_bytes += entry.bytes;
+        state.unflushed.push_back(entry);
     }
 }
 
@@ -2070,6 +2097,35 @@ mod tests {
         }
     }
 
+    /// Batches of falling sizes, then a large one, then small ones of mixed sizes: the runs
+    /// keep Timsort's invariant (each holds more rows than the next two together), so an
+    /// entry stays a few runs, and its rows stay in order.
+    #[test]
+    fn runs_stay_few_whatever_the_sizes_of_the_batches() {
+        let mut runs = Vec::new();
+        let mut next = 0i64;
+        let mut sizes: Vec<i64> = (1..=40).rev().collect();
+        sizes.push(800);
+        sizes.extend((1..=300).map(|i| i % 7 + 1));
+        for n in sizes {
+            let batch = ids(next, next + n);
+            next += n;
+            let bytes = batch.get_array_memory_size();
+            push_run(&mut runs, Run { batch, bytes });
+            let counts: Vec<usize> = runs.iter().map(|r| r.batch.num_rows()).collect();
+            for w in counts.windows(2) {
+                assert!(w[0] > w[1], "{counts:?}");
+            }
+            for w in counts.windows(3) {
+                assert!(w[0] > w[1] + w[2], "{counts:?}");
+            }
+            let bound = 1.45 * (next as f64).log2() + 2.0;
+            assert!(runs.len() as f64 <= bound, "{counts:?}");
+        }
+        let held: Vec<i64> = runs.iter().flat_map(|r| id_values(&r.batch)).collect();
+        assert_eq!(held, (0..next).collect::<Vec<_>>());
+    }
+
     /// A covered position inside an entry of several runs keeps exactly the later rows, in
     /// one run.
     #[test]
@@ -2141,6 +2197,32 @@ mod coalescing {
 
     fn table() -> Table {
         Table::new("t", Manifest::new("t", 10), ManifestState::default())
+    }
+
+    /// An entry of one-row records counts its per-record index too: its size is its runs'
+    /// arrays and its `lsns` and `ends`, and the table's held bytes are the entries' sizes.
+    #[test]
+    fn an_entry_of_small_records_counts_its_index() {
+        let table = table();
+        for lsn in 1..=500 {
+            let batch = labelled("b", 1, lsn as i64);
+            let bytes = batch.get_array_memory_size();
+            table.push(lsn, batch, bytes);
+        }
+        let state = table.lock();
+        let entry = &state.unflushed[0];
+        assert_eq!(entry.lsns.len(), 500);
+        let arrays: usize = entry
+            .runs
+            .as_ref()
+            .expect("in memory")
+            .iter()
+            .map(|r| r.bytes)
+            .sum();
+        assert!(entry.index_bytes() >= 500 * 16, "{}", entry.index_bytes());
+        assert_eq!(entry.bytes, arrays + entry.index_bytes());
+        let entries: usize = state.unflushed.iter().map(|u| u.bytes).sum();
+        assert_eq!(state.held_bytes, entries);
     }
 
     /// Small batches of one shape join one entry; a batch whose column has another id (the
