@@ -837,20 +837,15 @@ impl Database {
     ) -> Result<usize, IngestFailure> {
         use std::sync::atomic::Ordering::Relaxed;
         let size = ndjson.len() as u64;
-        let started = std::time::Instant::now();
-        let mut result = self
-            .insert_rows_uncounted(table, ndjson.clone(), limits)
-            .await;
-        // Rows refused by this node's shape of the table may fit a newer one another node
-        // committed (a column added, renamed or dropped and added again there): look once,
-        // and check them again under it. Only for problems with fields (a newer shape cannot
-        // mend a row that is not JSON), and concurrent refusals share one look.
-        if let Err(IngestFailure::Input(IngestError::InvalidRows(rows))) = &result
-            && (rows.truncated || rows.errors.iter().any(|e| e.column.is_some()))
-            && let Some(newer) = self.newer_shape(table, started).await
-        {
-            result = self.insert_rows_uncounted(&newer, ndjson, limits).await;
-        }
+        // A change of the table's columns that another node committed before this request
+        // began is seen before the rows are checked: rows that fit this node's older shape
+        // would mean other columns under it (after names were swapped, a column dropped and
+        // added again). One small read of the store, shared by concurrent requests (and with
+        // the look after the commit, [`Database::confirm_table`]); changes committed while
+        // the request runs are those the batch races (see the README).
+        let newer = self.newer_shape(table, std::time::Instant::now()).await;
+        let table = newer.as_ref().unwrap_or(table);
+        let result = self.insert_rows_uncounted(table, ndjson, limits).await;
         match &result {
             Ok(rows) => {
                 self.ingest_stats.rows.fetch_add(*rows as u64, Relaxed);

@@ -252,7 +252,7 @@ impl Database {
         name: &[String],
         change: &AlterColumn,
     ) -> Result<StatementOutput, QueryError> {
-        const ATTEMPTS: usize = 5;
+        const ATTEMPTS: u32 = 16;
         let (d, s, t) = qualify(name)?;
         let path = CatalogPath::Table(d.clone(), s.clone(), t.clone());
         let label = format!("{d}.{s}.{t}");
@@ -335,8 +335,20 @@ impl Database {
             begin_write()?;
             match self.mutate_catalog(&path, Some(value), options).await {
                 Ok(_) => return done(format!("altered table {label}")),
+                // Another change landed first (on this node or another): try again on the
+                // newest catalog after a random pause, so that racing changes spread out.
                 Err(QueryError::Catalog(CatalogError::Stale { .. } | CatalogError::Conflict))
-                    if attempt < ATTEMPTS => {}
+                    if attempt < ATTEMPTS =>
+                {
+                    let ceiling = 2u64 << attempt.min(6);
+                    let pause = 1 + (uuid::Uuid::new_v4().as_u128() % u128::from(ceiling)) as u64;
+                    tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+                }
+                // The precondition is this statement's own, not the client's: what the client
+                // sees is a change that kept losing to others, to retry.
+                Err(QueryError::Catalog(CatalogError::Stale { .. })) => {
+                    return Err(CatalogError::Conflict.into());
+                }
                 Err(e) => return Err(e),
             }
         }

@@ -977,7 +977,21 @@ impl Tables {
         last_column_id: i32,
     ) -> Result<(), TableError> {
         let table = self.table(id).await?;
-        if table.lock().manifest.schema_id >= schema_id {
+        let held = table.lock().manifest.clone();
+        if held.schema_id >= schema_id {
+            // The catalog's shape older than the manifest's, with other ids for its names,
+            // cannot come from sluice's own changes (a binary from before column ids wrote
+            // the catalog, and no earlier version was left to give its ids back).
+            let names: Vec<&str> = held.columns.iter().map(|c| c.name.as_str()).collect();
+            let given: Vec<&str> = columns.iter().map(|c| c.name.as_str()).collect();
+            if held.schema_id > schema_id && names == given && held.column_ids() != ids {
+                tracing::error!(
+                    table = %id,
+                    catalog_schema_id = schema_id,
+                    manifest_schema_id = held.schema_id,
+                    "the catalog's column ids of the table disagree with its manifest's"
+                );
+            }
             return Ok(());
         }
         let change = Change {
@@ -1648,8 +1662,14 @@ impl Tables {
         }
         for _ in 0..RESHAPED_PER_PASS {
             let started = Instant::now();
-            if self.reshape_once(id).await?.is_none() {
-                break;
+            match self.reshape_once(id).await {
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                // Another node's rewrite of the same file, say: the next pass picks again.
+                Err(error) => {
+                    tracing::debug!(table = %id, %error, "rewriting a file without a dropped column failed");
+                    break;
+                }
             }
             self.stats.compactions.fetch_add(1, Ordering::Relaxed);
             self.stats
@@ -1665,14 +1685,18 @@ impl Tables {
         let table = self.table(id).await?;
         let _compacting = table.compacting.lock().await;
         let manifest = table.lock().manifest.clone();
-        let Some(old) = manifest
+        // One of them at random: nodes sharing the table rarely pick the same file, and a
+        // file that fails to be written again holds up none of the others.
+        let holding: Vec<&DataFile> = manifest
             .files
             .iter()
-            .find(|f| manifest.holds_dropped_column(f))
-            .cloned()
-        else {
+            .filter(|f| manifest.holds_dropped_column(f))
+            .collect();
+        if holding.is_empty() {
             return Ok(None);
-        };
+        }
+        let pick = uuid::Uuid::new_v4().as_u128() % holding.len() as u128;
+        let old = holding[usize::try_from(pick).unwrap_or(0)].clone();
         let current = manifest.schema()?;
         let last_column_id = manifest.last_column_id();
         let bytes = self.fetch(&old.path).await?;
