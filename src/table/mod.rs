@@ -754,6 +754,12 @@ pub struct Tables {
     flush_wanted: tokio::sync::Notify,
     /// Woken after every flush: ingest waiting for memory headroom looks again.
     flushed: tokio::sync::Notify,
+    /// How many times `flushed` was woken (see [`Tables::freed_memory`]).
+    freed: AtomicU64,
+    /// `freed` as it was when an append last waited its whole `headroom_wait` for headroom
+    /// in vain (`u64::MAX`: never): until a flush frees memory again, appends over the
+    /// budget are refused at once.
+    stalled_at: AtomicU64,
     /// How long garbage collection keeps unreferenced objects.
     gc_grace: Duration,
     /// Objects garbage collection has seen unreferenced.
@@ -841,6 +847,8 @@ impl Tables {
             stats: OpStats::default(),
             flush_wanted: tokio::sync::Notify::new(),
             flushed: tokio::sync::Notify::new(),
+            freed: AtomicU64::new(0),
+            stalled_at: AtomicU64::new(u64::MAX),
             gc_grace,
             gc: Mutex::new(crate::storage::gc::Unreferenced::default()),
             spills,
@@ -1069,13 +1077,23 @@ impl Tables {
         // tables are written at once. Over it, an append waits for flushes rather than grow
         // or refuse; only flushes stuck for long (object storage down) end in a refusal.
         // Appends that waited go ahead together, overshooting by at most what ingest
-        // admission lets in at once.
-        if !self.has_headroom() && !self.wait_for_headroom(self.config.headroom_wait).await {
-            return Err(TableError::Backpressure {
-                table: id.to_owned(),
-                bytes: self.held_total(),
-                budget: self.config.max_unflushed_bytes,
-            });
+        // admission lets in at once. Once an append waited its whole patience with no flush
+        // done meanwhile, the tables cannot keep up (object storage down, say): appends over
+        // the budget are refused at once, so clients back off rather than pile up, until a
+        // flush frees memory again.
+        if !self.has_headroom() {
+            let freed = self.freed.load(Ordering::SeqCst);
+            let stalled = self.stalled_at.load(Ordering::SeqCst) == freed;
+            if stalled || !self.wait_for_headroom(self.config.headroom_wait).await {
+                if !stalled {
+                    self.stalled_at.store(freed, Ordering::SeqCst);
+                }
+                return Err(TableError::Backpressure {
+                    table: id.to_owned(),
+                    bytes: self.held_total(),
+                    budget: self.config.max_unflushed_bytes,
+                });
+            }
         }
         let payload = files::encode_record(id, &batch)?;
         let bytes = batch.get_array_memory_size();
@@ -1188,7 +1206,7 @@ impl Tables {
             // (as does a flush superseded by that commit): appends waiting for headroom look
             // again.
             table.lock().install(manifest, self.node.id());
-            self.flushed.notify_waiters();
+            self.freed_memory();
         }
         Ok(())
     }
@@ -1260,6 +1278,13 @@ impl Tables {
                 return false;
             }
         }
+    }
+
+    /// Wakes appends waiting for headroom after a commit took batches out of memory; appends
+    /// over the budget wait for flushes again.
+    fn freed_memory(&self) {
+        self.freed.fetch_add(1, Ordering::SeqCst);
+        self.flushed.notify_waiters();
     }
 
     /// Whether the batches held in memory are within the budget, once what is over it has
@@ -1488,7 +1513,7 @@ impl Tables {
         };
         // Swap in one step: the file appears and its batches leave together.
         table.lock().install(committed.clone(), &node);
-        self.flushed.notify_waiters();
+        self.freed_memory();
         // The next flush may cut and encode while this one's view is published; its commit
         // waits for the publication.
         drop(flushing);

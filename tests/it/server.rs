@@ -822,6 +822,43 @@ async fn backpressure_answers_503_with_retry_after_and_applies_nothing() {
     assert_eq!(count(&s).await, 20);
 }
 
+/// Once an append waited its whole patience for a flush that never came, the tables cannot
+/// keep up: appends over the budget are refused at once (503, `Retry-After`, nothing applied)
+/// rather than each waiting as long and piling up; a flush lets them in again.
+#[tokio::test]
+async fn a_table_that_cannot_keep_up_refuses_at_once() {
+    let mut config = DbConfig::new(temp_dir());
+    config.tables.max_unflushed_bytes = 1;
+    config.tables.max_spilled_bytes = 0;
+    // No flush runs here.
+    let patience = std::time::Duration::from_secs(3);
+    config.tables.headroom_wait = patience;
+    let s = Server::start_with(config, Vec::new()).await;
+    s.create_events().await;
+    assert_eq!(s.ingest("events", rows(10, 0)).await.0, 200);
+    let started = std::time::Instant::now();
+    assert_eq!(s.ingest("events", rows(10, 10)).await.0, 503);
+    assert!(
+        started.elapsed() >= patience,
+        "the first waited its patience"
+    );
+    // Then every append over the budget is refused at once: eight of them answer in less
+    // time than one wait.
+    let started = std::time::Instant::now();
+    let refused = (0..8).map(|i| s.ingest("events", rows(10, 20 + 10 * i)));
+    for (status, body) in futures::future::join_all(refused).await {
+        assert_eq!(status, 503, "{body}");
+        assert_eq!(body["details"]["status"], "rejected", "{body}");
+        assert_eq!(body["details"]["retry_after_seconds"], 1, "{body}");
+    }
+    assert!(started.elapsed() < patience, "{:?}", started.elapsed());
+    assert_eq!(count(&s).await, 10);
+    // A flush frees memory: appends go in again.
+    s.db.tables().flush_due(true).await.unwrap();
+    assert_eq!(s.ingest("events", rows(10, 10)).await.0, 200);
+    assert_eq!(count(&s).await, 20);
+}
+
 #[tokio::test]
 async fn queries_read_spilled_batches_back_from_the_log() {
     // A memory budget every batch exceeds: each is spilled once committed.
