@@ -947,6 +947,38 @@ async fn flushes_failing_before_their_commit_leave_small_batches_coalescing() {
     assert_exactly(&w.storage, &fresh, "t", ROWS).await;
 }
 
+/// Small batches of mixed sizes coalesce into entries of several runs, the oldest entries
+/// spilled: a snapshot reads every row once and in commit order (spilled entries, then each
+/// entry's runs in order), unsorted.
+#[tokio::test]
+async fn coalesced_and_spilled_small_batches_read_in_commit_order() {
+    let w = world("memory");
+    let config = TableConfig {
+        max_unflushed_bytes: 64 << 10,
+        ..TableConfig::default()
+    };
+    let (_log, tables) = w.open("order", config).await;
+    tables.create_table("t", &columns()).await.unwrap();
+    let mut next = 0i64;
+    for i in 0..400i64 {
+        let n = [1, 7, 2, 5, 3, 1, 9][(i % 7) as usize];
+        tables.append("t", batch(next, next + n)).await.unwrap();
+        next += n;
+    }
+    let snapshot = tables.snapshot("t").await.unwrap();
+    assert!(snapshot.spilled.is_some(), "the oldest entries spilled");
+    assert!(!snapshot.batches.is_empty(), "the newest held in memory");
+    let stats = tables.stats("t").await.unwrap();
+    assert!(
+        stats.unflushed_batches < 400 && (snapshot.batches.len() as u64) > 1,
+        "coalesced into entries of runs: {stats:?}"
+    );
+    assert_eq!(
+        ids(&w.storage, &snapshot).await,
+        (0..next).collect::<Vec<_>>()
+    );
+}
+
 #[tokio::test]
 async fn ambiguous_manifest_creates_are_settled_by_reading_back() {
     let w = world("memory");
