@@ -542,12 +542,14 @@ fn check_table(def: &TableDef) -> Result<(), CatalogError> {
             def.columns.len()
         )));
     }
+    // Names are compared without case: Iceberg readers such as DuckDB match them so, and
+    // cannot read a table with `x` and `X`.
     let mut seen = std::collections::HashSet::new();
     for c in &def.columns {
         check_name("column", &c.name)?;
-        if !seen.insert(c.name.as_str()) {
+        if !seen.insert(c.name.to_ascii_lowercase()) {
             return Err(CatalogError::Invalid(format!(
-                "column {} appears twice in table {}",
+                "column {} appears twice in table {} (names are compared without case)",
                 c.name, def.name
             )));
         }
@@ -732,12 +734,24 @@ pub struct Catalog {
     current: tokio::sync::RwLock<CatalogVersion>,
     /// Serializes this node's mutations.
     write: tokio::sync::Mutex<()>,
-    /// The last look for a newer version: when it started and whether it found one (see
-    /// [`Catalog::changed_since`]).
-    probe: tokio::sync::Mutex<Option<(std::time::Instant, bool)>>,
+    /// The looks for a newer version (see [`Catalog::changed_since`]).
+    probe: tokio::sync::Mutex<Probe>,
     /// When a refresh last checked whether its version fell below the floor.
     floor_checked: std::sync::Mutex<Option<std::time::Instant>>,
 }
+
+/// What [`Catalog::changed_since`] remembers of its looks.
+#[derive(Debug, Default)]
+struct Probe {
+    /// The last look: when it started and whether it found a newer version.
+    last: Option<(std::time::Instant, bool)>,
+    /// When a look last checked that this node's own version is still stored.
+    own_checked: Option<std::time::Instant>,
+}
+
+/// How long a look for a newer catalog version may take: past it, the look fails (and its
+/// callers go on with the version they hold), so a slow store holds nobody for long.
+const LOOK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Most earlier catalog versions [`Catalog::restore_ids`] reads.
 const RESTORE_LOOKBACK: u64 = 16;
@@ -767,7 +781,7 @@ impl Catalog {
             log: VersionLog::new(crate::storage::paths::CATALOG),
             current: tokio::sync::RwLock::new(CatalogVersion::default()),
             write: tokio::sync::Mutex::new(()),
-            probe: tokio::sync::Mutex::new(None),
+            probe: tokio::sync::Mutex::new(Probe::default()),
             floor_checked: std::sync::Mutex::new(None),
         };
         match catalog.load_latest().await? {
@@ -972,15 +986,17 @@ impl Catalog {
     }
 
     /// Whether a version newer than this node's exists, as seen by a look that started at
-    /// or after `since` (one small read; looks by concurrent callers are shared). Ingest asks
-    /// after its rows are durable, before it answers: rows must not be acknowledged into a
-    /// table another node dropped or replaced.
+    /// or after `since` (one small read, at most [`LOOK_TIMEOUT`]; looks by concurrent
+    /// callers are shared). Ingest and statements ask before they read the table's shape (a
+    /// change acknowledged before a request began is seen by it), and ingest again after
+    /// its rows are durable, before it answers: rows must not be acknowledged into a table
+    /// another node dropped or replaced.
     pub(crate) async fn changed_since(
         &self,
         since: std::time::Instant,
     ) -> Result<bool, CatalogError> {
         let mut probe = self.probe.lock().await;
-        if let Some((started, found)) = *probe
+        if let Some((started, found)) = probe.last
             && started >= since
         {
             return Ok(found);
@@ -988,18 +1004,33 @@ impl Catalog {
         let started = std::time::Instant::now();
         let current = self.current.read().await.version;
         let exists = |version: u64| async move {
-            match self.storage.store().head(&self.log.path(version)).await {
-                Ok(_) => Ok(true),
-                Err(object_store::Error::NotFound { .. }) => Ok(false),
-                Err(e) => Err(CatalogError::from(e)),
+            let path = self.log.path(version);
+            let store = self.storage.store();
+            match tokio::time::timeout(LOOK_TIMEOUT, store.head(&path)).await {
+                Ok(Ok(_)) => Ok(true),
+                Ok(Err(object_store::Error::NotFound { .. })) => Ok(false),
+                Ok(Err(e)) => Err(CatalogError::from(e)),
+                Err(_) => Err(CatalogError::Storage(object_store::Error::Generic {
+                    store: "catalog",
+                    source: format!("no answer within {LOOK_TIMEOUT:?}").into(),
+                })),
             }
         };
         // No next version: either none was made, or it was collected (this node looked last
         // longer ago than the grace period, during an outage of the store). Collection deletes
         // versions oldest first and stops at a failure, so a collected next version means this
-        // node's own version is gone too.
-        let found = exists(current + 1).await? || !exists(current).await?;
-        *probe = Some((started, found));
+        // node's own version is gone too. That is looked at now and then, as a refresh looks
+        // at the floor: one read per look otherwise.
+        let mut found = exists(current + 1).await?;
+        if !found
+            && probe
+                .own_checked
+                .is_none_or(|at| at.elapsed() >= FLOOR_CHECK_INTERVAL)
+        {
+            found = !exists(current).await?;
+            probe.own_checked = Some(started);
+        }
+        probe.last = Some((started, found));
         Ok(found)
     }
 

@@ -753,7 +753,8 @@ impl Database {
                 .into()
             }
         };
-        self.insert_rows(&resolved, body, limits).await
+        self.insert_rows(&resolved, body, limits, Shape::Newest)
+            .await
     }
 
     /// A reservation of request-body bytes, holding nothing yet: it grows as the body
@@ -829,23 +830,27 @@ impl Database {
     /// The one write path of table rows: decode and check `ndjson` against the table's columns
     /// (all-or-nothing), fill computed columns, commit the batch to the log. Returns the row
     /// count once the rows are durable and visible. Counts the work for metrics.
+    ///
+    /// With [`Shape::Newest`], the rows are checked against the table's newest shape (see
+    /// [`Database::newest_table`]); with [`Shape::AsResolved`] (rows written for `table`'s
+    /// columns, by position or name, as `INSERT` writes them), a table whose shape changed
+    /// since is refused as a conflict, nothing applied.
     pub(crate) async fn insert_rows(
         &self,
         table: &ResolvedTable,
         ndjson: bytes::Bytes,
         limits: Limits,
+        shape: Shape,
     ) -> Result<usize, IngestFailure> {
         use std::sync::atomic::Ordering::Relaxed;
         let size = ndjson.len() as u64;
-        // A change of the table's columns that another node committed before this request
-        // began is seen before the rows are checked: rows that fit this node's older shape
-        // would mean other columns under it (after names were swapped, a column dropped and
-        // added again). One small read of the store, shared by concurrent requests (and with
-        // the look after the commit, [`Database::confirm_table`]); changes committed while
-        // the request runs are those the batch races (see the README).
-        let newer = self.newer_shape(table, std::time::Instant::now()).await;
-        let table = newer.as_ref().unwrap_or(table);
-        let result = self.insert_rows_uncounted(table, ndjson, limits).await;
+        let newest = self.newest_table(table, std::time::Instant::now()).await?;
+        if shape == Shape::AsResolved
+            && (newest.id != table.id || newest.def.schema_id() != table.def.schema_id())
+        {
+            return Err(CatalogError::Conflict.into());
+        }
+        let result = self.insert_rows_uncounted(&newest, ndjson, limits).await;
         match &result {
             Ok(rows) => {
                 self.ingest_stats.rows.fetch_add(*rows as u64, Relaxed);
@@ -861,24 +866,47 @@ impl Database {
         result
     }
 
-    /// The table's definition in a catalog version newer than this node holds, if there is
-    /// one and it changed the table's columns: one small read of the store, or the answer
-    /// of one that started at or after `since` (a change committed before `since` is seen).
-    async fn newer_shape(
+    /// The table named as `table` is in the newest catalog version committed before `since`
+    /// (a change another node acknowledged before a request began is seen by it: rows that
+    /// fit an older shape would mean other columns under it, after names were swapped or a
+    /// name dropped and added again). One small read of the store, shared by concurrent
+    /// callers; then the table is read again from this node's catalog whether or not that
+    /// read found a newer version (a refresh may have landed since `table` was resolved).
+    /// A table dropped and created again under the name is the new one. When the store does
+    /// not answer, this node's catalog is what there is: ingest goes on while the store is
+    /// down (when no node can change the catalog), and is logged.
+    pub(crate) async fn newest_table(
         &self,
         table: &ResolvedTable,
         since: std::time::Instant,
-    ) -> Option<ResolvedTable> {
-        if !self.catalog.changed_since(since).await.unwrap_or(false) {
-            return None;
-        }
-        self.catalog.refresh().await.ok()?;
-        let now = self
+    ) -> Result<ResolvedTable, CatalogError> {
+        self.catch_up_catalog(since).await;
+        match self
             .catalog
             .table(&table.database, &table.schema, &table.def.name)
             .await
-            .ok()?;
-        (now.id == table.id && now.def.schema_id() != table.def.schema_id()).then_some(now)
+        {
+            Ok(now) => Ok(now),
+            Err(e @ CatalogError::NotFound { .. }) => Err(e),
+            Err(_) => Ok(table.clone()),
+        }
+    }
+
+    /// Reads the catalog versions committed before `since` that this node has not read yet,
+    /// if the store answers (see [`Catalog::changed_since`]); a failure is logged and leaves
+    /// this node's catalog as it is.
+    pub(crate) async fn catch_up_catalog(&self, since: std::time::Instant) {
+        match self.catalog.changed_since(since).await {
+            Ok(false) => {}
+            Ok(true) => {
+                if let Err(error) = self.catalog.refresh().await {
+                    tracing::warn!(%error, "catalog refresh failed: this node's version is used");
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "catalog look failed: this node's version is used");
+            }
+        }
     }
 
     async fn insert_rows_uncounted(
@@ -971,6 +999,16 @@ impl Database {
     pub(crate) fn engine(&self) -> &QueryEngine {
         &self.engine
     }
+}
+
+/// Which shape of a table [`Database::insert_rows`] checks rows against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shape {
+    /// The newest: the rows name their columns (an ingest body).
+    Newest,
+    /// The one the rows were written for (an `INSERT`'s, mapped to columns before its source
+    /// query ran): a change since is a conflict.
+    AsResolved,
 }
 
 /// Bodies up to this size are decoded on the request's own thread: a few rows decode in

@@ -44,6 +44,9 @@ impl Database {
             statement,
             text_hold,
         } = parsed;
+        // A change of the catalog acknowledged before the statement began is in what it
+        // reads (`DESCRIBE`, `SELECT *` after another node's `ALTER`).
+        self.catch_up_catalog(std::time::Instant::now()).await;
         match statement {
             Prepared::Catalog(ddl) => {
                 let _text_hold = text_hold;
@@ -110,6 +113,9 @@ impl Database {
         text_hold: datafusion::execution::memory_pool::MemoryReservation,
     ) -> Result<StatementOutput, QueryError> {
         let (d, s, t) = qualify(&insert.table)?;
+        // The shape as the statement began (`run` caught up with the catalog): the source's
+        // columns are mapped to it now, and a change before the rows commit is a conflict,
+        // nothing applied.
         let table = self.resolve_table(&d, &s, &t).await?;
         let input_columns: Vec<ColumnDef> = table
             .def
@@ -211,7 +217,12 @@ impl Database {
         // answer says which.
         begin_write()?;
         let inserted = self
-            .insert_rows(&table, bytes::Bytes::from(body), INSERT_LIMITS)
+            .insert_rows(
+                &table,
+                bytes::Bytes::from(body),
+                INSERT_LIMITS,
+                super::Shape::AsResolved,
+            )
             .await?;
         Ok(StatementOutput::inserted(inserted))
     }

@@ -555,6 +555,75 @@ async fn another_node_checks_rows_under_the_newest_shape() {
             [json!("8"), json!("80"), json!("81")]
         ]
     );
+    // Statements on the second node follow at once too: DESCRIBE, and INSERT by name and by
+    // position, right after another swap.
+    for change in [
+        "ALTER TABLE u RENAME COLUMN v TO tmp",
+        "ALTER TABLE u RENAME COLUMN w TO v",
+        "ALTER TABLE u RENAME COLUMN tmp TO w",
+    ] {
+        first.statement(change).await;
+    }
+    let described: Vec<String> = second
+        .rows("DESCRIBE u")
+        .await
+        .iter()
+        .map(|r| r[0].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(described, ["w", "v", "id"]);
+    first
+        .statement("ALTER TABLE u RENAME COLUMN v TO tmp")
+        .await;
+    first.statement("ALTER TABLE u RENAME COLUMN w TO v").await;
+    first
+        .statement("ALTER TABLE u RENAME COLUMN tmp TO w")
+        .await;
+    let inserted = second
+        .statement("INSERT INTO u (id, v, w) VALUES (9, 90, 91)")
+        .await;
+    assert_eq!(inserted["status"], "finished", "{inserted}");
+    first
+        .statement("ALTER TABLE u RENAME COLUMN v TO tmp")
+        .await;
+    first.statement("ALTER TABLE u RENAME COLUMN w TO v").await;
+    first
+        .statement("ALTER TABLE u RENAME COLUMN tmp TO w")
+        .await;
+    let inserted = second
+        .statement("INSERT INTO u VALUES (100, 101, 10)")
+        .await;
+    assert_eq!(inserted["status"], "finished", "{inserted}");
+    let rows = second
+        .rows("SELECT id, v, w FROM u WHERE id IN (9, 10) ORDER BY id")
+        .await;
+    // Row 9's values swapped names with the last swap: they were written to the columns
+    // then named v and w.
+    assert_eq!(
+        rows,
+        [
+            [json!("9"), json!("91"), json!("90")],
+            [json!("10"), json!("101"), json!("100")]
+        ]
+    );
+    // A table dropped and created again under its name on the first node: the second
+    // node's rows go to the new one.
+    first.statement("CREATE TABLE r (a int)").await;
+    let into_r = |body: &'static str| {
+        client
+            .post(format!(
+                "{}/v1/catalog/databases/scopedb/schemas/public/tables/r/ingest",
+                second.base
+            ))
+            .header("content-type", "application/x-ndjson")
+            .body(body)
+            .send()
+    };
+    assert_eq!(into_r("{\"a\": 1}\n").await.unwrap().status(), 200);
+    first.statement("DROP TABLE r").await;
+    first.statement("CREATE TABLE r (b string)").await;
+    let r = into_r("{\"b\": \"new\"}\n").await.unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    assert_eq!(second.rows("SELECT * FROM r").await, [[json!("new")]]);
 }
 
 /// Concurrent `ALTER`s of one table, each of its own column, all land: a statement that loses
@@ -696,6 +765,10 @@ async fn the_catalog_put_and_alter_table_follow_the_same_rules() {
             "must start with a letter",
         ),
         (
+            json!({"name": "r", "columns": [col("a1", "int"), col("A1", "int")]}),
+            "compared without case",
+        ),
+        (
             json!({"name": "r", "columns": (0..1001).map(|i| col(&format!("c{i}"), "int")).collect::<Vec<_>>()}),
             "at most 1000",
         ),
@@ -728,6 +801,11 @@ async fn the_catalog_put_and_alter_table_follow_the_same_rules() {
             "exists",
         ),
         ("ALTER TABLE r ADD COLUMN tags int", 400, "already exists"),
+        (
+            "ALTER TABLE r ADD COLUMN TAGS int",
+            400,
+            "compared without case",
+        ),
         (
             "ALTER TABLE r ADD COLUMN `1x` int",
             400,
