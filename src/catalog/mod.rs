@@ -736,16 +736,36 @@ pub struct Catalog {
     write: tokio::sync::Mutex<()>,
     /// The looks for a newer version (see [`Catalog::changed_since`]).
     probe: tokio::sync::Mutex<Probe>,
+    /// Held while [`Catalog::catch_up`] reads what a look found.
+    refreshing: tokio::sync::Mutex<()>,
     /// When a refresh last checked whether its version fell below the floor.
     floor_checked: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+/// What a look for a newer catalog version found ([`Catalog::changed_since`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Look {
+    /// No version after `held`, the one this node held when it looked.
+    Unchanged,
+    /// A version after `held`: [`Catalog::refresh`] reads it.
+    Newer {
+        /// The version this node held when it looked.
+        held: u64,
+    },
+    /// This node's own version and the next were collected (it looked last longer ago than
+    /// the grace period): [`Catalog::reload`] lists the versions afresh.
+    Collected,
+    /// The store did not answer (within [`LOOK_TIMEOUT`]).
+    Failed,
 }
 
 /// What [`Catalog::changed_since`] remembers of its looks.
 #[derive(Debug, Default)]
 struct Probe {
-    /// The last look: when it started and whether it found a newer version.
-    last: Option<(std::time::Instant, bool)>,
-    /// When a look last checked that this node's own version is still stored.
+    /// The last look: when it started and what it found.
+    last: Option<(std::time::Instant, Look)>,
+    /// When a look last checked that this node's own version is still stored (`None` after
+    /// a failed look: the next one checks, as after any time the node could not look).
     own_checked: Option<std::time::Instant>,
 }
 
@@ -782,6 +802,7 @@ impl Catalog {
             current: tokio::sync::RwLock::new(CatalogVersion::default()),
             write: tokio::sync::Mutex::new(()),
             probe: tokio::sync::Mutex::new(Probe::default()),
+            refreshing: tokio::sync::Mutex::new(()),
             floor_checked: std::sync::Mutex::new(None),
         };
         match catalog.load_latest().await? {
@@ -991,47 +1012,74 @@ impl Catalog {
     /// change acknowledged before a request began is seen by it), and ingest again after
     /// its rows are durable, before it answers: rows must not be acknowledged into a table
     /// another node dropped or replaced.
-    pub(crate) async fn changed_since(
-        &self,
-        since: std::time::Instant,
-    ) -> Result<bool, CatalogError> {
+    pub(crate) async fn changed_since(&self, since: std::time::Instant) -> Look {
         let mut probe = self.probe.lock().await;
         if let Some((started, found)) = probe.last
             && started >= since
         {
-            return Ok(found);
+            return found;
         }
         let started = std::time::Instant::now();
-        let current = self.current.read().await.version;
+        let held = self.current.read().await.version;
         let exists = |version: u64| async move {
             let path = self.log.path(version);
             let store = self.storage.store();
             match tokio::time::timeout(LOOK_TIMEOUT, store.head(&path)).await {
-                Ok(Ok(_)) => Ok(true),
-                Ok(Err(object_store::Error::NotFound { .. })) => Ok(false),
-                Ok(Err(e)) => Err(CatalogError::from(e)),
-                Err(_) => Err(CatalogError::Storage(object_store::Error::Generic {
-                    store: "catalog",
-                    source: format!("no answer within {LOOK_TIMEOUT:?}").into(),
-                })),
+                Ok(Ok(_)) => Some(true),
+                Ok(Err(object_store::Error::NotFound { .. })) => Some(false),
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, "catalog look failed");
+                    None
+                }
+                Err(_) => None,
             }
         };
         // No next version: either none was made, or it was collected (this node looked last
         // longer ago than the grace period, during an outage of the store). Collection deletes
         // versions oldest first and stops at a failure, so a collected next version means this
         // node's own version is gone too. That is looked at now and then, as a refresh looks
-        // at the floor: one read per look otherwise.
-        let mut found = exists(current + 1).await?;
-        if !found
-            && probe
-                .own_checked
-                .is_none_or(|at| at.elapsed() >= FLOOR_CHECK_INTERVAL)
-        {
-            found = !exists(current).await?;
-            probe.own_checked = Some(started);
+        // at the floor, and after any failed look: one read per look otherwise.
+        let found = match exists(held + 1).await {
+            None => Look::Failed,
+            Some(true) => Look::Newer { held },
+            Some(false)
+                if probe
+                    .own_checked
+                    .is_none_or(|at| at.elapsed() >= FLOOR_CHECK_INTERVAL) =>
+            {
+                match exists(held).await {
+                    None => Look::Failed,
+                    Some(true) => Look::Unchanged,
+                    Some(false) => Look::Collected,
+                }
+            }
+            Some(false) => Look::Unchanged,
+        };
+        match found {
+            Look::Failed => probe.own_checked = None,
+            Look::Unchanged => probe.own_checked = Some(started),
+            Look::Newer { .. } | Look::Collected => {}
         }
+        // Failures are shared too: callers waiting behind a look that failed go on at once
+        // rather than each wait for a look of its own.
         probe.last = Some((started, found));
-        Ok(found)
+        found
+    }
+
+    /// Reads the versions a look found (see [`Look`]), unless another caller has since:
+    /// concurrent callers that shared one look read the new versions once.
+    pub(crate) async fn catch_up(&self, found: Look) -> Result<(), CatalogError> {
+        let _refreshing = self.refreshing.lock().await;
+        match found {
+            Look::Newer { held } if self.version().await <= held => self.refresh().await,
+            Look::Collected => {
+                let reload = self.reload().await;
+                // The next look checks again, whether or not this one took.
+                self.probe.lock().await.own_checked = None;
+                reload
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Loads the newest version afresh (a listing, not the next-version probe).
@@ -1245,7 +1293,7 @@ impl Catalog {
             return Err(CatalogError::Conflict);
         }
         let version = next.version;
-        *self.current.write().await = next;
+        self.install(next).await;
         Ok(Mutation {
             before,
             after,
@@ -1531,6 +1579,44 @@ mod tests {
             let fresh = Catalog::open(storage.clone()).await.unwrap();
             assert_eq!(shape_of(&fresh).await, want, "opened at {}", latest + 1);
         }
+    }
+
+    /// A node whose own catalog version was collected while it did not look (away longer
+    /// than the grace period, while another node made more than the kept versions) finds
+    /// that out on its next look and lists the versions afresh: it never goes on answering
+    /// "unchanged" from a version that is gone.
+    #[tokio::test]
+    async fn a_node_whose_version_was_collected_loads_the_newest() {
+        use serde_json::json;
+        let storage = Storage::open("memory://").unwrap();
+        let a = Catalog::open(storage.clone()).await.unwrap();
+        let b = Catalog::open(storage.clone()).await.unwrap();
+        let path = CatalogPath::Table("scopedb".into(), "public".into(), "t".into());
+        let mut columns = vec![json!({"name": "c0", "data_type": "int"})];
+        let put = |columns: &[serde_json::Value]| Some(json!({"name": "t", "columns": columns}));
+        a.mutate(&path, put(&columns), MutateOptions::default())
+            .await
+            .unwrap();
+        // b looks once (and checks its own version).
+        b.catch_up(b.changed_since(std::time::Instant::now()).await)
+            .await
+            .unwrap();
+        assert_eq!(b.version().await, a.version().await);
+        for i in 1..=15 {
+            columns.push(json!({"name": format!("c{i}"), "data_type": "int"}));
+            a.mutate(&path, put(&columns), MutateOptions::default())
+                .await
+                .unwrap();
+        }
+        a.collect_garbage(std::time::Duration::ZERO).await.unwrap();
+        let look = b.changed_since(std::time::Instant::now()).await;
+        assert_eq!(look, Look::Collected);
+        b.catch_up(look).await.unwrap();
+        assert_eq!(b.version().await, a.version().await);
+        let t = b.table("scopedb", "public", "t").await.unwrap();
+        assert_eq!(t.def.columns.len(), 16);
+        let look = b.changed_since(std::time::Instant::now()).await;
+        assert_eq!(look, Look::Unchanged);
     }
 
     #[test]

@@ -37,7 +37,9 @@ use arrow_schema::SchemaRef;
 use datafusion::common::DFSchema;
 use datafusion::physical_expr::PhysicalExpr;
 
-use crate::catalog::{Catalog, CatalogError, CatalogPath, MutateOptions, Mutation, ResolvedTable};
+use crate::catalog::{
+    Catalog, CatalogError, CatalogPath, Look, MutateOptions, Mutation, ResolvedTable,
+};
 use crate::iceberg::{IcebergViews, Published, View};
 use crate::ingest::{ContentEncoding, Decoder, IngestError, Limits, decompress};
 use crate::log::{CommitLog, Durability, LogConfig, LogError};
@@ -846,7 +848,7 @@ impl Database {
         let size = ndjson.len() as u64;
         let newest = self.newest_table(table, std::time::Instant::now()).await?;
         if shape == Shape::AsResolved
-            && (newest.id != table.id || newest.def.schema_id() != table.def.schema_id())
+            && (newest.id != table.id || !same_columns(&newest.def, &table.def))
         {
             return Err(CatalogError::Conflict.into());
         }
@@ -880,7 +882,7 @@ impl Database {
         table: &ResolvedTable,
         since: std::time::Instant,
     ) -> Result<ResolvedTable, CatalogError> {
-        self.catch_up_catalog(since).await;
+        self.catch_up_catalog(since).await?;
         match self
             .catalog
             .table(&table.database, &table.schema, &table.def.name)
@@ -892,19 +894,34 @@ impl Database {
         }
     }
 
-    /// Reads the catalog versions committed before `since` that this node has not read yet,
-    /// if the store answers (see [`Catalog::changed_since`]); a failure is logged and leaves
-    /// this node's catalog as it is.
-    pub(crate) async fn catch_up_catalog(&self, since: std::time::Instant) {
-        match self.catalog.changed_since(since).await {
-            Ok(false) => {}
-            Ok(true) => {
-                if let Err(error) = self.catalog.refresh().await {
-                    tracing::warn!(%error, "catalog refresh failed: this node's version is used");
-                }
+    /// Reads the catalog versions committed before `since` that this node has not read yet
+    /// (see [`Catalog::changed_since`]). When the store does not answer the look, this
+    /// node's catalog is what there is (logged): while the store is down no node can change
+    /// the catalog. When the look found a newer version that cannot be read (within
+    /// [`CATCH_UP_TIMEOUT`]), the caller is refused, retryable, nothing applied: it would
+    /// act on a catalog known to be stale.
+    pub(crate) async fn catch_up_catalog(
+        &self,
+        since: std::time::Instant,
+    ) -> Result<(), CatalogError> {
+        let found = self.catalog.changed_since(since).await;
+        match found {
+            Look::Unchanged => Ok(()),
+            Look::Failed => {
+                tracing::warn!("catalog look failed: this node's version is used");
+                Ok(())
             }
-            Err(error) => {
-                tracing::warn!(%error, "catalog look failed: this node's version is used");
+            Look::Newer { .. } | Look::Collected => {
+                match tokio::time::timeout(CATCH_UP_TIMEOUT, self.catalog.catch_up(found)).await {
+                    Ok(result) => result,
+                    Err(_) => Err(CatalogError::Storage(object_store::Error::Generic {
+                        store: "catalog",
+                        source: format!(
+                            "a newer catalog version was not read within {CATCH_UP_TIMEOUT:?}"
+                        )
+                        .into(),
+                    })),
+                }
             }
         }
     }
@@ -972,16 +989,10 @@ impl Database {
         // A newer version in the store than this node holds: read it first. (The catalog
         // this node holds may already be newer than the one the table was resolved in: the
         // comparison below is made in any case.)
-        match self.catalog.changed_since(committed).await {
-            Ok(false) => {}
-            Ok(true) => {
-                if let Err(e) = self.catalog.refresh().await {
-                    tracing::debug!(error = %e, "catalog refresh failed before acknowledging");
-                }
-            }
-            // The rows are durable; a drop another node commits meanwhile is found only if
-            // the store answers (while it does not, no node can commit one).
-            Err(e) => tracing::debug!(error = %e, "catalog version check failed"),
+        // The rows are durable; a drop another node commits meanwhile is found only if the
+        // store answers (while it does not, no node can commit one).
+        if let Err(e) = self.catch_up_catalog(committed).await {
+            tracing::debug!(error = %e, "catalog refresh failed before acknowledging");
         }
         match self
             .catalog
@@ -999,6 +1010,30 @@ impl Database {
     pub(crate) fn engine(&self) -> &QueryEngine {
         &self.engine
     }
+}
+
+/// How long [`Database::catch_up_catalog`] may take to read the catalog versions a look
+/// found.
+const CATCH_UP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Whether two definitions of a table have the same columns (names, ids, types and
+/// expressions, in order; comments aside).
+fn same_columns(a: &crate::catalog::TableDef, b: &crate::catalog::TableDef) -> bool {
+    let key = |d: &crate::catalog::TableDef| -> Vec<_> {
+        d.columns
+            .iter()
+            .zip(d.column_ids())
+            .map(|(c, id)| {
+                (
+                    c.name.clone(),
+                    id,
+                    c.data_type.clone(),
+                    c.expression.clone(),
+                )
+            })
+            .collect()
+    };
+    key(a) == key(b)
 }
 
 /// Which shape of a table [`Database::insert_rows`] checks rows against.

@@ -45,34 +45,46 @@ impl Database {
             text_hold,
         } = parsed;
         // A change of the catalog acknowledged before the statement began is in what it
-        // reads (`DESCRIBE`, `SELECT *` after another node's `ALTER`).
-        self.catch_up_catalog(std::time::Instant::now()).await;
+        // reads (`DESCRIBE`, `SELECT *` after another node's `ALTER`): a statement that
+        // names a table catches up first (one shared look at the store); `SELECT 1` does not.
+        let began = std::time::Instant::now();
         match statement {
             Prepared::Catalog(ddl) => {
                 let _text_hold = text_hold;
+                self.catch_up_catalog(began).await?;
                 self.run_ddl(ddl).await
             }
             Prepared::Query(query) => {
-                self.see_named_tables(&query).await;
+                self.see_named_tables(&query, began).await?;
                 self.engine.query(*query, Some(text_hold)).await
             }
             Prepared::Insert(insert) => {
-                self.see_named_tables(&insert.source).await;
+                self.catch_up_catalog(began).await?;
+                self.see_named_tables(&insert.source, began).await?;
                 self.run_insert(insert, text_hold).await
             }
         }
     }
 
-    /// A query may name a table that another node sharing the object store created since
-    /// this node last read the catalog: when a table it names is unknown here, the catalog is
-    /// read again before it is planned (at most once per statement), as ingest does
-    /// ([`Database::resolve_table`]). A name that is still unknown then fails in planning.
-    async fn see_named_tables(&self, statement: &crate::query::DfStatement) {
+    /// A query that names tables reads the catalog as it was when the statement `began`
+    /// ([`Database::catch_up_catalog`]). It may also name a table that another node sharing
+    /// the object store created since this node last read the catalog: when a table it names
+    /// is unknown here, the catalog is read again before it is planned (at most once per
+    /// statement), as ingest does ([`Database::resolve_table`]). A name that is still unknown
+    /// then fails in planning.
+    async fn see_named_tables(
+        &self,
+        statement: &crate::query::DfStatement,
+        began: std::time::Instant,
+    ) -> Result<(), QueryError> {
         use datafusion::common::TableReference;
         let Ok((names, _)) = datafusion::sql::resolve::resolve_table_references(statement, true)
         else {
-            return;
+            return Ok(());
         };
+        if !names.is_empty() {
+            self.catch_up_catalog(began).await?;
+        }
         for name in names {
             let (db, schema, table) = match &name {
                 TableReference::Bare { table } => (DEFAULT_DATABASE, DEFAULT_SCHEMA, table),
@@ -93,9 +105,10 @@ impl Database {
                 if let Err(e) = self.catalog.refresh().await {
                     tracing::debug!(error = %e, "catalog refresh before planning failed");
                 }
-                return;
+                return Ok(());
             }
         }
+        Ok(())
     }
 
     /// Runs one SQL, ScopeQL or catalog statement with every permission (for embedders and
@@ -284,6 +297,13 @@ impl Database {
                 serde_json::from_value(value).map_err(|e| CatalogError::Invalid(e.to_string()))?;
             let position =
                 |def: &TableDef, column: &str| def.columns.iter().position(|c| c.name == column);
+            // Names are compared without case for what may exist beside what (see the
+            // catalog's check): `ADD COLUMN IF NOT EXISTS "X"` beside `x` is a no-op.
+            let clash = |def: &TableDef, column: &str| {
+                def.columns
+                    .iter()
+                    .position(|c| c.name.eq_ignore_ascii_case(column))
+            };
             let destructive = match change {
                 AlterColumn::Add {
                     column,
@@ -291,12 +311,13 @@ impl Database {
                     comment,
                     if_not_exists,
                 } => {
-                    if position(&def, column).is_some() {
+                    if let Some(i) = clash(&def, column) {
+                        let existing = &def.columns[i].name;
                         if *if_not_exists {
-                            return done(format!("column {label}.{column} exists"));
+                            return done(format!("column {label}.{existing} exists"));
                         }
                         return Err(CatalogError::Invalid(format!(
-                            "column {label}.{column} already exists"
+                            "column {label}.{existing} already exists (names are compared without case)"
                         ))
                         .into());
                     }
@@ -321,7 +342,7 @@ impl Database {
                 }
                 AlterColumn::Rename { from, to } => {
                     let i = position(&def, from).ok_or_else(|| missing(from))?;
-                    if position(&def, to).is_some() {
+                    if clash(&def, to).is_some_and(|j| j != i) {
                         return Err(CatalogError::Invalid(format!(
                             "column {label}.{to} already exists"
                         ))

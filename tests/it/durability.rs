@@ -604,12 +604,13 @@ async fn rows_are_never_acknowledged_into_a_table_another_node_dropped_or_replac
     a.execute("CREATE TABLE t (id int, note string)")
         .await
         .unwrap();
-    let refused = ingest(&b, "t", 15..20).await.unwrap_err();
-    assert!(refused.contains("replaced"), "{refused}");
+    // b looks at the catalog before it checks rows: the table made again before the
+    // request began is the one its rows go to, never the dropped one's storage.
+    ingest(&b, "t", 15..20).await.unwrap();
     ingest(&b, "t", 20..25).await.unwrap();
     b.tables().flush_due(true).await.unwrap();
     a.refresh().await;
-    assert_eq!(ids(&a, "t").await, (20..25).collect::<Vec<_>>());
+    assert_eq!(ids(&a, "t").await, (15..25).collect::<Vec<_>>());
 }
 
 /// Bytes of the files under `dir`.

@@ -807,6 +807,11 @@ async fn the_catalog_put_and_alter_table_follow_the_same_rules() {
             "compared without case",
         ),
         (
+            "ALTER TABLE r ADD COLUMN IF NOT EXISTS TAGS int",
+            200,
+            "column scopedb.public.r.tags exists",
+        ),
+        (
             "ALTER TABLE r ADD COLUMN `1x` int",
             400,
             "must start with a letter",
