@@ -67,7 +67,7 @@ pub use api::{
 pub use codec::{ForkSpec, Lifetime, Op, ProducerTuple};
 use cold::ColdStore;
 pub(crate) use json::JsonTextError;
-use state::{Chunk, StreamState};
+use state::{Chunk, KeyRelease, StreamState};
 
 use crate::log::{Chain, CommitLog, LogConsumer, Lsn, Record, RecordKind};
 use crate::node::Node;
@@ -333,14 +333,15 @@ impl Room {
 
 impl Footprint {
     /// Counts a change of one stream, created by `key`, from `before` to `after`
-    /// (`(footprint, producer bytes)`, zeros for none). Producer entries count against
-    /// their own keys ([`Footprint::producer_added`]).
-    fn change(&self, key: Option<&Arc<str>>, before: (u64, u64), after: (u64, u64)) {
-        adjust(&self.state_bytes, before.0, after.0);
-        adjust(&self.producer_bytes, before.1, after.1);
+    /// ([`counted`], zeros for none). Producer entries and retired producer records count
+    /// against the keys whose appends created them ([`Footprint::producer_added`],
+    /// [`Footprint::release`]), not the stream's creator.
+    fn change(&self, key: Option<&Arc<str>>, before: Counted, after: Counted) {
+        adjust(&self.state_bytes, before.footprint, after.footprint);
+        adjust(&self.producer_bytes, before.producers, after.producers);
         if let Some(key) = key {
-            let own_before = before.0.saturating_sub(before.1);
-            let own_after = after.0.saturating_sub(after.1);
+            let own_before = before.own();
+            let own_after = after.own();
             if own_before != own_after {
                 self.key_use(key, |u| {
                     u.state = (u.state + own_after).saturating_sub(own_before);
@@ -357,12 +358,13 @@ impl Footprint {
         });
     }
 
-    /// Stops counting producer entries that keys' appends created.
-    fn producers_removed(&self, released: &[(Arc<str>, u64)]) {
-        for (key, cost) in released {
-            self.key_use(key, |u| {
-                u.state = u.state.saturating_sub(*cost);
-                u.producers = u.producers.saturating_sub(*cost);
+    /// Stops counting (some of) producer entries and retired producer records that keys'
+    /// appends created.
+    fn release(&self, released: &[KeyRelease]) {
+        for r in released {
+            self.key_use(&r.key, |u| {
+                u.state = u.state.saturating_sub(r.state);
+                u.producers = u.producers.saturating_sub(r.producers);
             });
         }
     }
@@ -394,9 +396,34 @@ fn adjust(counter: &AtomicU64, before: u64, after: u64) {
     }
 }
 
-/// A stream's `(footprint, producer bytes)`.
-fn counted(name: &str, s: &StreamState) -> (u64, u64) {
-    (s.footprint(name), s.producer_bytes)
+/// What a stream counts against the budgets.
+#[derive(Debug, Default, Clone, Copy)]
+struct Counted {
+    /// [`StreamState::footprint`].
+    footprint: u64,
+    /// [`StreamState::producer_bytes`].
+    producers: u64,
+    /// [`StreamState::retired_bytes`].
+    retired: u64,
+}
+
+impl Counted {
+    /// What counts against the stream's creator: all but its producers and retired
+    /// producers.
+    fn own(&self) -> u64 {
+        self.footprint
+            .saturating_sub(self.producers)
+            .saturating_sub(self.retired)
+    }
+}
+
+/// What stream `name` counts now.
+fn counted(name: &str, s: &StreamState) -> Counted {
+    Counted {
+        footprint: s.footprint(name),
+        producers: s.producer_bytes,
+        retired: s.retired_bytes(),
+    }
 }
 
 /// Work counters of the stream engine (for metrics).
@@ -573,13 +600,22 @@ impl Inner {
                     if s.incarnation == incarnation && !s.gone {
                         let data_added = data.as_ref().is_some_and(|d| !d.is_empty());
                         let before = counted(&name, &s);
-                        let created =
-                            s.apply_append_by(lsn, data, close, producer, stream_seq, key);
+                        let mut released = Vec::new();
+                        let created = s.apply_append_by(
+                            lsn,
+                            data,
+                            close,
+                            producer,
+                            stream_seq,
+                            key,
+                            &mut released,
+                        );
                         self.footprint
                             .change(stream.key.as_ref(), before, counted(&name, &s));
                         if let (Some(key), Some(cost)) = (key, created) {
                             self.footprint.producer_added(key, cost);
                         }
+                        self.footprint.release(&released);
                         if data_added {
                             self.note_change(&name);
                         }
@@ -626,7 +662,8 @@ impl Inner {
                     state.push(initial);
                 }
                 state.closed = closed;
-                self.footprint.change(key, (0, 0), counted(&name, &state));
+                self.footprint
+                    .change(key, Counted::default(), counted(&name, &state));
                 if state.tail > 0 {
                     self.note_change(&name);
                 }
@@ -673,13 +710,8 @@ fn remove_stream(registry: &mut Registry, name: &str, footprint: &Footprint, col
         };
         cold.touch(&name);
         let mut s = stream.write_state();
-        footprint.change(stream.key.as_ref(), counted(&name, &s), (0, 0));
-        let released: Vec<(Arc<str>, u64)> = s
-            .producers
-            .iter()
-            .filter_map(|(id, p)| Some((p.key.clone()?, state::producer_cost(id))))
-            .collect();
-        footprint.producers_removed(&released);
+        footprint.change(stream.key.as_ref(), counted(&name, &s), Counted::default());
+        footprint.release(&s.key_holdings());
         s.gone = true;
         let fork = s.fork.clone();
         drop(s);
@@ -788,7 +820,7 @@ impl Streams {
         };
         let footprint = Footprint::default();
         for (name, state) in &streams {
-            footprint.change(None, (0, 0), counted(name, state));
+            footprint.change(None, Counted::default(), counted(name, state));
         }
         let inner = Arc::new(Inner {
             footprint,
@@ -1639,7 +1671,7 @@ impl Streams {
             inner
                 .footprint
                 .change(stream.key.as_ref(), was, counted(name, &s));
-            inner.footprint.producers_removed(&released);
+            inner.footprint.release(&released);
             inner.cold.touch(name);
         }
         forgotten
@@ -1663,7 +1695,7 @@ impl Streams {
         inner
             .footprint
             .change(stream.key.as_ref(), was, counted(&stream.name, &s));
-        inner.footprint.producers_removed(&released);
+        inner.footprint.release(&released);
         if forgotten > 0 {
             inner.cold.touch(&stream.name);
         }

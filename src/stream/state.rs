@@ -77,6 +77,17 @@ pub(crate) fn producer_cost(id: &str) -> u64 {
     PRODUCER_ENTRY_BYTES + 2 * id.len() as u64
 }
 
+/// Bytes a key's share stops counting (see `Footprint` in the stream module): a producer
+/// entry or retired record of a key that went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct KeyRelease {
+    pub(crate) key: Arc<str>,
+    /// Against the stream-state budget.
+    pub(crate) state: u64,
+    /// Against the producer budget.
+    pub(crate) producers: u64,
+}
+
 /// What one retired producer's entry holds in memory (its key, epoch, sequence, time and
 /// the map slot), for the stream-state budget.
 pub(crate) const RETIRED_ENTRY_BYTES: u64 = 64;
@@ -214,6 +225,10 @@ pub(crate) struct StreamState {
     /// Producers that expired, by [`producer_key`]: counted in the stream-state budget
     /// ([`RETIRED_ENTRY_BYTES`] each), not as producers.
     pub(crate) retired: HashMap<u128, Retired>,
+    /// The key whose append created each retired producer that had one (in memory only,
+    /// as [`ProducerState::key`]): a retired record counts against that key's share, not
+    /// against the stream's creator.
+    pub(crate) retired_keys: HashMap<u128, Arc<str>>,
     pub(crate) fork: Option<ForkSpec>,
     /// Live forks that read this stream's prefix.
     pub(crate) ref_count: u32,
@@ -267,6 +282,7 @@ impl StreamState {
             producers: HashMap::new(),
             producer_bytes: 0,
             retired: HashMap::new(),
+            retired_keys: HashMap::new(),
             fork,
             ref_count: 0,
             soft_deleted: false,
@@ -344,6 +360,29 @@ impl StreamState {
             + self.extent_bytes
     }
 
+    /// What the stream's retired producer records count ([`RETIRED_ENTRY_BYTES`] each).
+    pub(crate) fn retired_bytes(&self) -> u64 {
+        self.retired.len() as u64 * RETIRED_ENTRY_BYTES
+    }
+
+    /// What the keys that created the stream's producers and retired producers hold of it,
+    /// to release when the stream goes.
+    pub(crate) fn key_holdings(&self) -> Vec<KeyRelease> {
+        let producers = self.producers.iter().filter_map(|(id, p)| {
+            Some(KeyRelease {
+                key: p.key.clone()?,
+                state: producer_cost(id),
+                producers: producer_cost(id),
+            })
+        });
+        let retired = self.retired_keys.values().map(|key| KeyRelease {
+            key: key.clone(),
+            state: RETIRED_ENTRY_BYTES,
+            producers: 0,
+        });
+        producers.chain(retired).collect()
+    }
+
     /// Producer `id`'s standing on the stream: its entry, or what is kept of it if it
     /// expired (no receipts: a duplicate then answers without its original offset).
     pub(crate) fn standing(&self, id: &str) -> Option<Cow<'_, ProducerState>> {
@@ -396,17 +435,25 @@ impl StreamState {
         before_ms: i64,
         now_ms: i64,
         max_retired: usize,
-        released: &mut Vec<(Arc<str>, u64)>,
+        released: &mut Vec<KeyRelease>,
     ) -> usize {
         let mut freed = 0;
         let mut gone = Vec::new();
         let mut changed = Vec::new();
+        let mut keys = Vec::new();
         self.producers.retain(|id, state| {
             let keep = state.last_ms >= before_ms;
             if !keep {
-                freed += producer_cost(id);
+                let cost = producer_cost(id);
+                freed += cost;
+                // The key keeps its retired record's bytes, and gets the rest back.
                 if let Some(key) = state.key.take() {
-                    released.push((key, producer_cost(id)));
+                    released.push(KeyRelease {
+                        key: key.clone(),
+                        state: cost.saturating_sub(RETIRED_ENTRY_BYTES),
+                        producers: cost,
+                    });
+                    keys.push((producer_key(id), key));
                 }
                 changed.push(id.clone());
                 gone.push((
@@ -426,6 +473,7 @@ impl StreamState {
         self.changed_retired
             .extend(gone.iter().map(|(key, _)| *key));
         self.retired.extend(gone);
+        self.retired_keys.extend(keys);
         if self.retired.len() > max_retired {
             let mut by_age: Vec<(i64, u128)> =
                 self.retired.iter().map(|(k, r)| (r.at_ms, *k)).collect();
@@ -434,9 +482,19 @@ impl StreamState {
             for (_, key) in by_age.into_iter().take(excess) {
                 self.retired.remove(&key);
                 self.changed_retired.insert(key);
+                released.extend(self.release_retired_key(key));
             }
         }
         count
+    }
+
+    /// Stops counting retired record `key` against the key that created its producer.
+    fn release_retired_key(&mut self, key: u128) -> Option<KeyRelease> {
+        self.retired_keys.remove(&key).map(|key| KeyRelease {
+            key,
+            state: RETIRED_ENTRY_BYTES,
+            producers: 0,
+        })
     }
 
     /// Applies an admitted append (or close).
@@ -449,7 +507,15 @@ impl StreamState {
         producer: Option<ProducerTuple>,
         stream_seq: Option<String>,
     ) {
-        self.apply_append_by(lsn, data, close, producer, stream_seq, None);
+        self.apply_append_by(
+            lsn,
+            data,
+            close,
+            producer,
+            stream_seq,
+            None,
+            &mut Vec::new(),
+        );
     }
 
     /// [`StreamState::apply_append`] of an append `key` asked for: a producer entry it
@@ -462,6 +528,7 @@ impl StreamState {
         producer: Option<ProducerTuple>,
         stream_seq: Option<String>,
         key: Option<&Arc<str>>,
+        released: &mut Vec<KeyRelease>,
     ) -> Option<u64> {
         let mut created = None;
         if let Some(data) = data
@@ -487,6 +554,7 @@ impl StreamState {
                         let key = producer_key(&p.id);
                         if self.retired.remove(&key).is_some() {
                             self.changed_retired.insert(key);
+                            released.extend(self.release_retired_key(key));
                         }
                     }
                 }
@@ -713,6 +781,71 @@ mod tests {
         assert_eq!(
             s.producer_bytes,
             producer_cost("p") + producer_cost("other")
+        );
+    }
+
+    /// A keyed producer that retires leaves its retired record counted against its own
+    /// key (not the stream's creator): the key gets its entry's cost back but the record's;
+    /// the record's bytes come back when the producer returns, when the record is evicted
+    /// past the cap, and when the stream goes.
+    #[test]
+    fn retired_records_count_against_the_key_that_made_the_producer() {
+        let key: Arc<str> = Arc::from("w2");
+        let mut s = StreamState::new(
+            "i".into(),
+            "text/plain".into(),
+            Lifetime::default(),
+            None,
+            1,
+        );
+        let append = |s: &mut StreamState, lsn: u64, id: &str, released: &mut Vec<KeyRelease>| {
+            let p = ProducerTuple {
+                id: id.into(),
+                epoch: 0,
+                seq: lsn,
+            };
+            s.apply_append_by(lsn, None, false, Some(p), None, Some(&key), released)
+        };
+        let mut released = Vec::new();
+        for (lsn, id) in [(0, "a"), (1, "b"), (2, "c")] {
+            assert_eq!(
+                append(&mut s, lsn, id, &mut released),
+                Some(producer_cost(id))
+            );
+        }
+        assert!(released.is_empty());
+        for p in s.producers.values_mut() {
+            p.last_ms = 1;
+        }
+        // All three retire; the cap keeps two records: the third's bytes come back whole.
+        assert_eq!(s.expire_producers_releasing(2, 100, 2, &mut released), 3);
+        let back = |released: &[KeyRelease]| {
+            released.iter().fold((0, 0), |(st, pr), r| {
+                assert_eq!(&*r.key, "w2");
+                (st + r.state, pr + r.producers)
+            })
+        };
+        let costs: u64 = ["a", "b", "c"].iter().map(|id| producer_cost(id)).sum();
+        assert_eq!(back(&released), (costs - 2 * RETIRED_ENTRY_BYTES, costs));
+        assert_eq!((s.retired.len(), s.retired_keys.len()), (2, 2));
+        assert_eq!(s.retired_bytes(), 2 * RETIRED_ENTRY_BYTES);
+        // What the key still holds of the stream: its two records.
+        assert_eq!(back(&s.key_holdings()), (2 * RETIRED_ENTRY_BYTES, 0));
+        // One comes back: its record's bytes are released, its new entry counted as created.
+        let kept = s.retired_keys.keys().next().copied().unwrap();
+        let id = ["a", "b", "c"]
+            .into_iter()
+            .find(|id| producer_key(id) == kept)
+            .unwrap();
+        released.clear();
+        assert_eq!(
+            append(&mut s, 9, id, &mut released),
+            Some(producer_cost(id))
+        );
+        assert_eq!(back(&released), (RETIRED_ENTRY_BYTES, 0));
+        assert_eq!(
+            back(&s.key_holdings()),
+            (producer_cost(id) + RETIRED_ENTRY_BYTES, producer_cost(id))
         );
     }
 
