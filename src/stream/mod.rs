@@ -600,22 +600,14 @@ impl Inner {
                     if s.incarnation == incarnation && !s.gone {
                         let data_added = data.as_ref().is_some_and(|d| !d.is_empty());
                         let before = counted(&name, &s);
-                        let mut released = Vec::new();
-                        let created = s.apply_append_by(
-                            lsn,
-                            data,
-                            close,
-                            producer,
-                            stream_seq,
-                            key,
-                            &mut released,
-                        );
+                        let applied =
+                            s.apply_append_by(lsn, data, close, producer, stream_seq, key);
                         self.footprint
                             .change(stream.key.as_ref(), before, counted(&name, &s));
-                        if let (Some(key), Some(cost)) = (key, created) {
+                        if let (Some(key), Some(cost)) = (key, applied.created) {
                             self.footprint.producer_added(key, cost);
                         }
-                        self.footprint.release(&released);
+                        self.footprint.release(applied.released.as_slice());
                         if data_added {
                             self.note_change(&name);
                         }

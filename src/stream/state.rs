@@ -88,6 +88,15 @@ pub(crate) struct KeyRelease {
     pub(crate) producers: u64,
 }
 
+/// What [`StreamState::apply_append_by`] changed in what keys hold.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct AppliedBy {
+    /// The cost of the producer entry the append created for its key.
+    pub(crate) created: Option<u64>,
+    /// A retired record of the producer's earlier life, no longer kept.
+    pub(crate) released: Option<KeyRelease>,
+}
+
 /// What one retired producer's entry holds in memory (its key, epoch, sequence, time and
 /// the map slot), for the stream-state budget.
 pub(crate) const RETIRED_ENTRY_BYTES: u64 = 64;
@@ -507,19 +516,13 @@ impl StreamState {
         producer: Option<ProducerTuple>,
         stream_seq: Option<String>,
     ) {
-        self.apply_append_by(
-            lsn,
-            data,
-            close,
-            producer,
-            stream_seq,
-            None,
-            &mut Vec::new(),
-        );
+        self.apply_append_by(lsn, data, close, producer, stream_seq, None);
     }
 
     /// [`StreamState::apply_append`] of an append `key` asked for: a producer entry it
-    /// creates is `key`'s, and its cost is returned (to count against `key`'s share).
+    /// creates is `key`'s, and its cost is returned (to count against `key`'s share), with
+    /// the retired record of the producer's earlier life that goes (to stop counting against
+    /// the key that made it).
     pub(crate) fn apply_append_by(
         &mut self,
         lsn: Lsn,
@@ -528,9 +531,9 @@ impl StreamState {
         producer: Option<ProducerTuple>,
         stream_seq: Option<String>,
         key: Option<&Arc<str>>,
-        released: &mut Vec<KeyRelease>,
-    ) -> Option<u64> {
+    ) -> AppliedBy {
         let mut created = None;
+        let mut released = None;
         if let Some(data) = data
             && !data.is_empty()
         {
@@ -554,7 +557,7 @@ impl StreamState {
                         let key = producer_key(&p.id);
                         if self.retired.remove(&key).is_some() {
                             self.changed_retired.insert(key);
-                            released.extend(self.release_retired_key(key));
+                            released = self.release_retired_key(key);
                         }
                     }
                 }
@@ -571,7 +574,7 @@ impl StreamState {
             self.closed_by = producer;
         }
         self.applied_lsn = lsn;
-        created
+        AppliedBy { created, released }
     }
 }
 
@@ -804,7 +807,9 @@ mod tests {
                 epoch: 0,
                 seq: lsn,
             };
-            s.apply_append_by(lsn, None, false, Some(p), None, Some(&key), released)
+            let applied = s.apply_append_by(lsn, None, false, Some(p), None, Some(&key));
+            released.extend(applied.released);
+            applied.created
         };
         let mut released = Vec::new();
         for (lsn, id) in [(0, "a"), (1, "b"), (2, "c")] {
