@@ -285,8 +285,9 @@ struct Footprint {
     state_bytes: AtomicU64,
     /// [`StreamState::producer_bytes`] of every stream.
     producer_bytes: AtomicU64,
-    /// What each key's streams and producer entries count (keys are the configured keys'
-    /// names, never client input, so the map is as small as the configuration).
+    /// What each key's streams, producer entries and retired producer records count (keys
+    /// are the configured keys' names, never client input, so the map is as small as the
+    /// configuration).
     keys: Mutex<HashMap<Arc<str>, KeyUse>>,
 }
 
@@ -1697,6 +1698,54 @@ impl Streams {
     /// [`Streams::expire_producers`] now.
     fn expire_producers_now(&self) -> usize {
         self.expire_producers(true)
+    }
+
+    /// What `key` holds of the budgets now: `(stream-state bytes, producer bytes)`.
+    #[cfg(feature = "testing")]
+    pub fn key_use(&self, key: &str) -> (u64, u64) {
+        let held = self.inner.footprint.held_by(key);
+        (held.state, held.producers)
+    }
+
+    /// Retires the producers idle past their expiry now (what the maintenance loop does
+    /// every minute); returns how many.
+    #[cfg(feature = "testing")]
+    pub fn expire_idle_producers(&self) -> usize {
+        self.expire_producers_now()
+    }
+
+    /// Counts what each key holds afresh from the streams (their creators' own state, their
+    /// producer entries and retired records) and compares it with the running counts; an
+    /// error names the first key that differs.
+    #[cfg(feature = "testing")]
+    pub fn audit_key_use(&self) -> Result<(), String> {
+        let mut recount: HashMap<Arc<str>, KeyUse> = HashMap::new();
+        for (name, stream) in &self.inner.registry().streams {
+            let s = stream.read_state();
+            if let Some(key) = &stream.key {
+                recount.entry(key.clone()).or_default().state += counted(name, &s).own();
+            }
+            for held in s.key_holdings() {
+                let u = recount.entry(held.key).or_default();
+                u.state += held.state;
+                u.producers += held.producers;
+            }
+        }
+        recount.retain(|_, u| *u != KeyUse::default());
+        let counted = self
+            .inner
+            .footprint
+            .keys
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for key in recount.keys().chain(counted.keys()) {
+            let (want, got) = (recount.get(key), counted.get(key));
+            if want != got {
+                return Err(format!("key {key}: counted {got:?}, recounted {want:?}"));
+            }
+        }
+        Ok(())
     }
 
     /// Bytes the streams' state and their producers count against their budgets.

@@ -613,6 +613,48 @@ async fn rows_are_never_acknowledged_into_a_table_another_node_dropped_or_replac
     assert_eq!(ids(&a, "t").await, (15..25).collect::<Vec<_>>());
 }
 
+/// Producers of one key cycled through expiry on another key's stream: the stream's creator
+/// holds what its stream alone holds, the key that made the producers holds their retired
+/// records, every running count matches a recount from the streams, and all of it is
+/// released when the stream goes.
+#[tokio::test]
+async fn retired_producers_count_against_the_key_that_made_them() {
+    use sluice::stream::ProducerTuple;
+    let dir = common::temp_dir("retired-keys");
+    let mut c = config(&dir);
+    c.streams.producer_expiry = Duration::from_millis(1);
+    let db = Database::open(c).await.unwrap();
+    let streams = db.streams();
+    let (w1, w2): (Arc<str>, Arc<str>) = (Arc::from("w1"), Arc::from("w2"));
+    let mut create = create_stream("victim");
+    create.key = Some(w1.clone());
+    streams.create(create).await.unwrap();
+    let alone = streams.key_use("w1");
+    assert!(alone.0 > 0, "{alone:?}");
+    for round in 0..5 {
+        for p in 0..4 {
+            let mut a = append("victim", "x".into());
+            a.key = Some(w2.clone());
+            a.producer = Some(ProducerTuple {
+                id: format!("p{round}-{p}"),
+                epoch: 0,
+                seq: 0,
+            });
+            streams.append(a).await.unwrap();
+        }
+        streams.audit_key_use().unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(streams.expire_idle_producers(), 4, "round {round}");
+        streams.audit_key_use().unwrap();
+        assert_eq!(streams.key_use("w1"), alone, "round {round}");
+    }
+    assert_eq!(streams.key_use("w2"), (20 * 64, 0));
+    streams.delete("victim", None).await.unwrap();
+    streams.audit_key_use().unwrap();
+    assert_eq!(streams.key_use("w1"), (0, 0));
+    assert_eq!(streams.key_use("w2"), (0, 0));
+}
+
 /// Bytes of the files under `dir`.
 fn bytes_under(dir: &Path) -> u64 {
     let mut total = 0;
