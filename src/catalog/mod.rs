@@ -67,6 +67,10 @@ pub enum CatalogError {
     /// Another node committed a conflicting version.
     #[error("catalog changed concurrently; retry")]
     Conflict,
+    /// This node could not read the newest catalog (the store refused, or did not answer in
+    /// time), so it did not act on the one it holds; nothing was applied.
+    #[error("this node could not read the newest catalog: {0}")]
+    Behind(String),
     /// The table was dropped and created again while rows were written to it: nothing of
     /// them is visible in the new table.
     #[error(
@@ -102,6 +106,7 @@ impl Classify for CatalogError {
                 ..ErrorClass::retry(Cause::StorageUnavailable)
             },
             CatalogError::Corrupt { .. } => ErrorClass::rejected(Kind::Internal),
+            CatalogError::Behind(_) => ErrorClass::retry(Cause::StorageUnavailable),
         }
     }
 }
@@ -738,6 +743,8 @@ pub struct Catalog {
     probe: tokio::sync::Mutex<Probe>,
     /// Held while [`Catalog::catch_up`] reads what a look found.
     refreshing: tokio::sync::Mutex<()>,
+    /// When the last read [`Catalog::catch_up`] finished had begun.
+    caught_up: std::sync::Mutex<Option<std::time::Instant>>,
     /// When a refresh last checked whether its version fell below the floor.
     floor_checked: std::sync::Mutex<Option<std::time::Instant>>,
 }
@@ -755,8 +762,12 @@ pub(crate) enum Look {
     /// This node's own version and the next were collected (it looked last longer ago than
     /// the grace period): [`Catalog::reload`] lists the versions afresh.
     Collected,
-    /// The store did not answer (within [`LOOK_TIMEOUT`]).
+    /// The store did not answer (within [`LOOK_TIMEOUT`], or not at all, or with a server
+    /// error): while it does not, no node can change the catalog.
     Failed,
+    /// The store answered the look with a refusal (403, 401): other nodes may still change
+    /// the catalog, so this node must not act on the one it holds.
+    Denied,
 }
 
 /// What [`Catalog::changed_since`] remembers of its looks.
@@ -772,6 +783,22 @@ struct Probe {
 /// How long a look for a newer catalog version may take: past it, the look fails (and its
 /// callers go on with the version they hold), so a slow store holds nobody for long.
 const LOOK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How long a refresh or reload of the catalog may take.
+const REFRESH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `work` (a refresh or reload), or [`CatalogError::Behind`] past [`REFRESH_TIMEOUT`].
+async fn within_refresh_timeout(
+    work: impl std::future::Future<Output = Result<(), CatalogError>>,
+) -> Result<(), CatalogError> {
+    tokio::time::timeout(REFRESH_TIMEOUT, work)
+        .await
+        .unwrap_or_else(|_| {
+            Err(CatalogError::Behind(format!(
+                "no newer version read within {REFRESH_TIMEOUT:?}"
+            )))
+        })
+}
 
 /// Most earlier catalog versions [`Catalog::restore_ids`] reads.
 const RESTORE_LOOKBACK: u64 = 16;
@@ -803,6 +830,7 @@ impl Catalog {
             write: tokio::sync::Mutex::new(()),
             probe: tokio::sync::Mutex::new(Probe::default()),
             refreshing: tokio::sync::Mutex::new(()),
+            caught_up: std::sync::Mutex::new(None),
             floor_checked: std::sync::Mutex::new(None),
         };
         match catalog.load_latest().await? {
@@ -976,8 +1004,13 @@ impl Catalog {
     }
 
     /// Reads versions other nodes committed since this node last looked (and, now and then,
-    /// loads the catalog afresh if old versions were collected past this node's).
+    /// loads the catalog afresh if old versions were collected past this node's), within
+    /// [`REFRESH_TIMEOUT`]: a store that hangs holds no caller longer.
     pub(crate) async fn refresh(&self) -> Result<(), CatalogError> {
+        within_refresh_timeout(self.refresh_unbounded()).await
+    }
+
+    async fn refresh_unbounded(&self) -> Result<(), CatalogError> {
         let mut version = self.current.read().await.version;
         let mut latest = None;
         while let Some(next) = self.read_version(version + 1).await? {
@@ -1025,13 +1058,20 @@ impl Catalog {
             let path = self.log.path(version);
             let store = self.storage.store();
             match tokio::time::timeout(LOOK_TIMEOUT, store.head(&path)).await {
-                Ok(Ok(_)) => Some(true),
-                Ok(Err(object_store::Error::NotFound { .. })) => Some(false),
+                Ok(Ok(_)) => Ok(true),
+                Ok(Err(object_store::Error::NotFound { .. })) => Ok(false),
+                Ok(Err(
+                    error @ (object_store::Error::PermissionDenied { .. }
+                    | object_store::Error::Unauthenticated { .. }),
+                )) => {
+                    tracing::warn!(%error, "catalog look refused");
+                    Err(Look::Denied)
+                }
                 Ok(Err(error)) => {
                     tracing::debug!(%error, "catalog look failed");
-                    None
+                    Err(Look::Failed)
                 }
-                Err(_) => None,
+                Err(_) => Err(Look::Failed),
             }
         };
         // No next version: either none was made, or it was collected (this node looked last
@@ -1040,23 +1080,23 @@ impl Catalog {
         // node's own version is gone too. That is looked at now and then, as a refresh looks
         // at the floor, and after any failed look: one read per look otherwise.
         let found = match exists(held + 1).await {
-            None => Look::Failed,
-            Some(true) => Look::Newer { held },
-            Some(false)
+            Err(look) => look,
+            Ok(true) => Look::Newer { held },
+            Ok(false)
                 if probe
                     .own_checked
                     .is_none_or(|at| at.elapsed() >= FLOOR_CHECK_INTERVAL) =>
             {
                 match exists(held).await {
-                    None => Look::Failed,
-                    Some(true) => Look::Unchanged,
-                    Some(false) => Look::Collected,
+                    Err(look) => look,
+                    Ok(true) => Look::Unchanged,
+                    Ok(false) => Look::Collected,
                 }
             }
-            Some(false) => Look::Unchanged,
+            Ok(false) => Look::Unchanged,
         };
         match found {
-            Look::Failed => probe.own_checked = None,
+            Look::Failed | Look::Denied => probe.own_checked = None,
             Look::Unchanged => probe.own_checked = Some(started),
             Look::Newer { .. } | Look::Collected => {}
         }
@@ -1066,24 +1106,49 @@ impl Catalog {
         found
     }
 
-    /// Reads the versions a look found (see [`Look`]), unless another caller has since:
-    /// concurrent callers that shared one look read the new versions once.
-    pub(crate) async fn catch_up(&self, found: Look) -> Result<(), CatalogError> {
+    /// Reads the versions a look found (see [`Look`]) for a caller that needs every version
+    /// committed before `since`, unless a read that began after `since` has finished since
+    /// (concurrent callers that shared one look read the new versions once). Reads under a
+    /// lock, so a read by another path (the maintenance refresh, say) that began before the
+    /// newest version was made never stands in for it.
+    pub(crate) async fn catch_up(
+        &self,
+        found: Look,
+        since: std::time::Instant,
+    ) -> Result<(), CatalogError> {
         let _refreshing = self.refreshing.lock().await;
+        let done = *self.caught_up.lock().unwrap_or_else(|p| p.into_inner());
+        if done.is_some_and(|at| at >= since) {
+            return Ok(());
+        }
+        let began = std::time::Instant::now();
         match found {
-            Look::Newer { held } if self.version().await <= held => self.refresh().await,
+            Look::Newer { held } => {
+                self.refresh().await?;
+                // The version the look saw was collected before it could be read: list.
+                if self.version().await <= held {
+                    self.reload().await?;
+                }
+            }
             Look::Collected => {
                 let reload = self.reload().await;
                 // The next look checks again, whether or not this one took.
                 self.probe.lock().await.own_checked = None;
-                reload
+                reload?;
             }
-            _ => Ok(()),
+            Look::Unchanged | Look::Failed | Look::Denied => return Ok(()),
         }
+        *self.caught_up.lock().unwrap_or_else(|p| p.into_inner()) = Some(began);
+        Ok(())
     }
 
-    /// Loads the newest version afresh (a listing, not the next-version probe).
+    /// Loads the newest version afresh (a listing, not the next-version probe), within
+    /// [`REFRESH_TIMEOUT`].
     pub(crate) async fn reload(&self) -> Result<(), CatalogError> {
+        within_refresh_timeout(self.reload_unbounded()).await
+    }
+
+    async fn reload_unbounded(&self) -> Result<(), CatalogError> {
         if let Some(latest) = self.load_latest().await? {
             self.install(latest).await;
         }
@@ -1598,9 +1663,8 @@ mod tests {
             .await
             .unwrap();
         // b looks once (and checks its own version).
-        b.catch_up(b.changed_since(std::time::Instant::now()).await)
-            .await
-            .unwrap();
+        let now = std::time::Instant::now();
+        b.catch_up(b.changed_since(now).await, now).await.unwrap();
         assert_eq!(b.version().await, a.version().await);
         for i in 1..=15 {
             columns.push(json!({"name": format!("c{i}"), "data_type": "int"}));
@@ -1609,14 +1673,52 @@ mod tests {
                 .unwrap();
         }
         a.collect_garbage(std::time::Duration::ZERO).await.unwrap();
-        let look = b.changed_since(std::time::Instant::now()).await;
+        let now = std::time::Instant::now();
+        let look = b.changed_since(now).await;
         assert_eq!(look, Look::Collected);
-        b.catch_up(look).await.unwrap();
+        b.catch_up(look, now).await.unwrap();
         assert_eq!(b.version().await, a.version().await);
         let t = b.table("scopedb", "public", "t").await.unwrap();
         assert_eq!(t.def.columns.len(), 16);
         let look = b.changed_since(std::time::Instant::now()).await;
         assert_eq!(look, Look::Unchanged);
+    }
+
+    /// A read of the catalog by another path (the maintenance refresh) that began before the
+    /// newest version was made, and installs an older one after a request's look, never
+    /// stands in for the read the look asked for: the request sees every version made before
+    /// it began.
+    #[tokio::test]
+    async fn a_late_install_by_another_path_does_not_hide_a_newer_version() {
+        use serde_json::json;
+        let storage = Storage::open("memory://").unwrap();
+        let a = Catalog::open(storage.clone()).await.unwrap();
+        let b = Catalog::open(storage.clone()).await.unwrap();
+        let held = b.version().await;
+        let path = CatalogPath::Table("scopedb".into(), "public".into(), "t".into());
+        let put = |names: &[&str]| {
+            let columns: Vec<_> = names
+                .iter()
+                .map(|n| json!({"name": n, "data_type": "int"}))
+                .collect();
+            Some(json!({"name": "t", "columns": columns}))
+        };
+        a.mutate(&path, put(&["x"]), MutateOptions::default())
+            .await
+            .unwrap();
+        a.mutate(&path, put(&["x", "y"]), MutateOptions::default())
+            .await
+            .unwrap();
+        let since = std::time::Instant::now();
+        let look = b.changed_since(since).await;
+        assert_eq!(look, Look::Newer { held });
+        // The other path read the first new version before the second was made.
+        b.install(b.read_version(held + 1).await.unwrap().unwrap())
+            .await;
+        b.catch_up(look, since).await.unwrap();
+        assert_eq!(b.version().await, a.version().await);
+        let t = b.table("scopedb", "public", "t").await.unwrap();
+        assert_eq!(t.def.columns.len(), 2);
     }
 
     #[test]

@@ -908,19 +908,20 @@ impl Database {
         match found {
             Look::Unchanged => Ok(()),
             Look::Failed => {
-                tracing::warn!("catalog look failed: this node's version is used");
+                tracing::debug!("catalog look failed: this node's version is used");
                 Ok(())
             }
+            Look::Denied => Err(CatalogError::Behind(
+                "the store refused the look for a newer version".into(),
+            )),
             Look::Newer { .. } | Look::Collected => {
-                match tokio::time::timeout(CATCH_UP_TIMEOUT, self.catalog.catch_up(found)).await {
-                    Ok(result) => result,
-                    Err(_) => Err(CatalogError::Storage(object_store::Error::Generic {
-                        store: "catalog",
-                        source: format!(
-                            "a newer catalog version was not read within {CATCH_UP_TIMEOUT:?}"
-                        )
-                        .into(),
-                    })),
+                let read = self.catalog.catch_up(found, since);
+                match tokio::time::timeout(CATCH_UP_TIMEOUT, read).await {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(e)) => Err(CatalogError::Behind(e.to_string())),
+                    Err(_) => Err(CatalogError::Behind(format!(
+                        "a newer version was not read within {CATCH_UP_TIMEOUT:?}"
+                    ))),
                 }
             }
         }
