@@ -775,9 +775,9 @@ pub(crate) enum Look {
 struct Probe {
     /// The last look: when it started and what it found.
     last: Option<(std::time::Instant, Look)>,
-    /// When a look last checked that this node's own version is still stored (`None` after
-    /// a failed look: the next one checks, as after any time the node could not look).
-    own_checked: Option<std::time::Instant>,
+    /// The version a look last found still stored, and when that look began (`None` after a
+    /// failed look: the next one checks, as after any time the node could not look).
+    own_checked: Option<(u64, std::time::Instant)>,
 }
 
 /// How long a look for a newer catalog version may take: past it, the look fails (and its
@@ -791,13 +791,14 @@ const REFRESH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 async fn within_refresh_timeout(
     work: impl std::future::Future<Output = Result<(), CatalogError>>,
 ) -> Result<(), CatalogError> {
-    tokio::time::timeout(REFRESH_TIMEOUT, work)
-        .await
-        .unwrap_or_else(|_| {
-            Err(CatalogError::Behind(format!(
-                "no newer version read within {REFRESH_TIMEOUT:?}"
-            )))
-        })
+    match tokio::time::timeout(REFRESH_TIMEOUT, work).await {
+        // Only reads: whatever the caller was about to do was not done.
+        Ok(Err(CatalogError::Storage(e))) => Err(CatalogError::Behind(e.to_string())),
+        Ok(result) => result,
+        Err(_) => Err(CatalogError::Behind(format!(
+            "no newer version read within {REFRESH_TIMEOUT:?}"
+        ))),
+    }
 }
 
 /// Most earlier catalog versions [`Catalog::restore_ids`] reads.
@@ -1083,22 +1084,23 @@ impl Catalog {
             Err(look) => look,
             Ok(true) => Look::Newer { held },
             Ok(false)
-                if probe
-                    .own_checked
-                    .is_none_or(|at| at.elapsed() >= FLOOR_CHECK_INTERVAL) =>
+                if probe.own_checked.is_none_or(|(version, at)| {
+                    version != held || at.elapsed() >= FLOOR_CHECK_INTERVAL
+                }) =>
             {
                 match exists(held).await {
                     Err(look) => look,
-                    Ok(true) => Look::Unchanged,
+                    Ok(true) => {
+                        probe.own_checked = Some((held, started));
+                        Look::Unchanged
+                    }
                     Ok(false) => Look::Collected,
                 }
             }
             Ok(false) => Look::Unchanged,
         };
-        match found {
-            Look::Failed | Look::Denied => probe.own_checked = None,
-            Look::Unchanged => probe.own_checked = Some(started),
-            Look::Newer { .. } | Look::Collected => {}
+        if matches!(found, Look::Failed | Look::Denied) {
+            probe.own_checked = None;
         }
         // Failures are shared too: callers waiting behind a look that failed go on at once
         // rather than each wait for a look of its own.
@@ -1123,19 +1125,10 @@ impl Catalog {
         }
         let began = std::time::Instant::now();
         match found {
-            Look::Newer { held } => {
-                self.refresh().await?;
-                // The version the look saw was collected before it could be read: list.
-                if self.version().await <= held {
-                    self.reload().await?;
-                }
-            }
-            Look::Collected => {
-                let reload = self.reload().await;
-                // The next look checks again, whether or not this one took.
-                self.probe.lock().await.own_checked = None;
-                reload?;
-            }
+            // From a listing, not a walk from this node's version: the newest listed version
+            // is never collected, so a walk racing garbage collection cannot stop short, and
+            // a node far behind reads the newest at once.
+            Look::Newer { .. } | Look::Collected => self.reload().await?,
             Look::Unchanged | Look::Failed | Look::Denied => return Ok(()),
         }
         *self.caught_up.lock().unwrap_or_else(|p| p.into_inner()) = Some(began);

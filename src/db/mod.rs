@@ -991,9 +991,14 @@ impl Database {
         // this node holds may already be newer than the one the table was resolved in: the
         // comparison below is made in any case.)
         // The rows are durable; a drop another node commits meanwhile is found only if the
-        // store answers (while it does not, no node can commit one).
+        // store answers (while it does not, no node can commit one). When it refuses, or a
+        // newer version cannot be read, the rows may have gone into a table that was dropped
+        // or replaced: not acknowledged, their outcome unknown.
         if let Err(e) = self.catch_up_catalog(committed).await {
-            tracing::debug!(error = %e, "catalog refresh failed before acknowledging");
+            return Err(CatalogError::Storage(object_store::Error::Generic {
+                store: "catalog",
+                source: format!("rows committed, but {e}").into(),
+            }));
         }
         match self
             .catalog

@@ -529,15 +529,9 @@ async fn another_node_checks_rows_under_the_newest_shape() {
             .status(),
         200
     );
-    for change in [
-        "ALTER TABLE u RENAME COLUMN v TO tmp",
-        "ALTER TABLE u RENAME COLUMN w TO v",
-        "ALTER TABLE u RENAME COLUMN tmp TO w",
-        "ALTER TABLE u DROP COLUMN id",
-        "ALTER TABLE u ADD COLUMN id int",
-    ] {
-        first.statement(change).await;
-    }
+    swap_v_and_w(&first).await;
+    first.statement("ALTER TABLE u DROP COLUMN id").await;
+    first.statement("ALTER TABLE u ADD COLUMN id int").await;
     assert_eq!(
         ingest("{\"id\": 8, \"v\": 80, \"w\": 81}\n")
             .await
@@ -557,13 +551,7 @@ async fn another_node_checks_rows_under_the_newest_shape() {
     );
     // Statements on the second node follow at once too: DESCRIBE, and INSERT by name and by
     // position, right after another swap.
-    for change in [
-        "ALTER TABLE u RENAME COLUMN v TO tmp",
-        "ALTER TABLE u RENAME COLUMN w TO v",
-        "ALTER TABLE u RENAME COLUMN tmp TO w",
-    ] {
-        first.statement(change).await;
-    }
+    swap_v_and_w(&first).await;
     let described: Vec<String> = second
         .rows("DESCRIBE u")
         .await
@@ -571,24 +559,12 @@ async fn another_node_checks_rows_under_the_newest_shape() {
         .map(|r| r[0].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(described, ["w", "v", "id"]);
-    first
-        .statement("ALTER TABLE u RENAME COLUMN v TO tmp")
-        .await;
-    first.statement("ALTER TABLE u RENAME COLUMN w TO v").await;
-    first
-        .statement("ALTER TABLE u RENAME COLUMN tmp TO w")
-        .await;
+    swap_v_and_w(&first).await;
     let inserted = second
         .statement("INSERT INTO u (id, v, w) VALUES (9, 90, 91)")
         .await;
     assert_eq!(inserted["status"], "finished", "{inserted}");
-    first
-        .statement("ALTER TABLE u RENAME COLUMN v TO tmp")
-        .await;
-    first.statement("ALTER TABLE u RENAME COLUMN w TO v").await;
-    first
-        .statement("ALTER TABLE u RENAME COLUMN tmp TO w")
-        .await;
+    swap_v_and_w(&first).await;
     let inserted = second
         .statement("INSERT INTO u VALUES (100, 101, 10)")
         .await;
@@ -624,6 +600,17 @@ async fn another_node_checks_rows_under_the_newest_shape() {
     let r = into_r("{\"b\": \"new\"}\n").await.unwrap();
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     assert_eq!(second.rows("SELECT * FROM r").await, [[json!("new")]]);
+}
+
+/// Swaps the names of table `u`'s columns `v` and `w` on `node` (three renames).
+async fn swap_v_and_w(node: &Node) {
+    for change in [
+        "ALTER TABLE u RENAME COLUMN v TO tmp",
+        "ALTER TABLE u RENAME COLUMN w TO v",
+        "ALTER TABLE u RENAME COLUMN tmp TO w",
+    ] {
+        node.statement(change).await;
+    }
 }
 
 /// Concurrent `ALTER`s of one table, each of its own column, all land: a statement that loses
