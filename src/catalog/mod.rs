@@ -1021,19 +1021,21 @@ impl Catalog {
         match latest {
             Some(latest) => self.install(latest).await,
             None => {
-                let due = {
-                    let mut checked = self.floor_checked.lock().unwrap_or_else(|p| p.into_inner());
-                    let due = checked.is_none_or(|at| at.elapsed() >= FLOOR_CHECK_INTERVAL);
-                    if due {
-                        *checked = Some(std::time::Instant::now());
+                let due = self
+                    .floor_checked
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .is_none_or(|at| at.elapsed() >= FLOOR_CHECK_INTERVAL);
+                if due {
+                    let began = std::time::Instant::now();
+                    let floor = self.log.floor(self.storage.store().as_ref()).await?;
+                    // Stamped once the floor was read: a failed check is tried again at once.
+                    *self.floor_checked.lock().unwrap_or_else(|p| p.into_inner()) = Some(began);
+                    if version + 1 < floor
+                        && let Some(latest) = self.load_latest().await?
+                    {
+                        self.install(latest).await;
                     }
-                    due
-                };
-                if due
-                    && version + 1 < self.log.floor(self.storage.store().as_ref()).await?
-                    && let Some(latest) = self.load_latest().await?
-                {
-                    self.install(latest).await;
                 }
             }
         }
@@ -1278,10 +1280,23 @@ impl Catalog {
             dry_run,
             allow_destructive,
         } = options;
-        let _write = self.write.lock().await;
+        // Bounded waits: a change of this node stuck on a store that hangs holds the others
+        // at most this long, and the answer says nothing was applied.
+        let behind =
+            |what: &str| CatalogError::Behind(format!("{what} within {REFRESH_TIMEOUT:?}"));
+        let _write = tokio::time::timeout(REFRESH_TIMEOUT, self.write.lock())
+            .await
+            .map_err(|_| behind("another catalog change on this node did not end"))?;
         // From a fresh listing: a change must never be numbered below versions that
         // garbage collection removed.
-        if let Some(latest) = self.load_latest().await? {
+        let latest = tokio::time::timeout(REFRESH_TIMEOUT, self.load_latest())
+            .await
+            .map_err(|_| behind("the catalog's versions were not listed"))?
+            .map_err(|e| match e {
+                CatalogError::Storage(e) => CatalogError::Behind(e.to_string()),
+                other => other,
+            })?;
+        if let Some(latest) = latest {
             self.install(latest).await;
         }
         let current = self.current.read().await.clone();

@@ -889,8 +889,7 @@ impl Database {
             .await
         {
             Ok(now) => Ok(now),
-            Err(e @ CatalogError::NotFound { .. }) => Err(e),
-            Err(_) => Ok(table.clone()),
+            Err(e) => Err(e),
         }
     }
 

@@ -80,7 +80,8 @@ impl Database {
         use datafusion::common::TableReference;
         let Ok((names, _)) = datafusion::sql::resolve::resolve_table_references(statement, true)
         else {
-            return Ok(());
+            // Its tables are not known: it may name some.
+            return Ok(self.catch_up_catalog(began).await?);
         };
         if !names.is_empty() {
             self.catch_up_catalog(began).await?;
