@@ -355,6 +355,9 @@ pub struct ResolvedTable {
     pub def: TableDef,
     /// Storage id.
     pub id: String,
+    /// The catalog version it was read from: while this node holds that version, the table
+    /// is still the one the catalog names.
+    pub(crate) version: u64,
 }
 
 impl ResolvedTable {
@@ -709,6 +712,7 @@ fn resolved_tables(current: &CatalogVersion) -> Vec<ResolvedTable> {
                         schema: s.name.clone(),
                         def: t.clone(),
                         id: id.clone(),
+                        version: current.version,
                     });
                 }
             }
@@ -1237,6 +1241,7 @@ impl Catalog {
             schema: schema.to_owned(),
             def: def.clone(),
             id,
+            version: current.version,
         })
     }
 

@@ -846,13 +846,14 @@ impl Database {
     ) -> Result<usize, IngestFailure> {
         use std::sync::atomic::Ordering::Relaxed;
         let size = ndjson.len() as u64;
-        let newest = self.newest_table(table, std::time::Instant::now()).await?;
+        let newer = self.newest_table(table, std::time::Instant::now()).await?;
+        let newest = newer.as_ref().unwrap_or(table);
         if shape == Shape::AsResolved
             && (newest.id != table.id || !same_columns(&newest.def, &table.def))
         {
             return Err(CatalogError::Conflict.into());
         }
-        let result = self.insert_rows_uncounted(&newest, ndjson, limits).await;
+        let result = self.insert_rows_uncounted(newest, ndjson, limits).await;
         match &result {
             Ok(rows) => {
                 self.ingest_stats.rows.fetch_add(*rows as u64, Relaxed);
@@ -873,24 +874,24 @@ impl Database {
     /// fit an older shape would mean other columns under it, after names were swapped or a
     /// name dropped and added again). One small read of the store, shared by concurrent
     /// callers; then the table is read again from this node's catalog whether or not that
-    /// read found a newer version (a refresh may have landed since `table` was resolved).
-    /// A table dropped and created again under the name is the new one. When the store does
-    /// not answer, this node's catalog is what there is: ingest goes on while the store is
-    /// down (when no node can change the catalog), and is logged.
+    /// read found a newer version (a refresh may have landed since `table` was resolved),
+    /// unless this node still holds the version `table` was read from (`None`: it is the
+    /// newest). A table dropped and created again under the name is the new one. When the
+    /// store does not answer, this node's catalog is what there is: ingest goes on while the
+    /// store is down (when no node can change the catalog), and is logged.
     pub(crate) async fn newest_table(
         &self,
         table: &ResolvedTable,
         since: std::time::Instant,
-    ) -> Result<ResolvedTable, CatalogError> {
+    ) -> Result<Option<ResolvedTable>, CatalogError> {
         self.catch_up_catalog(since).await?;
-        match self
-            .catalog
+        if self.catalog.version().await == table.version {
+            return Ok(None);
+        }
+        self.catalog
             .table(&table.database, &table.schema, &table.def.name)
             .await
-        {
-            Ok(now) => Ok(now),
-            Err(e) => Err(e),
-        }
+            .map(Some)
     }
 
     /// Reads the catalog versions committed before `since` that this node has not read yet
@@ -998,6 +999,9 @@ impl Database {
                 store: "catalog",
                 source: format!("rows committed, but {e}").into(),
             }));
+        }
+        if self.catalog.version().await == table.version {
+            return Ok(());
         }
         match self
             .catalog
@@ -1236,5 +1240,44 @@ impl IngestPlan {
                 message: e.to_string(),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The check before rows are acknowledged: while this node holds the version a table was
+    /// resolved in, it stands; once a drop, or a drop and a create under the name, landed after
+    /// the resolution (here on this node, as it does between an ingest's commit and its
+    /// answer), the rows are refused whichever way the versions went.
+    #[tokio::test]
+    async fn a_table_dropped_after_it_was_resolved_is_not_confirmed() {
+        let dir = std::env::temp_dir().join(format!("sluice-confirm-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let db = Database::open(DbConfig::new(&dir)).await.expect("open");
+        db.execute("CREATE TABLE t (id int)").await.expect("create");
+        let resolved = db.resolve_table("scopedb", "public", "t").await.expect("t");
+        let now = std::time::Instant::now;
+        db.confirm_table(&resolved, now()).await.expect("unchanged");
+        // Another table changes the version, not what `t` names.
+        db.execute("CREATE TABLE u (id int)").await.expect("create");
+        db.confirm_table(&resolved, now())
+            .await
+            .expect("t unchanged");
+        db.execute("DROP TABLE t").await.expect("drop");
+        assert!(matches!(
+            db.confirm_table(&resolved, now()).await,
+            Err(CatalogError::NotFound { .. })
+        ));
+        db.execute("CREATE TABLE t (id int)")
+            .await
+            .expect("create again");
+        assert!(matches!(
+            db.confirm_table(&resolved, now()).await,
+            Err(CatalogError::Replaced(_))
+        ));
+        db.shutdown().await.expect("shutdown");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -24,22 +24,99 @@ fn encoding(e: impl std::fmt::Display) -> TableError {
     TableError::Encoding(e.to_string())
 }
 
-/// A table-batch log record: `| id_len: u16 | id | Arrow IPC stream (schema + batch) |`.
-pub(super) fn encode_record(table_id: &str, batch: &RecordBatch) -> Result<Vec<u8>, TableError> {
-    let id = table_id.as_bytes();
-    let id_len = u16::try_from(id.len()).map_err(encoding)?;
-    let mut out = Vec::with_capacity(2 + id.len() + batch.get_array_memory_size());
-    out.extend_from_slice(&id_len.to_le_bytes());
-    out.extend_from_slice(id);
-    let mut writer =
-        arrow_ipc::writer::StreamWriter::try_new(&mut out, &batch.schema()).map_err(encoding)?;
-    writer.write(batch).map_err(encoding)?;
-    writer.finish().map_err(encoding)?;
-    drop(writer);
-    Ok(out)
+/// Writes table-batch log records: `| id_len: u16 | id | Arrow IPC stream (schema + batch) |`.
+///
+/// Keeps the last schema's IPC message: a batch of few rows spent most of its encoding on the
+/// schema's flatbuffer, the same for every record of a table. Buffers are padded to 8 bytes,
+/// not the IPC writer's default 64: a record of one row carried more padding than data.
+/// (Readers take any alignment: the IPC reader copies a buffer it needs aligned.)
+#[derive(Default)]
+pub(super) struct RecordEncoder {
+    /// The last schema encoded, with its message as written. A schema with dictionaries is
+    /// not kept (their ids are assigned while the schema is encoded).
+    schema: std::sync::Mutex<Option<(SchemaRef, Arc<[u8]>)>>,
 }
 
-/// Reads a record written by [`encode_record`].
+impl RecordEncoder {
+    /// The record of `batch` of table `table_id`.
+    pub(super) fn encode(
+        &self,
+        table_id: &str,
+        batch: &RecordBatch,
+    ) -> Result<Vec<u8>, TableError> {
+        use arrow_ipc::writer::{
+            DictionaryTracker, IpcDataGenerator, IpcWriteOptions, StreamWriter, write_message,
+        };
+        let id = table_id.as_bytes();
+        let id_len = u16::try_from(id.len()).map_err(encoding)?;
+        let options =
+            IpcWriteOptions::try_new(8, false, arrow_ipc::MetadataVersion::V5).map_err(encoding)?;
+        let mut out = Vec::with_capacity(2 + id.len() + batch.get_array_memory_size());
+        out.extend_from_slice(&id_len.to_le_bytes());
+        out.extend_from_slice(id);
+        let schema = batch.schema_ref();
+        let has_dictionaries = |schema: &SchemaRef| {
+            schema
+                .flattened_fields()
+                .iter()
+                .any(|f| matches!(f.data_type(), DataType::Dictionary(..)))
+        };
+        let known = self
+            .schema
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let cached = match known {
+            Some((known, message)) if Arc::ptr_eq(&known, schema) || known == *schema => {
+                Some(message)
+            }
+            _ if has_dictionaries(schema) => None,
+            _ => {
+                let mut message = Vec::new();
+                let encoded = IpcDataGenerator::default().schema_to_bytes_with_dictionary_tracker(
+                    schema,
+                    &mut DictionaryTracker::new(false),
+                    &options,
+                );
+                write_message(&mut message, encoded, &options).map_err(encoding)?;
+                let message: Arc<[u8]> = message.into();
+                *self.schema.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some((schema.clone(), message.clone()));
+                Some(message)
+            }
+        };
+        match cached {
+            Some(message) => {
+                out.extend_from_slice(&message);
+                let (dictionaries, encoded) = IpcDataGenerator::default()
+                    .encode(
+                        batch,
+                        &mut DictionaryTracker::new(false),
+                        &options,
+                        &mut Default::default(),
+                    )
+                    .map_err(encoding)?;
+                if !dictionaries.is_empty() {
+                    return Err(TableError::Encoding(
+                        "a batch without dictionaries encoded some".into(),
+                    ));
+                }
+                write_message(&mut out, encoded, &options).map_err(encoding)?;
+                // The end-of-stream marker: a continuation and a zero length.
+                out.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0]);
+            }
+            None => {
+                let mut writer = StreamWriter::try_new_with_options(&mut out, schema, options)
+                    .map_err(encoding)?;
+                writer.write(batch).map_err(encoding)?;
+                writer.finish().map_err(encoding)?;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Reads a record written by [`RecordEncoder`].
 pub(super) fn decode_record(payload: &[u8]) -> Result<(String, RecordBatch), TableError> {
     let bad = || TableError::Encoding("truncated table record".into());
     let id_len = u16::from_le_bytes([
@@ -907,6 +984,71 @@ mod tests {
             )),
         ];
         RecordBatch::try_new(schema.clone(), columns).expect("batch")
+    }
+
+    /// A record written with the kept schema message is the same bytes as the IPC stream
+    /// writer's, and reads back as the batch; a batch with dictionaries (never kept), a slice
+    /// and a new schema too.
+    #[test]
+    fn records_with_the_kept_schema_read_back() {
+        use arrow_array::DictionaryArray;
+        use arrow_array::types::Int32Type;
+        let schema: SchemaRef = Arc::new(Schema::new(vec![
+            Field::new(
+                "time",
+                DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into())),
+                false,
+            ),
+            Field::new("id", DataType::Int64, false),
+            Field::new("text", DataType::Utf8, true),
+        ]));
+        let encoder = RecordEncoder::default();
+        let wide = batch(&schema, 0, 100);
+        for b in [batch(&schema, 0, 1), wide.slice(40, 7), wide.clone()] {
+            let kept = encoder.encode("t1", &b).expect("encode");
+            let mut stream = vec![2, 0, b't', b'1'];
+            let options = arrow_ipc::writer::IpcWriteOptions::try_new(
+                8,
+                false,
+                arrow_ipc::MetadataVersion::V5,
+            )
+            .expect("options");
+            let mut writer = arrow_ipc::writer::StreamWriter::try_new_with_options(
+                &mut stream,
+                &schema,
+                options,
+            )
+            .expect("writer");
+            writer.write(&b).expect("write");
+            writer.finish().expect("finish");
+            drop(writer);
+            assert_eq!(kept, stream, "the kept schema message changes nothing");
+            let (id, read) = decode_record(&kept).expect("decode");
+            assert_eq!(id, "t1");
+            assert_eq!(read, b);
+        }
+        // Another schema replaces the kept one.
+        let other: SchemaRef = Arc::new(Schema::new(vec![Field::new("n", DataType::Int64, true)]));
+        let b = RecordBatch::try_new(other.clone(), vec![Arc::new(Int64Array::from(vec![1, 2]))])
+            .expect("batch");
+        assert_eq!(
+            decode_record(&encoder.encode("t2", &b).expect("encode"))
+                .expect("decode")
+                .1,
+            b
+        );
+        let dictionary: DictionaryArray<Int32Type> = vec!["x", "y", "x"].into_iter().collect();
+        let dict_schema: SchemaRef = Arc::new(Schema::new(vec![Field::new(
+            "d",
+            dictionary.data_type().clone(),
+            false,
+        )]));
+        let b = RecordBatch::try_new(dict_schema, vec![Arc::new(dictionary)]).expect("batch");
+        for _ in 0..2 {
+            let (_, read) =
+                decode_record(&encoder.encode("t3", &b).expect("encode")).expect("decode");
+            assert_eq!(read, b);
+        }
     }
 
     /// Row groups cut across batch boundaries, columns encoded on several threads: the file

@@ -498,15 +498,14 @@ fn copied(batches: &[RecordBatch]) -> Option<RecordBatch> {
 fn push_run(runs: &mut Vec<Run>, run: Run) {
     runs.push(run);
     loop {
-        let rows: Vec<usize> = runs
-            .iter()
-            .rev()
-            .take(4)
-            .map(|r| r.batch.num_rows())
-            .collect();
+        let mut newest = [0usize; 4];
+        for (slot, r) in newest.iter_mut().zip(runs.iter().rev()) {
+            *slot = r.batch.num_rows();
+        }
+        let rows = &newest[..runs.len().min(4)];
         // `rows[0]` is the newest run's, `rows[1]` the one before it, and so on.
         let join =
-            match rows[..] {
+            match *rows {
                 [c, b, a, ..] if a <= b + c || rows.get(3).is_some_and(|&z| z <= a + b) => {
                     if a < c { 2 } else { 1 }
                 }
@@ -626,6 +625,11 @@ struct Table {
     committing: Arc<tokio::sync::Mutex<()>>,
     /// When a refresh last checked the manifest's floor (see [`Manifest::refresh`]).
     floor_checked: Mutex<Option<Instant>>,
+    /// The last batch schema an append found labelled (see [`Tables::append`]): the batches of
+    /// a table's ingest share their schema, so its check runs once per shape.
+    labelled: Mutex<Option<SchemaRef>>,
+    /// Encodes the table's log records.
+    records: files::RecordEncoder,
 }
 
 /// How often a refresh that finds nothing new checks whether its state fell below the
@@ -650,6 +654,8 @@ impl Table {
             compacting: tokio::sync::Mutex::new(()),
             committing: Arc::new(tokio::sync::Mutex::new(())),
             floor_checked: Mutex::new(None),
+            labelled: Mutex::new(None),
+            records: files::RecordEncoder::default(),
         }
     }
 
@@ -671,9 +677,10 @@ impl Table {
             && !tail.cut
             && tail.bytes < COALESCE_BELOW_BYTES
             && let Some(runs) = &mut tail.runs
-            && runs
-                .first()
-                .is_some_and(|run| run.batch.schema() == batch.schema())
+            && runs.first().is_some_and(|run| {
+                let (a, b) = (run.batch.schema_ref(), batch.schema_ref());
+                Arc::ptr_eq(a, b) || a == b
+            })
         {
             let before = tail.bytes;
             push_run(runs, Run { batch, bytes });
@@ -1025,17 +1032,28 @@ impl Tables {
             table: id.to_owned(),
             reason,
         };
-        let labelled = batch.schema().fields().iter().all(|f| {
-            f.metadata().contains_key(crate::types::FIELD_ID_KEY)
-                && crate::types::ColumnType::from_field(f).is_some()
-        });
+        let schema = batch.schema();
+        let known = table
+            .labelled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|known| Arc::ptr_eq(known, &schema));
+        let labelled = known
+            || schema.fields().iter().all(|f| {
+                f.metadata().contains_key(crate::types::FIELD_ID_KEY)
+                    && crate::types::ColumnType::from_field(f).is_some()
+            });
         let batch = if labelled {
-            let mut seen = std::collections::HashSet::new();
-            if !crate::types::field_ids(batch.schema_ref())
-                .into_iter()
-                .all(|id| seen.insert(id))
-            {
-                return Err(mismatch("two columns have one column id".into()));
+            if !known {
+                let mut seen = std::collections::HashSet::new();
+                if !crate::types::field_ids(&schema)
+                    .into_iter()
+                    .all(|id| seen.insert(id))
+                {
+                    return Err(mismatch("two columns have one column id".into()));
+                }
+                *table.labelled.lock().unwrap_or_else(|p| p.into_inner()) = Some(schema);
             }
             batch
         } else {
@@ -1081,7 +1099,7 @@ impl Tables {
                 });
             }
         }
-        let payload = files::encode_record(id, &batch)?;
+        let payload = table.records.encode(id, &batch)?;
         let bytes = batch.get_array_memory_size();
         let applied = table.clone();
         let lsn = self
@@ -1276,8 +1294,7 @@ impl Tables {
     /// Whether the batches held in memory are within the budget, once what is over it has
     /// been spilled as far as the spill budget allows.
     fn has_headroom(&self) -> bool {
-        self.spill_over_budget();
-        self.held_total() <= self.config.max_unflushed_bytes
+        self.spill_over_budget() <= self.config.max_unflushed_bytes
     }
 
     /// Bytes of unflushed batches held in memory, all open tables together.
@@ -1310,10 +1327,12 @@ impl Tables {
     /// Spills the oldest batches held in memory, of all tables (by LSN), while more than the
     /// budget is held and the spill budget has room. The records are in the log already: a
     /// batch is pushed only once its record is durable (or written, with
-    /// `Durability::None`).
-    fn spill_over_budget(&self) {
-        if !self.spills {
-            return;
+    /// `Durability::None`). Returns the bytes held in memory then, all tables together.
+    fn spill_over_budget(&self) -> usize {
+        // Within the budget (most appends), nothing to decide: no turn to wait for.
+        let held = self.held_total();
+        if !self.spills || held <= self.config.max_unflushed_bytes {
+            return held;
         }
         // One at a time: callers deciding on the same totals would spill too much.
         let _spilling = self.spilling.lock().unwrap_or_else(|p| p.into_inner());
@@ -1336,13 +1355,13 @@ impl Tables {
                 }
             }
             if held <= self.config.max_unflushed_bytes || spilled >= budget {
-                return;
+                return held;
             }
             let Some((_, table)) = oldest else {
-                return;
+                return held;
             };
             if table.lock().spill_one() == 0 {
-                return;
+                return held;
             }
             self.stats.spills.fetch_add(1, Ordering::Relaxed);
         }
