@@ -947,6 +947,45 @@ async fn flushes_failing_before_their_commit_leave_small_batches_coalescing() {
     assert_exactly(&w.storage, &fresh, "t", ROWS).await;
 }
 
+/// A flush whose commit landed with its answer lost (and not read back) leaves its entry
+/// cut; a later flush that takes that entry again and fails before its commit leaves it cut
+/// too (only entries it cut first are given back to coalescing): a small batch appended then
+/// starts an entry of its own, and once the manifest is read again every row is there once.
+#[tokio::test]
+async fn a_failed_flush_gives_back_only_the_entries_it_cut_first() {
+    let w = world("memory");
+    let (faults, storage) = faulty(&w);
+    let (_log, tables) = open_tables(
+        LogConfig::new(w.dir.join("cut-twice")),
+        storage.clone(),
+        TableConfig::default(),
+    )
+    .await;
+    tables.create_table("t", &columns()).await.unwrap();
+    for id in 0..5 {
+        tables.append("t", batch(id, id + 1)).await.unwrap();
+    }
+    assert_eq!(tables.stats("t").await.unwrap().unflushed_batches, 1);
+    // The commit lands; its answer, and the read that would settle it, are lost.
+    faults.lose_create_answers_unverified(1);
+    assert!(tables.flush("t").await.is_err());
+    // The next flush takes the same entry again and fails writing its file.
+    faults.fail_writes_under(Some("tables/t/data/"));
+    assert!(tables.flush("t").await.is_err());
+    faults.fail_writes_under(None);
+    tables.append("t", batch(5, 6)).await.unwrap();
+    assert_eq!(
+        tables.stats("t").await.unwrap().unflushed_batches,
+        2,
+        "the entry a landed commit covers took a new row"
+    );
+    tables.refresh("t").await.unwrap();
+    tables.flush_due(true).await.unwrap();
+    assert_exactly(&storage, &tables, "t", 6).await;
+    let (_l2, fresh) = w.open("reader", TableConfig::default()).await;
+    assert_exactly(&w.storage, &fresh, "t", 6).await;
+}
+
 /// Small batches of mixed sizes coalesce into entries of several runs, the oldest entries
 /// spilled: a snapshot reads every row once and in commit order (spilled entries, then each
 /// entry's runs in order), unsorted.
