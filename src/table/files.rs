@@ -24,12 +24,17 @@ fn encoding(e: impl std::fmt::Display) -> TableError {
     TableError::Encoding(e.to_string())
 }
 
+/// Batches of less array memory than this are encoded with the kept schema message (see
+/// [`RecordEncoder`]).
+const SMALL_RECORD_BYTES: usize = 32 << 10;
+
 /// Writes table-batch log records: `| id_len: u16 | id | Arrow IPC stream (schema + batch) |`.
 ///
-/// Keeps the last schema's IPC message: a batch of few rows spent most of its encoding on the
-/// schema's flatbuffer, the same for every record of a table. Buffers are padded to 8 bytes,
-/// not the IPC writer's default 64: a record of one row carried more padding than data.
-/// (Readers take any alignment: the IPC reader copies a buffer it needs aligned.)
+/// Keeps the last schema's IPC message for small batches: a batch of few rows spent most of
+/// its encoding on the schema's flatbuffer, the same for every record of a table. Buffers
+/// are padded to 8 bytes, not the IPC writer's default 64: a record of one row carried more
+/// padding than data. (Readers take any alignment: the IPC reader copies a buffer it needs
+/// aligned.)
 #[derive(Default)]
 pub(super) struct RecordEncoder {
     /// The last schema encoded, with its message as written. A schema with dictionaries is
@@ -61,29 +66,35 @@ impl RecordEncoder {
                 .iter()
                 .any(|f| matches!(f.data_type(), DataType::Dictionary(..)))
         };
-        let known = self
-            .schema
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        let cached = match known {
-            Some((known, message)) if Arc::ptr_eq(&known, schema) || known == *schema => {
-                Some(message)
+        // Large batches go through the stream writer, which writes their buffers straight
+        // into the record: the generator's message is a copy of them, copied again. The
+        // schema's share of their encoding is small anyway.
+        let small = batch.get_array_memory_size() < SMALL_RECORD_BYTES;
+        let cached = if small && !has_dictionaries(schema) {
+            let mut kept = self.schema.lock().unwrap_or_else(|p| p.into_inner());
+            match &mut *kept {
+                Some((known, message)) if Arc::ptr_eq(known, schema) => Some(message.clone()),
+                Some((known, message)) if **known == **schema => {
+                    // Keep the batch's `Arc`: later batches of its plan match by pointer.
+                    *known = schema.clone();
+                    Some(message.clone())
+                }
+                _ => {
+                    let mut message = Vec::new();
+                    let encoded = IpcDataGenerator::default()
+                        .schema_to_bytes_with_dictionary_tracker(
+                            schema,
+                            &mut DictionaryTracker::new(false),
+                            &options,
+                        );
+                    write_message(&mut message, encoded, &options).map_err(encoding)?;
+                    let message: Arc<[u8]> = message.into();
+                    *kept = Some((schema.clone(), message.clone()));
+                    Some(message)
+                }
             }
-            _ if has_dictionaries(schema) => None,
-            _ => {
-                let mut message = Vec::new();
-                let encoded = IpcDataGenerator::default().schema_to_bytes_with_dictionary_tracker(
-                    schema,
-                    &mut DictionaryTracker::new(false),
-                    &options,
-                );
-                write_message(&mut message, encoded, &options).map_err(encoding)?;
-                let message: Arc<[u8]> = message.into();
-                *self.schema.lock().unwrap_or_else(|p| p.into_inner()) =
-                    Some((schema.clone(), message.clone()));
-                Some(message)
-            }
+        } else {
+            None
         };
         match cached {
             Some(message) => {
@@ -1048,6 +1059,101 @@ mod tests {
             let (_, read) =
                 decode_record(&encoder.encode("t3", &b).expect("encode")).expect("decode");
             assert_eq!(read, b);
+        }
+    }
+
+    /// Records of every sluice type, with the column ids a table's batches carry: one row, no
+    /// row, slices at odd offsets, a schema equal by value in another `Arc`, and a batch past
+    /// the small-record size (written by the stream writer): each is the stream writer's
+    /// bytes and reads back as written, schema included.
+    #[test]
+    fn records_of_every_type_and_size_read_back_as_written() {
+        use crate::types::{Column, ColumnType};
+        let columns = vec![
+            Column::new("time", ColumnType::Timestamp),
+            Column::new("i", ColumnType::Int),
+            Column::new("u", ColumnType::UInt),
+            Column::new("f", ColumnType::Float),
+            Column::new("b", ColumnType::Boolean),
+            Column::new("s", ColumnType::String),
+            Column::new("d", ColumnType::Interval),
+            Column::new("bin", ColumnType::Binary),
+            Column::new("o", ColumnType::Object),
+            Column::new("a", ColumnType::Array),
+            Column::new("any", ColumnType::Any),
+        ];
+        let ids: Vec<i32> = (1..=columns.len() as i32).map(|i| i * 3).collect();
+        let schema = crate::types::arrow_schema_with_ids(&columns, &ids);
+        let decoder = crate::ingest::Decoder::new(&columns);
+        let rows = |n: usize| -> RecordBatch {
+            let body: String = (0..n)
+                .map(|i| {
+                    format!(
+                        "{{\"time\":\"2026-10-23T09:00:{:02}Z\",\"i\":{},\"u\":{i},\"f\":{i}.5,\
+                         \"b\":{},\"s\":\"row {i}\",\"d\":\"PT{i}S\",\"bin\":\"AAEC\",\
+                         \"o\":{{\"k\":{i}}},\"a\":[{i},\"x\"],\"any\":{}}}\n",
+                        i % 60,
+                        -(i as i64),
+                        i % 2 == 0,
+                        if i % 3 == 0 {
+                            "null".to_owned()
+                        } else {
+                            i.to_string()
+                        },
+                    )
+                })
+                .collect();
+            let batch = decoder
+                .decode(body.as_bytes(), &crate::ingest::Limits::default())
+                .expect("rows decode");
+            batch.with_schema(schema.clone()).expect("same columns")
+        };
+        let reference = |table: &str, b: &RecordBatch| -> Vec<u8> {
+            let mut stream = (table.len() as u16).to_le_bytes().to_vec();
+            stream.extend_from_slice(table.as_bytes());
+            let options = arrow_ipc::writer::IpcWriteOptions::try_new(
+                8,
+                false,
+                arrow_ipc::MetadataVersion::V5,
+            )
+            .expect("options");
+            let mut writer = arrow_ipc::writer::StreamWriter::try_new_with_options(
+                &mut stream,
+                b.schema_ref(),
+                options,
+            )
+            .expect("writer");
+            writer.write(b).expect("write");
+            writer.finish().expect("finish");
+            drop(writer);
+            stream
+        };
+        let encoder = RecordEncoder::default();
+        let wide = rows(3000);
+        assert!(
+            wide.get_array_memory_size() >= SMALL_RECORD_BYTES,
+            "a large batch too"
+        );
+        let equal_elsewhere = rows(2)
+            .with_schema(Arc::new((*schema).clone()))
+            .expect("same schema");
+        for b in [
+            rows(1),
+            rows(0),
+            wide.slice(7, 3),
+            wide.slice(1001, 0),
+            equal_elsewhere,
+            rows(5),
+            wide.clone(),
+            wide.slice(13, 2900),
+            rows(1),
+        ] {
+            let record = encoder.encode("tbl", &b).expect("encode");
+            assert_eq!(record, reference("tbl", &b), "{} rows", b.num_rows());
+            let (id, read) = decode_record(&record).expect("decode");
+            assert_eq!(id, "tbl");
+            assert_eq!(read, b);
+            assert_eq!(read.schema(), schema, "field metadata kept");
         }
     }
 
