@@ -1063,10 +1063,8 @@ impl Catalog {
         let held = self.current.read().await.version;
         let exists = |version: u64| async move {
             let path = self.log.path(version);
-            let store = self.storage.store();
-            match tokio::time::timeout(LOOK_TIMEOUT, store.head(&path)).await {
-                Ok(Ok(_)) => Ok(true),
-                Ok(Err(object_store::Error::NotFound { .. })) => Ok(false),
+            match tokio::time::timeout(LOOK_TIMEOUT, self.storage.exists(&path)).await {
+                Ok(Ok(found)) => Ok(found),
                 Ok(Err(
                     error @ (object_store::Error::PermissionDenied { .. }
                     | object_store::Error::Unauthenticated { .. }),

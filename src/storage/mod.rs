@@ -116,6 +116,9 @@ pub struct Storage {
     /// For S3: the endpoint (when not AWS's) and region a reader needs (never credentials).
     s3_endpoint: Option<String>,
     s3_region: Option<String>,
+    /// For a local directory: the directory, where [`Storage::exists`] looks without the
+    /// store (stores layered over it, such as the probe, see the same files).
+    local_root: Option<std::path::PathBuf>,
 }
 
 impl Storage {
@@ -163,6 +166,7 @@ impl Storage {
                 location: "memory://".to_owned(),
                 s3_endpoint: None,
                 s3_region: None,
+                local_root: None,
             });
         }
         if let Some(rest) = url.strip_prefix("s3://") {
@@ -199,6 +203,7 @@ impl Storage {
                 location,
                 s3_endpoint,
                 s3_region,
+                local_root: None,
             });
         }
         let dir = match url.strip_prefix("file://") {
@@ -255,6 +260,7 @@ impl Storage {
             location,
             s3_endpoint: None,
             s3_region: None,
+            local_root: Some(absolute),
         })
     }
 
@@ -268,6 +274,7 @@ impl Storage {
             backend: Backend::Memory,
             s3_endpoint: None,
             s3_region: None,
+            local_root: None,
         }
     }
 
@@ -276,6 +283,46 @@ impl Storage {
         Storage {
             store,
             ..self.clone()
+        }
+    }
+
+    /// Whether object `path` exists. In a local directory, one `stat` on the calling thread
+    /// for a path of plain characters (a small object a request looks for often, such as the
+    /// catalog's next version: the store's `HEAD` goes through the blocking pool, two thread
+    /// switches each time); otherwise the store's `HEAD`.
+    pub(crate) async fn exists(
+        &self,
+        path: &object_store::path::Path,
+    ) -> object_store::Result<bool> {
+        let plain = |p: &str| {
+            !p.is_empty()
+                && p.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'_' | b'-' | b'.'))
+                && p.split('/')
+                    .all(|part| !part.is_empty() && part != "." && part != "..")
+        };
+        match &self.local_root {
+            Some(root) if plain(path.as_ref()) => {
+                match std::fs::metadata(root.join(path.as_ref())) {
+                    Ok(meta) => Ok(meta.is_file()),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+                    Err(source) if source.kind() == std::io::ErrorKind::PermissionDenied => {
+                        Err(object_store::Error::PermissionDenied {
+                            path: path.to_string(),
+                            source: Box::new(source),
+                        })
+                    }
+                    Err(source) => Err(object_store::Error::Generic {
+                        store: "LocalFileSystem",
+                        source: Box::new(source),
+                    }),
+                }
+            }
+            _ => match object_store::ObjectStoreExt::head(&self.store, path).await {
+                Ok(_) => Ok(true),
+                Err(object_store::Error::NotFound { .. }) => Ok(false),
+                Err(e) => Err(e),
+            },
         }
     }
 
@@ -299,5 +346,45 @@ impl Storage {
     pub(crate) fn s3_settings(&self) -> Option<(Option<&str>, Option<&str>)> {
         (self.backend == Backend::S3)
             .then_some((self.s3_endpoint.as_deref(), self.s3_region.as_deref()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use object_store::ObjectStoreExt as _;
+    use object_store::path::Path as ObjectPath;
+
+    use super::*;
+
+    /// `exists` answers as the store's `HEAD` does, for objects written through the store,
+    /// missing ones, a directory and a name of other characters (looked up through the store).
+    #[tokio::test]
+    async fn exists_answers_as_the_store_does() {
+        let dir = std::env::temp_dir().join(format!("sluice-exists-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let local = Storage::local_with(&dir, false, None).expect("local");
+        let memory = Storage::open("memory://").expect("memory");
+        for storage in [&local, &memory] {
+            for name in ["catalog/log/00000000000000000001.json", "a b/ü%.json"] {
+                let path = ObjectPath::from(name);
+                assert!(!storage.exists(&path).await.expect("missing"), "{name}");
+                storage
+                    .store()
+                    .put(&path, bytes::Bytes::from_static(b"{}").into())
+                    .await
+                    .expect("put");
+                assert!(storage.exists(&path).await.expect("there"), "{name}");
+                let head = storage.store().head(&path).await.is_ok();
+                assert!(head, "{name}");
+            }
+            // A prefix of objects is no object.
+            assert!(
+                !storage
+                    .exists(&ObjectPath::from("catalog/log"))
+                    .await
+                    .expect("a directory")
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

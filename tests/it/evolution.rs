@@ -440,9 +440,13 @@ async fn a_column_dropped_from_the_middle_leaves_every_file() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // Each file was written again on its own: no merge (compaction is off).
-    assert_eq!(node.stats("t").await["files"].as_u64(), Some(files_before));
+    // Each file was written again on its own: no merge (compaction is off). The rows
+    // ingested after the drop are one file more once flushed.
     wait_flushed(&node).await;
+    assert_eq!(
+        node.stats("t").await["files"].as_u64(),
+        Some(files_before + 1)
+    );
     let want: Vec<Value> = (0..3020)
         .map(|id| json!({"id": id, "c": id * 10}))
         .collect();
