@@ -860,19 +860,42 @@ async fn produce_as(
     stream: &str,
     id: &str,
 ) -> (u16, Value) {
+    produce_seq_as(client, base, key, stream, id, 0).await
+}
+
+/// [`produce_as`] with sequence number `seq` (epoch 0).
+async fn produce_seq_as(
+    client: &reqwest::Client,
+    base: &str,
+    key: &str,
+    stream: &str,
+    id: &str,
+    seq: u64,
+) -> (u16, Value) {
     let r = client
         .post(format!("{base}/v1/stream/{stream}"))
         .bearer_auth(key)
         .header("content-type", "text/plain")
         .header("producer-id", id)
         .header("producer-epoch", "0")
-        .header("producer-seq", "0")
+        .header("producer-seq", seq.to_string())
         .body(format!("{id};"))
         .send()
         .await
         .expect("append");
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// Asserts that `body` refuses for a full budget named `what` of `budget` bytes, `held`
+/// bytes of which are held (a range: what is held may vary with the names involved).
+fn assert_budget_full(body: &Value, what: &str, budget: u64, held: std::ops::RangeInclusive<u64>) {
+    let details = &body["details"];
+    assert_eq!(details["status"], "rejected", "{body}");
+    assert_eq!(details["budget_of"], what, "{body}");
+    assert_eq!(details["budget_bytes"], budget, "{body}");
+    let got = details["held_bytes"].as_u64().unwrap_or(u64::MAX);
+    assert!(held.contains(&got), "held {got}, not in {held:?}: {body}");
 }
 
 /// Creates stream `name` as `key`; its status and body.
@@ -924,7 +947,9 @@ async fn one_write_key_cannot_fill_the_stream_state_or_producer_budgets() {
     };
     println!("w1 held {admitted} producers before its share was full: {body}");
     assert_eq!(body["code"], "too_many_requests", "{body}");
-    assert_eq!(body["details"]["status"], "rejected", "{body}");
+    // Its producer share is what is full, and the answer says so: a next producer (about
+    // 490 bytes) does not fit in what is left of the 2048.
+    assert_budget_full(&body, "producer state", 2048, 1560..=2048);
     let held = common::metric(&client, &base, "sluice_stream_producer_bytes").await;
     assert!(
         held <= 2048.0,
@@ -945,6 +970,8 @@ async fn one_write_key_cannot_fill_the_stream_state_or_producer_budgets() {
         let (status, body) = create_as(&client, &base, "w1", &format!("w1-s{created}")).await;
         if status != 201 {
             assert_eq!(status, 429, "{body}");
+            // A create needs at least 1280 bytes of the 8192 of its stream-state share.
+            assert_budget_full(&body, "stream state", 8192, 6912..=8192);
             break;
         }
         created += 1;
@@ -974,4 +1001,153 @@ async fn one_write_key_cannot_fill_the_stream_state_or_producer_budgets() {
     assert_eq!(status, 200, "{body}");
     let held = common::metric(&client, &base, "sluice_stream_producer_bytes").await;
     assert!(held <= 4096.0, "{held}");
+}
+
+/// A key whose stream-state share is full is refused a new producer for that share, not its
+/// producer share; and a key that uses a fresh Producer-Id per session, whose retired
+/// producers' records fill its share, still gets new producers: its own oldest retired
+/// records on the stream make room (only its own oldest producers' retries stop being
+/// recognized), while its recent ones are still recognized.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_cycling_producer_ids_makes_room_with_its_own_oldest_retired_records() {
+    // Stream state within 8 KiB (4 KiB a key), producers idle for 0.1 s retire.
+    let config = "max_producers_per_stream = 1000\nmax_producer_bytes = 65536\n\
+                  max_stream_state_bytes = 8192\nproducer_expiry_seconds = 0.1\n";
+    let server = Server::start(
+        "retired-share",
+        &["--api-key", "write=w1", "--api-key", "write=w2"],
+        config,
+    );
+    let base = server.base.clone();
+    let client = reqwest::Client::new();
+
+    // w2 fills its stream-state share with streams: its next create, and its next producer,
+    // are refused for that share (the producer share, 32 KiB, is far from full).
+    let mut created = 0;
+    let create_refusal = loop {
+        let (status, body) = create_as(&client, &base, "w2", &format!("w2-s{created}")).await;
+        if status != 201 {
+            assert_eq!(status, 429, "{body}");
+            break body;
+        }
+        created += 1;
+        assert!(created < 10, "w2's streams were never refused");
+    };
+    assert_budget_full(&create_refusal, "stream state", 4096, 2816..=4096);
+    let held = create_refusal["details"]["held_bytes"]
+        .as_u64()
+        .unwrap_or(0);
+    let (status, body) = produce_as(&client, &base, "w2", "w2-s0", "w2-p").await;
+    assert_eq!(status, 429, "{body}");
+    assert_budget_full(&body, "stream state", 4096, held..=held);
+
+    // w1 uses a fresh producer id per session on its stream. Past about 25 retired records
+    // its share would be full; every new producer still gets in.
+    assert_eq!(create_as(&client, &base, "w1", "s").await.0, 201);
+    let sessions = 60;
+    for i in 0..sessions {
+        let (status, body) = produce_as(&client, &base, "w1", "s", &format!("session-{i}")).await;
+        assert_eq!(status, 200, "session {i}: {body}");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    // A retry of a recent session's append is still recognized (204, not appended again);
+    // the oldest session's records made room, so its retry is taken as new.
+    let recent = format!("session-{}", sessions - 5);
+    let (status, body) = produce_as(&client, &base, "w1", "s", &recent).await;
+    assert_eq!(status, 204, "{body}");
+    let (status, body) = produce_as(&client, &base, "w1", "s", "session-0").await;
+    assert_eq!(status, 200, "{body}");
+    let state = common::metric(&client, &base, "sluice_stream_state_bytes").await;
+    assert!(state <= 8192.0, "{state}");
+}
+
+/// A key that appends to another key's producer entry keeps it alive at its own charge:
+/// the entry counts against the appending key from then on (the other key gets the room
+/// back), and is refused when the appending key's share cannot hold it (nothing applied).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_appending_to_another_keys_producer_takes_its_charge() {
+    // Producer entries within 4 KiB (2 KiB a key, four entries of about 490 bytes).
+    let config = "max_producers_per_stream = 1000\nmax_producer_bytes = 4096\n\
+                  max_stream_state_bytes = 65536\nproducer_expiry_seconds = 3600\n";
+    let server = Server::start(
+        "producer-takeover",
+        &["--api-key", "write=w1", "--api-key", "write=w2"],
+        config,
+    );
+    let base = server.base.clone();
+    let client = reqwest::Client::new();
+    assert_eq!(create_as(&client, &base, "w1", "s").await.0, 201);
+    let mut admitted = 0;
+    loop {
+        let (status, body) = produce_as(&client, &base, "w1", "s", &format!("w1-{admitted}")).await;
+        if status != 200 {
+            assert_budget_full(&body, "producer state", 2048, 1560..=2048);
+            break;
+        }
+        admitted += 1;
+        assert!(admitted < 10, "w1's producers were never refused");
+    }
+    assert_eq!(admitted, 4);
+
+    // w2 keeps w1's first producer going: it is w2's now, and w1 has room for one more.
+    let (status, body) = produce_seq_as(&client, &base, "w2", "s", "w1-0", 1).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = produce_as(&client, &base, "w1", "s", "w1-4").await;
+    assert_eq!(status, 200, "{body}");
+
+    // w2 fills its share with producers of its own: then it may not take another of w1's,
+    // and nothing of that append was applied (w1's next sequence number is still 1).
+    let mut own = 0;
+    loop {
+        let (status, body) = produce_as(&client, &base, "w2", "s", &format!("w2-{own}")).await;
+        if status != 200 {
+            assert_budget_full(&body, "producer state", 2048, 1560..=2048);
+            break;
+        }
+        own += 1;
+        assert!(own < 10, "w2's producers were never refused");
+    }
+    assert_eq!(own, 3);
+    let (status, body) = produce_seq_as(&client, &base, "w2", "s", "w1-1", 1).await;
+    assert_eq!(status, 429, "{body}");
+    assert_budget_full(&body, "producer state", 2048, 1560..=2048);
+    let (status, body) = produce_seq_as(&client, &base, "w1", "s", "w1-1", 1).await;
+    assert_eq!(status, 200, "{body}");
+}
+
+/// Creates refused one after another by a full server sweep every stream for idle
+/// producers at most once a second, and still sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_refused_by_a_full_server_sweep_at_most_once_a_second() {
+    let config = "max_stream_state_bytes = 16384\n";
+    let server = Server::start("full-sweeps", &[], config);
+    let base = server.base.clone();
+    let client = reqwest::Client::new();
+    let mut created = 0;
+    loop {
+        let (status, body) = create_as(&client, &base, "none", &format!("s{created}")).await;
+        if status != 201 {
+            assert_eq!(status, 503, "{body}");
+            assert_budget_full(&body, "stream state", 16384, 14848..=16384);
+            break;
+        }
+        created += 1;
+        assert!(created < 50, "creates were never refused");
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let sweeps = "sluice_stream_producer_sweeps_total";
+    let before = common::metric(&client, &base, sweeps).await;
+    let started = Instant::now();
+    for i in 0..40 {
+        let (status, body) = create_as(&client, &base, "none", &format!("more{i}")).await;
+        assert_eq!(status, 503, "{body}");
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let swept = common::metric(&client, &base, sweeps).await - before;
+    println!("40 refused creates in {elapsed:.2} s swept {swept} times");
+    assert!(swept >= 1.0, "no sweep");
+    assert!(
+        swept <= elapsed.floor() + 1.0,
+        "{swept} sweeps in {elapsed:.2} s"
+    );
 }
