@@ -129,7 +129,7 @@ pub enum StreamError {
     TooManyProducers(usize),
     /// The server's budget for stream state (or producer entries) is used up.
     #[error(
-        "the server holds as much {what} as it may ({held} of its {budget} bytes); nothing was applied"
+        "the server's {what} budget cannot hold this ({held} of its {budget} bytes are held); nothing was applied"
     )]
     StateFull {
         /// `stream state` or `producer state`.
@@ -142,7 +142,7 @@ pub enum StreamError {
     /// The asking key holds its whole share of the stream-state (or producer) budget: other
     /// keys keep the rest.
     #[error(
-        "this key holds as much {what} as one key may ({held} of the {budget} bytes of its share of the server's budget); nothing was applied"
+        "this key's share of the server's {what} budget cannot hold this ({held} of the share's {budget} bytes are held by the key); nothing was applied"
     )]
     KeyShareFull {
         /// `stream state` or `producer state`: the share that is full.

@@ -37,6 +37,14 @@
 //! (a small record counted in the stream state), so their old appends are still
 //! recognized.
 //!
+//! Each API key holds at most half of either budget ([`Footprint`]): a stream's own state
+//! counts against the key that created it, a producer entry against the key whose append
+//! created it or last kept it going, and a retired producer's record
+//! ([`state::RETIRED_ENTRY_BYTES`]) against the key its entry counted against, until the
+//! producer comes back, the record is evicted (past the cap per stream, or by that key to
+//! make room for a new producer of its own on the stream) or the stream goes. Keys are held
+//! in memory only: what a restart replays or loads counts against no key.
+//!
 //! The module's seams: `api` (requests, answers, errors), `admit` (what an append does to a
 //! stream, a pure function of its state), `state` (one stream's state and how each committed
 //! change applies to it, live or in replay), `codec` (the log records), `cold` (checkpoints,
@@ -276,9 +284,12 @@ struct Registry {
 ///
 /// Each API key may hold at most half of either budget ([`KEY_SHARE`]), so one key cannot
 /// take the room other keys' streams and producers need: a stream's own state (everything
-/// but its producer entries) counts against the key that created it, a producer entry
-/// against the key whose append created it. What was replayed or loaded counts against no
-/// key (keys are not stored), only against the budgets.
+/// but its producer entries and retired producer records) counts against the key that
+/// created it; a producer entry against the key whose append created it or last kept it
+/// going (an append of another key takes the entry over, admitted against that key's
+/// shares); a retired producer's record against the key its entry counted against, until
+/// the record goes. What was replayed or loaded counts against no key (keys are not
+/// stored), only against the budgets.
 #[derive(Debug, Default)]
 struct Footprint {
     /// [`StreamState::footprint`] of every stream, producers included.
@@ -294,7 +305,8 @@ struct Footprint {
 /// What one key's share of the budgets holds.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct KeyUse {
-    /// Counted against `max_state_bytes`: its streams' own state and its producer entries.
+    /// Counted against `max_state_bytes`: its streams' own state, its producer entries and
+    /// its retired producers' records.
     state: u64,
     /// Counted against `max_producer_bytes`: its producer entries.
     producers: u64,
@@ -355,7 +367,8 @@ impl Footprint {
     }
 
     /// Stops counting (some of) producer entries and retired producer records that keys'
-    /// appends created.
+    /// appends created. A key is never released more than it holds (a debug build asserts
+    /// it: the counts would have drifted from what the streams hold).
     fn release(&self, released: &[KeyRelease]) {
         for r in released {
             self.key_use(&r.key, |u| {

@@ -8,6 +8,10 @@
 //!   before the body timeout, and gives back what it held.
 //! - The wait for room is bounded (503 with `Retry-After`, nothing applied), and one key
 //!   cannot take the whole budget: another key still gets in.
+//! - One write key cannot fill the stream-state or producer budgets; a refusal names the
+//!   budget that is full; a key taking over another key's producer pays for it; a key
+//!   cycling producer ids makes room with its own oldest retired records; creates refused by
+//!   a full server sweep for idle producers at most once a second.
 //! - Two `Host` headers answer 400; a host in an absolute-form target is judged too; a
 //!   client's forwarding headers never set the host of a create's `Location`.
 
