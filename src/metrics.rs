@@ -181,6 +181,12 @@ impl Collector for StateCollector {
             "Stream checkpoints that sealed data and wrote a snapshot",
             db.streams().stats().checkpoints.load(Ordering::Relaxed),
         )?;
+        counter(
+            &mut encoder,
+            "stream_producer_sweeps",
+            "Sweeps of every stream for producers idle past their expiry",
+            db.streams().stats().producer_sweeps.load(Ordering::Relaxed),
+        )?;
         let log_stats = db.log().stats();
         counter(
             &mut encoder,

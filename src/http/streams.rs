@@ -428,6 +428,16 @@ impl From<StreamError> for ApiError {
                 .header("producer-expected-seq", expected.to_string())
                 .header("producer-received-seq", received.to_string()),
             StreamError::IncarnationMismatch { current } => error.header(INCARNATION, current),
+            // Which budget is full (a key's share of it when the answer is 429), its size
+            // and what is held of it.
+            StreamError::StateFull { what, budget, held }
+            | StreamError::KeyShareFull { what, budget, held } => {
+                let mut error = error;
+                error.details.insert("budget_of".into(), json!(what));
+                error.details.insert("budget_bytes".into(), json!(budget));
+                error.details.insert("held_bytes".into(), json!(held));
+                error
+            }
             _ => error,
         }
     }

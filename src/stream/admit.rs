@@ -14,6 +14,7 @@
 //! in flight.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::codec::{Op, ProducerTuple};
 use super::state::{ProducerCheck, ProducerState, StreamState};
@@ -41,8 +42,9 @@ impl Pending {
         }
     }
 
-    /// Adds an admitted append's effect (as [`StreamState::apply_append`] will apply it):
-    /// `bytes` stored, a close, its producer and `Stream-Seq`. Returns the tail after it.
+    /// Adds an admitted append's effect (as [`StreamState::apply_append_by`] will apply
+    /// it for `key`): `bytes` stored, a close, its producer (whose entry is then `key`'s)
+    /// and `Stream-Seq`. Returns the tail after it.
     pub(super) fn add(
         &mut self,
         applied: &StreamState,
@@ -50,19 +52,21 @@ impl Pending {
         close: bool,
         producer: Option<&ProducerTuple>,
         stream_seq: Option<&String>,
+        key: Option<&Arc<str>>,
     ) -> u64 {
         self.tail += bytes;
         if let Some(p) = producer {
             let tail = self.tail;
-            self.producers
-                .entry(p.id.clone())
-                .or_insert_with(|| {
-                    applied
-                        .standing(&p.id)
-                        .map(std::borrow::Cow::into_owned)
-                        .unwrap_or_default()
-                })
-                .record(p, tail);
+            let entry = self.producers.entry(p.id.clone()).or_insert_with(|| {
+                applied
+                    .standing(&p.id)
+                    .map(std::borrow::Cow::into_owned)
+                    .unwrap_or_default()
+            });
+            entry.record(p, tail);
+            if let Some(key) = key {
+                entry.key = Some(key.clone());
+            }
         }
         if let Some(seq) = stream_seq {
             self.stream_seq = Some(seq.clone());
@@ -137,19 +141,49 @@ pub(super) enum Admission {
     Answer(AppendOutcome),
 }
 
-/// The caps a new producer is held to.
+/// One byte budget as a request finds it: the server's, or a key's share of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Budget {
+    /// What it holds: [`STATE`] or [`PRODUCERS`].
+    pub(super) what: &'static str,
+    /// Its size in bytes.
+    pub(super) budget: u64,
+    /// What is held of it.
+    pub(super) held: u64,
+    /// A key's share (refused as the key's own excess, 429) rather than the server's.
+    pub(super) share: bool,
+}
+
+/// The stream-state budget's name in refusals.
+pub(super) const STATE: &str = "stream state";
+/// The producer budget's name in refusals.
+pub(super) const PRODUCERS: &str = "producer state";
+
+impl Budget {
+    /// Whether `adds` more bytes fit; the refusal names the budget, its size and what is
+    /// held of it.
+    pub(super) fn check(&self, adds: u64) -> Result<(), StreamError> {
+        if adds <= self.budget.saturating_sub(self.held) {
+            return Ok(());
+        }
+        let (what, budget, held) = (self.what, self.budget, self.held);
+        Err(if self.share {
+            StreamError::KeyShareFull { what, budget, held }
+        } else {
+            StreamError::StateFull { what, budget, held }
+        })
+    }
+}
+
+/// The caps a producer entry is held to.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Caps {
     /// Producers per stream.
     pub(super) max_producers: usize,
-    /// Bytes left in the server's producer and state budgets (the least of the two).
-    pub(super) producer_room: u64,
-    /// The server's producer budget (for the refusal's message).
-    pub(super) producer_budget: u64,
-    /// For an append of a key: bytes left in its share of both budgets (the least).
-    pub(super) key_room: Option<u64>,
-    /// A key's share of the producer budget (for the refusal's message).
-    pub(super) key_budget: u64,
+    /// The server's producer and stream-state budgets.
+    pub(super) server: [Budget; 2],
+    /// For an append of a key: its shares of the same budgets.
+    pub(super) key: Option<[Budget; 2]>,
 }
 
 /// Decides an append against the stream's state; see the module docs.
@@ -229,32 +263,29 @@ pub(super) fn append(
             });
         }
     }
-    match producer {
-        Some((p, ProducerCheck::Accept))
-            if view.producer(&p.id).is_none() && view.producer_count() >= max_producers =>
-        {
+    if let Some((p, ProducerCheck::Accept)) = &producer {
+        let entry = view.producer(&p.id);
+        let cost = super::state::producer_cost(&p.id);
+        if entry.is_none() && view.producer_count() >= max_producers {
             return Err(StreamError::TooManyProducers(max_producers));
         }
-        Some((p, ProducerCheck::Accept))
-            if view.producer(&p.id).is_none()
-                && caps
-                    .key_room
-                    .is_some_and(|room| super::state::producer_cost(&p.id) > room) =>
+        // The entry counts against the append's key from now on when it is new, or was
+        // another key's (or no key's): the key's shares must hold it. Only a new entry
+        // adds to the server's budgets.
+        if let (Some(key), Some(shares)) = (&req.key, &caps.key)
+            && entry.is_none_or(|e| e.key.as_deref() != Some(&**key))
         {
-            return Err(StreamError::KeyShareFull {
-                what: "producer state",
-                budget: caps.key_budget,
-            });
+            for share in shares {
+                share.check(cost)?;
+            }
         }
-        Some((p, ProducerCheck::Accept))
-            if view.producer(&p.id).is_none()
-                && super::state::producer_cost(&p.id) > caps.producer_room =>
-        {
-            return Err(StreamError::StateFull {
-                what: "producer state",
-                budget: caps.producer_budget,
-            });
+        if entry.is_none() {
+            for budget in &caps.server {
+                budget.check(cost)?;
+            }
         }
+    }
+    match producer {
         Some((p, ProducerCheck::Duplicate { last_seq, next })) => {
             return Ok(duplicate(last_seq, next, p.epoch));
         }
@@ -335,13 +366,21 @@ mod tests {
         })
     }
 
+    /// The producer and stream-state budgets with `room` bytes left in each.
+    fn budgets(room: u64, share: bool) -> [Budget; 2] {
+        [PRODUCERS, STATE].map(|what| Budget {
+            what,
+            budget: 1 << 20,
+            held: (1 << 20) - room,
+            share,
+        })
+    }
+
     fn caps(max_producers: usize) -> Caps {
         Caps {
             max_producers,
-            producer_room: u64::MAX,
-            producer_budget: u64::MAX,
-            key_room: None,
-            key_budget: u64::MAX,
+            server: budgets(1 << 20, false),
+            key: None,
         }
     }
 
@@ -365,7 +404,7 @@ mod tests {
             ..req("a")
         };
         let tight = Caps {
-            producer_room: crate::stream::state::producer_cost("p") - 1,
+            server: budgets(crate::stream::state::producer_cost("p") - 1, false),
             ..caps(10)
         };
         assert!(matches!(
@@ -382,13 +421,77 @@ mod tests {
             ..req("b")
         };
         let none_left = Caps {
-            producer_room: 0,
+            server: budgets(0, false),
             ..caps(10)
         };
         assert!(matches!(
             append(&view, &next, &none_left),
             Ok(Admission::Commit(_))
         ));
+    }
+
+    /// A key's append that makes a producer entry count against it (a new one, or one
+    /// another key made) is held to its shares, and the refusal names the share that is
+    /// full, its size and what the key holds of it; its own entry is not held to them.
+    #[test]
+    fn an_entry_that_becomes_a_keys_is_held_to_its_shares() {
+        let mut s = stream();
+        let (w1, w2): (Arc<str>, Arc<str>) = (Arc::from("w1"), Arc::from("w2"));
+        let cost = crate::stream::state::producer_cost("p");
+        let as_key = |key: &Arc<str>, seq: u64| AppendRequest {
+            producer: producer(0, seq),
+            key: Some(key.clone()),
+            ..req("a")
+        };
+        let full = |what: &'static str| {
+            let mut shares = budgets(1 << 20, true);
+            for share in &mut shares {
+                if share.what == what {
+                    share.held = share.budget - cost + 1;
+                }
+            }
+            Caps {
+                key: Some(shares),
+                ..caps(10)
+            }
+        };
+        let decide_as = |s: &StreamState, r: &AppendRequest, caps: &Caps| {
+            let view = View {
+                applied: s,
+                pending: None,
+            };
+            append(&view, r, caps)
+        };
+        for what in [PRODUCERS, STATE] {
+            match decide_as(&s, &as_key(&w1, 0), &full(what)) {
+                Err(StreamError::KeyShareFull {
+                    what: named,
+                    budget,
+                    held,
+                }) => assert_eq!((named, budget, held), (what, 1 << 20, (1 << 20) - cost + 1)),
+                other => panic!("{what}: {other:?}"),
+            }
+        }
+        let applied = s.apply_append_by(2, None, false, producer(0, 0), None, Some(&w1));
+        assert_eq!(applied.created, Some(cost));
+        // w1's own entry: nothing new counts against it.
+        assert!(decide_as(&s, &as_key(&w1, 1), &full(STATE)).is_ok());
+        // w2 keeping w1's entry alive takes it over: held to w2's shares.
+        assert!(matches!(
+            decide_as(&s, &as_key(&w2, 1), &full(PRODUCERS)),
+            Err(StreamError::KeyShareFull {
+                what: PRODUCERS,
+                ..
+            })
+        ));
+        assert!(decide_as(&s, &as_key(&w2, 1), &caps(10)).is_ok());
+        let applied = s.apply_append_by(3, None, false, producer(0, 1), None, Some(&w2));
+        assert_eq!(applied.created, Some(cost));
+        assert_eq!(
+            applied.released.map(|r| (r.key, r.state, r.producers)),
+            Some((w1, cost, cost))
+        );
+        assert_eq!(s.producers["p"].key.as_deref(), Some("w2"));
     }
 
     fn decide(
@@ -541,6 +644,7 @@ mod tests {
             false,
             first.producer.as_ref(),
             first.stream_seq.as_ref(),
+            None,
         );
         assert_eq!(next, 2);
         let view = View {
@@ -597,7 +701,7 @@ mod tests {
         ));
         // A close in flight closes the stream for what comes after it.
         let mut closing = pending.clone();
-        closing.add(&applied, 0, true, None, None);
+        closing.add(&applied, 0, true, None, None, None);
         let view = View {
             applied: &applied,
             pending: Some(&closing),

@@ -128,23 +128,29 @@ pub enum StreamError {
     #[error("too many producers on this stream (limit {0})")]
     TooManyProducers(usize),
     /// The server's budget for stream state (or producer entries) is used up.
-    #[error("the server holds as much {what} as it may ({budget} bytes); nothing was applied")]
+    #[error(
+        "the server's {what} budget cannot hold this ({held} of its {budget} bytes are held); nothing was applied"
+    )]
     StateFull {
         /// `stream state` or `producer state`.
         what: &'static str,
         /// The budget, in bytes.
         budget: u64,
+        /// What the server holds of it.
+        held: u64,
     },
     /// The asking key holds its whole share of the stream-state (or producer) budget: other
     /// keys keep the rest.
     #[error(
-        "this key holds as much {what} as one key may ({budget} bytes, its share of the server's budget); nothing was applied"
+        "this key's share of the server's {what} budget cannot hold this ({held} of the share's {budget} bytes are held by the key); nothing was applied"
     )]
     KeyShareFull {
-        /// `stream state` or `producer state`.
+        /// `stream state` or `producer state`: the share that is full.
         what: &'static str,
         /// The key's share, in bytes.
         budget: u64,
+        /// What the key holds of it.
+        held: u64,
     },
     /// The commit log refused or failed.
     #[error(transparent)]

@@ -828,7 +828,7 @@ fn patch(name: &str, s: &StreamState, extents: Vec<ColdExtent>) -> StreamPatch {
     let mut retired_removed = Vec::new();
     for key in &s.changed_retired {
         match s.retired.get(key) {
-            Some(r) => retired.push((format!("{key:032x}"), *r)),
+            Some(r) => retired.push((format!("{key:032x}"), r.stored())),
             None => retired_removed.push(format!("{key:032x}")),
         }
     }
@@ -1083,7 +1083,7 @@ async fn write_checkpoint(
                 retired: s
                     .retired
                     .iter()
-                    .map(|(k, r)| (format!("{k:032x}"), *r))
+                    .map(|(k, r)| (format!("{k:032x}"), r.stored()))
                     .collect(),
                 fork: s.fork.clone(),
                 ref_count: s.ref_count,
@@ -1470,7 +1470,7 @@ mod tests {
         let mut retired: Vec<(String, Retired)> = s
             .retired
             .iter()
-            .map(|(k, r)| (format!("{k:032x}"), *r))
+            .map(|(k, r)| (format!("{k:032x}"), r.stored()))
             .collect();
         retired.sort_by(|a, b| a.0.cmp(&b.0));
         let entry = SnapshotStream {

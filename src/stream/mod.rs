@@ -37,6 +37,14 @@
 //! (a small record counted in the stream state), so their old appends are still
 //! recognized.
 //!
+//! Each API key holds at most half of either budget ([`Footprint`]): a stream's own state
+//! counts against the key that created it, a producer entry against the key whose append
+//! created it or last kept it going, and a retired producer's record
+//! ([`state::RETIRED_ENTRY_BYTES`]) against the key its entry counted against, until the
+//! producer comes back, the record is evicted (past the cap per stream, or by that key to
+//! make room for a new producer of its own on the stream) or the stream goes. Keys are held
+//! in memory only: what a restart replays or loads counts against no key.
+//!
 //! The module's seams: `api` (requests, answers, errors), `admit` (what an append does to a
 //! stream, a pure function of its state), `state` (one stream's state and how each committed
 //! change applies to it, live or in replay), `codec` (the log records), `cold` (checkpoints,
@@ -276,9 +284,12 @@ struct Registry {
 ///
 /// Each API key may hold at most half of either budget ([`KEY_SHARE`]), so one key cannot
 /// take the room other keys' streams and producers need: a stream's own state (everything
-/// but its producer entries) counts against the key that created it, a producer entry
-/// against the key whose append created it. What was replayed or loaded counts against no
-/// key (keys are not stored), only against the budgets.
+/// but its producer entries and retired producer records) counts against the key that
+/// created it; a producer entry against the key whose append created it or last kept it
+/// going (an append of another key takes the entry over, admitted against that key's
+/// shares); a retired producer's record against the key its entry counted against, until
+/// the record goes. What was replayed or loaded counts against no key (keys are not
+/// stored), only against the budgets.
 #[derive(Debug, Default)]
 struct Footprint {
     /// [`StreamState::footprint`] of every stream, producers included.
@@ -294,7 +305,8 @@ struct Footprint {
 /// What one key's share of the budgets holds.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct KeyUse {
-    /// Counted against `max_state_bytes`: its streams' own state and its producer entries.
+    /// Counted against `max_state_bytes`: its streams' own state, its producer entries and
+    /// its retired producers' records.
     state: u64,
     /// Counted against `max_producer_bytes`: its producer entries.
     producers: u64,
@@ -303,32 +315,27 @@ struct KeyUse {
 /// The share of each budget one key may hold: a half, as for request bodies.
 const KEY_SHARE: u64 = 2;
 
-/// Room left in the stream-state budget.
+/// How often the maintenance loop sweeps every stream for idle producers.
+const MAINTENANCE_SWEEP: Duration = Duration::from_secs(60);
+
+/// How often creates refused by a full server may sweep every stream for idle producers.
+const FULL_SWEEP: Duration = Duration::from_secs(1);
+
+/// A byte budget as a request finds it: the server's and, for a request of a key, the key's
+/// share of it.
 struct Room {
-    server: u64,
-    server_budget: u64,
-    /// For a request of a key: what its share has left.
-    key: Option<u64>,
-    key_budget: u64,
+    server: admit::Budget,
+    key: Option<admit::Budget>,
 }
 
 impl Room {
     /// Whether `adds` bytes fit: the key's share is checked first (a key past its share is
     /// refused as its own excess, not as the server's).
     fn check(&self, adds: u64) -> Result<(), StreamError> {
-        if self.key.is_some_and(|room| adds > room) {
-            return Err(StreamError::KeyShareFull {
-                what: "stream state",
-                budget: self.key_budget,
-            });
+        if let Some(share) = &self.key {
+            share.check(adds)?;
         }
-        if adds > self.server {
-            return Err(StreamError::StateFull {
-                what: "stream state",
-                budget: self.server_budget,
-            });
-        }
-        Ok(())
+        self.server.check(adds)
     }
 }
 
@@ -360,10 +367,16 @@ impl Footprint {
     }
 
     /// Stops counting (some of) producer entries and retired producer records that keys'
-    /// appends created.
+    /// appends created. A key is never released more than it holds (a debug build asserts
+    /// it: the counts would have drifted from what the streams hold).
     fn release(&self, released: &[KeyRelease]) {
         for r in released {
             self.key_use(&r.key, |u| {
+                debug_assert!(
+                    u.state >= r.state && u.producers >= r.producers,
+                    "key {} holds {u:?}, released {r:?}",
+                    r.key
+                );
                 u.state = u.state.saturating_sub(r.state);
                 u.producers = u.producers.saturating_sub(r.producers);
             });
@@ -436,6 +449,8 @@ pub(crate) struct StreamStats {
     pub append_bytes: AtomicU64,
     /// Checkpoints that wrote a snapshot.
     pub checkpoints: AtomicU64,
+    /// Sweeps of every stream for idle producers.
+    pub producer_sweeps: AtomicU64,
 }
 
 struct Inner {
@@ -559,6 +574,27 @@ pub(crate) struct ChangeBatch {
 }
 
 impl Inner {
+    /// Runs `shed` on `stream`'s state `s` (producers retired, retired records dropped) and
+    /// counts what it frees: in the budgets, in the creator's share, and in the shares of
+    /// the keys it adds to its release list. Returns what `shed` returns (how many went).
+    fn shed(
+        &self,
+        stream: &Stream,
+        s: &mut StreamState,
+        shed: impl FnOnce(&mut StreamState, &mut Vec<KeyRelease>) -> usize,
+    ) -> usize {
+        let was = counted(&stream.name, s);
+        let mut released = Vec::new();
+        let gone = shed(s, &mut released);
+        self.footprint
+            .change(stream.key.as_ref(), was, counted(&stream.name, s));
+        self.footprint.release(&released);
+        if gone > 0 {
+            self.cold.touch(&stream.name);
+        }
+        gone
+    }
+
     /// Records that stream `name` received data. Runs in `apply`, before `applied_lsn`
     /// moves past the change.
     fn note_change(&self, name: &str) {
@@ -704,7 +740,7 @@ fn remove_stream(registry: &mut Registry, name: &str, footprint: &Footprint, col
         cold.touch(&name);
         let mut s = stream.write_state();
         footprint.change(stream.key.as_ref(), counted(&name, &s), Counted::default());
-        footprint.release(&s.key_holdings());
+        footprint.release(&s.take_key_holdings());
         s.gone = true;
         let fork = s.fork.clone();
         drop(s);
@@ -851,7 +887,7 @@ impl Streams {
         }
         let streams = Streams { inner };
         // Producers the snapshot holds that have been idle too long since.
-        streams.expire_producers(true);
+        streams.expire_producers(Duration::ZERO);
         Ok(streams)
     }
 
@@ -1108,11 +1144,12 @@ impl Streams {
             + req.content_type.as_ref().map_or(0, |c| c.len() as u64);
         match self.state_room(req.key.as_deref()).check(adds) {
             Ok(()) => {}
-            // Only a full server sweeps every stream for idle producers: a key past its own
-            // share must not make every create wait on a sweep (its idle producers go at the
-            // next periodic one).
+            // Only a full server sweeps every stream for idle producers, and at most once a
+            // second: a key past its own share must not make every create wait on a sweep
+            // (its idle producers go at the next periodic one), nor may creates refused
+            // one after another by a full server each sweep every stream.
             Err(StreamError::StateFull { .. }) => {
-                self.expire_producers_now();
+                self.expire_producers(FULL_SWEEP);
                 self.state_room(req.key.as_deref()).check(adds)?;
             }
             Err(e) => return Err(e),
@@ -1249,6 +1286,23 @@ impl Streams {
             // Room made by producers idle past their expiry: decide again.
             decided = self.admit_append(&stream, &mut pipeline, &req);
         }
+        if let (
+            Err(StreamError::KeyShareFull {
+                what: admit::STATE,
+                budget,
+                held,
+            }),
+            Some(p),
+            Some(key),
+        ) = (&decided, &req.producer, &req.key)
+        {
+            // The key's share of the stream state is full: its own oldest retired records on
+            // this stream make room for its new producer, if they can.
+            let need = (held + state::producer_cost(&p.id)).saturating_sub(*budget);
+            if self.evict_own_retired(&stream, key, &p.id, need) > 0 {
+                decided = self.admit_append(&stream, &mut pipeline, &req);
+            }
+        }
         let (op, payload, stored, next, closed, incarnation) = match decided? {
             Admitted::Commit {
                 op,
@@ -1301,45 +1355,54 @@ impl Streams {
         })
     }
 
-    /// Room left in the stream-state budget for `key`: what the server has, and (for a key)
-    /// what its share has.
+    /// The stream-state budget as a request of `key` finds it: the server's, and (for a
+    /// key) its share.
     fn state_room(&self, key: Option<&str>) -> Room {
-        self.state_room_of(key.map(|k| self.inner.footprint.held_by(k)))
+        self.rooms(key).0
     }
 
-    /// [`Streams::state_room`] for a key that holds `held` (`None`: no key).
-    fn state_room_of(&self, held: Option<KeyUse>) -> Room {
-        let (config, footprint) = (&self.inner.config, &self.inner.footprint);
-        let server = config
-            .max_state_bytes
-            .saturating_sub(footprint.state_bytes.load(Ordering::Relaxed));
-        let share = config.max_state_bytes / KEY_SHARE;
-        Room {
-            server,
-            server_budget: config.max_state_bytes,
-            key: held.map(|h| share.saturating_sub(h.state)),
-            key_budget: share,
-        }
-    }
-
-    /// Room left for a new producer entry: in the server's producer and state budgets, and
-    /// for an append of `key`, in its share of each.
-    fn producer_caps(&self, key: Option<&str>) -> admit::Caps {
+    /// The stream-state and producer budgets as a request of `key` finds them.
+    fn rooms(&self, key: Option<&str>) -> (Room, Room) {
         let (config, footprint) = (&self.inner.config, &self.inner.footprint);
         let held = key.map(|k| footprint.held_by(k));
-        let state = self.state_room_of(held);
-        let share = config.max_producer_bytes / KEY_SHARE;
+        let room = |what, budget: u64, server: &AtomicU64, of_key: fn(&KeyUse) -> u64| Room {
+            server: admit::Budget {
+                what,
+                budget,
+                held: server.load(Ordering::Relaxed),
+                share: false,
+            },
+            key: held.as_ref().map(|h| admit::Budget {
+                what,
+                budget: budget / KEY_SHARE,
+                held: of_key(h),
+                share: true,
+            }),
+        };
+        (
+            room(
+                admit::STATE,
+                config.max_state_bytes,
+                &footprint.state_bytes,
+                |h| h.state,
+            ),
+            room(
+                admit::PRODUCERS,
+                config.max_producer_bytes,
+                &footprint.producer_bytes,
+                |h| h.producers,
+            ),
+        )
+    }
+
+    /// The caps a producer entry is held to: the server's producer and state budgets, and
+    /// for an append of `key`, its share of each.
+    fn producer_caps(&self, key: Option<&str>) -> admit::Caps {
+        let (state, producers) = self.rooms(key);
         admit::Caps {
-            max_producers: config.max_producers_per_stream,
-            producer_budget: config.max_producer_bytes,
-            producer_room: config
-                .max_producer_bytes
-                .saturating_sub(footprint.producer_bytes.load(Ordering::Relaxed))
-                .min(state.server),
-            key_room: held
-                .zip(state.key)
-                .map(|(held, state_room)| share.saturating_sub(held.producers).min(state_room)),
-            key_budget: share,
+            max_producers: self.inner.config.max_producers_per_stream,
+            server: [producers.server, state.server],
+            key: producers.key.zip(state.key).map(|(p, s)| [p, s]),
         }
     }
 
@@ -1380,7 +1443,14 @@ impl Streams {
             .pending
             .get_or_insert_with(|| admit::Pending::over(&s));
         let stored = data.as_ref().map_or(0, |d| d.len() as u64);
-        let next = pending.add(&s, stored, *close, producer.as_ref(), stream_seq.as_ref());
+        let next = pending.add(
+            &s,
+            stored,
+            *close,
+            producer.as_ref(),
+            stream_seq.as_ref(),
+            req.key.as_ref(),
+        );
         Ok(Admitted::Commit {
             stored,
             next,
@@ -1620,7 +1690,7 @@ impl Streams {
         shutdown: impl std::future::Future<Output = ()>,
     ) {
         crate::every(tick, shutdown, || async {
-            self.expire_producers(false);
+            self.expire_producers(MAINTENANCE_SWEEP);
             if let Err(e) = self.checkpoint(false).await {
                 tracing::warn!(error = %e, "stream checkpoint failed; retrying later");
             }
@@ -1628,44 +1698,42 @@ impl Streams {
         .await;
     }
 
-    /// Retires producers idle longer than [`StreamsConfig::producer_expiry`], at most once
-    /// a minute unless `now`; returns how many were retired. A retired producer's entry
+    /// Retires producers idle longer than [`StreamsConfig::producer_expiry`], unless the
+    /// last sweep began less than `every` ago (a sweep takes every stream's lock in turn:
+    /// the maintenance loop sweeps once a minute, a create refused by a full server at most
+    /// once a second); returns how many were retired. A retired producer's entry
     /// (its id and receipts) goes; its last epoch and sequence stay ([`state::Retired`],
     /// at most `max_producers_per_stream` per stream, the oldest retired go first), so a
     /// retry of an append it made is still a duplicate (204, without its original offset),
     /// never a second append, and it may go on where it stopped. Snapshots written after
     /// it hold the retired record; a restart from an older one brings the entry back until
     /// the next sweep, which only keeps it longer.
-    pub(crate) fn expire_producers(&self, now: bool) -> usize {
+    pub(crate) fn expire_producers(&self, every: Duration) -> usize {
         let inner = &self.inner;
         {
             let Ok(mut last) = inner.last_expiry.lock() else {
                 return 0;
             };
-            if !now && last.elapsed() < Duration::from_secs(60) {
+            if last.elapsed() < every {
                 return 0;
             }
             *last = std::time::Instant::now();
         }
+        inner.stats.producer_sweeps.fetch_add(1, Ordering::Relaxed);
         let expiry = i64::try_from(inner.config.producer_expiry.as_millis()).unwrap_or(i64::MAX);
         let now = producer_clock_ms();
         let before = now.saturating_sub(expiry);
         let max_retired = inner.config.max_producers_per_stream;
         let registry = inner.registry();
         let mut forgotten = 0;
-        for (name, stream) in &registry.streams {
+        for stream in registry.streams.values() {
             let mut s = stream.write_state();
             if s.producers.values().all(|p| p.last_ms >= before) {
                 continue;
             }
-            let was = counted(name, &s);
-            let mut released = Vec::new();
-            forgotten += s.expire_producers_releasing(before, now, max_retired, &mut released);
-            inner
-                .footprint
-                .change(stream.key.as_ref(), was, counted(name, &s));
-            inner.footprint.release(&released);
-            inner.cold.touch(name);
+            forgotten += inner.shed(stream, &mut s, |s, released| {
+                s.expire_producers_releasing(before, now, max_retired, released)
+            });
         }
         forgotten
     }
@@ -1676,28 +1744,29 @@ impl Streams {
         let inner = &self.inner;
         let expiry = i64::try_from(inner.config.producer_expiry.as_millis()).unwrap_or(i64::MAX);
         let now = producer_clock_ms();
+        let max_retired = inner.config.max_producers_per_stream;
         let mut s = stream.write_state();
-        let was = counted(&stream.name, &s);
-        let mut released = Vec::new();
-        let forgotten = s.expire_producers_releasing(
-            now.saturating_sub(expiry),
-            now,
-            inner.config.max_producers_per_stream,
-            &mut released,
-        );
-        inner
-            .footprint
-            .change(stream.key.as_ref(), was, counted(&stream.name, &s));
-        inner.footprint.release(&released);
-        if forgotten > 0 {
-            inner.cold.touch(&stream.name);
+        if s.gone {
+            // Released when it went: nothing of it counts any more.
+            return 0;
         }
-        forgotten
+        inner.shed(stream, &mut s, |s, released| {
+            s.expire_producers_releasing(now.saturating_sub(expiry), now, max_retired, released)
+        })
     }
 
-    /// [`Streams::expire_producers`] now.
-    fn expire_producers_now(&self) -> usize {
-        self.expire_producers(true)
+    /// Drops the oldest retired records on `stream` of producers `key` made (never producer
+    /// `id`'s), enough to free `need` bytes of its share, or none if they cannot
+    /// ([`StreamState::evict_retired_of`]); returns how many went.
+    fn evict_own_retired(&self, stream: &Stream, key: &str, id: &str, need: u64) -> usize {
+        let mut s = stream.write_state();
+        if s.gone {
+            return 0;
+        }
+        let keep = state::producer_key(id);
+        self.inner.shed(stream, &mut s, |s, released| {
+            s.evict_retired_of(key, keep, need, released)
+        })
     }
 
     /// What `key` holds of the budgets now: `(stream-state bytes, producer bytes)`.
@@ -1711,7 +1780,7 @@ impl Streams {
     /// every minute); returns how many.
     #[cfg(feature = "testing")]
     pub fn expire_idle_producers(&self) -> usize {
-        self.expire_producers_now()
+        self.expire_producers(Duration::ZERO)
     }
 
     /// Counts what each key holds afresh from the streams (their creators' own state, their
@@ -1725,10 +1794,17 @@ impl Streams {
             if let Some(key) = &stream.key {
                 recount.entry(key.clone()).or_default().state += counted(name, &s).own();
             }
-            for held in s.key_holdings() {
-                let u = recount.entry(held.key).or_default();
-                u.state += held.state;
-                u.producers += held.producers;
+            for (id, p) in &s.producers {
+                if let Some(key) = &p.key {
+                    let u = recount.entry(key.clone()).or_default();
+                    u.state += state::producer_cost(id);
+                    u.producers += state::producer_cost(id);
+                }
+            }
+            for r in s.retired.values() {
+                if let Some(key) = &r.key {
+                    recount.entry(key.clone()).or_default().state += state::RETIRED_ENTRY_BYTES;
+                }
             }
         }
         recount.retain(|_, u| *u != KeyUse::default());

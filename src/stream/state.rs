@@ -88,29 +88,65 @@ pub(crate) struct KeyRelease {
     pub(crate) producers: u64,
 }
 
+impl KeyRelease {
+    /// One retired record of a producer `key` made.
+    fn retired(key: Arc<str>) -> Self {
+        KeyRelease {
+            key,
+            state: RETIRED_ENTRY_BYTES,
+            producers: 0,
+        }
+    }
+}
+
 /// What [`StreamState::apply_append_by`] changed in what keys hold.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct AppliedBy {
-    /// The cost of the producer entry the append created for its key.
+    /// The cost of the producer entry that counts against the append's key from now on:
+    /// one it created, or another key's (or no key's) entry it appended to.
     pub(crate) created: Option<u64>,
-    /// A retired record of the producer's earlier life, no longer kept.
+    /// What stops counting against another key: a retired record of the producer's earlier
+    /// life, no longer kept, or the entry now counted against the append's key.
     pub(crate) released: Option<KeyRelease>,
 }
 
-/// What one retired producer's entry holds in memory (its key, epoch, sequence, time and
-/// the map slot), for the stream-state budget.
-pub(crate) const RETIRED_ENTRY_BYTES: u64 = 64;
+/// What one retired producer's record holds in memory (its map key, epoch, sequence, time,
+/// the API key that made it, and the map slot with its control byte at the map's load
+/// factor), for the stream-state budget.
+pub(crate) const RETIRED_ENTRY_BYTES: u64 = 96;
 
 /// What is kept of a producer once it expires: its last epoch and sequence, under
 /// [`producer_key`] of its id, so a retry of an append it made is still a duplicate (204)
 /// and never appended a second time. Only the duplicate's original offset is forgotten.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Retired {
     pub(crate) epoch: u64,
     pub(crate) last_seq: u64,
     /// When it was retired ([`super::producer_clock_ms`]); the oldest go first when a
     /// stream holds more than its cap.
     pub(crate) at_ms: i64,
+    /// The API key its producer's entry counted against ([`ProducerState::key`]): the
+    /// record's [`RETIRED_ENTRY_BYTES`] count against that key's share until the record
+    /// goes. In memory only, as that key is.
+    #[serde(skip)]
+    pub(crate) key: Option<Arc<str>>,
+}
+
+impl Retired {
+    /// The record as checkpoints store it (without its key, kept in memory only).
+    pub(crate) fn stored(&self) -> Retired {
+        Retired {
+            epoch: self.epoch,
+            last_seq: self.last_seq,
+            at_ms: self.at_ms,
+            key: None,
+        }
+    }
+
+    /// What its key gets back when the record goes.
+    fn release(self) -> Option<KeyRelease> {
+        self.key.map(KeyRelease::retired)
+    }
 }
 
 /// The key a retired producer is kept under: the first 128 bits of the SHA-256 of its id
@@ -232,12 +268,9 @@ pub(crate) struct StreamState {
     /// What `producers` counts against the producer-bytes budget ([`producer_cost`] each).
     pub(crate) producer_bytes: u64,
     /// Producers that expired, by [`producer_key`]: counted in the stream-state budget
-    /// ([`RETIRED_ENTRY_BYTES`] each), not as producers.
+    /// ([`RETIRED_ENTRY_BYTES`] each), not as producers; each against the key that made its
+    /// producer ([`Retired::key`]), not against the stream's creator.
     pub(crate) retired: HashMap<u128, Retired>,
-    /// The key whose append created each retired producer that had one (in memory only,
-    /// as [`ProducerState::key`]): a retired record counts against that key's share, not
-    /// against the stream's creator.
-    pub(crate) retired_keys: HashMap<u128, Arc<str>>,
     pub(crate) fork: Option<ForkSpec>,
     /// Live forks that read this stream's prefix.
     pub(crate) ref_count: u32,
@@ -291,7 +324,6 @@ impl StreamState {
             producers: HashMap::new(),
             producer_bytes: 0,
             retired: HashMap::new(),
-            retired_keys: HashMap::new(),
             fork,
             ref_count: 0,
             soft_deleted: false,
@@ -374,21 +406,21 @@ impl StreamState {
         self.retired.len() as u64 * RETIRED_ENTRY_BYTES
     }
 
-    /// What the keys that created the stream's producers and retired producers hold of it,
-    /// to release when the stream goes.
-    pub(crate) fn key_holdings(&self) -> Vec<KeyRelease> {
-        let producers = self.producers.iter().filter_map(|(id, p)| {
+    /// What the keys that made the stream's producers hold of it (their entries and retired
+    /// records), to release when the stream goes: taken, so that the keys are released
+    /// once however often this runs.
+    pub(crate) fn take_key_holdings(&mut self) -> Vec<KeyRelease> {
+        let producers = self.producers.iter_mut().filter_map(|(id, p)| {
             Some(KeyRelease {
-                key: p.key.clone()?,
+                key: p.key.take()?,
                 state: producer_cost(id),
                 producers: producer_cost(id),
             })
         });
-        let retired = self.retired_keys.values().map(|key| KeyRelease {
-            key: key.clone(),
-            state: RETIRED_ENTRY_BYTES,
-            producers: 0,
-        });
+        let retired = self
+            .retired
+            .values_mut()
+            .filter_map(|r| r.key.take().map(KeyRelease::retired));
         producers.chain(retired).collect()
     }
 
@@ -449,20 +481,18 @@ impl StreamState {
         let mut freed = 0;
         let mut gone = Vec::new();
         let mut changed = Vec::new();
-        let mut keys = Vec::new();
         self.producers.retain(|id, state| {
             let keep = state.last_ms >= before_ms;
             if !keep {
                 let cost = producer_cost(id);
                 freed += cost;
                 // The key keeps its retired record's bytes, and gets the rest back.
-                if let Some(key) = state.key.take() {
+                if let Some(key) = &state.key {
                     released.push(KeyRelease {
                         key: key.clone(),
                         state: cost.saturating_sub(RETIRED_ENTRY_BYTES),
                         producers: cost,
                     });
-                    keys.push((producer_key(id), key));
                 }
                 changed.push(id.clone());
                 gone.push((
@@ -471,6 +501,7 @@ impl StreamState {
                         epoch: state.epoch,
                         last_seq: state.last_seq,
                         at_ms: now_ms,
+                        key: state.key.take(),
                     },
                 ));
             }
@@ -479,31 +510,63 @@ impl StreamState {
         self.producer_bytes -= freed;
         self.changed_producers.extend(changed);
         let count = gone.len();
-        self.changed_retired
-            .extend(gone.iter().map(|(key, _)| *key));
-        self.retired.extend(gone);
-        self.retired_keys.extend(keys);
+        for (key, record) in gone {
+            self.changed_retired.insert(key);
+            // A record under the same key (loaded beside the entry it came back as) is
+            // replaced: its key gets its bytes back.
+            if let Some(old) = self.retired.insert(key, record) {
+                released.extend(old.release());
+            }
+        }
         if self.retired.len() > max_retired {
             let mut by_age: Vec<(i64, u128)> =
                 self.retired.iter().map(|(k, r)| (r.at_ms, *k)).collect();
             by_age.sort_unstable();
             let excess = self.retired.len() - max_retired;
             for (_, key) in by_age.into_iter().take(excess) {
-                self.retired.remove(&key);
-                self.changed_retired.insert(key);
-                released.extend(self.release_retired_key(key));
+                self.drop_retired(key, released);
             }
         }
         count
     }
 
-    /// Stops counting retired record `key` against the key that created its producer.
-    fn release_retired_key(&mut self, key: u128) -> Option<KeyRelease> {
-        self.retired_keys.remove(&key).map(|key| KeyRelease {
-            key,
-            state: RETIRED_ENTRY_BYTES,
-            producers: 0,
-        })
+    /// Drops retired record `key`; the key that made its producer gets its bytes back.
+    fn drop_retired(&mut self, key: u128, released: &mut Vec<KeyRelease>) {
+        if let Some(record) = self.retired.remove(&key) {
+            self.changed_retired.insert(key);
+            released.extend(record.release());
+        }
+    }
+
+    /// Makes room in `key`'s share for a new producer (`keep`: its id's [`producer_key`]) by
+    /// dropping the oldest retired records on this stream of producers `key` made, as many
+    /// as free `need` bytes, never `keep`'s own: only `key`'s own producers lose what told a
+    /// retry of their old appends from a new append. Drops none when they could not free
+    /// `need`. Adds what `key` gets back to `released`; returns how many went.
+    pub(crate) fn evict_retired_of(
+        &mut self,
+        key: &str,
+        keep: u128,
+        need: u64,
+        released: &mut Vec<KeyRelease>,
+    ) -> usize {
+        let Ok(count) = usize::try_from(need.div_ceil(RETIRED_ENTRY_BYTES)) else {
+            return 0;
+        };
+        let mut own: Vec<(i64, u128)> = self
+            .retired
+            .iter()
+            .filter(|(k, r)| **k != keep && r.key.as_deref() == Some(key))
+            .map(|(k, r)| (r.at_ms, *k))
+            .collect();
+        if count == 0 || own.len() < count {
+            return 0;
+        }
+        own.sort_unstable();
+        for (_, k) in own.into_iter().take(count) {
+            self.drop_retired(k, released);
+        }
+        count
     }
 
     /// Applies an admitted append (or close).
@@ -519,10 +582,11 @@ impl StreamState {
         self.apply_append_by(lsn, data, close, producer, stream_seq, None);
     }
 
-    /// [`StreamState::apply_append`] of an append `key` asked for: a producer entry it
-    /// creates is `key`'s, and its cost is returned (to count against `key`'s share), with
-    /// the retired record of the producer's earlier life that goes (to stop counting against
-    /// the key that made it).
+    /// [`StreamState::apply_append`] of an append `key` asked for: the producer entry it
+    /// creates or appends to is `key`'s from now on, and its cost is returned (to count
+    /// against `key`'s share), with what stops counting against another key: the retired
+    /// record of the producer's earlier life that goes, or the entry's cost when it was
+    /// another key's.
     pub(crate) fn apply_append_by(
         &mut self,
         lsn: Lsn,
@@ -543,7 +607,22 @@ impl StreamState {
         if let Some(p) = &producer {
             let tail = self.tail;
             match self.producers.get_mut(&p.id) {
-                Some(state) => state.record(p, tail),
+                Some(state) => {
+                    state.record(p, tail);
+                    // Another key's append keeps the entry alive: it counts against that
+                    // key from now on (admitted against its share as a new entry is).
+                    if let Some(key) = key
+                        && state.key.as_deref() != Some(&**key)
+                    {
+                        let cost = producer_cost(&p.id);
+                        released = state.key.replace(key.clone()).map(|old| KeyRelease {
+                            key: old,
+                            state: cost,
+                            producers: cost,
+                        });
+                        created = Some(cost);
+                    }
+                }
                 None => {
                     let mut state = ProducerState::default();
                     state.record(p, tail);
@@ -555,9 +634,9 @@ impl StreamState {
                     self.producer_bytes += producer_cost(&p.id);
                     if !self.retired.is_empty() {
                         let key = producer_key(&p.id);
-                        if self.retired.remove(&key).is_some() {
+                        if let Some(record) = self.retired.remove(&key) {
                             self.changed_retired.insert(key);
-                            released = self.release_retired_key(key);
+                            released = record.release();
                         }
                     }
                 }
@@ -832,12 +911,15 @@ mod tests {
         };
         let costs: u64 = ["a", "b", "c"].iter().map(|id| producer_cost(id)).sum();
         assert_eq!(back(&released), (costs - 2 * RETIRED_ENTRY_BYTES, costs));
-        assert_eq!((s.retired.len(), s.retired_keys.len()), (2, 2));
+        assert!(s.retired.values().all(|r| r.key.as_deref() == Some("w2")));
         assert_eq!(s.retired_bytes(), 2 * RETIRED_ENTRY_BYTES);
         // What the key still holds of the stream: its two records.
-        assert_eq!(back(&s.key_holdings()), (2 * RETIRED_ENTRY_BYTES, 0));
+        assert_eq!(
+            back(&s.clone().take_key_holdings()),
+            (2 * RETIRED_ENTRY_BYTES, 0)
+        );
         // One comes back: its record's bytes are released, its new entry counted as created.
-        let kept = s.retired_keys.keys().next().copied().unwrap();
+        let kept = s.retired.keys().next().copied().unwrap();
         let id = ["a", "b", "c"]
             .into_iter()
             .find(|id| producer_key(id) == kept)
@@ -848,10 +930,62 @@ mod tests {
             Some(producer_cost(id))
         );
         assert_eq!(back(&released), (RETIRED_ENTRY_BYTES, 0));
+        // Taken when the stream goes: released once, however often it is taken.
         assert_eq!(
-            back(&s.key_holdings()),
+            back(&s.take_key_holdings()),
             (producer_cost(id) + RETIRED_ENTRY_BYTES, producer_cost(id))
         );
+        assert_eq!(s.take_key_holdings(), Vec::new());
+    }
+
+    /// A key out of room drops its own oldest retired records on the stream, as many as it
+    /// needs and never the record of the producer it makes room for; none when its records
+    /// there cannot free what it needs, and never another key's.
+    #[test]
+    fn a_key_evicts_only_its_own_oldest_retired_records() {
+        let mut s = StreamState::new(
+            "i".into(),
+            "text/plain".into(),
+            Lifetime::default(),
+            None,
+            1,
+        );
+        let (w1, w2): (Arc<str>, Arc<str>) = (Arc::from("w1"), Arc::from("w2"));
+        for (at, id, key) in [
+            (1, "old", &w1),
+            (2, "other", &w2),
+            (3, "mid", &w1),
+            (4, "new", &w1),
+        ] {
+            s.retired.insert(
+                producer_key(id),
+                Retired {
+                    epoch: 0,
+                    last_seq: 0,
+                    at_ms: at,
+                    key: Some(key.clone()),
+                },
+            );
+        }
+        let mut released = Vec::new();
+        // Three records' worth is more than w1's two others ("new" is kept): none go.
+        let keep = producer_key("new");
+        assert_eq!(
+            s.evict_retired_of("w1", keep, 2 * RETIRED_ENTRY_BYTES + 1, &mut released),
+            0
+        );
+        assert_eq!((s.retired.len(), released.len()), (4, 0));
+        // One record's worth: w1's oldest goes, and w1 gets its bytes back.
+        assert_eq!(s.evict_retired_of("w1", keep, 1, &mut released), 1);
+        assert!(!s.retired.contains_key(&producer_key("old")));
+        assert!(s.changed_retired.contains(&producer_key("old")));
+        assert_eq!(released, vec![KeyRelease::retired(w1.clone())]);
+        // Then the next oldest of w1's; w2's older record stays.
+        assert_eq!(s.evict_retired_of("w1", keep, 1, &mut released), 1);
+        assert!(!s.retired.contains_key(&producer_key("mid")));
+        assert!(s.retired.contains_key(&producer_key("other")));
+        assert!(s.retired.contains_key(&keep));
+        assert_eq!(s.evict_retired_of("w1", keep, 1, &mut released), 0);
     }
 
     #[test]

@@ -648,7 +648,7 @@ async fn retired_producers_count_against_the_key_that_made_them() {
         streams.audit_key_use().unwrap();
         assert_eq!(streams.key_use("w1"), alone, "round {round}");
     }
-    assert_eq!(streams.key_use("w2"), (20 * 64, 0));
+    assert_eq!(streams.key_use("w2"), (20 * 96, 0));
     streams.delete("victim", None).await.unwrap();
     streams.audit_key_use().unwrap();
     assert_eq!(streams.key_use("w1"), (0, 0));
@@ -995,4 +995,60 @@ async fn a_start_killed_right_after_its_claim_does_not_hold_up_the_next() {
     );
     assert_eq!(ids(&db, "t").await, (0..5).collect::<Vec<_>>());
     crash(db);
+}
+
+/// What keys hold stays what the streams hold while charges move: a key appending to
+/// another key's producer entry takes it over, and a key out of stream-state room drops its
+/// own oldest retired records to make room for a new producer; all of it released when the
+/// stream goes.
+#[tokio::test]
+async fn moved_and_evicted_producer_charges_match_a_recount() {
+    use sluice::stream::ProducerTuple;
+    let dir = common::temp_dir("moved-charges");
+    let mut c = config(&dir);
+    c.streams.producer_expiry = Duration::from_millis(1);
+    c.streams.max_state_bytes = 8192;
+    let db = Database::open(c).await.unwrap();
+    let streams = db.streams();
+    let (w1, w2): (Arc<str>, Arc<str>) = (Arc::from("w1"), Arc::from("w2"));
+    let mut create = create_stream("s");
+    create.key = Some(w1.clone());
+    streams.create(create).await.unwrap();
+    let produce = |key: &Arc<str>, id: String, seq: u64| {
+        let mut a = append("s", "x".into());
+        a.key = Some(key.clone());
+        a.producer = Some(ProducerTuple { id, epoch: 0, seq });
+        a
+    };
+    // w2 keeps w1's producer going: the entry is w2's from then on.
+    streams
+        .append(produce(&w1, "shared".into(), 0))
+        .await
+        .unwrap();
+    let with_entry = streams.key_use("w1");
+    streams
+        .append(produce(&w2, "shared".into(), 1))
+        .await
+        .unwrap();
+    streams.audit_key_use().unwrap();
+    assert!(
+        streams.key_use("w1").1 == 0 && with_entry.1 > 0,
+        "{with_entry:?}"
+    );
+    assert_eq!(streams.key_use("w2").1, with_entry.1);
+    // w1 cycles fresh producer ids through expiry until its retired records fill its
+    // share (4096): each new one still gets in, and the counts match after each.
+    for i in 0..60 {
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        streams
+            .append(produce(&w1, format!("session-{i}"), 0))
+            .await
+            .unwrap_or_else(|e| panic!("session {i}: {e}"));
+        streams.audit_key_use().unwrap();
+        assert!(streams.key_use("w1").0 <= 4096);
+    }
+    streams.delete("s", None).await.unwrap();
+    streams.audit_key_use().unwrap();
+    assert_eq!(streams.key_use("w1"), (0, 0));
+    assert_eq!(streams.key_use("w2"), (0, 0));
 }

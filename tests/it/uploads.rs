@@ -8,6 +8,10 @@
 //!   before the body timeout, and gives back what it held.
 //! - The wait for room is bounded (503 with `Retry-After`, nothing applied), and one key
 //!   cannot take the whole budget: another key still gets in.
+//! - One write key cannot fill the stream-state or producer budgets; a refusal names the
+//!   budget that is full; a key taking over another key's producer pays for it; a key
+//!   cycling producer ids makes room with its own oldest retired records; creates refused by
+//!   a full server sweep for idle producers at most once a second.
 //! - Two `Host` headers answer 400; a host in an absolute-form target is judged too; a
 //!   client's forwarding headers never set the host of a create's `Location`.
 
@@ -858,7 +862,19 @@ async fn produce_as(
     base: &str,
     key: &str,
     stream: &str,
+    id: impl AsRef<str>,
+) -> (u16, Value) {
+    produce_seq_as(client, base, key, stream, id.as_ref(), 0).await
+}
+
+/// [`produce_as`] with sequence number `seq` (epoch 0).
+async fn produce_seq_as(
+    client: &reqwest::Client,
+    base: &str,
+    key: &str,
+    stream: &str,
     id: &str,
+    seq: u64,
 ) -> (u16, Value) {
     let r = client
         .post(format!("{base}/v1/stream/{stream}"))
@@ -866,7 +882,7 @@ async fn produce_as(
         .header("content-type", "text/plain")
         .header("producer-id", id)
         .header("producer-epoch", "0")
-        .header("producer-seq", "0")
+        .header("producer-seq", seq.to_string())
         .body(format!("{id};"))
         .send()
         .await
@@ -875,10 +891,49 @@ async fn produce_as(
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
+/// Sends `request(0)`, `request(1)`, ... until one is not admitted (not 2xx): how many were,
+/// and the refusal's status and body. Fails past `at_most` admitted.
+async fn until_refused<F, R>(what: &str, at_most: usize, mut request: F) -> (usize, u16, Value)
+where
+    F: FnMut(usize) -> R,
+    R: std::future::Future<Output = (u16, Value)>,
+{
+    for admitted in 0..=at_most {
+        let (status, body) = request(admitted).await;
+        if !(200..300).contains(&status) {
+            return (admitted, status, body);
+        }
+    }
+    panic!("{what}: never refused in {at_most}");
+}
+
+/// Starts the binary as `name` with write keys `w1` and `w2` (and `extra` arguments).
+fn start_with_two_keys(name: &str, extra: &[&str], config: &str) -> Server {
+    let mut args = vec!["--api-key", "write=w1", "--api-key", "write=w2"];
+    args.extend_from_slice(extra);
+    Server::start(name, &args, config)
+}
+
+/// Asserts that `body` refuses for a full budget named `what` of `budget` bytes, `held`
+/// bytes of which are held (a range: what is held may vary with the names involved).
+fn assert_budget_full(body: &Value, what: &str, budget: u64, held: std::ops::RangeInclusive<u64>) {
+    let details = &body["details"];
+    assert_eq!(details["status"], "rejected", "{body}");
+    assert_eq!(details["budget_of"], what, "{body}");
+    assert_eq!(details["budget_bytes"], budget, "{body}");
+    let got = details["held_bytes"].as_u64().unwrap_or(u64::MAX);
+    assert!(held.contains(&got), "held {got}, not in {held:?}: {body}");
+}
+
 /// Creates stream `name` as `key`; its status and body.
-async fn create_as(client: &reqwest::Client, base: &str, key: &str, name: &str) -> (u16, Value) {
+async fn create_as(
+    client: &reqwest::Client,
+    base: &str,
+    key: &str,
+    name: impl AsRef<str>,
+) -> (u16, Value) {
     let r = client
-        .put(format!("{base}/v1/stream/{name}"))
+        .put(format!("{base}/v1/stream/{}", name.as_ref()))
         .bearer_auth(key)
         .header("content-type", "text/plain")
         .send()
@@ -894,37 +949,22 @@ async fn one_write_key_cannot_fill_the_stream_state_or_producer_budgets() {
     // half of each. Producers idle for 3 s expire.
     let config = "max_producers_per_stream = 1000\nmax_producer_bytes = 4096\n\
                   max_stream_state_bytes = 16384\nproducer_expiry_seconds = 3\n";
-    let server = Server::start(
-        "key-shares",
-        &[
-            "--api-key",
-            "write=w1",
-            "--api-key",
-            "write=w2",
-            "--api-key",
-            "admin=a",
-        ],
-        config,
-    );
+    let server = start_with_two_keys("key-shares", &["--api-key", "admin=a"], config);
     let base = server.base.clone();
     let client = reqwest::Client::new();
     assert_eq!(create_as(&client, &base, "w1", "shared").await.0, 201);
 
     // w1 adds producers until it is refused: 429 for its own share, nothing applied.
-    let mut admitted = 0;
-    let body = loop {
-        let (status, body) =
-            produce_as(&client, &base, "w1", "shared", &format!("w1-{admitted}")).await;
-        if status != 200 {
-            assert_eq!(status, 429, "{body}");
-            break body;
-        }
-        admitted += 1;
-        assert!(admitted < 200, "w1's producers were never refused");
-    };
+    let (admitted, status, body) = until_refused("w1's producers", 200, |i| {
+        produce_as(&client, &base, "w1", "shared", format!("w1-{i}"))
+    })
+    .await;
+    assert_eq!(status, 429, "{body}");
     println!("w1 held {admitted} producers before its share was full: {body}");
     assert_eq!(body["code"], "too_many_requests", "{body}");
-    assert_eq!(body["details"]["status"], "rejected", "{body}");
+    // Its producer share is what is full, and the answer says so: a next producer (about
+    // 490 bytes) does not fit in what is left of the 2048.
+    assert_budget_full(&body, "producer state", 2048, 1560..=2048);
     let held = common::metric(&client, &base, "sluice_stream_producer_bytes").await;
     assert!(
         held <= 2048.0,
@@ -940,16 +980,13 @@ async fn one_write_key_cannot_fill_the_stream_state_or_producer_budgets() {
     }
 
     // Streams: w1 creates until refused (429), and w2 can still create.
-    let mut created = 0;
-    loop {
-        let (status, body) = create_as(&client, &base, "w1", &format!("w1-s{created}")).await;
-        if status != 201 {
-            assert_eq!(status, 429, "{body}");
-            break;
-        }
-        created += 1;
-        assert!(created < 500, "w1's streams were never refused");
-    }
+    let (created, status, body) = until_refused("w1's creates", 500, |i| {
+        create_as(&client, &base, "w1", format!("w1-s{i}"))
+    })
+    .await;
+    assert_eq!(status, 429, "{body}");
+    // A create needs at least 1280 bytes of the 8192 of its stream-state share.
+    assert_budget_full(&body, "stream state", 8192, 6912..=8192);
     println!("w1 created {created} more streams before its share was full");
     let (status, body) = create_as(&client, &base, "w2", "w2-s0").await;
     assert_eq!(status, 201, "{body}");
@@ -974,4 +1011,125 @@ async fn one_write_key_cannot_fill_the_stream_state_or_producer_budgets() {
     assert_eq!(status, 200, "{body}");
     let held = common::metric(&client, &base, "sluice_stream_producer_bytes").await;
     assert!(held <= 4096.0, "{held}");
+}
+
+/// A key whose stream-state share is full is refused a new producer for that share, not its
+/// producer share; and a key that uses a fresh Producer-Id per session, whose retired
+/// producers' records fill its share, still gets new producers: its own oldest retired
+/// records on the stream make room (only its own oldest producers' retries stop being
+/// recognized), while its recent ones are still recognized.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_cycling_producer_ids_makes_room_with_its_own_oldest_retired_records() {
+    // Stream state within 8 KiB (4 KiB a key), producers idle for 0.1 s retire.
+    let config = "max_producers_per_stream = 1000\nmax_producer_bytes = 65536\n\
+                  max_stream_state_bytes = 8192\nproducer_expiry_seconds = 0.1\n";
+    let server = start_with_two_keys("retired-share", &[], config);
+    let base = server.base.clone();
+    let client = reqwest::Client::new();
+
+    // w2 fills its stream-state share with streams: its next create, and its next producer,
+    // are refused for that share (the producer share, 32 KiB, is far from full).
+    let (_, status, create_refusal) = until_refused("w2's creates", 10, |i| {
+        create_as(&client, &base, "w2", format!("w2-s{i}"))
+    })
+    .await;
+    assert_eq!(status, 429, "{create_refusal}");
+    assert_budget_full(&create_refusal, "stream state", 4096, 2816..=4096);
+    let held = create_refusal["details"]["held_bytes"]
+        .as_u64()
+        .unwrap_or(0);
+    let (status, body) = produce_as(&client, &base, "w2", "w2-s0", "w2-p").await;
+    assert_eq!(status, 429, "{body}");
+    assert_budget_full(&body, "stream state", 4096, held..=held);
+
+    // w1 uses a fresh producer id per session on its stream. Past about 25 retired records
+    // its share would be full; every new producer still gets in.
+    assert_eq!(create_as(&client, &base, "w1", "s").await.0, 201);
+    let sessions = 60;
+    for i in 0..sessions {
+        let (status, body) = produce_as(&client, &base, "w1", "s", &format!("session-{i}")).await;
+        assert_eq!(status, 200, "session {i}: {body}");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    // A retry of a recent session's append is still recognized (204, not appended again);
+    // the oldest session's records made room, so its retry is taken as new.
+    let recent = format!("session-{}", sessions - 5);
+    let (status, body) = produce_as(&client, &base, "w1", "s", &recent).await;
+    assert_eq!(status, 204, "{body}");
+    let (status, body) = produce_as(&client, &base, "w1", "s", "session-0").await;
+    assert_eq!(status, 200, "{body}");
+    let state = common::metric(&client, &base, "sluice_stream_state_bytes").await;
+    assert!(state <= 8192.0, "{state}");
+}
+
+/// A key that appends to another key's producer entry keeps it alive at its own charge:
+/// the entry counts against the appending key from then on (the other key gets the room
+/// back), and is refused when the appending key's share cannot hold it (nothing applied).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_appending_to_another_keys_producer_takes_its_charge() {
+    // Producer entries within 4 KiB (2 KiB a key, four entries of about 490 bytes).
+    let config = "max_producers_per_stream = 1000\nmax_producer_bytes = 4096\n\
+                  max_stream_state_bytes = 65536\nproducer_expiry_seconds = 3600\n";
+    let server = start_with_two_keys("producer-takeover", &[], config);
+    let base = server.base.clone();
+    let client = reqwest::Client::new();
+    assert_eq!(create_as(&client, &base, "w1", "s").await.0, 201);
+    let (admitted, _, body) = until_refused("w1's producers", 10, |i| {
+        produce_as(&client, &base, "w1", "s", format!("w1-{i}"))
+    })
+    .await;
+    assert_budget_full(&body, "producer state", 2048, 1560..=2048);
+    assert_eq!(admitted, 4);
+
+    // w2 keeps w1's first producer going: it is w2's now, and w1 has room for one more.
+    let (status, body) = produce_seq_as(&client, &base, "w2", "s", "w1-0", 1).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = produce_as(&client, &base, "w1", "s", "w1-4").await;
+    assert_eq!(status, 200, "{body}");
+
+    // w2 fills its share with producers of its own: then it may not take another of w1's,
+    // and nothing of that append was applied (w1's next sequence number is still 1).
+    let (own, _, body) = until_refused("w2's producers", 10, |i| {
+        produce_as(&client, &base, "w2", "s", format!("w2-{i}"))
+    })
+    .await;
+    assert_budget_full(&body, "producer state", 2048, 1560..=2048);
+    assert_eq!(own, 3);
+    let (status, body) = produce_seq_as(&client, &base, "w2", "s", "w1-1", 1).await;
+    assert_eq!(status, 429, "{body}");
+    assert_budget_full(&body, "producer state", 2048, 1560..=2048);
+    let (status, body) = produce_seq_as(&client, &base, "w1", "s", "w1-1", 1).await;
+    assert_eq!(status, 200, "{body}");
+}
+
+/// Creates refused one after another by a full server sweep every stream for idle
+/// producers at most once a second, and still sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_refused_by_a_full_server_sweep_at_most_once_a_second() {
+    let config = "max_stream_state_bytes = 16384\n";
+    let server = Server::start("full-sweeps", &[], config);
+    let base = server.base.clone();
+    let client = reqwest::Client::new();
+    let (_, status, body) = until_refused("creates", 50, |i| {
+        create_as(&client, &base, "none", format!("s{i}"))
+    })
+    .await;
+    assert_eq!(status, 503, "{body}");
+    assert_budget_full(&body, "stream state", 16384, 14848..=16384);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let sweeps = "sluice_stream_producer_sweeps_total";
+    let before = common::metric(&client, &base, sweeps).await;
+    let started = Instant::now();
+    for i in 0..40 {
+        let (status, body) = create_as(&client, &base, "none", &format!("more{i}")).await;
+        assert_eq!(status, 503, "{body}");
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let swept = common::metric(&client, &base, sweeps).await - before;
+    println!("40 refused creates in {elapsed:.2} s swept {swept} times");
+    assert!(swept >= 1.0, "no sweep");
+    assert!(
+        swept <= elapsed.floor() + 1.0,
+        "{swept} sweeps in {elapsed:.2} s"
+    );
 }
