@@ -997,14 +997,8 @@ mod tests {
         RecordBatch::try_new(schema.clone(), columns).expect("batch")
     }
 
-    /// A record written with the kept schema message is the same bytes as the IPC stream
-    /// writer's, and reads back as the batch; a batch with dictionaries (never kept), a slice
-    /// and a new schema too.
-    #[test]
-    fn records_with_the_kept_schema_read_back() {
-        use arrow_array::DictionaryArray;
-        use arrow_array::types::Int32Type;
-        let schema: SchemaRef = Arc::new(Schema::new(vec![
+    fn three_columns() -> SchemaRef {
+        Arc::new(Schema::new(vec![
             Field::new(
                 "time",
                 DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into())),
@@ -1012,28 +1006,45 @@ mod tests {
             ),
             Field::new("id", DataType::Int64, false),
             Field::new("text", DataType::Utf8, true),
-        ]));
+        ]))
+    }
+
+    /// A table record as the IPC stream writer makes it (8-byte alignment).
+    fn stream_record(table: &str, b: &RecordBatch) -> Vec<u8> {
+        let mut stream = (table.len() as u16).to_le_bytes().to_vec();
+        stream.extend_from_slice(table.as_bytes());
+        let options =
+            arrow_ipc::writer::IpcWriteOptions::try_new(8, false, arrow_ipc::MetadataVersion::V5)
+                .expect("options");
+        let mut writer = arrow_ipc::writer::StreamWriter::try_new_with_options(
+            &mut stream,
+            b.schema_ref(),
+            options,
+        )
+        .expect("writer");
+        writer.write(b).expect("write");
+        writer.finish().expect("finish");
+        drop(writer);
+        stream
+    }
+
+    /// A record written with the kept schema message is the same bytes as the IPC stream
+    /// writer's, and reads back as the batch; a batch with dictionaries (never kept), a slice
+    /// and a new schema too.
+    #[test]
+    fn records_with_the_kept_schema_read_back() {
+        use arrow_array::DictionaryArray;
+        use arrow_array::types::Int32Type;
+        let schema = three_columns();
         let encoder = RecordEncoder::default();
         let wide = batch(&schema, 0, 100);
         for b in [batch(&schema, 0, 1), wide.slice(40, 7), wide.clone()] {
             let kept = encoder.encode("t1", &b).expect("encode");
-            let mut stream = vec![2, 0, b't', b'1'];
-            let options = arrow_ipc::writer::IpcWriteOptions::try_new(
-                8,
-                false,
-                arrow_ipc::MetadataVersion::V5,
-            )
-            .expect("options");
-            let mut writer = arrow_ipc::writer::StreamWriter::try_new_with_options(
-                &mut stream,
-                &schema,
-                options,
-            )
-            .expect("writer");
-            writer.write(&b).expect("write");
-            writer.finish().expect("finish");
-            drop(writer);
-            assert_eq!(kept, stream, "the kept schema message changes nothing");
+            assert_eq!(
+                kept,
+                stream_record("t1", &b),
+                "the kept schema message changes nothing"
+            );
             let (id, read) = decode_record(&kept).expect("decode");
             assert_eq!(id, "t1");
             assert_eq!(read, b);
@@ -1108,26 +1119,6 @@ mod tests {
                 .expect("rows decode");
             batch.with_schema(schema.clone()).expect("same columns")
         };
-        let reference = |table: &str, b: &RecordBatch| -> Vec<u8> {
-            let mut stream = (table.len() as u16).to_le_bytes().to_vec();
-            stream.extend_from_slice(table.as_bytes());
-            let options = arrow_ipc::writer::IpcWriteOptions::try_new(
-                8,
-                false,
-                arrow_ipc::MetadataVersion::V5,
-            )
-            .expect("options");
-            let mut writer = arrow_ipc::writer::StreamWriter::try_new_with_options(
-                &mut stream,
-                b.schema_ref(),
-                options,
-            )
-            .expect("writer");
-            writer.write(b).expect("write");
-            writer.finish().expect("finish");
-            drop(writer);
-            stream
-        };
         let encoder = RecordEncoder::default();
         let wide = rows(3000);
         assert!(
@@ -1149,7 +1140,7 @@ mod tests {
             rows(1),
         ] {
             let record = encoder.encode("tbl", &b).expect("encode");
-            assert_eq!(record, reference("tbl", &b), "{} rows", b.num_rows());
+            assert_eq!(record, stream_record("tbl", &b), "{} rows", b.num_rows());
             let (id, read) = decode_record(&record).expect("decode");
             assert_eq!(id, "tbl");
             assert_eq!(read, b);
@@ -1161,15 +1152,7 @@ mod tests {
     /// holds every row in order, in groups of the configured size.
     #[test]
     fn parallel_encoding_keeps_rows_and_row_groups() {
-        let schema: SchemaRef = Arc::new(Schema::new(vec![
-            Field::new(
-                "time",
-                DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into())),
-                false,
-            ),
-            Field::new("id", DataType::Int64, false),
-            Field::new("text", DataType::Utf8, true),
-        ]));
+        let schema = three_columns();
         let batches = vec![
             batch(&schema, 0, 5),
             batch(&schema, 5, 7),
