@@ -197,8 +197,9 @@ impl Classify for StreamError {
                 retry_after: Some(60),
                 ..ErrorClass::retry(Cause::StreamStateFull)
             },
-            // This key's own excess: room comes back as its streams are deleted or expire
-            // and its producers expire.
+            // This key's own excess: room comes back as its streams are deleted or expire,
+            // its producers expire, and its retired producers' records go (the cap per
+            // stream, the producer's return, the stream's delete; not with time alone).
             StreamError::KeyShareFull { .. } => ErrorClass {
                 kind: Kind::TooMany,
                 retry_after: Some(60),

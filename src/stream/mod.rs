@@ -42,7 +42,8 @@
 //! created it or last kept it going, and a retired producer's record
 //! ([`state::RETIRED_ENTRY_BYTES`]) against the key its entry counted against, until the
 //! producer comes back, the record is evicted (past the cap per stream, or by that key to
-//! make room for a new producer of its own on the stream) or the stream goes. Keys are held
+//! make room for a producer it adds or takes over on the stream, once the append is
+//! admitted otherwise) or the stream goes. Keys are held
 //! in memory only: what a restart replays or loads counts against no key.
 //!
 //! The module's seams: `api` (requests, answers, errors), `admit` (what an append does to a
@@ -1267,13 +1268,13 @@ impl Streams {
         let mut pipeline = stream.admit.lock().await;
         stream.touch();
         pipeline.settle(stream.in_flight.load(Ordering::Acquire));
-        let mut decided = self.admit_append(&stream, &mut pipeline, &req);
+        let mut decided = self.admit_append(&stream, &mut pipeline, &req, 0);
         if !matches!(decided, Ok(Admitted::Commit { .. })) && pipeline.pending.is_some() {
             // An answer or a refusal must not stand on appends that may yet fail: wait for
             // them, and decide on what is durable.
             stream.drain().await;
             pipeline.settle(0);
-            decided = self.admit_append(&stream, &mut pipeline, &req);
+            decided = self.admit_append(&stream, &mut pipeline, &req, 0);
         }
         if matches!(
             decided,
@@ -1283,7 +1284,7 @@ impl Streams {
         ) && self.expire_stream_producers(&stream) > 0
         {
             // Room made by producers idle past their expiry: decide again.
-            decided = self.admit_append(&stream, &mut pipeline, &req);
+            decided = self.admit_append(&stream, &mut pipeline, &req, 0);
         }
         if let (
             Err(StreamError::KeyShareFull {
@@ -1296,10 +1297,17 @@ impl Streams {
         ) = (&decided, &req.producer, &req.key)
         {
             // The key's share of the stream state is full: its own oldest retired records on
-            // this stream make room for its new producer, if they can.
+            // this stream make room for its new producer, if they can. The append is decided
+            // with that room first, and the records go only when it is admitted whole: a
+            // refusal for another reason (a stream-seq conflict, the server's budget) drops
+            // none.
             let need = (held + state::producer_cost(&p.id)).saturating_sub(*budget);
-            if self.evict_own_retired(&stream, key, &p.id, need) > 0 {
-                decided = self.admit_append(&stream, &mut pipeline, &req);
+            if self.can_evict_own_retired(&stream, key, &p.id, need) {
+                let with_room = self.admit_append(&stream, &mut pipeline, &req, need);
+                if matches!(with_room, Ok(Admitted::Commit { .. })) {
+                    self.evict_own_retired(&stream, key, &p.id, need);
+                }
+                decided = with_room;
             }
         }
         let (op, payload, stored, next, closed, incarnation) = match decided? {
@@ -1407,11 +1415,15 @@ impl Streams {
 
     /// Decides an append against the stream's applied state and its pipeline; a commit is
     /// added to what the pipeline leaves (the caller submits it, or forgets the pipeline).
+    ///
+    /// `room` is stream state the key is about to free (its own retired records): its share
+    /// is held to what it holds less that.
     fn admit_append(
         &self,
         stream: &Stream,
         pipeline: &mut Pipeline,
         req: &AppendRequest,
+        room: u64,
     ) -> Result<Admitted, StreamError> {
         let s = stream.read_state();
         let view = admit::View {
@@ -1420,7 +1432,10 @@ impl Streams {
         };
         // A key's share matters only to an append that may add a producer entry: others
         // take no lock for it.
-        let caps = self.producer_caps(req.producer.as_ref().and(req.key.as_deref()));
+        let mut caps = self.producer_caps(req.producer.as_ref().and(req.key.as_deref()));
+        if let Some([_, state]) = &mut caps.key {
+            state.held = state.held.saturating_sub(room);
+        }
         let op = match admit::append(&view, req, &caps)? {
             admit::Admission::Commit(op) => op,
             admit::Admission::Answer(outcome) => return Ok(Admitted::Answer(outcome)),
@@ -1766,6 +1781,12 @@ impl Streams {
         self.inner.shed(stream, &mut s, |s, released| {
             s.evict_retired_of(key, keep, need, released)
         })
+    }
+
+    /// Whether [`Streams::evict_own_retired`] would free `need` bytes now.
+    fn can_evict_own_retired(&self, stream: &Stream, key: &str, id: &str, need: u64) -> bool {
+        let s = stream.read_state();
+        !s.gone && s.can_evict_retired_of(key, state::producer_key(id), need)
     }
 
     /// What `key` holds of the budgets now: `(stream-state bytes, producer bytes)`.

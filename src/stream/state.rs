@@ -550,7 +550,7 @@ impl StreamState {
         need: u64,
         released: &mut Vec<KeyRelease>,
     ) -> usize {
-        let Ok(count) = usize::try_from(need.div_ceil(RETIRED_ENTRY_BYTES)) else {
+        let Some(count) = self.retired_to_evict(key, keep, need) else {
             return 0;
         };
         let mut own: Vec<(i64, u128)> = self
@@ -559,14 +559,29 @@ impl StreamState {
             .filter(|(k, r)| **k != keep && r.key.as_deref() == Some(key))
             .map(|(k, r)| (r.at_ms, *k))
             .collect();
-        if count == 0 || own.len() < count {
-            return 0;
-        }
         own.sort_unstable();
         for (_, k) in own.into_iter().take(count) {
             self.drop_retired(k, released);
         }
         count
+    }
+
+    /// Whether [`StreamState::evict_retired_of`] would free `need` bytes now.
+    pub(crate) fn can_evict_retired_of(&self, key: &str, keep: u128, need: u64) -> bool {
+        self.retired_to_evict(key, keep, need).is_some()
+    }
+
+    /// How many of `key`'s retired records (never `keep`'s) free `need` bytes, when there
+    /// are that many.
+    fn retired_to_evict(&self, key: &str, keep: u128, need: u64) -> Option<usize> {
+        let count = usize::try_from(need.div_ceil(RETIRED_ENTRY_BYTES)).ok()?;
+        let own = self
+            .retired
+            .iter()
+            .filter(|(k, r)| **k != keep && r.key.as_deref() == Some(key))
+            .take(count)
+            .count();
+        (count > 0 && own == count).then_some(count)
     }
 
     /// Applies an admitted append (or close).

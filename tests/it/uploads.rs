@@ -1045,12 +1045,43 @@ async fn a_key_cycling_producer_ids_makes_room_with_its_own_oldest_retired_recor
     // w1 uses a fresh producer id per session on its stream. Past about 25 retired records
     // its share would be full; every new producer still gets in.
     assert_eq!(create_as(&client, &base, "w1", "s").await.0, 201);
+    let r = client
+        .post(format!("{base}/v1/stream/s"))
+        .bearer_auth("w1")
+        .header("content-type", "text/plain")
+        .header("stream-seq", "m")
+        .body("x")
+        .send()
+        .await
+        .expect("append");
+    assert_eq!(r.status(), 204);
     let sessions = 60;
     for i in 0..sessions {
         let (status, body) = produce_as(&client, &base, "w1", "s", &format!("session-{i}")).await;
         assert_eq!(status, 200, "session {i}: {body}");
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
+    // A refusal of w2 on `s` retires w1's idle last session there. Then a new producer of
+    // w1 that its records could make room for, refused for another reason (a stream-seq
+    // behind the stream's), drops none of them.
+    let (status, body) = produce_as(&client, &base, "w2", "s", "w2-p").await;
+    assert_eq!(status, 429, "{body}");
+    let state = "sluice_stream_state_bytes";
+    let before = common::metric(&client, &base, state).await;
+    let r = client
+        .post(format!("{base}/v1/stream/s"))
+        .bearer_auth("w1")
+        .header("content-type", "text/plain")
+        .header("producer-id", "behind")
+        .header("producer-epoch", "0")
+        .header("producer-seq", "0")
+        .header("stream-seq", "a")
+        .body("y")
+        .send()
+        .await
+        .expect("append");
+    assert_eq!(r.status(), 409);
+    assert_eq!(common::metric(&client, &base, state).await, before);
     // A retry of a recent session's append is still recognized (204, not appended again);
     // the oldest session's records made room, so its retry is taken as new.
     let recent = format!("session-{}", sessions - 5);
