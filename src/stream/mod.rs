@@ -473,6 +473,9 @@ struct Inner {
     footprint: Footprint,
     /// When producers were last swept for expiry.
     last_expiry: std::sync::Mutex<std::time::Instant>,
+    /// After the last sweep, the producer clock (ms) before which no producer it left can
+    /// be idle past the expiry: a refused create does not sweep again before then.
+    next_expiry_ms: AtomicI64,
 }
 
 /// What admission decided for an append.
@@ -854,6 +857,7 @@ impl Streams {
         let inner = Arc::new(Inner {
             footprint,
             last_expiry: std::sync::Mutex::new(std::time::Instant::now()),
+            next_expiry_ms: AtomicI64::new(0),
             stats: StreamStats::default(),
             changes: std::sync::Mutex::new(ChangeSet::default()),
             log,
@@ -1724,6 +1728,13 @@ impl Streams {
     /// the next sweep, which only keeps it longer.
     pub(crate) fn expire_producers(&self, every: Duration) -> usize {
         let inner = &self.inner;
+        // A refused create sweeps only when some producer may be due: the last sweep left
+        // none idle that long (producers of streams taken over since are the periodic
+        // sweep's).
+        if every == FULL_SWEEP && producer_clock_ms() < inner.next_expiry_ms.load(Ordering::Relaxed)
+        {
+            return 0;
+        }
         {
             let Ok(mut last) = inner.last_expiry.lock() else {
                 return 0;
@@ -1740,15 +1751,23 @@ impl Streams {
         let max_retired = inner.config.max_producers_per_stream;
         let registry = inner.registry();
         let mut forgotten = 0;
+        let mut oldest_left = i64::MAX;
         for stream in registry.streams.values() {
             let mut s = stream.write_state();
-            if s.producers.values().all(|p| p.last_ms >= before) {
-                continue;
+            if s.producers.values().any(|p| p.last_ms < before) {
+                forgotten += inner.shed(stream, &mut s, |s, released| {
+                    s.expire_producers_releasing(before, now, max_retired, released)
+                });
             }
-            forgotten += inner.shed(stream, &mut s, |s, released| {
-                s.expire_producers_releasing(before, now, max_retired, released)
-            });
+            if let Some(oldest) = s.producers.values().map(|p| p.last_ms).min() {
+                oldest_left = oldest_left.min(oldest);
+            }
         }
+        // Producers made since began at `now` or later.
+        inner.next_expiry_ms.store(
+            oldest_left.min(now).saturating_add(expiry),
+            Ordering::Relaxed,
+        );
         forgotten
     }
 
