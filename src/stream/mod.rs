@@ -271,6 +271,9 @@ pub(crate) fn producer_clock_ms() -> i64 {
     wall.saturating_add(i64::try_from(at.elapsed().as_millis()).unwrap_or(i64::MAX))
 }
 
+/// The length of a [`new_incarnation`] (a UUID's 32 hex digits), counted in a stream's state.
+const INCARNATION_BYTES: u64 = 32;
+
 pub(crate) fn new_incarnation() -> String {
     uuid::Uuid::new_v4().simple().to_string()
 }
@@ -1145,6 +1148,7 @@ impl Streams {
         // Its strings at least (the state budget counts them twice for the name).
         let adds = state::STREAM_ENTRY_BYTES
             + 2 * req.name.len() as u64
+            + INCARNATION_BYTES
             + req.content_type.as_ref().map_or(0, |c| c.len() as u64);
         match self.state_room(req.key.as_deref()).check(adds) {
             Ok(()) => {}
@@ -1304,14 +1308,24 @@ impl Streams {
             // this stream make room for its new producer, if they can. The append is decided
             // with that room first, and the records go only when it is admitted whole: a
             // refusal for another reason (a stream-seq conflict, the server's budget) drops
-            // none.
+            // none. (A log that then fails the write leaves them gone with nothing appended;
+            // such a log refuses every write.)
             let need = (held + state::producer_cost(&p.id)).saturating_sub(*budget);
             if self.can_evict_own_retired(&stream, key, &p.id, need) {
+                let refused = decided;
                 let with_room = self.admit_append(&stream, &mut pipeline, &req, need);
-                if matches!(with_room, Ok(Admitted::Commit { .. })) {
-                    self.evict_own_retired(&stream, key, &p.id, need);
-                }
-                decided = with_room;
+                decided = match with_room {
+                    Ok(Admitted::Commit { .. })
+                        if self.evict_own_retired(&stream, key, &p.id, need) == 0 =>
+                    {
+                        // A sweep on another thread took the records meanwhile: the room is
+                        // not there. Nothing was submitted; the pipeline held only this
+                        // append (it was settled empty before a refusal).
+                        pipeline.pending = None;
+                        refused
+                    }
+                    other => other,
+                };
             }
         }
         let (op, payload, stored, next, closed, incarnation) = match decided? {
@@ -1437,8 +1451,12 @@ impl Streams {
         // A key's share matters only to an append that may add a producer entry: others
         // take no lock for it.
         let mut caps = self.producer_caps(req.producer.as_ref().and(req.key.as_deref()));
-        if let Some([_, state]) = &mut caps.key {
-            state.held = state.held.saturating_sub(room);
+        if room > 0 {
+            // The records' bytes leave the server's stream state too.
+            if let Some([_, state]) = &mut caps.key {
+                state.held = state.held.saturating_sub(room);
+            }
+            caps.server[1].held = caps.server[1].held.saturating_sub(room);
         }
         let op = match admit::append(&view, req, &caps)? {
             admit::Admission::Commit(op) => op,
@@ -1729,8 +1747,7 @@ impl Streams {
     pub(crate) fn expire_producers(&self, every: Duration) -> usize {
         let inner = &self.inner;
         // A refused create sweeps only when some producer may be due: the last sweep left
-        // none idle that long (producers of streams taken over since are the periodic
-        // sweep's).
+        // none idle that long, and producers made since are younger.
         if every == FULL_SWEEP && producer_clock_ms() < inner.next_expiry_ms.load(Ordering::Relaxed)
         {
             return 0;
