@@ -1028,20 +1028,13 @@ const CATCH_UP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// Whether two definitions of a table have the same columns (names, ids, types and
 /// expressions, in order; comments aside).
 fn same_columns(a: &crate::catalog::TableDef, b: &crate::catalog::TableDef) -> bool {
-    let key = |d: &crate::catalog::TableDef| -> Vec<_> {
+    fn key(d: &crate::catalog::TableDef) -> Vec<(&str, i32, &str, Option<&str>)> {
         d.columns
             .iter()
             .zip(d.column_ids())
-            .map(|(c, id)| {
-                (
-                    c.name.clone(),
-                    id,
-                    c.data_type.clone(),
-                    c.expression.clone(),
-                )
-            })
+            .map(|(c, id)| (&*c.name, id, &*c.data_type, c.expression.as_deref()))
             .collect()
-    };
+    }
     key(a) == key(b)
 }
 

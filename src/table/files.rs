@@ -73,9 +73,9 @@ impl RecordEncoder {
         let cached = if small && !has_dictionaries(schema) {
             let mut kept = self.schema.lock().unwrap_or_else(|p| p.into_inner());
             match &mut *kept {
-                Some((known, message)) if Arc::ptr_eq(known, schema) => Some(message.clone()),
-                Some((known, message)) if **known == **schema => {
-                    // Keep the batch's `Arc`: later batches of its plan match by pointer.
+                // (`Arc`s compare by pointer first.) The batch's `Arc` is kept: later batches
+                // of its plan match by pointer.
+                Some((known, message)) if known == schema => {
                     *known = schema.clone();
                     Some(message.clone())
                 }

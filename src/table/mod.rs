@@ -677,10 +677,9 @@ impl Table {
             && !tail.cut
             && tail.bytes < COALESCE_BELOW_BYTES
             && let Some(runs) = &mut tail.runs
-            && runs.first().is_some_and(|run| {
-                let (a, b) = (run.batch.schema_ref(), batch.schema_ref());
-                Arc::ptr_eq(a, b) || a == b
-            })
+            && runs
+                .first()
+                .is_some_and(|run| run.batch.schema_ref() == batch.schema_ref())
         {
             let before = tail.bytes;
             push_run(runs, Run { batch, bytes });
