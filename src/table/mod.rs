@@ -387,6 +387,9 @@ struct Unflushed {
     /// The decoded rows, in order, as runs (see [`push_run`]); `None` once spilled (its
     /// records are read back from the log).
     runs: Option<Vec<Run>>,
+    /// How many of the newest runs are batches that joined and were not copied into a run
+    /// yet (see [`push_run`]).
+    pending: usize,
     rows: usize,
     /// Its decoded size.
     bytes: usize,
@@ -450,6 +453,7 @@ impl Unflushed {
                     // themselves, their size counted in full.
                     None => slices.into_iter().map(Run::fresh).collect(),
                 };
+                self.pending = 0;
                 runs.iter().map(|r| r.bytes).sum::<usize>() + self.index_bytes()
             }
             // Spilled: its records are read back from the log, so what it stands for is a
@@ -488,15 +492,45 @@ fn copied(batches: &[RecordBatch]) -> Option<RecordBatch> {
     arrow_select::concat::concat_batches(&first.schema(), all).ok()
 }
 
-/// Appends `run` to an entry's runs, then joins neighbours as Timsort keeps its stack of
-/// runs: every run holds more rows than the next two together, and more than the next one.
-/// The runs' row counts fall at least as fast as Fibonacci numbers from the oldest on, so an
-/// entry of `k` rows holds at most about `1.44 log2(k)` runs, whatever the sizes of the
-/// batches that joined it, and each row is copied about `log2(k)` times as the entry grows,
-/// not once for every batch that joins it (batches of one size join as a binary counter).
-/// Runs that cannot be joined stay apart (still in order).
-fn push_run(runs: &mut Vec<Run>, run: Run) {
+/// How many batches that joined an entry wait before they are copied into one run: a copy
+/// of a few rows costs mostly its per-column setup, so batches of a row or two are joined
+/// a few dozen at a time, each row copied once there.
+const PENDING_RUNS: usize = 32;
+
+/// Appends `run` to an entry's runs, the newest `*pending` of which are batches not joined
+/// yet. Once [`PENDING_RUNS`] batches wait, or `close` says the entry takes no more, they are
+/// copied into one run in one step, and that run joins its older neighbours as Timsort keeps
+/// its stack of runs: every run holds more rows than the next two together, and more than the
+/// next one. The joined runs' row counts fall at least as fast as Fibonacci numbers from the
+/// oldest on, so an entry of `k` rows holds at most about `1.44 log2(k)` runs and fewer than
+/// [`PENDING_RUNS`] waiting batches, whatever the sizes of the batches that joined it, and
+/// each row is copied about `log2(k)` times as the entry grows, not once for every batch that
+/// joins it. Runs that cannot be joined stay apart (still in order).
+fn push_run(runs: &mut Vec<Run>, pending: &mut usize, run: Run, close: bool) {
     runs.push(run);
+    *pending += 1;
+    if *pending < PENDING_RUNS && !close {
+        return;
+    }
+    let waiting = (*pending).min(runs.len());
+    *pending = 0;
+    if waiting > 1 {
+        let at = runs.len() - waiting;
+        let batches: Vec<&RecordBatch> = runs[at..].iter().map(|r| &r.batch).collect();
+        let Ok(joined) = arrow_select::concat::concat_batches(batches[0].schema_ref(), batches)
+        else {
+            // Not joined (cannot happen for batches of one schema): they stay runs of
+            // their own, in order.
+            return;
+        };
+        runs.truncate(at);
+        runs.push(Run::fresh(joined));
+    }
+    join_runs(runs);
+}
+
+/// Joins the newest runs of `runs` with their neighbours until Timsort's invariant holds.
+fn join_runs(runs: &mut Vec<Run>) {
     loop {
         let mut newest = [0usize; 4];
         for (slot, r) in newest.iter_mut().zip(runs.iter().rev()) {
@@ -682,7 +716,10 @@ impl Table {
                 .is_some_and(|run| run.batch.schema_ref() == batch.schema_ref())
         {
             let before = tail.bytes;
-            push_run(runs, Run { batch, bytes });
+            // An entry this batch takes to the size past which it takes no more joins its
+            // waiting batches now (once joined they may be small enough to take more).
+            let close = before + bytes >= COALESCE_BELOW_BYTES;
+            push_run(runs, &mut tail.pending, Run { batch, bytes }, close);
             let runs_bytes: usize = runs.iter().map(|r| r.bytes).sum();
             tail.rows += rows;
             tail.lsns.push(lsn);
@@ -696,6 +733,7 @@ impl Table {
             lsns: vec![lsn],
             ends: vec![rows],
             runs: Some(vec![Run { batch, bytes }]),
+            pending: 1,
             rows,
             bytes,
             at: Instant::now(),
@@ -2030,6 +2068,7 @@ mod tests {
             ends: ends.to_vec(),
             rows: ends.last().copied().unwrap_or(0),
             runs: batch.map(|batch| vec![Run { batch, bytes }]),
+            pending: 0,
             bytes,
             at: Instant::now(),
             cut: false,
@@ -2137,7 +2176,7 @@ mod tests {
         for (k, id) in (0..1000i64).enumerate() {
             let batch = ids(id, id + 1);
             let bytes = batch.get_array_memory_size();
-            push_run(&mut runs, Run { batch, bytes });
+            push_run(&mut runs, &mut 0, Run { batch, bytes }, true);
             let rows = k + 1;
             assert_eq!(runs.len(), rows.count_ones() as usize, "after {rows} rows");
         }
@@ -2150,12 +2189,45 @@ mod tests {
         }
     }
 
-    /// Batches of falling sizes, then a large one, then small ones of mixed sizes: the runs
-    /// keep Timsort's invariant (each holds more rows than the next two together), so an
-    /// entry stays a few runs, and its rows stay in order.
+    /// Batches that join an entry wait until `PENDING_RUNS` of them do (or the entry
+    /// closes), then are copied into one run at once: runs of `PENDING_RUNS` rows join as a
+    /// binary counter, the waiting batches stay in order behind them, and a close joins them.
+    #[test]
+    fn joining_batches_wait_and_are_copied_together() {
+        let (mut runs, mut pending) = (Vec::new(), 0);
+        for (k, id) in (0..1000i64).enumerate() {
+            let batch = ids(id, id + 1);
+            let bytes = batch.get_array_memory_size();
+            push_run(&mut runs, &mut pending, Run { batch, bytes }, false);
+            let rows = k + 1;
+            assert_eq!(pending, rows % PENDING_RUNS, "after {rows} rows");
+            let joined = (rows / PENDING_RUNS).count_ones() as usize;
+            assert_eq!(runs.len(), joined + pending, "after {rows} rows");
+        }
+        let counts: Vec<usize> = runs.iter().map(|r| r.batch.num_rows()).collect();
+        assert_eq!(counts[..5], [512, 256, 128, 64, 32]);
+        assert_eq!(counts[5..], [1; 1000 % PENDING_RUNS]);
+        let held: Vec<i64> = runs.iter().flat_map(|r| id_values(&r.batch)).collect();
+        assert_eq!(held, (0..1000).collect::<Vec<_>>());
+        // The entry closes: what waited is one run of its own, and the rows are in order.
+        let batch = ids(1000, 1001);
+        let bytes = batch.get_array_memory_size();
+        push_run(&mut runs, &mut pending, Run { batch, bytes }, true);
+        let counts: Vec<usize> = runs.iter().map(|r| r.batch.num_rows()).collect();
+        assert_eq!((counts, pending), (vec![512, 256, 128, 64, 32, 9], 0));
+        let held: Vec<i64> = runs.iter().flat_map(|r| id_values(&r.batch)).collect();
+        assert_eq!(held, (0..1001).collect::<Vec<_>>());
+        for run in &runs {
+            assert_eq!(run.bytes, run.batch.get_array_memory_size());
+        }
+    }
+
+    /// Batches of falling sizes, then a large one, then small ones of mixed sizes: the joined
+    /// runs keep Timsort's invariant (each holds more rows than the next two together), so an
+    /// entry stays a few runs and fewer than `PENDING_RUNS` waiting batches, in order.
     #[test]
     fn runs_stay_few_whatever_the_sizes_of_the_batches() {
-        let mut runs = Vec::new();
+        let (mut runs, mut pending) = (Vec::new(), 0);
         let mut next = 0i64;
         let mut sizes: Vec<i64> = (1..=40).rev().collect();
         sizes.push(800);
@@ -2164,8 +2236,12 @@ mod tests {
             let batch = ids(next, next + n);
             next += n;
             let bytes = batch.get_array_memory_size();
-            push_run(&mut runs, Run { batch, bytes });
-            let counts: Vec<usize> = runs.iter().map(|r| r.batch.num_rows()).collect();
+            push_run(&mut runs, &mut pending, Run { batch, bytes }, false);
+            assert!(pending < PENDING_RUNS);
+            let counts: Vec<usize> = runs[..runs.len() - pending]
+                .iter()
+                .map(|r| r.batch.num_rows())
+                .collect();
             for w in counts.windows(2) {
                 assert!(w[0] > w[1], "{counts:?}");
             }
@@ -2173,7 +2249,7 @@ mod tests {
                 assert!(w[0] > w[1] + w[2], "{counts:?}");
             }
             let bound = 1.45 * (next as f64).log2() + 2.0;
-            assert!(runs.len() as f64 <= bound, "{counts:?}");
+            assert!(counts.len() as f64 <= bound, "{counts:?}");
         }
         let held: Vec<i64> = runs.iter().flat_map(|r| id_values(&r.batch)).collect();
         assert_eq!(held, (0..next).collect::<Vec<_>>());
@@ -2187,7 +2263,7 @@ mod tests {
         for id in 0..7i64 {
             let batch = ids(id, id + 1);
             let bytes = batch.get_array_memory_size();
-            push_run(&mut runs, Run { batch, bytes });
+            push_run(&mut runs, &mut 0, Run { batch, bytes }, true);
         }
         assert_eq!(runs.len(), 3);
         let bytes: usize = runs.iter().map(|r| r.bytes).sum();
