@@ -2283,6 +2283,161 @@ mod tests {
         assert_eq!(state.unflushed[0].runs.as_ref().map(Vec::len), Some(1));
     }
 
+    /// A batch of ids `from..to` whose column is nullable: a schema other than [`ids`]'s.
+    fn other_ids(from: i64, to: i64) -> RecordBatch {
+        let schema = Arc::new(arrow_schema::Schema::new(vec![arrow_schema::Field::new(
+            "id",
+            arrow_schema::DataType::Int64,
+            true,
+        )]));
+        let column = Arc::new(Int64Array::from_iter_values(from..to));
+        RecordBatch::try_new(schema, vec![column]).expect("batch")
+    }
+
+    /// Checks a table's unflushed set against the records it was given (`log`: each record's
+    /// ids) past the covered position: every row once, in order, whether in memory or
+    /// spilled; each entry's index, runs, waiting count and size consistent; the table's
+    /// totals the sum of its entries'; an entry that took records of others bounded in size.
+    fn check_unflushed(state: &TableState, log: &BTreeMap<Lsn, (i64, i64)>, covered: Lsn) {
+        let want_lsns: Vec<Lsn> = log.range(covered + 1..).map(|(&l, _)| l).collect();
+        let want_ids: Vec<i64> = log
+            .range(covered + 1..)
+            .flat_map(|(_, &(from, to))| from..to)
+            .collect();
+        let (mut lsns, mut got, mut held, mut spilled_bytes, mut spilled) =
+            (Vec::new(), Vec::new(), 0, 0, 0);
+        for (k, u) in state.unflushed.iter().enumerate() {
+            assert!(!u.lsns.is_empty(), "entry {k} without records");
+            lsns.extend_from_slice(&u.lsns);
+            // The records' own rows, as a reader of the log would see them.
+            let mut end = 0;
+            let mut rows_of_records = Vec::new();
+            for (i, lsn) in u.lsns.iter().enumerate() {
+                let (from, to) = log[lsn];
+                end += usize::try_from(to - from).expect("rows");
+                assert_eq!(u.ends[i], end, "entry {k}: ends {:?}", u.ends);
+                rows_of_records.extend(from..to);
+            }
+            assert_eq!(u.rows, end, "entry {k}: rows");
+            match &u.runs {
+                Some(runs) => {
+                    let ids: Vec<i64> = runs.iter().flat_map(|r| id_values(&r.batch)).collect();
+                    assert_eq!(ids, rows_of_records, "entry {k}: runs against records");
+                    assert!(
+                        u.pending <= runs.len() && u.pending < PENDING_RUNS,
+                        "entry {k}: {} waiting of {} runs",
+                        u.pending,
+                        runs.len()
+                    );
+                    for run in runs {
+                        assert_eq!(run.bytes, run.batch.get_array_memory_size(), "entry {k}");
+                    }
+                    let runs_bytes: usize = runs.iter().map(|r| r.bytes).sum();
+                    assert_eq!(u.bytes, runs_bytes + u.index_bytes(), "entry {k}: size");
+                    if u.lsns.len() > 1 {
+                        assert!(
+                            u.bytes < 2 * COALESCE_BELOW_BYTES,
+                            "entry {k} of {} records: {} bytes",
+                            u.lsns.len(),
+                            u.bytes
+                        );
+                    }
+                    held += u.bytes;
+                }
+                None => {
+                    assert_eq!(spilled, k, "entry {k} spilled after one in memory");
+                    spilled += 1;
+                    spilled_bytes += u.bytes;
+                }
+            }
+            got.extend(rows_of_records);
+        }
+        assert_eq!(lsns, want_lsns, "records held");
+        assert_eq!(got, want_ids, "rows held");
+        assert_eq!(
+            (state.held_bytes, state.spilled_bytes, state.spilled),
+            (held, spilled_bytes, spilled),
+            "totals"
+        );
+    }
+
+    /// Small batches of random sizes (now and then a large one, or one of another schema)
+    /// coalesce while the set is spilled, cut by flushes that fail (`uncut`) or commit, cut
+    /// and left ambiguous, and trimmed by positions inside entries (a takeover): after every
+    /// step each committed row is held exactly once, in order, and the sizes add up.
+    #[test]
+    fn coalescing_keeps_every_row_once_in_order_through_spills_cuts_and_trims() {
+        for seed in 1..=24u64 {
+            let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            let mut next = move |n: u64| {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng % n
+            };
+            let table = Table::new("t", Manifest::new("t", 10), ManifestState::default());
+            let mut log = BTreeMap::new();
+            let (mut id, mut covered, mut version) = (0i64, 0, 0);
+            for lsn in 1..=1500u64 {
+                let n = match next(100) {
+                    0 => 4096 + next(2000) as i64,
+                    1..=9 => 1 + next(300) as i64,
+                    _ => 1 + next(3) as i64,
+                };
+                let batch = if next(50) == 0 {
+                    other_ids(id, id + n)
+                } else {
+                    ids(id, id + n)
+                };
+                log.insert(lsn, (id, id + n));
+                id += n;
+                let bytes = batch.get_array_memory_size();
+                table.push(lsn, batch, bytes);
+                let mut state = table.lock();
+                match next(40) {
+                    // Past the memory budget: the oldest in memory is spilled.
+                    0..=2 => {
+                        state.spill_one();
+                    }
+                    // A flush cuts everything, then fails before its commit.
+                    3 | 4 => {
+                        let mut fresh = Vec::new();
+                        for u in state.unflushed.iter_mut() {
+                            if !u.cut {
+                                fresh.push(u.last_lsn());
+                            }
+                            u.cut = true;
+                        }
+                        state.uncut(&fresh);
+                    }
+                    // A flush cuts everything, its outcome unknown: the entries stay cut.
+                    5 => {
+                        for u in state.unflushed.iter_mut() {
+                            u.cut = true;
+                        }
+                    }
+                    // A commit covering whole entries (this node's flush).
+                    6 | 7 => {
+                        let len = state.unflushed.len() as u64;
+                        if let Some(u) = state.unflushed.get(next(len) as usize) {
+                            covered = u.last_lsn();
+                            version += 1;
+                            state.install(covering(version, covered), "n");
+                        }
+                    }
+                    // A position inside an entry: another process's commit under this id.
+                    8 | 9 => {
+                        covered = (covered + 1 + next(lsn - covered)).min(lsn);
+                        version += 1;
+                        state.install(covering(version, covered), "n");
+                    }
+                    _ => {}
+                }
+                check_unflushed(&state, &log, covered);
+            }
+        }
+    }
+
     /// The rows a trim keeps of one run are copied out of it: the dropped rows' buffers go,
     /// and the entry's size says so.
     #[test]
