@@ -2449,6 +2449,52 @@ mod tests {
         }
     }
 
+    /// A position inside an entry whose newest batches wait to be joined (a takeover) keeps
+    /// the later rows as one joined run with none waiting; batches that join it afterwards
+    /// wait and are joined behind those rows, in order, and the sizes still add up.
+    #[test]
+    fn a_trim_inside_waiting_batches_keeps_them_in_order() {
+        let table = Table::new("t", Manifest::new("t", 10), ManifestState::default());
+        let push = |lsn: Lsn| {
+            let batch = ids(lsn as i64, lsn as i64 + 1);
+            let bytes = batch.get_array_memory_size();
+            table.push(lsn, batch, bytes);
+        };
+        (1..=10).for_each(push);
+        {
+            let state = table.lock();
+            assert_eq!(state.unflushed.len(), 1);
+            let runs = state.unflushed[0].runs.as_ref().map(Vec::len);
+            assert_eq!((runs, state.unflushed[0].pending), (Some(10), 10));
+        }
+        table.lock().install(covering(1, 4), "n");
+        {
+            let state = table.lock();
+            assert_eq!(held_ids(&state), (5..=10).collect::<Vec<_>>());
+            let runs = state.unflushed[0].runs.as_ref().map(Vec::len);
+            assert_eq!((runs, state.unflushed[0].pending), (Some(1), 0));
+        }
+        (11..=50).for_each(push);
+        let state = table.lock();
+        assert_eq!(held_ids(&state), (5..=50).collect::<Vec<_>>());
+        let u = &state.unflushed[0];
+        // The 32 batches after the trim are joined at the 32nd, then with the kept run (not
+        // larger than them); the last 8 wait.
+        let counts: Vec<usize> = u
+            .runs
+            .iter()
+            .flatten()
+            .map(|r| r.batch.num_rows())
+            .collect();
+        assert_eq!(
+            (counts, u.pending),
+            ([vec![6 + 32], vec![1; 8]].concat(), 8)
+        );
+        let runs: usize = u.runs.iter().flatten().map(|r| r.bytes).sum();
+        assert_eq!(u.bytes, runs + u.index_bytes());
+        assert_eq!(state.held_bytes, u.bytes);
+    }
+
     /// The rows a trim keeps of one run are copied out of it: the dropped rows' buffers go,
     /// and the entry's size says so.
     #[test]
