@@ -28,9 +28,12 @@
 //! rows of several records, in LSN order, and keeps their LSNs: memory, spills and flushes
 //! follow rows and bytes, not requests (a one-row batch alone costs its arrays' overhead, about
 //! a kilobyte). An entry's rows are a few runs (batches) joined as Timsort joins its runs
-//! (`push_run`): as an entry grows on the log's writer thread, each of its rows is copied about
-//! log2(rows) times, not once for every batch that joins. An entry's size counts its runs and
-//! its per-record index (`lsns`, `ends`). A flush takes whole entries and
+//! (`push_run`): batches that join wait as runs of their own (`Unflushed::pending`, fewer
+//! than `PENDING_RUNS`) until enough wait or the entry reaches its size, then are copied
+//! into one run together, so as an entry grows on the log's writer thread, each of its rows is
+//! copied about log2(rows) times, not once for every batch that joins. A trim leaves one run,
+//! none waiting. An entry's size counts its runs, waiting or joined, and its per-record index
+//! (`lsns`, `ends`). A flush takes whole entries and
 //! covers up to the last record of the last one it took; an entry a flush took takes no more
 //! records (unless that flush failed before its commit was sent: then no manifest can cover
 //! it), so every position this process commits is the last LSN of an entry. A position
