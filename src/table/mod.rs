@@ -28,9 +28,12 @@
 //! rows of several records, in LSN order, and keeps their LSNs: memory, spills and flushes
 //! follow rows and bytes, not requests (a one-row batch alone costs its arrays' overhead, about
 //! a kilobyte). An entry's rows are a few runs (batches) joined as Timsort joins its runs
-//! (`push_run`): as an entry grows on the log's writer thread, each of its rows is copied about
-//! log2(rows) times, not once for every batch that joins. An entry's size counts its runs and
-//! its per-record index (`lsns`, `ends`). A flush takes whole entries and
+//! (`push_run`): batches that join wait as runs of their own (`Unflushed::pending`, fewer
+//! than `PENDING_RUNS`) until enough wait or the entry reaches its size, then are copied
+//! into one run together, so as an entry grows on the log's writer thread, each of its rows is
+//! copied about log2(rows) times, not once for every batch that joins. A trim leaves one run,
+//! none waiting. An entry's size counts its runs, waiting or joined, and its per-record index
+//! (`lsns`, `ends`). A flush takes whole entries and
 //! covers up to the last record of the last one it took; an entry a flush took takes no more
 //! records (unless that flush failed before its commit was sent: then no manifest can cover
 //! it), so every position this process commits is the last LSN of an entry. A position
@@ -2281,6 +2284,218 @@ mod tests {
         assert_eq!(held_ids(&state), vec![5, 6]);
         assert_eq!(state.held_bytes, state.unflushed[0].bytes);
         assert_eq!(state.unflushed[0].runs.as_ref().map(Vec::len), Some(1));
+    }
+
+    /// A batch of ids `from..to` beside a text column of `pad` bytes a row (a wider row);
+    /// `nullable` ids make a schema other than the rest's.
+    fn padded(from: i64, to: i64, pad: usize, nullable: bool) -> RecordBatch {
+        let schema = Arc::new(arrow_schema::Schema::new(vec![
+            arrow_schema::Field::new("id", arrow_schema::DataType::Int64, nullable),
+            arrow_schema::Field::new("pad", arrow_schema::DataType::Utf8, false),
+        ]));
+        let text = "x".repeat(pad);
+        let ids = Arc::new(Int64Array::from_iter_values(from..to));
+        let pads = Arc::new(arrow_array::StringArray::from_iter_values(
+            (from..to).map(|_| text.as_str()),
+        ));
+        RecordBatch::try_new(schema, vec![ids, pads]).expect("batch")
+    }
+
+    /// Checks a table's unflushed set against the records it was given (`log`: each record's
+    /// ids) past the covered position: every row once, in order, whether in memory or
+    /// spilled; each entry's index, runs, waiting count and size consistent; the table's
+    /// totals the sum of its entries'; an entry that took records of others bounded in size.
+    fn check_unflushed(state: &TableState, log: &BTreeMap<Lsn, (i64, i64)>, covered: Lsn) {
+        let want_lsns: Vec<Lsn> = log.range(covered + 1..).map(|(&l, _)| l).collect();
+        let want_ids: Vec<i64> = log
+            .range(covered + 1..)
+            .flat_map(|(_, &(from, to))| from..to)
+            .collect();
+        let (mut lsns, mut got, mut held, mut spilled_bytes, mut spilled) =
+            (Vec::new(), Vec::new(), 0, 0, 0);
+        for (k, u) in state.unflushed.iter().enumerate() {
+            assert!(!u.lsns.is_empty(), "entry {k} without records");
+            lsns.extend_from_slice(&u.lsns);
+            // The records' own rows, as a reader of the log would see them.
+            let mut end = 0;
+            let mut rows_of_records = Vec::new();
+            for (i, lsn) in u.lsns.iter().enumerate() {
+                let (from, to) = log[lsn];
+                end += usize::try_from(to - from).expect("rows");
+                assert_eq!(u.ends[i], end, "entry {k}: ends {:?}", u.ends);
+                rows_of_records.extend(from..to);
+            }
+            assert_eq!(u.rows, end, "entry {k}: rows");
+            match &u.runs {
+                Some(runs) => {
+                    let ids: Vec<i64> = runs.iter().flat_map(|r| id_values(&r.batch)).collect();
+                    assert!(ids == rows_of_records, "entry {k}: runs against records");
+                    assert!(
+                        u.pending <= runs.len() && u.pending < PENDING_RUNS,
+                        "entry {k}: {} waiting of {} runs",
+                        u.pending,
+                        runs.len()
+                    );
+                    for run in runs {
+                        assert_eq!(run.bytes, run.batch.get_array_memory_size(), "entry {k}");
+                    }
+                    let runs_bytes: usize = runs.iter().map(|r| r.bytes).sum();
+                    assert_eq!(u.bytes, runs_bytes + u.index_bytes(), "entry {k}: size");
+                    if u.lsns.len() > 1 {
+                        assert!(
+                            u.bytes < 2 * COALESCE_BELOW_BYTES,
+                            "entry {k} of {} records: {} bytes",
+                            u.lsns.len(),
+                            u.bytes
+                        );
+                    }
+                    held += u.bytes;
+                }
+                None => {
+                    assert_eq!(spilled, k, "entry {k} spilled after one in memory");
+                    spilled += 1;
+                    spilled_bytes += u.bytes;
+                }
+            }
+            got.extend(rows_of_records);
+        }
+        assert_eq!(lsns, want_lsns, "records held");
+        let wrong = got.iter().zip(&want_ids).position(|(g, w)| g != w);
+        assert!(
+            wrong.is_none() && got.len() == want_ids.len(),
+            "rows held: {} of {}, first wrong at {wrong:?}",
+            got.len(),
+            want_ids.len()
+        );
+        assert_eq!(
+            (state.held_bytes, state.spilled_bytes, state.spilled),
+            (held, spilled_bytes, spilled),
+            "totals"
+        );
+    }
+
+    /// Small batches of random sizes (now and then a large one, or one of another schema)
+    /// coalesce while the set is spilled, cut by flushes that fail (`uncut`) or commit, cut
+    /// and left ambiguous, and trimmed by positions inside entries (a takeover): after every
+    /// step each committed row is held exactly once, in order, and the sizes add up.
+    #[test]
+    fn coalescing_keeps_every_row_once_in_order_through_spills_cuts_and_trims() {
+        for seed in 1..=12u64 {
+            let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            let mut next = move |n: u64| {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng % n
+            };
+            let table = Table::new("t", Manifest::new("t", 10), ManifestState::default());
+            let mut log = BTreeMap::new();
+            let (mut id, mut covered, mut version) = (0i64, 0, 0);
+            for lsn in 1..=3000u64 {
+                let n = match next(100) {
+                    0 => 4096 + next(2000) as i64,
+                    1..=9 => 1 + next(300) as i64,
+                    _ => 1 + next(3) as i64,
+                };
+                let pad = match next(4) {
+                    0 | 1 => 0,
+                    2 => next(200) as usize,
+                    _ => 500 + next(1500) as usize,
+                };
+                let batch = padded(id, id + n, pad, next(50) == 0);
+                log.insert(lsn, (id, id + n));
+                id += n;
+                let bytes = batch.get_array_memory_size();
+                table.push(lsn, batch, bytes);
+                let mut state = table.lock();
+                match next(400) {
+                    // Past the memory budget: the oldest in memory is spilled.
+                    0..=2 => {
+                        state.spill_one();
+                    }
+                    // A flush cuts everything, then fails before its commit.
+                    3..=10 => {
+                        let mut fresh = Vec::new();
+                        for u in state.unflushed.iter_mut() {
+                            if !u.cut {
+                                fresh.push(u.last_lsn());
+                            }
+                            u.cut = true;
+                        }
+                        state.uncut(&fresh);
+                    }
+                    // A flush cuts everything, its outcome unknown: the entries stay cut.
+                    11 => {
+                        for u in state.unflushed.iter_mut() {
+                            u.cut = true;
+                        }
+                    }
+                    // A commit covering whole entries (this node's flush).
+                    12 | 13 => {
+                        let len = state.unflushed.len() as u64;
+                        if let Some(u) = state.unflushed.get(next(len) as usize) {
+                            covered = u.last_lsn();
+                            version += 1;
+                            state.install(covering(version, covered), "n");
+                        }
+                    }
+                    // A position inside an entry: another process's commit under this id.
+                    14..=21 => {
+                        covered = (covered + 1 + next(lsn - covered)).min(lsn);
+                        version += 1;
+                        state.install(covering(version, covered), "n");
+                    }
+                    _ => {}
+                }
+                check_unflushed(&state, &log, covered);
+            }
+        }
+    }
+
+    /// A position inside an entry whose newest batches wait to be joined (a takeover) keeps
+    /// the later rows as one joined run with none waiting; batches that join it afterwards
+    /// wait and are joined behind those rows, in order, and the sizes still add up.
+    #[test]
+    fn a_trim_inside_waiting_batches_keeps_them_in_order() {
+        let table = Table::new("t", Manifest::new("t", 10), ManifestState::default());
+        let push = |lsn: Lsn| {
+            let batch = ids(lsn as i64, lsn as i64 + 1);
+            let bytes = batch.get_array_memory_size();
+            table.push(lsn, batch, bytes);
+        };
+        (1..=10).for_each(push);
+        {
+            let state = table.lock();
+            assert_eq!(state.unflushed.len(), 1);
+            let runs = state.unflushed[0].runs.as_ref().map(Vec::len);
+            assert_eq!((runs, state.unflushed[0].pending), (Some(10), 10));
+        }
+        table.lock().install(covering(1, 4), "n");
+        {
+            let state = table.lock();
+            assert_eq!(held_ids(&state), (5..=10).collect::<Vec<_>>());
+            let runs = state.unflushed[0].runs.as_ref().map(Vec::len);
+            assert_eq!((runs, state.unflushed[0].pending), (Some(1), 0));
+        }
+        (11..=50).for_each(push);
+        let state = table.lock();
+        assert_eq!(held_ids(&state), (5..=50).collect::<Vec<_>>());
+        let u = &state.unflushed[0];
+        // The 32 batches after the trim are joined at the 32nd, then with the kept run (not
+        // larger than them); the last 8 wait.
+        let counts: Vec<usize> = u
+            .runs
+            .iter()
+            .flatten()
+            .map(|r| r.batch.num_rows())
+            .collect();
+        assert_eq!(
+            (counts, u.pending),
+            ([vec![6 + 32], vec![1; 8]].concat(), 8)
+        );
+        let runs: usize = u.runs.iter().flatten().map(|r| r.bytes).sum();
+        assert_eq!(u.bytes, runs + u.index_bytes());
+        assert_eq!(state.held_bytes, u.bytes);
     }
 
     /// The rows a trim keeps of one run are copied out of it: the dropped rows' buffers go,
