@@ -562,8 +562,10 @@ struct Workload {
 /// after each 1-row run the unflushed set's bytes per row (the server's own figure) over what
 /// the same rows take as one decoded Arrow batch.
 /// Waits until the events table holds no unflushed rows (its flushes are due within the
-/// flush interval, 10 s by default), at most a minute.
-async fn drain(client: &reqwest::Client, base: &str) {
+/// flush interval, 10 s by default), then until the server is idle (under 5 % of a core over
+/// half a second: the streams' background work after appends, such as moving their data to
+/// the object store, is done), at most a minute each.
+async fn drain(client: &reqwest::Client, base: &str, server: u32) {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while table_stats(client, base, false).await["unflushed_rows"].as_f64() != Some(0.0) {
         assert!(
@@ -571,6 +573,18 @@ async fn drain(client: &reqwest::Client, base: &str) {
             "the events table did not drain within a minute"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let before = cpu_seconds(server);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if cpu_seconds(server) - before < 0.025 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server did not go idle within a minute"
+        );
     }
 }
 
@@ -657,11 +671,12 @@ fn small_requests(
             let mut memory = f64::NAN;
             for &which in &order {
                 let w = &workloads[which];
-                // The flushes of an earlier load's rows would be billed to this one (after
-                // the 10-row load, ten times the rows of a 1-row load): the table is drained
-                // first, so the window holds this load's work alone (its own flushes of what
-                // it ingested during the warm-up and the window).
-                runtime.block_on(drain(&client, &sluice.base));
+                // The deferred work of an earlier load would be billed to this one (the
+                // flushes of the 10-row load's rows, ten times a 1-row load's; the streams'
+                // work after appends): the table is drained and the server idle first, so
+                // the window holds this load's work alone (with its own deferred work done
+                // within the window).
+                runtime.block_on(drain(&client, &sluice.base, sluice.child.id()));
                 let m = runtime.block_on(blast(
                     address(&sluice.base),
                     sluice.child.id(),
