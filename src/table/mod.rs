@@ -33,7 +33,8 @@
 //! into one run together, so as an entry grows on the log's writer thread, each of its rows is
 //! copied about log2(rows) times, not once for every batch that joins. A trim leaves one run,
 //! none waiting. An entry's size counts its runs, waiting or joined, and its per-record index
-//! (`lsns`, `ends`). A flush takes whole entries and
+//! (`lsns`, `ends`); over the memory budget, waiting batches are joined before any entry is
+//! spilled (`TableState::join_waiting`). A flush takes whole entries and
 //! covers up to the last record of the last one it took; an entry a flush took takes no more
 //! records (unless that flush failed before its commit was sent: then no manifest can cover
 //! it), so every position this process commits is the last LSN of an entry. A position
@@ -515,6 +516,12 @@ fn push_run(runs: &mut Vec<Run>, pending: &mut usize, run: Run, close: bool) {
     if *pending < PENDING_RUNS && !close {
         return;
     }
+    join_waiting(runs, pending);
+}
+
+/// Copies the newest `*pending` runs of `runs` (batches waiting, see [`push_run`]) into one
+/// run, which then joins its older neighbours.
+fn join_waiting(runs: &mut Vec<Run>, pending: &mut usize) {
     let waiting = (*pending).min(runs.len());
     *pending = 0;
     if waiting > 1 {
@@ -629,6 +636,24 @@ impl TableState {
     }
 
     /// Spills the oldest batch held in memory; returns its size (0: none is held).
+    /// Copies the batches waiting in its entries in memory into runs (see [`push_run`]);
+    /// before an entry is spilled for the memory budget, the memory that joining them frees
+    /// is taken first (a batch of a few rows alone costs its arrays' overhead).
+    fn join_waiting(&mut self) {
+        for u in self.unflushed.iter_mut().skip(self.spilled) {
+            if u.pending < 2 {
+                continue;
+            }
+            let Some(runs) = &mut u.runs else {
+                continue;
+            };
+            join_waiting(runs, &mut u.pending);
+            let bytes = runs.iter().map(|r| r.bytes).sum::<usize>() + u.index_bytes();
+            self.held_bytes = self.held_bytes.saturating_sub(u.bytes) + bytes;
+            u.bytes = bytes;
+        }
+    }
+
     fn spill_one(&mut self) -> usize {
         let Some(u) = self.unflushed.get_mut(self.spilled) else {
             return 0;
@@ -1381,6 +1406,9 @@ impl Tables {
             tables.values().cloned().collect()
         };
         let budget = self.spill_budget();
+        for t in &tables {
+            t.lock().join_waiting();
+        }
         loop {
             let (mut held, mut spilled) = (0, 0);
             let mut oldest: Option<(Lsn, &Arc<Table>)> = None;
