@@ -501,6 +501,11 @@ fn copied(batches: &[RecordBatch]) -> Option<RecordBatch> {
 /// a few dozen at a time, each row copied once there.
 const PENDING_RUNS: usize = 32;
 
+/// Over the memory budget, an entry's waiting batches are joined before anything is spilled
+/// when at least this many wait: while appends keep the total over the budget, each would
+/// otherwise copy the last two batches again.
+const JOIN_BEFORE_SPILL: usize = PENDING_RUNS / 4;
+
 /// Appends `run` to an entry's runs, the newest `*pending` of which are batches not joined
 /// yet. Once [`PENDING_RUNS`] batches wait, or `close` says the entry takes no more, they are
 /// copied into one run in one step, and that run joins its older neighbours as Timsort keeps
@@ -635,13 +640,14 @@ impl TableState {
         self.held_bytes + self.spilled_bytes
     }
 
-    /// Spills the oldest batch held in memory; returns its size (0: none is held).
-    /// Copies the batches waiting in its entries in memory into runs (see [`push_run`]);
-    /// before an entry is spilled for the memory budget, the memory that joining them frees
-    /// is taken first (a batch of a few rows alone costs its arrays' overhead).
+    /// Copies the batches waiting in its entries in memory into runs (see [`push_run`]),
+    /// where at least [`JOIN_BEFORE_SPILL`] wait: before an entry is spilled for the memory
+    /// budget, the memory that joining them frees is taken first (a batch of a few rows alone
+    /// costs its arrays' overhead). Entries a flush has cut are left: the flush holds their
+    /// runs, so a copy would take memory, not free it, and they go when it commits.
     fn join_waiting(&mut self) {
         for u in self.unflushed.iter_mut().skip(self.spilled) {
-            if u.pending < 2 {
+            if u.pending < JOIN_BEFORE_SPILL || u.cut {
                 continue;
             }
             let Some(runs) = &mut u.runs else {
@@ -654,6 +660,7 @@ impl TableState {
         }
     }
 
+    /// Spills the oldest batch held in memory; returns its size (0: none is held).
     fn spill_one(&mut self) -> usize {
         let Some(u) = self.unflushed.get_mut(self.spilled) else {
             return 0;
@@ -2437,10 +2444,13 @@ mod tests {
                 table.push(lsn, batch, bytes);
                 let mut state = table.lock();
                 match next(400) {
-                    // Past the memory budget: the oldest in memory is spilled.
+                    // Past the memory budget: the oldest in memory is spilled, after the
+                    // waiting batches are joined (or only joined).
                     0..=2 => {
+                        state.join_waiting();
                         state.spill_one();
                     }
+                    22..=25 => state.join_waiting(),
                     // A flush cuts everything, then fails before its commit.
                     3..=10 => {
                         let mut fresh = Vec::new();
