@@ -502,9 +502,11 @@ fn copied(batches: &[RecordBatch]) -> Option<RecordBatch> {
 const PENDING_RUNS: usize = 32;
 
 /// Over the memory budget, an entry's waiting batches are joined before anything is spilled
-/// when at least this many wait: while appends keep the total over the budget, each would
-/// otherwise copy the last two batches again.
-const JOIN_BEFORE_SPILL: usize = PENDING_RUNS / 4;
+/// when at least this many wait. While appends keep the total over the budget, each may then
+/// copy the newest batches again, as every append did before batches waited; such appends
+/// wait for flushes anyway. A higher bar spilled entries of a few rows each under a small
+/// budget (their waiting batches counted in full).
+const JOIN_BEFORE_SPILL: usize = 2;
 
 /// Appends `run` to an entry's runs, the newest `*pending` of which are batches not joined
 /// yet. Once [`PENDING_RUNS`] batches wait, or `close` says the entry takes no more, they are
