@@ -555,12 +555,6 @@ struct Workload {
     rows: usize,
 }
 
-/// Small requests as apps send them, one event per request: 1-row and 10-row NDJSON ingests
-/// into the events table against 256-byte stream appends, all to one sluice per round, at
-/// each of `counts` connections, in an order that turns around every round. Per round and
-/// connection count: the server's CPU per 1-row (10-row) ingest over its CPU per append, and
-/// after each 1-row run the unflushed set's bytes per row (the server's own figure) over what
-/// the same rows take as one decoded Arrow batch.
 /// Waits until the events table holds no unflushed rows (its flushes are due within the
 /// flush interval, 10 s by default), then until the server is idle (under 5 % of a core over
 /// half a second: the streams' background work after appends, such as moving their data to
@@ -588,6 +582,12 @@ async fn drain(client: &reqwest::Client, base: &str, server: u32) {
     }
 }
 
+/// Small requests as apps send them, one event per request: 1-row and 10-row NDJSON ingests
+/// into the events table against 256-byte stream appends, all to one sluice per round, at
+/// each of `counts` connections, in an order that turns around every round. Per round and
+/// connection count: the server's CPU per 1-row (10-row) ingest over its CPU per append, and
+/// after each 1-row run the unflushed set's bytes per row (the server's own figure) over what
+/// the same rows take as one decoded Arrow batch.
 fn small_requests(
     runtime: &tokio::runtime::Runtime,
     counts: &[usize],

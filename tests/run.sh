@@ -82,10 +82,12 @@ stop_s3() {
   rm -rf "$S3_DIR" "$S3_DIR.log"
 }
 trap stop_s3 EXIT
+# A signed request to the S3 server; `s3_status` prints only its status code.
 s3() {
-  curl -s -o /dev/null -w '%{http_code}' --max-time 10 --aws-sigv4 "aws:amz:us-east-1:s3" \
+  curl -s --max-time 10 --aws-sigv4 "aws:amz:us-east-1:s3" \
     --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" "$@" || true
 }
+s3_status() { s3 -o /dev/null -w '%{http_code}' "$@"; }
 # Ready means an object written reads back and deletes, not only that the bucket answers.
 printf 'probe %s' "$$" > "$S3_DIR.probe"
 for i in $(seq 1 120); do
@@ -94,12 +96,10 @@ for i in $(seq 1 120); do
     cat "$S3_DIR.log" >&2
     exit 1
   fi
-  if [ "$(s3 -I "$AWS_ENDPOINT/sluice-test")" = 200 ] \
-    && [ "$(s3 -T "$S3_DIR.probe" "$AWS_ENDPOINT/sluice-test/probe-$$")" = 200 ] \
-    && [ "$(curl -s --max-time 10 --aws-sigv4 "aws:amz:us-east-1:s3" \
-      --user "$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY" "$AWS_ENDPOINT/sluice-test/probe-$$" || true)" \
-      = "probe $$" ] \
-    && [ "$(s3 -X DELETE "$AWS_ENDPOINT/sluice-test/probe-$$")" = 204 ]; then
+  if [ "$(s3_status -I "$AWS_ENDPOINT/sluice-test")" = 200 ] \
+    && [ "$(s3_status -T "$S3_DIR.probe" "$AWS_ENDPOINT/sluice-test/probe-$$")" = 200 ] \
+    && [ "$(s3 "$AWS_ENDPOINT/sluice-test/probe-$$")" = "probe $$" ] \
+    && [ "$(s3_status -X DELETE "$AWS_ENDPOINT/sluice-test/probe-$$")" = 204 ]; then
     break
   fi
   sleep 0.5

@@ -415,6 +415,12 @@ impl Unflushed {
         (self.lsns.capacity() + self.ends.capacity()) * std::mem::size_of::<u64>()
     }
 
+    /// Its size in memory as its runs and index measure it now (0 for its runs once
+    /// spilled).
+    fn measured_bytes(&self) -> usize {
+        self.runs.iter().flatten().map(|r| r.bytes).sum::<usize>() + self.index_bytes()
+    }
+
     /// Its last record: a flush that took it covers up to here.
     fn last_lsn(&self) -> Lsn {
         self.lsns.last().copied().unwrap_or(0)
@@ -458,7 +464,7 @@ impl Unflushed {
                     None => slices.into_iter().map(Run::fresh).collect(),
                 };
                 self.pending = 0;
-                runs.iter().map(|r| r.bytes).sum::<usize>() + self.index_bytes()
+                self.measured_bytes()
             }
             // Spilled: its records are read back from the log, so what it stands for is a
             // share of the spilled bytes.
@@ -523,12 +529,12 @@ fn push_run(runs: &mut Vec<Run>, pending: &mut usize, run: Run, close: bool) {
     if *pending < PENDING_RUNS && !close {
         return;
     }
-    join_waiting(runs, pending);
+    join_waiting_runs(runs, pending);
 }
 
 /// Copies the newest `*pending` runs of `runs` (batches waiting, see [`push_run`]) into one
 /// run, which then joins its older neighbours.
-fn join_waiting(runs: &mut Vec<Run>, pending: &mut usize) {
+fn join_waiting_runs(runs: &mut Vec<Run>, pending: &mut usize) {
     let waiting = (*pending).min(runs.len());
     *pending = 0;
     if waiting > 1 {
@@ -655,8 +661,8 @@ impl TableState {
             let Some(runs) = &mut u.runs else {
                 continue;
             };
-            join_waiting(runs, &mut u.pending);
-            let bytes = runs.iter().map(|r| r.bytes).sum::<usize>() + u.index_bytes();
+            join_waiting_runs(runs, &mut u.pending);
+            let bytes = u.measured_bytes();
             self.held_bytes = self.held_bytes.saturating_sub(u.bytes) + bytes;
             u.bytes = bytes;
         }
@@ -757,11 +763,10 @@ impl Table {
             // waiting batches now (once joined they may be small enough to take more).
             let close = before + bytes >= COALESCE_BELOW_BYTES;
             push_run(runs, &mut tail.pending, Run { batch, bytes }, close);
-            let runs_bytes: usize = runs.iter().map(|r| r.bytes).sum();
             tail.rows += rows;
             tail.lsns.push(lsn);
             tail.ends.push(tail.rows);
-            tail.bytes = runs_bytes + tail.index_bytes();
+            tail.bytes = tail.measured_bytes();
             let after = tail.bytes;
             state.held_bytes = state.held_bytes.saturating_sub(before) + after;
             return;
