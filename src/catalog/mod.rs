@@ -751,6 +751,11 @@ pub struct Catalog {
     caught_up: std::sync::Mutex<Option<std::time::Instant>>,
     /// When a refresh last checked whether its version fell below the floor.
     floor_checked: std::sync::Mutex<Option<std::time::Instant>>,
+    /// The highest version this node has tried to create. One it tried and did not install
+    /// (the store failed or hung, or the change was cancelled, after the write may have
+    /// landed) may be in the store though this node holds an older one: a private store is
+    /// looked at as a shared one until this node holds at least this version.
+    attempted: std::sync::atomic::AtomicU64,
 }
 
 /// What a look for a newer catalog version found ([`Catalog::changed_since`]).
@@ -837,6 +842,7 @@ impl Catalog {
             refreshing: tokio::sync::Mutex::new(()),
             caught_up: std::sync::Mutex::new(None),
             floor_checked: std::sync::Mutex::new(None),
+            attempted: std::sync::atomic::AtomicU64::new(0),
         };
         match catalog.load_latest().await? {
             Some(v) => *catalog.current.write().await = v,
@@ -1052,7 +1058,17 @@ impl Catalog {
     /// change acknowledged before a request began is seen by it), and ingest again after
     /// its rows are durable, before it answers: rows must not be acknowledged into a table
     /// another node dropped or replaced.
+    ///
+    /// A node's default store is held by it alone ([`Storage::is_private`]): every version
+    /// in it is one this node made, so there is nothing to look for once it holds the last
+    /// one it tried to make.
     pub(crate) async fn changed_since(&self, since: std::time::Instant) -> Look {
+        if self.storage.is_private()
+            && self.current.read().await.version
+                >= self.attempted.load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return Look::Unchanged;
+        }
         let mut probe = self.probe.lock().await;
         if let Some((started, found)) = probe.last
             && started >= since
@@ -1363,6 +1379,10 @@ impl Catalog {
             root,
             table_ids,
         };
+        // Before the write: should this call fail or be dropped after the version landed,
+        // a private store is looked at until it is read (see `changed_since`).
+        self.attempted
+            .fetch_max(next.version, std::sync::atomic::Ordering::SeqCst);
         if !self.try_create(&next).await? {
             // Another node committed this version first: the caller may retry on the new state.
             self.refresh().await?;
@@ -1570,6 +1590,55 @@ mod tests {
             evolve(Some(&renamed), &mut unknown, "t"),
             Err(CatalogError::Invalid(m)) if m.contains("names id 2")
         ));
+    }
+
+    /// On a node's default store (held alone) no look reaches the store: a version that
+    /// appears there behind the node's back (only its own change, failed or dropped after
+    /// its write landed, can put one there) is not looked for, until the node has tried to
+    /// make that version: then looks find it, and once it is read they stop again.
+    #[tokio::test]
+    async fn a_private_store_is_looked_at_only_while_a_change_of_this_node_is_unsettled() {
+        let dir = std::env::temp_dir().join(format!("sluice-private-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let storage = Storage::local_private(&dir, false, None).unwrap();
+        let catalog = Catalog::open(storage.clone()).await.unwrap();
+        let held = catalog.version().await;
+        let mut landed = catalog.current.read().await.clone();
+        landed.version = held + 1;
+        landed.tag = "landed-unseen".into();
+        assert!(
+            catalog
+                .log
+                .try_create(storage.store().as_ref(), landed.version, &landed)
+                .await
+                .unwrap()
+        );
+        let now = std::time::Instant::now;
+        assert_eq!(catalog.changed_since(now()).await, Look::Unchanged);
+        // What `mutate` marks before its write.
+        catalog
+            .attempted
+            .fetch_max(held + 1, std::sync::atomic::Ordering::SeqCst);
+        let found = catalog.changed_since(now()).await;
+        assert_eq!(found, Look::Newer { held });
+        catalog.catch_up(found, now()).await.unwrap();
+        assert_eq!(catalog.version().await, held + 1);
+        assert_eq!(catalog.changed_since(now()).await, Look::Unchanged);
+        // A shared store is looked at, whatever this node tried.
+        drop((catalog, storage));
+        let shared = Storage::open(&dir.display().to_string()).unwrap();
+        let catalog = Catalog::open(shared.clone()).await.unwrap();
+        landed.version = held + 2;
+        catalog
+            .log
+            .try_create(shared.store().as_ref(), landed.version, &landed)
+            .await
+            .unwrap();
+        assert_eq!(
+            catalog.changed_since(now()).await,
+            Look::Newer { held: held + 1 }
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A binary from before column ids writes the whole catalog without them: the ids of a

@@ -270,7 +270,7 @@ impl Database {
         let journal = config.journal();
         let storage = match &config.object_store {
             Some(url) => Storage::open_with(url, sync, journal)?,
-            None => Storage::local_with(&config.data_dir.join("objects"), sync, journal)?,
+            None => Storage::local_private(&config.data_dir.join("objects"), sync, journal)?,
         };
         Self::open_with_storage(config, storage).await
     }

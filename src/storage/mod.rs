@@ -91,6 +91,16 @@ pub enum StorageError {
         #[source]
         source: std::io::Error,
     },
+    /// The local directory is held by a running node in a way this open cannot share: it is
+    /// that node's own default store (inside its data directory), or this node's default
+    /// store is named as a shared store by another running node.
+    #[error("object store directory {path} is in use by another running node: {reason}")]
+    InUse {
+        /// The directory.
+        path: String,
+        /// Which kind of hold refused this one.
+        reason: &'static str,
+    },
 }
 
 /// Which kind of backend a [`Storage`] uses (for logs and metrics only).
@@ -119,6 +129,75 @@ pub struct Storage {
     /// For a local directory: the directory, where [`Storage::exists`] looks without the
     /// store (stores layered over it, such as the probe, see the same files).
     local_root: Option<std::path::PathBuf>,
+    /// For a local directory: this process's hold on it (see [`DirHold`]).
+    hold: Option<Arc<DirHold>>,
+}
+
+/// How this process holds a local-directory store, for as long as any clone of its
+/// [`Storage`] lives: through a lock on `{root}/LOCK` (not an object: no sluice path is a
+/// single name at the root). A node's default store (`objects/` inside its data directory,
+/// [`Storage::local_private`]) is held alone, with an exclusive lock; a directory named as
+/// the store ([`Storage::open`]) is held shared, so that several nodes may use it together.
+/// Neither kind opens while the other is held: no node can write into another node's
+/// default store, which is what lets that node trust its own catalog without looking at
+/// the store for newer versions ([`Storage::is_private`]).
+#[derive(Debug)]
+struct DirHold {
+    /// The lock file's descriptor (the lock lives with it).
+    _lock: std::fs::File,
+    /// Whether the hold is exclusive (the node's default store).
+    private: bool,
+}
+
+impl DirHold {
+    /// Takes the lock on `{dir}/LOCK`. A lock just released may still be held for a moment
+    /// by a copy of its descriptor in a child process between its fork and its exec (the
+    /// commit log's directory lock waits the same way).
+    fn take(dir: &Path, private: bool) -> Result<DirHold, StorageError> {
+        let path = dir.join("LOCK");
+        let io = |source| StorageError::Io {
+            path: path.display().to_string(),
+            source,
+        };
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io)?;
+        let mut attempts = 0;
+        loop {
+            let taken = if private {
+                lock.try_lock()
+            } else {
+                lock.try_lock_shared()
+            };
+            match taken {
+                Ok(()) => break,
+                Err(std::fs::TryLockError::Error(source)) => return Err(io(source)),
+                Err(std::fs::TryLockError::WouldBlock) if attempts < 20 => {
+                    attempts += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(StorageError::InUse {
+                        path: dir.display().to_string(),
+                        reason: if private {
+                            "another node names it as its object store; give this node the same \
+                             --object-store to share it"
+                        } else {
+                            "it is a running node's own default store (inside its data \
+                             directory), which no other node may share"
+                        },
+                    });
+                }
+            }
+        }
+        Ok(DirHold {
+            _lock: lock,
+            private,
+        })
+    }
 }
 
 impl Storage {
@@ -167,6 +246,7 @@ impl Storage {
                 s3_endpoint: None,
                 s3_region: None,
                 local_root: None,
+                hold: None,
             });
         }
         if let Some(rest) = url.strip_prefix("s3://") {
@@ -204,6 +284,7 @@ impl Storage {
                 s3_endpoint,
                 s3_region,
                 local_root: None,
+                hold: None,
             });
         }
         let dir = match url.strip_prefix("file://") {
@@ -216,16 +297,28 @@ impl Storage {
         if dir.is_empty() {
             return Err(invalid("empty directory path"));
         }
-        Self::local_with(Path::new(dir), sync, journal).map(|mut s| {
+        Self::local_with(Path::new(dir), false, sync, journal).map(|mut s| {
             s.url = url.to_owned();
             s
         })
     }
 
-    /// A local directory store; `sync` says whether writes are fsynced (durability `none`
-    /// turns it off), `journal` records syncs for simulated power loss (tests).
-    pub(crate) fn local_with(
+    /// A node's default store, `dir` inside its data directory, held by this process alone
+    /// (see [`DirHold`]): refused while another node has it open as a shared store.
+    pub(crate) fn local_private(
         dir: &Path,
+        sync: bool,
+        journal: Option<Arc<journal::SyncJournal>>,
+    ) -> Result<Storage, StorageError> {
+        Self::local_with(dir, true, sync, journal)
+    }
+
+    /// A local directory store, held alone (`private`) or shared with other nodes (see
+    /// [`DirHold`]); `sync` says whether writes are fsynced (durability `none` turns it off),
+    /// `journal` records syncs for simulated power loss (tests).
+    fn local_with(
+        dir: &Path,
+        private: bool,
         sync: bool,
         journal: Option<Arc<journal::SyncJournal>>,
     ) -> Result<Storage, StorageError> {
@@ -233,6 +326,7 @@ impl Storage {
             path: dir.display().to_string(),
             source,
         })?;
+        let hold = Arc::new(DirHold::take(dir, private)?);
         let store = local::DurableLocalStore::new(dir, sync, journal).map_err(|source| {
             StorageError::Backend {
                 url: dir.display().to_string(),
@@ -261,6 +355,7 @@ impl Storage {
             s3_endpoint: None,
             s3_region: None,
             local_root: Some(absolute),
+            hold: Some(hold),
         })
     }
 
@@ -275,7 +370,14 @@ impl Storage {
             s3_endpoint: None,
             s3_region: None,
             local_root: None,
+            hold: None,
         }
+    }
+
+    /// Whether no other node can write into this store: it is this node's default store,
+    /// held alone. (A store wrapped by [`Storage::layered`] keeps its hold.)
+    pub(crate) fn is_private(&self) -> bool {
+        self.hold.as_ref().is_some_and(|hold| hold.private)
     }
 
     /// The same storage through another store layered over this one (a probe, say).
@@ -356,13 +458,53 @@ mod tests {
 
     use super::*;
 
+    /// A node's default store is held alone: no other open of the directory as a store is
+    /// let in while it lives (whichever comes first), while directories named as stores are
+    /// shared; the hold ends with the last clone of the storage.
+    #[test]
+    fn a_default_store_is_held_alone_and_a_named_one_is_shared() {
+        let dir = std::env::temp_dir().join(format!("sluice-hold-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let url = dir.display().to_string();
+        let in_use = |result: Result<Storage, StorageError>| {
+            matches!(result, Err(StorageError::InUse { .. }))
+        };
+
+        let private = Storage::local_private(&dir, false, None).expect("private");
+        assert!(private.is_private());
+        let layered = private.layered(private.store().clone());
+        assert!(layered.is_private(), "a layered store keeps the hold");
+        assert!(
+            in_use(Storage::open(&url)),
+            "a shared open of a private store"
+        );
+        assert!(
+            in_use(Storage::local_private(&dir, false, None)),
+            "a second private open"
+        );
+        drop(private);
+        assert!(in_use(Storage::open(&url)), "a clone still holds it");
+        drop(layered);
+
+        let shared = Storage::open(&url).expect("shared once released");
+        assert!(!shared.is_private());
+        let other = Storage::open(&format!("file://{url}")).expect("shared twice");
+        assert!(
+            in_use(Storage::local_private(&dir, false, None)),
+            "a private open of a shared store"
+        );
+        drop((shared, other));
+        assert!(Storage::local_private(&dir, false, None).is_ok());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// `exists` answers as the store's `HEAD` does, for objects written through the store,
     /// missing ones, a directory and a name of other characters (looked up through the store).
     #[tokio::test]
     async fn exists_answers_as_the_store_does() {
         let dir = std::env::temp_dir().join(format!("sluice-exists-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let local = Storage::local_with(&dir, false, None).expect("local");
+        let local = Storage::local_with(&dir, false, false, None).expect("local");
         let memory = Storage::open("memory://").expect("memory");
         for storage in [&local, &memory] {
             for name in ["catalog/log/00000000000000000001.json", "a b/ü%.json"] {

@@ -281,6 +281,48 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// A node's default store (`objects/` in its data directory) is its own: it trusts its
+/// catalog without looking at the store, so no other node may open that directory as its
+/// store while it runs (nor may it start while another node uses the directory so), and the
+/// refusal says why. Another node naming a directory of its own is let in as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_other_node_opens_a_running_nodes_default_store() {
+    let root = common::temp_dir("private-store");
+    let a_dir = root.join("a");
+    let a = Database::open(config(&a_dir)).await.unwrap();
+    a.execute("CREATE TABLE t (id int, note string)")
+        .await
+        .unwrap();
+    let mut b = config(&root.join("b"));
+    b.object_store = Some(a_dir.join("objects").display().to_string());
+    let refused = Database::open(b.clone()).await.err().expect("refused");
+    let message = refused.to_string();
+    assert!(
+        message.contains("in use by another running node") && message.contains("default store"),
+        "{message}"
+    );
+    // The refusal changed nothing: the node goes on.
+    assert_eq!(ingest(&a, "t", 0..3).await, Ok(3));
+    a.shutdown().await.unwrap();
+    drop(a);
+
+    // Named as a shared store while the owner is down, the directory is the other node's
+    // to share: the owner, started again, is refused until that node stops.
+    let shared = Database::open(b).await.unwrap();
+    let refused = Database::open(config(&a_dir)).await.err().expect("refused");
+    assert!(
+        refused
+            .to_string()
+            .contains("give this node the same --object-store"),
+        "{refused}"
+    );
+    shared.shutdown().await.unwrap();
+    drop(shared);
+    let a = Database::open(config(&a_dir)).await.unwrap();
+    assert_eq!(ids(&a, "t").await, (0..3).collect::<Vec<_>>());
+    a.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copied_data_directory_is_fenced_never_merged() {
     let root = common::temp_dir("clone");
