@@ -632,6 +632,7 @@ impl Database {
         }
         let result = self.tables.flush_due(true).await;
         self.log.close();
+        self.storage.release_hold();
         if !self.node.is_fenced()
             && let Err(e) = self.node.heartbeat(self.log.last_lsn(), true).await
         {

@@ -133,70 +133,167 @@ pub struct Storage {
     hold: Option<Arc<DirHold>>,
 }
 
-/// How this process holds a local-directory store, for as long as any clone of its
-/// [`Storage`] lives: through a lock on `{root}/LOCK` (not an object: no sluice path is a
-/// single name at the root). A node's default store (`objects/` inside its data directory,
-/// [`Storage::local_private`]) is held alone, with an exclusive lock; a directory named as
-/// the store ([`Storage::open`]) is held shared, so that several nodes may use it together.
-/// Neither kind opens while the other is held: no node can write into another node's
-/// default store, which is what lets that node trust its own catalog without looking at
-/// the store for newer versions ([`Storage::is_private`]).
+/// How this process holds a local-directory store: a `flock` on the directory itself, for
+/// as long as any clone of its [`Storage`] lives or until [`Storage::release_hold`]. A
+/// node's default store (`objects/` inside its data directory, [`Storage::local_private`])
+/// is held alone, with an exclusive lock; a directory named as the store ([`Storage::open`])
+/// is held shared, so that several nodes may use it together. Neither kind opens while the
+/// other is held by another process: no node can write into another node's default store,
+/// which is what lets that node trust its own catalog without looking at the store for
+/// newer versions ([`Storage::is_private`]).
+///
+/// Where locks cannot be trusted (a network or FUSE file system, or `flock` failing) a
+/// default store is not private: the node looks at the store as if it were shared.
 #[derive(Debug)]
 struct DirHold {
-    /// The lock file's descriptor (the lock lives with it).
-    _lock: std::fs::File,
-    /// Whether the hold is exclusive (the node's default store).
-    private: bool,
+    /// The directory's descriptor, locked; `None` once released (or if never locked).
+    lock: std::sync::Mutex<Option<std::fs::File>>,
+    /// Held alone, and not released.
+    private: std::sync::atomic::AtomicBool,
+    /// The directory's device and inode: a reopen in this process finds its own hold.
+    id: (u64, u64),
 }
 
+/// The private holds of this process, by directory (see [`DirHold::take`]).
+static PRIVATE_HOLDS: std::sync::Mutex<Vec<std::sync::Weak<DirHold>>> =
+    std::sync::Mutex::new(Vec::new());
+
 impl DirHold {
-    /// Takes the lock on `{dir}/LOCK`. A lock just released may still be held for a moment
-    /// by a copy of its descriptor in a child process between its fork and its exec (the
-    /// commit log's directory lock waits the same way).
-    fn take(dir: &Path, private: bool) -> Result<DirHold, StorageError> {
-        let path = dir.join("LOCK");
+    /// Locks `dir`. A lock just released may still be held for a moment by a copy of its
+    /// descriptor in a child process between its fork and its exec (the commit log's
+    /// directory lock waits the same way). A private hold of the same directory by this
+    /// process (a database shut down or crashed in place, and opened again, as tests and
+    /// embedders do) is taken over: the old one stops counting as private.
+    fn take(dir: &Path, private: bool) -> Result<Arc<DirHold>, StorageError> {
+        use std::os::unix::fs::MetadataExt as _;
+        use std::sync::atomic::AtomicBool;
         let io = |source| StorageError::Io {
-            path: path.display().to_string(),
+            path: dir.display().to_string(),
             source,
         };
-        let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(io)?;
+        let handle = std::fs::File::open(dir).map_err(io)?;
+        let meta = handle.metadata().map_err(io)?;
+        let id = (meta.dev(), meta.ino());
+        let unheld = || {
+            Arc::new(DirHold {
+                lock: std::sync::Mutex::new(None),
+                private: AtomicBool::new(false),
+                id,
+            })
+        };
+        if private && !locks_are_local(dir) {
+            tracing::warn!(dir = %dir.display(), "the default store is on a network or FUSE file system: its catalog is looked at as a shared store's");
+            return Ok(unheld());
+        }
+        let try_lock = |exclusive: bool| {
+            if exclusive {
+                handle.try_lock()
+            } else {
+                handle.try_lock_shared()
+            }
+        };
         let mut attempts = 0;
         loop {
-            let taken = if private {
-                lock.try_lock()
-            } else {
-                lock.try_lock_shared()
-            };
-            match taken {
+            match try_lock(private) {
                 Ok(()) => break,
-                Err(std::fs::TryLockError::Error(source)) => return Err(io(source)),
+                Err(std::fs::TryLockError::Error(error)) => {
+                    tracing::warn!(dir = %dir.display(), %error, "the store directory cannot be locked: it is used as a shared store");
+                    return Ok(unheld());
+                }
+                Err(std::fs::TryLockError::WouldBlock) if private && attempts == 0 => {
+                    attempts += 1;
+                    let mut holds = PRIVATE_HOLDS.lock().unwrap_or_else(|p| p.into_inner());
+                    for old in holds.iter().filter_map(std::sync::Weak::upgrade) {
+                        if old.id == id {
+                            old.release();
+                        }
+                    }
+                    holds.retain(|h| h.strong_count() > 0);
+                }
                 Err(std::fs::TryLockError::WouldBlock) if attempts < 20 => {
                     attempts += 1;
                     std::thread::sleep(std::time::Duration::from_millis(50));
                 }
                 Err(std::fs::TryLockError::WouldBlock) => {
+                    let reason = if !private {
+                        "it is a running node's own default store (inside its data directory), \
+                         which no other node may name as its store"
+                    } else if try_lock(false).is_ok() {
+                        "another node names it as its object store; give this node the same \
+                         --object-store to share it"
+                    } else {
+                        "another sluice process runs on this data directory"
+                    };
                     return Err(StorageError::InUse {
                         path: dir.display().to_string(),
-                        reason: if private {
-                            "another node names it as its object store; give this node the same \
-                             --object-store to share it"
-                        } else {
-                            "it is a running node's own default store (inside its data \
-                             directory), which no other node may share"
-                        },
+                        reason,
                     });
                 }
             }
         }
-        Ok(DirHold {
-            _lock: lock,
-            private,
-        })
+        let hold = Arc::new(DirHold {
+            lock: std::sync::Mutex::new(Some(handle)),
+            private: AtomicBool::new(private),
+            id,
+        });
+        if private {
+            PRIVATE_HOLDS
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(Arc::downgrade(&hold));
+        }
+        Ok(hold)
+    }
+
+    /// Ends the hold: the lock is released and the store no longer counts as private.
+    fn release(&self) {
+        self.private
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        self.lock.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+}
+
+/// Whether `flock` on `dir` excludes every other process that can open it: false on network
+/// and FUSE file systems, where another machine's lock (or a lock of another kind) may not
+/// conflict with ours, and when the file system cannot be told.
+fn locks_are_local(dir: &Path) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::ffi::OsStrExt as _;
+        let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+            return false;
+        };
+        // SAFETY: `statfs` only writes into the zeroed buffer it is given, and `path` is a
+        // NUL-terminated string that outlives the call.
+        let (rc, fs) = unsafe {
+            let mut fs: libc::statfs = std::mem::zeroed();
+            (libc::statfs(path.as_ptr(), &mut fs), fs)
+        };
+        if rc != 0 {
+            return false;
+        }
+        // NFS, SMB/CIFS (three magics), FUSE, Ceph, AFS, 9P, GFS2, OCFS2, Lustre.
+        const SHARED: [i64; 11] = [
+            0x6969,
+            0x517B,
+            0xFE53_4D42,
+            0xFF53_4D42,
+            0x6573_5546,
+            0x00C3_6400,
+            0x5346_414F,
+            0x0102_1997,
+            0x0116_1970,
+            0x7461_636F,
+            0x0BD0_0BD0,
+        ];
+        #[allow(clippy::unnecessary_cast)]
+        let magic = fs.f_type as i64;
+        !SHARED.contains(&magic)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = dir;
+        false
     }
 }
 
@@ -326,7 +423,7 @@ impl Storage {
             path: dir.display().to_string(),
             source,
         })?;
-        let hold = Arc::new(DirHold::take(dir, private)?);
+        let hold = DirHold::take(dir, private)?;
         let store = local::DurableLocalStore::new(dir, sync, journal).map_err(|source| {
             StorageError::Backend {
                 url: dir.display().to_string(),
@@ -377,7 +474,17 @@ impl Storage {
     /// Whether no other node can write into this store: it is this node's default store,
     /// held alone. (A store wrapped by [`Storage::layered`] keeps its hold.)
     pub(crate) fn is_private(&self) -> bool {
-        self.hold.as_ref().is_some_and(|hold| hold.private)
+        self.hold
+            .as_ref()
+            .is_some_and(|hold| hold.private.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    /// Ends this process's hold on a local directory (the node shuts down): another node
+    /// may open it at once, and it no longer counts as private here.
+    pub(crate) fn release_hold(&self) {
+        if let Some(hold) = &self.hold {
+            hold.release();
+        }
     }
 
     /// The same storage through another store layered over this one (a probe, say).
@@ -458,9 +565,11 @@ mod tests {
 
     use super::*;
 
-    /// A node's default store is held alone: no other open of the directory as a store is
-    /// let in while it lives (whichever comes first), while directories named as stores are
-    /// shared; the hold ends with the last clone of the storage.
+    /// A node's default store is held alone: no open of the directory as a shared store is
+    /// let in while it lives, nor the other way round (whichever comes first), while
+    /// directories named as stores are shared; a hold ends with the last clone of the
+    /// storage or when released. A second private open in this process (a database opened
+    /// again in place) takes the hold over: the first no longer counts as private.
     #[test]
     fn a_default_store_is_held_alone_and_a_named_one_is_shared() {
         let dir = std::env::temp_dir().join(format!("sluice-hold-{}", std::process::id()));
@@ -478,13 +587,14 @@ mod tests {
             in_use(Storage::open(&url)),
             "a shared open of a private store"
         );
-        assert!(
-            in_use(Storage::local_private(&dir, false, None)),
-            "a second private open"
-        );
         drop(private);
         assert!(in_use(Storage::open(&url)), "a clone still holds it");
-        drop(layered);
+        let again = Storage::local_private(&dir, false, None).expect("taken over");
+        assert!(again.is_private());
+        assert!(!layered.is_private(), "the hold taken over");
+        assert!(in_use(Storage::open(&url)), "held by the new owner");
+        again.release_hold();
+        assert!(!again.is_private());
 
         let shared = Storage::open(&url).expect("shared once released");
         assert!(!shared.is_private());
