@@ -295,7 +295,7 @@ async fn no_other_node_opens_a_running_nodes_default_store() {
         .unwrap();
     let mut b = config(&root.join("b"));
     b.object_store = Some(a_dir.join("objects").display().to_string());
-    let refused = Database::open(b.clone()).await.err().expect("refused");
+    let refused = Database::open(b.clone()).await.expect_err("refused");
     let message = refused.to_string();
     assert!(
         message.contains("in use by another running node") && message.contains("default store"),
@@ -309,7 +309,7 @@ async fn no_other_node_opens_a_running_nodes_default_store() {
     // Named as a shared store while the owner is down, the directory is the other node's
     // to share: the owner, started again, is refused until that node stops.
     let shared = Database::open(b).await.unwrap();
-    let refused = Database::open(config(&a_dir)).await.err().expect("refused");
+    let refused = Database::open(config(&a_dir)).await.expect_err("refused");
     assert!(
         refused
             .to_string()
