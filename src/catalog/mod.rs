@@ -1052,6 +1052,13 @@ impl Catalog {
         Ok(())
     }
 
+    /// Ends this node's changes of the catalog, then its hold on the store (shutdown): a
+    /// change in flight ends first (within [`REFRESH_TIMEOUT`]), and none starts after.
+    pub(crate) async fn release_store(&self) {
+        let _write = tokio::time::timeout(REFRESH_TIMEOUT, self.write.lock()).await;
+        self.storage.release_hold();
+    }
+
     /// Whether a version newer than this node's exists, as seen by a look that started at
     /// or after `since` (one small read, at most [`LOOK_TIMEOUT`]; looks by concurrent
     /// callers are shared). Ingest and statements ask before they read the table's shape (a
@@ -1306,6 +1313,13 @@ impl Catalog {
         let _write = tokio::time::timeout(REFRESH_TIMEOUT, self.write.lock())
             .await
             .map_err(|_| behind("another catalog change on this node did not end"))?;
+        if self.storage.is_released() {
+            // The node shut down, or was opened again in place: whoever holds the store now
+            // may not look for a change made here.
+            return Err(CatalogError::Behind(
+                "this node has released its object store (it is shutting down)".into(),
+            ));
+        }
         // From a fresh listing: a change must never be numbered below versions that
         // garbage collection removed.
         let latest = tokio::time::timeout(REFRESH_TIMEOUT, self.load_latest())

@@ -268,9 +268,28 @@ impl Database {
         // then what holds the log.
         let sync = config.durability != Durability::None;
         let journal = config.journal();
+        let own = config.data_dir.join("objects");
         let storage = match &config.object_store {
-            Some(url) => Storage::open_with(url, sync, journal)?,
-            None => Storage::local_private(&config.data_dir.join("objects"), sync, journal)?,
+            Some(url) => match crate::storage::local_dir(url) {
+                // This node's default store, named: it is held alone all the same.
+                Some(dir) if same_dir(dir, &own) => Storage::local_private(&own, sync, journal)?,
+                // Another node's default store (beside its identity): that node trusts its
+                // catalog without looking at the store, and a lock may not keep out a node on
+                // another machine (through a network mount), so it is never shared.
+                Some(dir)
+                    if dir.parent().is_some_and(|p| p.join("node.json").exists())
+                        && dir.file_name().is_some_and(|n| n == "objects") =>
+                {
+                    return Err(OpenError::Storage(StorageError::InUse {
+                        path: dir.display().to_string(),
+                        reason: "it is another node's default store (inside its data \
+                                 directory), which no other node may name as its store; give \
+                                 the nodes that share a store a directory of its own",
+                    }));
+                }
+                _ => Storage::open_with(url, sync, journal)?,
+            },
+            None => Storage::local_private(&own, sync, journal)?,
         };
         Self::open_with_storage(config, storage).await
     }
@@ -632,7 +651,7 @@ impl Database {
         }
         let result = self.tables.flush_due(true).await;
         self.log.close();
-        self.storage.release_hold();
+        self.catalog.release_store().await;
         if !self.node.is_fenced()
             && let Err(e) = self.node.heartbeat(self.log.last_lsn(), true).await
         {
@@ -1019,6 +1038,14 @@ impl Database {
     /// The query engine.
     pub(crate) fn engine(&self) -> &QueryEngine {
         &self.engine
+    }
+}
+
+/// Whether two paths name one directory (both resolved; an unresolvable path names none).
+fn same_dir(a: &std::path::Path, b: &std::path::Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
     }
 }
 

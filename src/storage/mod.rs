@@ -150,6 +150,9 @@ struct DirHold {
     lock: std::sync::Mutex<Option<std::fs::File>>,
     /// Held alone, and not released.
     private: std::sync::atomic::AtomicBool,
+    /// Released (at shutdown, or taken over by a reopen in this process): the holder must
+    /// not change the catalog any more (see [`Storage::is_released`]).
+    released: std::sync::atomic::AtomicBool,
     /// The directory's device and inode: a reopen in this process finds its own hold.
     id: (u64, u64),
 }
@@ -178,11 +181,12 @@ impl DirHold {
             Arc::new(DirHold {
                 lock: std::sync::Mutex::new(None),
                 private: AtomicBool::new(false),
+                released: AtomicBool::new(false),
                 id,
             })
         };
-        if private && !locks_are_local(dir) {
-            tracing::warn!(dir = %dir.display(), "the default store is on a network or FUSE file system: its catalog is looked at as a shared store's");
+        if private && !locks_are_local(&handle) {
+            tracing::warn!(dir = %dir.display(), "the default store is not on a local file system known to this build: its catalog is looked at as a shared store's");
             return Ok(unheld());
         }
         let try_lock = |exclusive: bool| {
@@ -234,65 +238,72 @@ impl DirHold {
         let hold = Arc::new(DirHold {
             lock: std::sync::Mutex::new(Some(handle)),
             private: AtomicBool::new(private),
+            released: AtomicBool::new(false),
             id,
         });
         if private {
-            PRIVATE_HOLDS
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(Arc::downgrade(&hold));
+            let mut holds = PRIVATE_HOLDS.lock().unwrap_or_else(|p| p.into_inner());
+            holds.retain(|h| h.strong_count() > 0);
+            holds.push(Arc::downgrade(&hold));
         }
         Ok(hold)
     }
 
     /// Ends the hold: the lock is released and the store no longer counts as private.
     fn release(&self) {
+        self.released
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         self.private
             .store(false, std::sync::atomic::Ordering::SeqCst);
         self.lock.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 }
 
-/// Whether `flock` on `dir` excludes every other process that can open it: false on network
-/// and FUSE file systems, where another machine's lock (or a lock of another kind) may not
-/// conflict with ours, and when the file system cannot be told.
-fn locks_are_local(dir: &Path) -> bool {
+/// The directory a store URL names, if it names one (a path, or `file://`).
+pub(crate) fn local_dir(url: &str) -> Option<&Path> {
+    match url.strip_prefix("file://") {
+        Some(path) => Some(Path::new(path)),
+        None if url.contains("://") || url == "memory:" => None,
+        None => Some(Path::new(url)),
+    }
+}
+
+/// Whether `flock` on the directory `handle` excludes every other process that can write
+/// into it: only on file systems known to be local to this machine (a network or FUSE file
+/// system may be written by another machine, whose locks ours do not exclude).
+fn locks_are_local(handle: &std::fs::File) -> bool {
     #[cfg(target_os = "linux")]
     {
-        use std::os::unix::ffi::OsStrExt as _;
-        let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
-            return false;
-        };
-        // SAFETY: `statfs` only writes into the zeroed buffer it is given, and `path` is a
-        // NUL-terminated string that outlives the call.
+        use std::os::fd::AsRawFd as _;
+        // SAFETY: `fstatfs` only writes into the zeroed buffer it is given, and the
+        // descriptor is open for the whole call (borrowed from `handle`).
         let (rc, fs) = unsafe {
             let mut fs: libc::statfs = std::mem::zeroed();
-            (libc::statfs(path.as_ptr(), &mut fs), fs)
+            (libc::fstatfs(handle.as_raw_fd(), &mut fs), fs)
         };
         if rc != 0 {
             return false;
         }
-        // NFS, SMB/CIFS (three magics), FUSE, Ceph, AFS, 9P, GFS2, OCFS2, Lustre.
-        const SHARED: [i64; 11] = [
-            0x6969,
-            0x517B,
-            0xFE53_4D42,
-            0xFF53_4D42,
-            0x6573_5546,
-            0x00C3_6400,
-            0x5346_414F,
-            0x0102_1997,
-            0x0116_1970,
-            0x7461_636F,
-            0x0BD0_0BD0,
+        // ext2/3/4, XFS, Btrfs, tmpfs, ramfs, ZFS, overlayfs, F2FS, bcachefs.
+        const LOCAL: [u32; 9] = [
+            0xEF53,
+            0x5846_5342,
+            0x9123_683E,
+            0x0102_1994,
+            0x8584_58F6,
+            0x2FC1_2FC1,
+            0x794C_7630,
+            0xF2F5_2010,
+            0xCA45_1A4E,
         ];
+        // The magic is 32 bits wide; `f_type`'s width and sign differ between targets.
         #[allow(clippy::unnecessary_cast)]
-        let magic = fs.f_type as i64;
-        !SHARED.contains(&magic)
+        let magic = fs.f_type as u32;
+        LOCAL.contains(&magic)
     }
     #[cfg(not(target_os = "linux"))]
     {
-        let _ = dir;
+        let _ = handle;
         false
     }
 }
@@ -384,17 +395,13 @@ impl Storage {
                 hold: None,
             });
         }
-        let dir = match url.strip_prefix("file://") {
-            Some(path) => path,
-            None if url.contains("://") => {
-                return Err(invalid("use a directory path, file://, s3:// or memory://"));
-            }
-            None => url,
+        let Some(dir) = local_dir(url) else {
+            return Err(invalid("use a directory path, file://, s3:// or memory://"));
         };
-        if dir.is_empty() {
+        if dir.as_os_str().is_empty() {
             return Err(invalid("empty directory path"));
         }
-        Self::local_with(Path::new(dir), false, sync, journal).map(|mut s| {
+        Self::local_with(dir, false, sync, journal).map(|mut s| {
             s.url = url.to_owned();
             s
         })
@@ -477,6 +484,16 @@ impl Storage {
         self.hold
             .as_ref()
             .is_some_and(|hold| hold.private.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    /// Whether this process's hold on the directory has ended (see
+    /// [`Storage::release_hold`]; a reopen in this process takes a private hold over): the
+    /// holder must not change the catalog any more, since a node that opened the directory
+    /// since would not look for the change.
+    pub(crate) fn is_released(&self) -> bool {
+        self.hold
+            .as_ref()
+            .is_some_and(|hold| hold.released.load(std::sync::atomic::Ordering::SeqCst))
     }
 
     /// Ends this process's hold on a local directory (the node shuts down): another node
