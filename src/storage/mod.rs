@@ -91,14 +91,14 @@ pub enum StorageError {
         #[source]
         source: std::io::Error,
     },
-    /// The local directory is held by a running node in a way this open cannot share: it is
-    /// that node's own default store (inside its data directory), or this node's default
-    /// store is named as a shared store by another running node.
-    #[error("object store directory {path} is in use by another running node: {reason}")]
+    /// The local directory cannot be this node's store: it is another node's own default
+    /// store (inside its data directory), another process runs on this data directory, or
+    /// this node's default store is named as a shared store by another running node.
+    #[error("object store directory {path} cannot be this node's store: {reason}")]
     InUse {
         /// The directory.
         path: String,
-        /// Which kind of hold refused this one.
+        /// Why.
         reason: &'static str,
     },
 }
