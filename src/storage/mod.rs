@@ -6,6 +6,11 @@
 //! variables; path-style requests for MinIO and other S3-compatible servers), or `memory://`
 //! for tests. Everything else in sluice sees only [`Storage::store`] and paths
 //! relative to the database root.
+//!
+//! A local directory is held by the process using it (`DirHold`): a node's default store
+//! alone, a directory named as the store shared. So no other node writes into a node's default
+//! store while it runs ([`Storage::is_private`]), and the catalog need not look for versions
+//! the node did not make; no node may name another node's default store at all (`db`).
 
 pub(crate) mod gc;
 #[cfg(feature = "testing")]
