@@ -9,7 +9,7 @@
 //!
 //! A local directory is held by the process using it (`DirHold`): a node's default store
 //! alone, a directory named as the store shared. So no other node writes into a node's default
-//! store while it runs ([`Storage::is_private`]), and the catalog need not look for versions
+//! store while it runs (`Storage::is_private`), and the catalog need not look for versions
 //! the node did not make; no node may name another node's default store at all (`db`).
 
 pub(crate) mod gc;
