@@ -271,17 +271,28 @@ pub(super) fn append(
         }
         // The entry counts against the append's key from now on when it is new, or was
         // another key's (or no key's): the key's shares must hold it. Only a new entry
-        // adds to the server's budgets.
+        // adds to the server's budgets. A new entry of a producer whose retired record is
+        // kept replaces that record: the stream state it adds is its cost less the record's
+        // (to the server, and to the key's share when the key made the record). (An entry
+        // an append in flight makes has taken the record's place already.)
+        let (freed_server, freed_share) = match entry {
+            None => view.applied.freed_by_new_entry(&p.id, req.key.as_deref()),
+            Some(_) => (0, 0),
+        };
+        let adds = |budget: &Budget, freed: u64| match budget.what {
+            STATE => cost.saturating_sub(freed),
+            _ => cost,
+        };
         if let (Some(key), Some(shares)) = (&req.key, &caps.key)
             && entry.is_none_or(|e| e.key.as_deref() != Some(&**key))
         {
             for share in shares {
-                share.check(cost)?;
+                share.check(adds(share, freed_share))?;
             }
         }
         if entry.is_none() {
             for budget in &caps.server {
-                budget.check(cost)?;
+                budget.check(adds(budget, freed_server))?;
             }
         }
     }
@@ -492,6 +503,79 @@ mod tests {
             Some((w1, cost, cost))
         );
         assert_eq!(s.producers["p"].key.as_deref(), Some("w2"));
+    }
+
+    /// A producer back from retirement replaces its retired record: the record's bytes come
+    /// back as its new entry comes, to the server's stream state and to the share of the key
+    /// that made the record, so an entry that fits only with them is admitted, and no more.
+    #[test]
+    fn a_producer_back_from_retirement_is_charged_its_entry_less_its_record() {
+        use crate::stream::state::{KeyRelease, RETIRED_ENTRY_BYTES, producer_cost};
+        let mut s = stream();
+        let (w1, w2): (Arc<str>, Arc<str>) = (Arc::from("w1"), Arc::from("w2"));
+        let cost = producer_cost("p");
+        s.apply_append_by(2, None, false, producer(0, 0), None, Some(&w1));
+        assert_eq!(s.expire_producers(i64::MAX, 7, 10), 1);
+        assert!(s.producers.is_empty() && s.retired.len() == 1);
+        let back_as = |key: &Arc<str>| AppendRequest {
+            producer: producer(0, 1),
+            key: Some(key.clone()),
+            ..req("a")
+        };
+        // `room` left in the key's stream-state share (or, without `share`, the server's).
+        let with_room = |room: u64, share: bool| {
+            let mut tight = budgets(1 << 20, share);
+            tight[1].held = tight[1].budget - room;
+            match share {
+                true => Caps {
+                    key: Some(tight),
+                    ..caps(10)
+                },
+                false => Caps {
+                    server: tight,
+                    ..caps(10)
+                },
+            }
+        };
+        let decide_as = |r: &AppendRequest, caps: &Caps| {
+            let view = View {
+                applied: &s,
+                pending: None,
+            };
+            append(&view, r, caps)
+        };
+        let just = cost - RETIRED_ENTRY_BYTES;
+        assert!(decide_as(&back_as(&w1), &with_room(just, true)).is_ok());
+        assert!(matches!(
+            decide_as(&back_as(&w1), &with_room(just - 1, true)),
+            Err(StreamError::KeyShareFull { what: STATE, .. })
+        ));
+        // w2 did not make the record: its share gets none of it back.
+        assert!(matches!(
+            decide_as(&back_as(&w2), &with_room(just, true)),
+            Err(StreamError::KeyShareFull { what: STATE, .. })
+        ));
+        assert!(decide_as(&back_as(&w2), &with_room(cost, true)).is_ok());
+        // The server's stream state gets it back whoever comes.
+        for key in [&w1, &w2] {
+            assert!(decide_as(&back_as(key), &with_room(just, false)).is_ok());
+            assert!(matches!(
+                decide_as(&back_as(key), &with_room(just - 1, false)),
+                Err(StreamError::StateFull { what: STATE, .. })
+            ));
+        }
+        // Applied, the entry counts its cost against w1 and the record's bytes come back.
+        let applied = s.apply_append_by(3, None, false, producer(0, 1), None, Some(&w1));
+        assert_eq!(applied.created, Some(cost));
+        assert_eq!(
+            applied.released,
+            Some(KeyRelease {
+                key: w1,
+                state: RETIRED_ENTRY_BYTES,
+                producers: 0,
+            })
+        );
+        assert!(s.retired.is_empty());
     }
 
     fn decide(

@@ -1310,7 +1310,15 @@ impl Streams {
             // refusal for another reason (a stream-seq conflict, the server's budget) drops
             // none. (A log that then fails the write leaves them gone with nothing appended;
             // such a log refuses every write.)
-            let need = (held + state::producer_cost(&p.id)).saturating_sub(*budget);
+            // What the entry adds to the share: its cost, less its own retired record's
+            // when the key made it (that record goes as the entry comes, and is not one of
+            // the records evicted here).
+            let freed = stream
+                .read_state()
+                .freed_by_new_entry(&p.id, Some(&**key))
+                .1;
+            let adds = state::producer_cost(&p.id).saturating_sub(freed);
+            let need = (held + adds).saturating_sub(*budget);
             if self.can_evict_own_retired(&stream, key, &p.id, need) {
                 let refused = decided;
                 let with_room = self.admit_append(&stream, &mut pipeline, &req, need);

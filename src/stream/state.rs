@@ -444,6 +444,23 @@ impl StreamState {
         })
     }
 
+    /// Stream-state bytes a new entry of producer `id` frees as it comes: the retired record
+    /// of its earlier life goes then ([`StreamState::apply_append_by`]). `(server, share)`:
+    /// the server's stream state gets the record's bytes back, and so does `key`'s share when
+    /// `key` made the record. Nothing when `id` has an entry, or no record.
+    pub(crate) fn freed_by_new_entry(&self, id: &str, key: Option<&str>) -> (u64, u64) {
+        if self.retired.is_empty() || self.producers.contains_key(id) {
+            return (0, 0);
+        }
+        match self.retired.get(&producer_key(id)) {
+            Some(record) if key.is_some() && record.key.as_deref() == key => {
+                (RETIRED_ENTRY_BYTES, RETIRED_ENTRY_BYTES)
+            }
+            Some(_) => (RETIRED_ENTRY_BYTES, 0),
+            None => (0, 0),
+        }
+    }
+
     /// Counts `producers` afresh (after loading them), giving entries without a time
     /// `now_ms`.
     pub(crate) fn recount_producers(&mut self, now_ms: i64) {
