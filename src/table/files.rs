@@ -70,15 +70,17 @@ impl RecordEncoder {
         // into the record: the generator's message is a copy of them, copied again. The
         // schema's share of their encoding is small anyway.
         let small = batch.get_array_memory_size() < SMALL_RECORD_BYTES;
-        let cached = if small && !has_dictionaries(schema) {
+        let cached = if small {
             let mut kept = self.schema.lock().unwrap_or_else(|p| p.into_inner());
             match &mut *kept {
                 // (`Arc`s compare by pointer first.) The batch's `Arc` is kept: later batches
-                // of its plan match by pointer.
+                // of its plan match by pointer. Only a schema without dictionaries is kept, so
+                // a match needs no walk of its fields.
                 Some((known, message)) if known == schema => {
                     *known = schema.clone();
                     Some(message.clone())
                 }
+                _ if has_dictionaries(schema) => None,
                 _ => {
                     let mut message = Vec::new();
                     let encoded = IpcDataGenerator::default()
