@@ -559,6 +559,11 @@ impl Database {
         &self.subscriptions
     }
 
+    /// The largest result a statement may give, in bytes of the statements API's JSON.
+    pub(crate) fn max_result_bytes(&self) -> usize {
+        self.config.query.max_result_bytes
+    }
+
     /// The ingest limits.
     pub(crate) fn limits(&self) -> &Limits {
         &self.config.limits

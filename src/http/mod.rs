@@ -86,12 +86,15 @@ pub struct Shared {
     local_owner: Owner,
     /// Sends stream requests to the peer that serves the stream ([`forward`]).
     forward_client: reqwest::Client,
+    /// What results with large rows may take in rendered pieces at once.
+    render_budget: statements::RenderBudget,
 }
 
 impl AppState {
     /// State over an open database; with no keys, requests are not authenticated.
     pub fn new(db: Arc<Database>, api_keys: Vec<String>) -> Self {
         AppState(Arc::new(Shared {
+            render_budget: statements::RenderBudget::new(db.max_result_bytes()),
             metrics: Arc::new(Metrics::new(&db)),
             db,
             statements: Arc::new(Statements::new(StatementLimits::default())),

@@ -310,6 +310,51 @@ pub(crate) struct StatementOutput {
     pub schema: SchemaRef,
     /// The rows.
     pub batches: Vec<RecordBatch>,
+    /// The rows' size in the statements API's JSON.
+    pub rendered: RenderedSize,
+}
+
+/// The size of rows in the statements API's JSON form, counted exactly as they are
+/// written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct RenderedSize {
+    /// All the rows (with a comma after each).
+    pub bytes: usize,
+    /// The largest row.
+    pub largest_row: usize,
+}
+
+impl RenderedSize {
+    /// `batch`'s rows, counted cell by cell (every cell written to a counter, none built),
+    /// or `None` once the count passes `limit` (so counting a huge result costs no more
+    /// than counting `limit` bytes of it).
+    pub(crate) fn of(batch: &RecordBatch, limit: usize) -> Option<RenderedSize> {
+        use crate::types::cell::{CellWriter, JsonLength, JsonSink as _, write_json_row};
+        let cells: Vec<CellWriter<'_>> = batch.columns().iter().map(CellWriter::new).collect();
+        let mut count = JsonLength::up_to(limit);
+        let mut largest_row = 0;
+        for row in 0..batch.num_rows() {
+            let before = count.bytes;
+            write_json_row(&mut count, &cells, row);
+            count.raw(b",");
+            if count.over() {
+                return None;
+            }
+            largest_row = largest_row.max(count.bytes - before);
+        }
+        Some(RenderedSize {
+            bytes: count.bytes,
+            largest_row,
+        })
+    }
+
+    /// This size and `other`'s together.
+    fn add(self, other: RenderedSize) -> RenderedSize {
+        RenderedSize {
+            bytes: self.bytes.saturating_add(other.bytes),
+            largest_row: self.largest_row.max(other.largest_row),
+        }
+    }
 }
 
 impl StatementOutput {
@@ -333,11 +378,21 @@ impl StatementOutput {
                 )) as ArrayRef
             })
             .collect();
-        let batch =
+        let batches =
             RecordBatch::try_new(schema.clone(), arrays).map_or_else(|_| Vec::new(), |b| vec![b]);
+        StatementOutput::new(schema, batches)
+    }
+
+    /// An output of `batches`, measured.
+    pub(crate) fn new(schema: SchemaRef, batches: Vec<RecordBatch>) -> StatementOutput {
+        let rendered = batches
+            .iter()
+            .filter_map(|b| RenderedSize::of(b, usize::MAX))
+            .fold(RenderedSize::default(), RenderedSize::add);
         StatementOutput {
             schema,
-            batches: batch,
+            batches,
+            rendered,
         }
     }
 
@@ -353,7 +408,7 @@ impl StatementOutput {
         ]));
         let batches = RecordBatch::try_new(schema.clone(), vec![array])
             .map_or_else(|_| Vec::new(), |b| vec![b]);
-        StatementOutput { schema, batches }
+        StatementOutput::new(schema, batches)
     }
 
     /// Rows in the result.
@@ -366,8 +421,9 @@ impl StatementOutput {
     pub(crate) fn memory_bytes(&self) -> usize {
         self.batches
             .iter()
-            .map(|b| b.get_array_memory_size().max(rendered_bytes(b)))
-            .sum()
+            .map(RecordBatch::get_array_memory_size)
+            .sum::<usize>()
+            .max(self.rendered.bytes)
     }
 
     /// The result's fields with their sluice type names.
@@ -394,58 +450,6 @@ impl StatementOutput {
             fields: self.fields(),
             rows,
         }
-    }
-}
-
-/// About how many bytes a batch takes in the statements API's cell form (every cell a JSON
-/// string): what results are capped by. Unlike Arrow's memory size, a dictionary's value
-/// counts once for every row that uses it, and a column of nulls counts its `null`s.
-pub(crate) fn rendered_bytes(batch: &RecordBatch) -> usize {
-    let cells = batch.num_rows() * batch.num_columns().max(1);
-    // Quotes, commas and brackets around every cell.
-    batch
-        .columns()
-        .iter()
-        .map(rendered_column_bytes)
-        .sum::<usize>()
-        + cells * 4
-}
-
-fn rendered_column_bytes(column: &ArrayRef) -> usize {
-    use arrow_array::cast::AsArray as _;
-    match column.data_type() {
-        DataType::Dictionary(..) => {
-            let Some(dictionary) = column.as_any_dictionary_opt() else {
-                return column.get_array_memory_size() * 3;
-            };
-            let values = dictionary.values();
-            let sizes: Vec<usize> = (0..values.len())
-                .map(|i| rendered_column_bytes(&values.slice(i, 1)))
-                .collect();
-            dictionary
-                .normalized_keys()
-                .iter()
-                .map(|k| sizes.get(*k).copied().unwrap_or(0))
-                .sum()
-        }
-        DataType::Utf8 => column.as_string::<i32>().value_data().len(),
-        DataType::LargeUtf8 => column.as_string::<i64>().value_data().len(),
-        DataType::Utf8View => column
-            .as_string_view()
-            .iter()
-            .map(|v| v.map_or(0, str::len))
-            .sum(),
-        // Binary prints as hex: two characters a byte.
-        DataType::Binary => column.as_binary::<i32>().value_data().len() * 2,
-        DataType::LargeBinary => column.as_binary::<i64>().value_data().len() * 2,
-        DataType::BinaryView => column
-            .as_binary_view()
-            .iter()
-            .map(|v| v.map_or(0, |b| b.len() * 2))
-            .sum(),
-        DataType::Null => column.len() * 4,
-        // Numbers, times and nested values print at most a few times their width.
-        _ => column.get_array_memory_size() * 3,
     }
 }
 
@@ -820,26 +824,35 @@ impl QueryEngine {
     ) -> Result<StatementOutput, Collected> {
         let mut stream = execute_stream(physical, task).map_err(Collected::DataFusion)?;
         let mut batches = Vec::new();
-        let (mut rows, mut bytes) = (0usize, 0usize);
+        let mut rows = 0usize;
+        let mut rendered = RenderedSize::default();
         while let Some(batch) = stream.next().await {
             let batch = batch.map_err(Collected::DataFusion)?;
             rows += batch.num_rows();
-            bytes += rendered_bytes(&batch);
             if rows > self.limits.max_result_rows {
                 return Err(Collected::Query(QueryError::ResultTooLarge {
                     limit: self.limits.max_result_rows,
                     unit: "rows",
                 }));
             }
-            if bytes > self.limits.max_result_bytes {
+            // Counted exactly, as the rows will be written (escapes, nested values and
+            // dictionaries' repeats included): what a fetch renders is never more than the
+            // limit, whatever the values.
+            let room = self.limits.max_result_bytes - rendered.bytes;
+            let Some(size) = RenderedSize::of(&batch, room) else {
                 return Err(Collected::Query(QueryError::ResultTooLarge {
                     limit: self.limits.max_result_bytes,
                     unit: "bytes",
                 }));
-            }
+            };
+            rendered = rendered.add(size);
             batches.push(batch);
         }
-        Ok(StatementOutput { schema, batches })
+        Ok(StatementOutput {
+            schema,
+            batches,
+            rendered,
+        })
     }
 }
 

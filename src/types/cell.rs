@@ -3,7 +3,7 @@
 //! Numbers and booleans print as text, timestamps as RFC 3339 in UTC, intervals as ISO 8601
 //! durations, JSON columns as their stored JSON text and binary as lower-case hex.
 
-use std::fmt::Write as _;
+use std::fmt;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
@@ -30,56 +30,317 @@ use super::temporal::{write_interval, write_timestamp};
 /// assert_eq!(format_cell(&a, 1), None);
 /// ```
 pub fn format_cell(array: &ArrayRef, row: usize) -> Option<String> {
-    if array.is_null(row) {
+    let cells = CellWriter::new(array);
+    if cells.is_null(row) {
         return None;
     }
     let mut out = String::new();
-    match array.data_type() {
-        DataType::Int64 => {
-            let _ = write!(out, "{}", array.as_primitive::<Int64Type>().value(row));
-        }
-        DataType::UInt64 => {
-            let _ = write!(out, "{}", array.as_primitive::<UInt64Type>().value(row));
-        }
-        DataType::Float64 => out = format_float(array.as_primitive::<Float64Type>().value(row)),
-        DataType::Boolean => {
-            out.push_str(if array.as_boolean().value(row) {
-                "true"
-            } else {
-                "false"
-            });
-        }
-        DataType::Utf8 => out.push_str(array.as_string::<i32>().value(row)),
-        DataType::LargeUtf8 => out.push_str(array.as_string::<i64>().value(row)),
-        DataType::Utf8View => out.push_str(array.as_string_view().value(row)),
-        DataType::Timestamp(TimeUnit::Nanosecond, _) => write_timestamp(
-            &mut out,
-            array.as_primitive::<TimestampNanosecondType>().value(row),
-        ),
-        DataType::Duration(TimeUnit::Nanosecond) => write_interval(
-            &mut out,
-            array.as_primitive::<DurationNanosecondType>().value(row),
-        ),
-        DataType::Binary => write_hex(&mut out, array.as_binary::<i32>().value(row)),
-        DataType::LargeBinary => write_hex(&mut out, array.as_binary::<i64>().value(row)),
-        DataType::BinaryView => write_hex(&mut out, array.as_binary_view().value(row)),
-        _ => {
-            // Types outside sluice's mapping (query results can produce them, such as Int32
-            // from SQL literals) print through Arrow's own display.
-            let formatter = ArrayFormatter::try_new(array.as_ref(), &FormatOptions::default());
-            match formatter {
-                Ok(f) => {
-                    let _ = write!(out, "{}", f.value(row));
-                }
-                Err(e) => out = format!("<{e}>"),
-            }
-        }
-    }
+    cells.write(&mut out, row);
     Some(out)
 }
 
-fn write_hex(out: &mut String, bytes: &[u8]) {
-    for b in bytes {
-        let _ = write!(out, "{b:02x}");
+/// Writes the cells of one column in the cell form, straight into any [`fmt::Write`]: made
+/// once for a column and used for many of its rows, so a large value (a long string, a
+/// list of a million items) is never first built as a `String` of its own.
+pub(crate) struct CellWriter<'a> {
+    array: &'a ArrayRef,
+    /// Arrow's display, for the types sluice does not store (or why it cannot display).
+    display: Option<Result<ArrayFormatter<'a>, arrow_schema::ArrowError>>,
+}
+
+impl<'a> CellWriter<'a> {
+    /// A writer of `array`'s cells.
+    pub(crate) fn new(array: &'a ArrayRef) -> Self {
+        let display = match array.data_type() {
+            DataType::Int64
+            | DataType::UInt64
+            | DataType::Float64
+            | DataType::Boolean
+            | DataType::Utf8
+            | DataType::LargeUtf8
+            | DataType::Utf8View
+            | DataType::Timestamp(TimeUnit::Nanosecond, _)
+            | DataType::Duration(TimeUnit::Nanosecond)
+            | DataType::Binary
+            | DataType::LargeBinary
+            | DataType::BinaryView => None,
+            // Types outside sluice's mapping (query results can produce them, such as Int32
+            // from SQL literals) print through Arrow's own display.
+            _ => Some(ArrayFormatter::try_new(
+                array.as_ref(),
+                &FormatOptions::default(),
+            )),
+        };
+        CellWriter { array, display }
+    }
+
+    /// Whether row `row` is SQL NULL (which [`CellWriter::write`] does not write).
+    pub(crate) fn is_null(&self, row: usize) -> bool {
+        self.array.is_null(row)
+    }
+
+    /// Writes row `row`'s value (nothing for SQL NULL).
+    pub(crate) fn write(&self, out: &mut impl fmt::Write, row: usize) {
+        if self.array.is_null(row) {
+            return;
+        }
+        let array = self.array;
+        // A writer that fails stops taking text: what it got is all there is to write.
+        let _ = match (&self.display, array.data_type()) {
+            (Some(Ok(display)), _) => write!(out, "{}", display.value(row)),
+            (Some(Err(e)), _) => write!(out, "<{e}>"),
+            (None, DataType::Int64) => {
+                write!(out, "{}", array.as_primitive::<Int64Type>().value(row))
+            }
+            (None, DataType::UInt64) => {
+                write!(out, "{}", array.as_primitive::<UInt64Type>().value(row))
+            }
+            (None, DataType::Float64) => out.write_str(&format_float(
+                array.as_primitive::<Float64Type>().value(row),
+            )),
+            (None, DataType::Boolean) => out.write_str(if array.as_boolean().value(row) {
+                "true"
+            } else {
+                "false"
+            }),
+            (None, DataType::Utf8) => out.write_str(array.as_string::<i32>().value(row)),
+            (None, DataType::LargeUtf8) => out.write_str(array.as_string::<i64>().value(row)),
+            (None, DataType::Utf8View) => out.write_str(array.as_string_view().value(row)),
+            (None, DataType::Timestamp(TimeUnit::Nanosecond, _)) => {
+                let mut text = String::new();
+                write_timestamp(
+                    &mut text,
+                    array.as_primitive::<TimestampNanosecondType>().value(row),
+                );
+                out.write_str(&text)
+            }
+            (None, DataType::Duration(TimeUnit::Nanosecond)) => {
+                let mut text = String::new();
+                write_interval(
+                    &mut text,
+                    array.as_primitive::<DurationNanosecondType>().value(row),
+                );
+                out.write_str(&text)
+            }
+            (None, DataType::Binary) => write_hex(out, array.as_binary::<i32>().value(row)),
+            (None, DataType::LargeBinary) => write_hex(out, array.as_binary::<i64>().value(row)),
+            (None, DataType::BinaryView) => write_hex(out, array.as_binary_view().value(row)),
+            (None, _) => Ok(()),
+        };
+    }
+}
+
+/// Where a row of the statements API's JSON goes: raw JSON syntax by [`JsonSink::raw`], a
+/// string's contents through [`fmt::Write`], which escapes them as `serde_json` does.
+pub(crate) trait JsonSink: fmt::Write {
+    /// Takes JSON syntax as it is.
+    fn raw(&mut self, bytes: &[u8]);
+}
+
+/// How many bytes each byte of a string's contents takes once escaped for JSON: two for a
+/// quote, a backslash and the control characters with a short escape, six (`\u00XX`) for the
+/// other control characters, one for the rest (UTF-8 goes as it is).
+const ESCAPED_LEN: [u8; 256] = {
+    let mut table = [1u8; 256];
+    let mut b = 0;
+    while b < 0x20 {
+        table[b] = 6;
+        b += 1;
+    }
+    table[b'"' as usize] = 2;
+    table[b'\\' as usize] = 2;
+    table[0x08] = 2;
+    table[0x0c] = 2;
+    table[b'\n' as usize] = 2;
+    table[b'\r' as usize] = 2;
+    table[b'\t' as usize] = 2;
+    table
+};
+
+/// A [`JsonSink`] that appends to a buffer.
+pub(crate) struct JsonBuffer<'a>(pub(crate) &'a mut Vec<u8>);
+
+impl fmt::Write for JsonBuffer<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let out = &mut *self.0;
+        let bytes = s.as_bytes();
+        let mut plain = 0;
+        for (i, &b) in bytes.iter().enumerate() {
+            if ESCAPED_LEN[usize::from(b)] == 1 {
+                continue;
+            }
+            out.extend_from_slice(&bytes[plain..i]);
+            plain = i + 1;
+            match b {
+                b'"' => out.extend_from_slice(b"\\\""),
+                b'\\' => out.extend_from_slice(b"\\\\"),
+                0x08 => out.extend_from_slice(b"\\b"),
+                0x0c => out.extend_from_slice(b"\\f"),
+                b'\n' => out.extend_from_slice(b"\\n"),
+                b'\r' => out.extend_from_slice(b"\\r"),
+                b'\t' => out.extend_from_slice(b"\\t"),
+                _ => {
+                    const HEX: &[u8; 16] = b"0123456789abcdef";
+                    out.extend_from_slice(b"\\u00");
+                    out.push(HEX[usize::from(b >> 4)]);
+                    out.push(HEX[usize::from(b & 0xf)]);
+                }
+            }
+        }
+        out.extend_from_slice(&bytes[plain..]);
+        Ok(())
+    }
+}
+
+impl JsonSink for JsonBuffer<'_> {
+    fn raw(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
+    }
+}
+
+/// A [`JsonSink`] that only counts what [`JsonBuffer`] would append. It stops taking text
+/// (a write fails) once the count passes its limit, so counting a huge value costs no
+/// more than counting the limit.
+pub(crate) struct JsonLength {
+    /// Bytes counted.
+    pub(crate) bytes: usize,
+    limit: usize,
+}
+
+impl JsonLength {
+    /// A count that stops taking text once it passes `limit`.
+    pub(crate) fn up_to(limit: usize) -> Self {
+        JsonLength { bytes: 0, limit }
+    }
+
+    /// Whether the count passed its limit.
+    pub(crate) fn over(&self) -> bool {
+        self.bytes > self.limit
+    }
+}
+
+impl fmt::Write for JsonLength {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let escaped: usize = s
+            .as_bytes()
+            .iter()
+            .map(|&b| usize::from(ESCAPED_LEN[usize::from(b)]))
+            .sum();
+        self.bytes = self.bytes.saturating_add(escaped);
+        if self.over() { Err(fmt::Error) } else { Ok(()) }
+    }
+}
+
+impl JsonSink for JsonLength {
+    fn raw(&mut self, bytes: &[u8]) {
+        self.bytes = self.bytes.saturating_add(bytes.len());
+    }
+}
+
+/// Writes row `row` of the columns `cells` write as the statements API's JSON row: an array
+/// of the cells, each a string or `null`.
+pub(crate) fn write_json_row(sink: &mut impl JsonSink, cells: &[CellWriter<'_>], row: usize) {
+    sink.raw(b"[");
+    for (i, cell) in cells.iter().enumerate() {
+        if i > 0 {
+            sink.raw(b",");
+        }
+        if cell.is_null(row) {
+            sink.raw(b"null");
+        } else {
+            sink.raw(b"\"");
+            cell.write(sink, row);
+            sink.raw(b"\"");
+        }
+    }
+    sink.raw(b"]");
+}
+
+fn write_hex(out: &mut impl fmt::Write, bytes: &[u8]) -> fmt::Result {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    // In pieces of a small buffer: a large value is never built whole.
+    let mut text = [0u8; 512];
+    for piece in bytes.chunks(text.len() / 2) {
+        for (i, b) in piece.iter().enumerate() {
+            text[2 * i] = HEX[usize::from(b >> 4)];
+            text[2 * i + 1] = HEX[usize::from(b & 0xf)];
+        }
+        // Hex digits are ASCII.
+        out.write_str(std::str::from_utf8(&text[..2 * piece.len()]).map_err(|_| fmt::Error)?)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fmt::Write as _;
+    use std::sync::Arc;
+
+    use arrow_array::builder::{BooleanBuilder, ListBuilder};
+    use arrow_array::{ArrayRef, DictionaryArray, StringArray, types::Int32Type};
+
+    use super::*;
+
+    /// Every byte a string can hold (each ASCII character, and UTF-8 beyond it).
+    fn hostile_text() -> String {
+        let mut text: String = (0u8..0x80).map(char::from).collect();
+        text.push_str("é\u{2028}😀\\\"");
+        text
+    }
+
+    #[test]
+    fn strings_escape_as_serde_json_escapes_them_and_are_counted_exactly() {
+        let text = hostile_text();
+        let mut out = Vec::new();
+        JsonBuffer(&mut out).write_str(&text).unwrap();
+        let expected = serde_json::to_string(&text).unwrap();
+        assert_eq!(
+            String::from_utf8(out.clone()).unwrap(),
+            expected[1..expected.len() - 1]
+        );
+        let mut count = JsonLength::up_to(usize::MAX);
+        count.write_str(&text).unwrap();
+        assert_eq!(count.bytes, out.len());
+    }
+
+    #[test]
+    fn rows_render_as_json_arrays_of_cells_and_count_as_written() {
+        let text = hostile_text();
+        let strings: ArrayRef = Arc::new(StringArray::from(vec![Some(text.as_str()), None]));
+        let mut list = ListBuilder::new(BooleanBuilder::new());
+        list.values().append_slice(&[true, false, true]);
+        list.append(true);
+        list.append(false);
+        let list: ArrayRef = Arc::new(list.finish());
+        let keys = arrow_array::Int32Array::from(vec![0, 0]);
+        let values: ArrayRef = Arc::new(StringArray::from(vec!["\u{1}\"x"]));
+        let dictionary: ArrayRef =
+            Arc::new(DictionaryArray::<Int32Type>::try_new(keys, values).unwrap());
+        let columns = [strings, list, dictionary];
+        let cells: Vec<CellWriter<'_>> = columns.iter().map(CellWriter::new).collect();
+        for row in 0..2 {
+            let mut out = Vec::new();
+            write_json_row(&mut JsonBuffer(&mut out), &cells, row);
+            let parsed: Vec<Option<String>> = serde_json::from_slice(&out).unwrap();
+            let expected: Vec<Option<String>> =
+                columns.iter().map(|c| format_cell(c, row)).collect();
+            assert_eq!(parsed, expected);
+            let mut count = JsonLength::up_to(usize::MAX);
+            write_json_row(&mut count, &cells, row);
+            assert_eq!(count.bytes, out.len(), "row {row}");
+        }
+        assert_eq!(
+            format_cell(&columns[1], 0).as_deref(),
+            Some("[true, false, true]")
+        );
+    }
+
+    #[test]
+    fn a_count_stops_taking_text_past_its_limit() {
+        let mut count = JsonLength::up_to(10);
+        assert!(count.write_str("0123456789").is_ok());
+        assert!(!count.over());
+        assert!(count.write_str("\u{1}").is_err());
+        assert!(count.over());
     }
 }

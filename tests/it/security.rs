@@ -549,6 +549,46 @@ async fn statements_belong_to_the_key_that_made_them() {
     assert_eq!(fetch("a-key", &theirs).await.unwrap().status(), 200);
 }
 
+/// A result's size is what its JSON weighs, escapes and nested values included (not its
+/// Arrow size): a row of control characters or a list of booleans renders several times
+/// larger than it is held. Many fetches of a kept result with a row larger than a piece
+/// take turns within the render budget, and each gets the whole row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_are_limited_by_what_their_json_weighs() {
+    let mut server = Server::start("attack-rendered", &[], "max_result_bytes = 4000000\n");
+    let base = server.base.clone();
+    for statement in [
+        // 700 KB held, 4.2 MB as JSON (`\u0001` for each).
+        "SELECT repeat(chr(1), 700000)",
+        // About 125 KB held, 6 MB as JSON (`true, ` for each).
+        "SELECT array_repeat(true, 1000000)",
+        // One dictionary value, repeated in every row.
+        "SELECT arrow_cast(repeat('\"', 2000), 'Dictionary(Int32, Utf8)') \
+         FROM generate_series(1, 1000)",
+    ] {
+        let (_, body) = submit(&base, "", statement).await;
+        let body = finished(&base, "", body).await;
+        assert_eq!(body["status"], "failed", "{statement}: {body}");
+        assert_eq!(body["error"]["code"], "result_too_large", "{body}");
+    }
+    // 3 MB as JSON: within the limit, and a row of many pieces.
+    let (_, body) = submit(&base, "", "SELECT repeat(chr(1), 500000) AS s").await;
+    let body = finished(&base, "", body).await;
+    assert_eq!(body["status"], "finished", "{body}");
+    let id = body["statement_id"].as_str().unwrap().to_owned();
+    let client = reqwest::Client::new();
+    let fetches = (0..8).map(|_| client.get(format!("{base}/v1/statements/{id}")).send());
+    for answer in futures::future::join_all(fetches).await {
+        let body: serde_json::Value = answer.unwrap().json().await.unwrap();
+        let cell = body["result_set"]["rows"][0][0].as_str().unwrap();
+        assert_eq!(cell.len(), 500000);
+        assert!(cell.bytes().all(|b| b == 1));
+    }
+    let (_, body) = submit(&base, "", "SELECT 1").await;
+    assert_eq!(body["result_set"]["rows"][0][0], "1", "{body}");
+    assert!(server.alive());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn results_memory_time_and_kept_statements_are_bounded() {
     let config = "max_result_rows = 1000\nstatement_timeout_seconds = 1\n\
