@@ -239,6 +239,8 @@ pub struct Database {
     names: names::NameLocks,
     /// Reads of other nodes' streams their snapshots did not answer lately.
     sealed_misses: names::SealedMisses,
+    /// Listings of streams, one at a time ([`Database::list_streams`]).
+    listings: tokio::sync::Semaphore,
 }
 
 impl std::fmt::Debug for Database {
@@ -502,6 +504,7 @@ impl Database {
             takeovers: takeover::Takeovers::default(),
             names: names::NameLocks::default(),
             sealed_misses: names::SealedMisses::default(),
+            listings: tokio::sync::Semaphore::new(1),
         }))
     }
 

@@ -34,7 +34,7 @@ use std::time::Instant;
 use super::{Database, OpenError};
 use crate::log::{CommitLog, Durability, LogConfig, recover_remote};
 use crate::node::{Node, NodeError, PeerBeat, peer_beats};
-use crate::stream::Streams;
+use crate::stream::{StreamError, Streams};
 use crate::table::Tables;
 
 /// A node id this process took over and serves.
@@ -160,28 +160,52 @@ impl Database {
         self.streams.clone()
     }
 
-    /// Up to `limit` live streams this process serves (its own and its hosted ids') whose
-    /// names start with `prefix`, in name order; the second value says whether more matched.
-    pub(crate) fn list_streams(
+    /// The live streams this process serves (its own and its hosted ids') that `request`
+    /// asks for, in name order, within its limits; the second value says whether more
+    /// matched.
+    ///
+    /// A listing walks every stream this process holds: it runs on the blocking pool, one
+    /// at a time, so listings cost the threads that serve requests nothing and take at most
+    /// one core between them.
+    pub(crate) async fn list_streams(
+        self: &Arc<Self>,
+        request: crate::stream::ListRequest,
+    ) -> Result<(Vec<crate::stream::StreamSummary>, bool), StreamError> {
+        let _turn = self
+            .listings
+            .acquire()
+            .await
+            .map_err(|e| StreamError::Task(e.to_string()))?;
+        let db = Arc::clone(self);
+        tokio::task::spawn_blocking(move || db.list_streams_now(&request))
+            .await
+            .map_err(|e| StreamError::Task(format!("listing streams: {e}")))
+    }
+
+    fn list_streams_now(
         &self,
-        prefix: &str,
-        limit: usize,
+        request: &crate::stream::ListRequest,
     ) -> (Vec<crate::stream::StreamSummary>, bool) {
         let (mut streams, mut truncated) = if self.node.is_fenced() {
             (Vec::new(), false)
         } else {
-            self.streams.list(prefix, limit)
+            self.streams.list(request)
         };
         for hosted in self.takeovers.hosted() {
-            let (more, more_truncated) = hosted.streams.list(prefix, limit);
+            let (more, more_truncated) = hosted.streams.list(request);
             streams.extend(more);
             truncated |= more_truncated;
         }
         streams.sort_by(|a, b| a.name.cmp(&b.name));
-        if streams.len() > limit {
-            streams.truncate(limit);
+        if streams.len() > request.limit {
+            streams.truncate(request.limit);
             truncated = true;
         }
+        truncated |= crate::stream::keep_within_producers(
+            &mut streams,
+            |s| s.producers.len(),
+            request.max_producers,
+        );
         (streams, truncated)
     }
 

@@ -1601,10 +1601,16 @@ pub(super) struct ListParams {
     prefix: Option<String>,
     #[serde(default)]
     limit: Option<usize>,
+    #[serde(default)]
+    after: Option<String>,
 }
 
 /// Most streams one listing answers.
 const MAX_LIST: usize = 10_000;
+
+/// Most idempotent producers one listing answers (the first stream's are listed whatever
+/// their count): a listing's size is bounded whatever the streams hold.
+const MAX_LISTED_PRODUCERS: usize = 10_000;
 
 /// `GET /v1/streams`: the live streams in name order, with their metadata and producers.
 ///
@@ -1625,9 +1631,13 @@ pub(super) async fn list(
             "limit must be 1 to {MAX_LIST}"
         )));
     }
-    let (streams, mut truncated) = state
-        .db
-        .list_streams(params.prefix.as_deref().unwrap_or(""), limit);
+    let request = crate::stream::ListRequest {
+        prefix: params.prefix.unwrap_or_default(),
+        after: params.after,
+        limit,
+        max_producers: MAX_LISTED_PRODUCERS,
+    };
+    let (streams, mut truncated) = state.db.list_streams(request).await?;
     let mut streams: Vec<serde_json::Value> = streams
         .into_iter()
         .map(|s| {
@@ -1665,6 +1675,11 @@ pub(super) async fn list(
             streams.truncate(limit);
             truncated = true;
         }
+        truncated |= crate::stream::keep_within_producers(
+            &mut streams,
+            |s| s["producers"].as_array().map_or(0, Vec::len),
+            MAX_LISTED_PRODUCERS,
+        );
     }
     let mut answer = json!({"streams": streams, "truncated": truncated});
     if incomplete {

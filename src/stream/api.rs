@@ -161,6 +161,9 @@ pub enum StreamError {
     /// A snapshot or sealed object is unreadable.
     #[error("stream data is corrupt: {0}")]
     Corrupt(String),
+    /// Work run on a task of its own failed (it panicked); nothing was changed.
+    #[error("a task failed: {0}")]
+    Task(String),
     /// The server began to stop while the request's body was still arriving: it is not
     /// served (a stopping server waits for the requests it serves, and a body that trickles
     /// in would hold it up).
@@ -209,7 +212,7 @@ impl Classify for StreamError {
             // Reads of sealed data and checkpoints: nothing is written by the request.
             StreamError::Storage(_) => ErrorClass::retry(Cause::StorageUnavailable),
             StreamError::ShuttingDown => ErrorClass::retry(Cause::ShuttingDown),
-            StreamError::Corrupt(_) => ErrorClass::rejected(Kind::Internal),
+            StreamError::Corrupt(_) | StreamError::Task(_) => ErrorClass::rejected(Kind::Internal),
         }
     }
 }
@@ -227,6 +230,40 @@ pub struct StreamInfo {
     pub incarnation: String,
     /// TTL or expiry.
     pub lifetime: Lifetime,
+}
+
+/// What a listing of streams asks for.
+#[derive(Debug, Clone, Default)]
+pub struct ListRequest {
+    /// Names that start with this.
+    pub prefix: String,
+    /// Names after this one (where the listing before stopped).
+    pub after: Option<String>,
+    /// Most streams listed.
+    pub limit: usize,
+    /// Most idempotent producers listed in all (their streams'); the first stream is listed
+    /// whole whatever its count (at most `max_producers_per_stream`).
+    pub max_producers: usize,
+}
+
+/// Keeps the first of `listed` (in name order) whose producers together stay within
+/// `max_producers`, at least one; says whether any went.
+pub(crate) fn keep_within_producers<T>(
+    listed: &mut Vec<T>,
+    producers: impl Fn(&T) -> usize,
+    max_producers: usize,
+) -> bool {
+    let mut total = 0usize;
+    let kept = listed
+        .iter()
+        .position(|s| {
+            total = total.saturating_add(producers(s));
+            total > max_producers
+        })
+        .map_or(listed.len(), |over| over.max(1));
+    let cut = kept < listed.len();
+    listed.truncate(kept);
+    cut
 }
 
 /// One stream as a listing shows it.
@@ -354,4 +391,24 @@ pub struct ReadResult {
     pub content_type: String,
     /// Its incarnation.
     pub incarnation: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::keep_within_producers;
+
+    #[test]
+    fn a_listing_keeps_the_streams_whose_producers_fit_and_always_the_first() {
+        let mut listed = vec![3usize, 4, 2, 1];
+        assert!(keep_within_producers(&mut listed, |n| *n, 9));
+        assert_eq!(listed, [3, 4, 2]);
+        let mut listed = vec![3usize, 4, 2, 1];
+        assert!(!keep_within_producers(&mut listed, |n| *n, 10));
+        assert_eq!(listed.len(), 4);
+        let mut listed = vec![50usize, 1];
+        assert!(keep_within_producers(&mut listed, |n| *n, 10));
+        assert_eq!(listed, [50]);
+        let mut listed: Vec<usize> = Vec::new();
+        assert!(!keep_within_producers(&mut listed, |n| *n, 0));
+    }
 }

@@ -67,12 +67,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use tokio::sync::watch;
 
-pub(crate) use api::parse_offset;
 pub use api::{
-    AppendOutcome, AppendRequest, CreateRequest, ForkRequest, MAX_APPEND_BYTES,
+    AppendOutcome, AppendRequest, CreateRequest, ForkRequest, ListRequest, MAX_APPEND_BYTES,
     MAX_PRODUCER_NUMBER, MAX_TOKEN_BYTES, ProducerSummary, ReadResult, StreamError, StreamInfo,
     StreamSummary, format_offset,
 };
+pub(crate) use api::{keep_within_producers, parse_offset};
 pub use codec::{ForkSpec, Lifetime, Op, ProducerTuple};
 use cold::ColdStore;
 pub(crate) use json::JsonTextError;
@@ -967,17 +967,19 @@ impl Streams {
         self.inner.registry().streams.len()
     }
 
-    /// Up to `limit` live streams whose names start with `prefix`, in name order, with their
-    /// metadata and producers (what a console or an operator lists). The second value says
-    /// whether more streams matched.
-    pub fn list(&self, prefix: &str, limit: usize) -> (Vec<StreamSummary>, bool) {
+    /// Up to `request.limit` live streams whose names start with `request.prefix` (after
+    /// `request.after`), in name order, with their metadata and producers (what a console
+    /// or an operator lists), within `request.max_producers`. The second value says whether
+    /// more streams matched.
+    pub fn list(&self, request: &ListRequest) -> (Vec<StreamSummary>, bool) {
         let now = now_ms();
+        let after = |name: &str| request.after.as_deref().is_none_or(|a| name > a);
         let mut matching: Vec<Arc<Stream>> = {
             let registry = self.inner.registry();
             registry
                 .streams
                 .iter()
-                .filter(|(name, _)| name.starts_with(prefix))
+                .filter(|(name, _)| name.starts_with(&request.prefix) && after(name))
                 .map(|(_, s)| s.clone())
                 .collect()
         };
@@ -988,8 +990,19 @@ impl Streams {
         // Expired streams are deleted by the next request that touches them; they are not
         // listed meanwhile.
         matching.retain(|s| !s.expired(now));
+        let limit = request.limit;
+        let mut more = matching.len() > limit;
+        // The first `limit` names, without sorting every match.
+        if more {
+            matching.select_nth_unstable_by(limit, |a, b| a.name.cmp(&b.name));
+            matching.truncate(limit);
+        }
         matching.sort_by(|a, b| a.name.cmp(&b.name));
-        let more = matching.len() > limit;
+        more |= keep_within_producers(
+            &mut matching,
+            |s| s.read_state().producers.len(),
+            request.max_producers,
+        );
         let summaries = matching
             .iter()
             .take(limit)

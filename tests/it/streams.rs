@@ -435,6 +435,58 @@ async fn http_server() -> (String, reqwest::Client) {
     (format!("http://{addr}"), reqwest::Client::new())
 }
 
+/// A listing is in name order and bounded; one that stopped goes on from its last name.
+#[tokio::test]
+async fn listings_go_on_after_the_last_name_listed() {
+    let (base, client) = http_server().await;
+    for name in ["l/c", "l/a", "other", "l/b"] {
+        let r = client
+            .put(format!("{base}/v1/stream/{name}"))
+            .header("content-type", "text/plain")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201, "{name}");
+    }
+    let r = client
+        .post(format!("{base}/v1/stream/l/a"))
+        .header("content-type", "text/plain")
+        .header("producer-id", "p1")
+        .header("producer-epoch", "0")
+        .header("producer-seq", "0")
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let list = |query: &'static str| {
+        let client = client.clone();
+        let url = format!("{base}/v1/streams?{query}");
+        async move {
+            let listing: serde_json::Value =
+                client.get(url).send().await.unwrap().json().await.unwrap();
+            let names: Vec<String> = listing["streams"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["name"].as_str().unwrap().to_owned())
+                .collect();
+            (names, listing)
+        }
+    };
+    let (names, listing) = list("prefix=l/&limit=2").await;
+    assert_eq!(names, ["l/a", "l/b"]);
+    assert_eq!(listing["truncated"], true);
+    assert_eq!(listing["streams"][0]["producers"][0]["id"], "p1");
+    let (names, listing) = list("prefix=l/&limit=2&after=l/b").await;
+    assert_eq!(names, ["l/c"]);
+    assert_eq!(listing["truncated"], false);
+    let (names, _) = list("after=l/c").await;
+    assert_eq!(names, ["other"]);
+    let (names, _) = list("after=zzz").await;
+    assert!(names.is_empty());
+}
+
 #[tokio::test]
 async fn incarnation_preconditions() {
     let (base, client) = http_server().await;
