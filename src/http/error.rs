@@ -123,6 +123,10 @@ impl ApiError {
     }
 }
 
+/// The `{code, message, details}` body of an error answer, kept with the answer.
+#[derive(Debug, Clone)]
+pub(crate) struct ErrorBody(pub(crate) Value);
+
 impl IntoResponse for ApiError {
     fn into_response(mut self) -> Response {
         // A refusal of the request as sent (4xx) applied nothing, whichever route gave it.
@@ -130,7 +134,10 @@ impl IntoResponse for ApiError {
             self.details.insert("status".into(), json!("rejected"));
         }
         let body = self.body();
-        let mut response = (self.status, axum::Json(body)).into_response();
+        let mut response = (self.status, axum::Json(&body)).into_response();
+        // The body as a value too, for a router whose protocol adds its own error shape
+        // (the Iceberg routes): it extends this rather than parsing what was rendered.
+        response.extensions_mut().insert(ErrorBody(body));
         for (name, value) in self.headers {
             response.headers_mut().insert(name, value);
         }

@@ -20,6 +20,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::error::ErrorBody;
 use super::{ApiError, AppState};
 use crate::catalog::{CatalogPath, RootDef};
 use crate::iceberg::View;
@@ -51,27 +52,19 @@ impl IntoResponse for Answer {
 /// `{"error": {message, type, code}}` beside sluice's `{code, message, details}` (clients
 /// such as pyiceberg parse only the former). Runs on the answer of every request under
 /// `/iceberg`, so refusals by the key check and the router get it too.
-pub(super) async fn error_model(head: bool, response: Response) -> Response {
+pub(super) fn error_model(head: bool, mut response: Response) -> Response {
     let status = response.status();
-    let json = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|t| t.as_bytes().starts_with(b"application/json"));
-    if head || !json || !(status.is_client_error() || status.is_server_error()) {
+    if head || !(status.is_client_error() || status.is_server_error()) {
         return response;
     }
-    let (mut parts, body) = response.into_parts();
-    // Error bodies are small: they echo at most a name from the request line, which the
-    // header limit bounds well below this.
-    let mut value = match axum::body::to_bytes(body, 1 << 20).await {
-        Ok(bytes) => match serde_json::from_slice::<Value>(&bytes) {
-            Ok(v @ Value::Object(_)) if v.get("error").is_none() => v,
-            _ => return Response::from_parts(parts, axum::body::Body::from(bytes)),
-        },
-        Err(_) => {
-            json!({"code": "internal_server_error", "message": "the error's body was too large", "details": {}})
-        }
+    // Every error sluice answers keeps its body as a value; other answers (a framework's
+    // own refusals, in plain text) are left as they are.
+    let Some(ErrorBody(mut value)) = response.extensions_mut().remove::<ErrorBody>() else {
+        return response;
     };
+    if value.get("error").is_some() {
+        return response;
+    }
     let kind = match status {
         StatusCode::NOT_FOUND => match value["details"]["kind"].as_str() {
             Some("namespace") => "NoSuchNamespaceException",
@@ -90,6 +83,7 @@ pub(super) async fn error_model(head: bool, response: Response) -> Response {
         "type": kind,
         "code": status.as_u16(),
     });
+    let (mut parts, _) = response.into_parts();
     parts.headers.remove(header::CONTENT_LENGTH);
     Response::from_parts(parts, axum::body::Body::from(value.to_string()))
 }

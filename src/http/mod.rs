@@ -603,7 +603,7 @@ async fn edge(state: AppState, routes: Router, request: Request) -> Response {
             None => under_iceberg,
         };
         if iceberg {
-            iceberg::error_model(head, response).await
+            iceberg::error_model(head, response)
         } else {
             response
         }
