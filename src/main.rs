@@ -408,8 +408,8 @@ async fn tables(args: ClientArgs) -> Result<ExitCode, String> {
 /// on its segments and gives freed memory back after a few milliseconds, so memory that
 /// cycles (request buffers, a stream's records until its checkpoint, ingest's batches) was
 /// faulted in again as whole 2 MiB pages, each zeroed first: `clear_page_erms` under
-/// `do_huge_pmd_anonymous_page` was 11 % of the server's CPU at 256 connections of appends,
-/// and ingest used 12.7-14.0 core-seconds per GB with them against 8.8-9.7 without (see
+/// `do_huge_pmd_anonymous_page` took a large share of the server's CPU under appends, and
+/// ingest used about half as much CPU again with them as without (figures in
 /// benches/README.md, "Transparent huge pages off"). Databases commonly run without them for
 /// the same reasons (latency of the zeroing, memory held by partly used huge pages).
 fn no_transparent_huge_pages() {

@@ -436,7 +436,7 @@ impl Segment {
     /// and repair read it after a restart, from disk now rather than the page cache), so its
     /// pages were only kept until memory ran short, and each write took a page the system
     /// had not used lately: on the VMs these benches run on, the copy into such pages was
-    /// 15 % of the server's CPU during bulk ingest (`copy_folio_from_iter_atomic` under the
+    /// a large share of the server's CPU during bulk ingest (`copy_folio_from_iter_atomic` under the
     /// log's `writev`; benches/README.md, "The log's pages dropped once synced"). Dropped,
     /// they are freed and reused by the next writes. Only clean pages are dropped, so this is
     /// called after a sync; a failure costs speed only.

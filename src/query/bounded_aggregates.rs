@@ -12,7 +12,7 @@
 //!
 //! Every other aggregate and window function keeps a state bounded by its input (a sum, a
 //! count, the values it was given) or by a fixed size (`approx_distinct`), which
-//! `guard::tests` lists as reviewed.
+//! `guard::tests` lists by name.
 //!
 //! What an aggregate *emits* as a window function is another matter: it emits a value for
 //! every row, over the row's frame, so an `array_agg` over a growing frame emits the whole

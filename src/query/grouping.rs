@@ -2205,8 +2205,7 @@ mod tests {
 
 #[cfg(test)]
 mod edges {
-    //! Edge values and batches (written for an independent review) against DataFusion's own
-    //! plan.
+    //! Edge values and batches against DataFusion's own plan.
     use super::tests::{run, session};
     use super::*;
     use arrow_array::{
@@ -2456,7 +2455,7 @@ mod edges {
 
 #[cfg(test)]
 mod fuzz {
-    //! Random tables (written for an independent review) against DataFusion's own plan.
+    //! Random tables against DataFusion's own plan.
     use super::tests::{run, session};
     use super::*;
     use arrow_array::builder::{
@@ -2659,9 +2658,9 @@ mod fuzz {
 }
 
 #[cfg(test)]
-mod review {
-    //! Cases from the independent review of the counting, dense and mixed-radix paths
-    //! (each against DataFusion's own plan, with the keyed operator asserted in the plan).
+mod paths {
+    //! Cases for the counting, dense and mixed-radix paths at their edges (each against
+    //! DataFusion's own plan, with the keyed operator asserted in the plan).
     use super::tests::{run, session};
     use super::*;
     use arrow_array::{Int8Array, Int64Array, StringViewArray, UInt16Array, UInt64Array};

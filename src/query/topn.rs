@@ -23,7 +23,7 @@
 //! Only batches that come in the sort's order are thinned: where rows come in no order (or
 //! the first key ties), the top-N's own threshold already drops nearly every row with one
 //! vectorized comparison, and a partial sort per batch made such queries several times
-//! slower in the adversarial review. A batch counts as coming in the sort's order when, of 16
+//! slower. A batch counts as coming in the sort's order when, of 16
 //! steps between 17 rows spread evenly over it, at least 12 go strictly forward in the sort's
 //! order (ascending times under `ORDER BY time DESC` go forward at every step; random keys at
 //! about half).

@@ -486,9 +486,9 @@ const SAMPLED_ROWS: usize = 4096;
 /// ([`small_uncompressed`]); else it is written again, compressed.
 ///
 /// Why: its data pages are then runs and bit-packed indices of a few bits, which zstd
-/// barely shrinks (the bench's service and name columns: 3 bits a row; 0.4 % more file
-/// bytes for its four such columns uncompressed), while a query pays a zstd frame, with its
-/// tables, for every page of 8,192 rows it reads: about a fifth of the time of a count
+/// barely shrinks (a low-cardinality column takes a few bits a row; left uncompressed, such
+/// columns make a file hardly larger), while a query pays a zstd frame, with its
+/// tables, for every page of 8,192 rows it reads: a large part of the time of a count
 /// grouped by such a column. What zstd would still have saved is bounded by the check
 /// after writing: a byte a row in all. A sample that missed values costs a second encoding
 /// of the chunk, or bytes within that bound.
