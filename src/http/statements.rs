@@ -15,7 +15,7 @@ use super::{ApiError, AppState};
 use crate::query::StatementOutput;
 use crate::query::statements::{Owner, Statement, StatementState, SubmitError};
 use crate::query::{Access, QueryError};
-use crate::types::cell::{CellWriter, JsonBuffer, write_json_row};
+use crate::types::cell::{CellWriter, JsonBuffer, TextForm, escape_into, hex_into};
 use crate::types::temporal::format_timestamp;
 
 /// How long a submit waits for its statement before answering `running`.
@@ -100,7 +100,8 @@ fn payload(statement: &Statement, budget: &RenderBudget) -> Response {
     };
     // The result set is the payload's last member, rendered piece by piece as the answer
     // goes out: a large result is never rendered whole in memory, once or per fetch, and a
-    // reader that stops reading holds one piece (one row, if a row is larger).
+    // reader that stops reading holds one piece (about 64 KiB, or one list, map or struct
+    // value if that is larger) until the write times out.
     let metadata = json!({
         "fields": output
             .fields()
@@ -134,16 +135,24 @@ fn payload(statement: &Statement, budget: &RenderBudget) -> Response {
 /// About how much of a result one piece of an answer renders.
 const PIECE_BYTES: usize = 64 * 1024;
 
-/// Rows up to this size render on the thread that serves the answer, a piece at a time;
-/// a result with a larger row renders its pieces on the blocking pool, within the
-/// [`RenderBudget`].
-const LARGE_ROW_BYTES: usize = 1 << 20;
+/// Cells other than text (written whole) up to this size render on the thread that serves
+/// the answer; a result with a larger one renders its pieces on the blocking pool, within
+/// the [`RenderBudget`]. Strings and binary values are written a part at a time, a piece
+/// holding [`PIECE_BYTES`] of them whatever their size.
+const LARGE_CELL_BYTES: usize = 1 << 20;
 
-/// Where rendering a result stands: the next row to write, and whether one was written.
+/// Where rendering a result stands: the next row, the column in it and, within a text cell
+/// begun in an earlier piece, the next byte of its value.
 #[derive(Debug, Clone, Copy, Default)]
 struct RowCursor {
     batch: usize,
     row: usize,
+    column: usize,
+    /// The next byte of a text cell begun earlier (0: the cell is not begun).
+    offset: usize,
+    /// The row's `[` is written.
+    in_row: bool,
+    /// A row was written (the next one follows a comma).
     any: bool,
 }
 
@@ -152,12 +161,16 @@ impl RowCursor {
     const END: RowCursor = RowCursor {
         batch: usize::MAX,
         row: 0,
+        column: 0,
+        offset: 0,
+        in_row: false,
         any: true,
     };
 }
 
 /// Renders `output`'s rows from `cursor` until the piece holds [`PIECE_BYTES`] or the rows
-/// end (empty then), each row straight into the piece (no cell built on its own).
+/// end (empty then): cells straight into the piece (none built on its own), a long string
+/// or binary value a part at a time across pieces.
 fn render_piece(output: &StatementOutput, cursor: &mut RowCursor) -> Vec<u8> {
     let mut piece = Vec::new();
     while piece.len() < PIECE_BYTES {
@@ -171,15 +184,72 @@ fn render_piece(output: &StatementOutput, cursor: &mut RowCursor) -> Vec<u8> {
         }
         let cells: Vec<CellWriter<'_>> = batch.columns().iter().map(CellWriter::new).collect();
         while piece.len() < PIECE_BYTES && cursor.row < batch.num_rows() {
-            if cursor.any {
-                piece.push(b',');
-            }
-            cursor.any = true;
-            write_json_row(&mut JsonBuffer(&mut piece), &cells, cursor.row);
-            cursor.row += 1;
+            render_row(&mut piece, &cells, cursor);
         }
     }
     piece
+}
+
+/// Writes row `cursor.row` from where `cursor` stands until the row ends (the cursor then
+/// at the next row) or the piece is full (the cursor where to go on).
+fn render_row(piece: &mut Vec<u8>, cells: &[CellWriter<'_>], cursor: &mut RowCursor) {
+    let row = cursor.row;
+    if !cursor.in_row {
+        if cursor.any {
+            piece.push(b',');
+        }
+        cursor.any = true;
+        piece.push(b'[');
+        cursor.in_row = true;
+    }
+    while let Some(cell) = cells.get(cursor.column) {
+        if cursor.offset == 0 && cursor.column > 0 {
+            piece.push(b',');
+        }
+        if cell.is_null(row) {
+            piece.extend_from_slice(b"null");
+        } else if let Some((bytes, form)) = cell.text(row) {
+            if cursor.offset == 0 {
+                piece.push(b'"');
+            }
+            // Parts small enough that even the longest escapes (six bytes for one) keep
+            // the piece near its size.
+            let mut at = cursor.offset;
+            while at < bytes.len() {
+                let room = PIECE_BYTES.saturating_sub(piece.len());
+                // A cell stops only once a part of it is written (`at` > 0 says it is
+                // begun: its comma and quote are not written again).
+                if room == 0 && at > 0 {
+                    cursor.offset = at;
+                    return;
+                }
+                let end = match form {
+                    TextForm::Escaped => at + (room / 6).max(1),
+                    TextForm::Hex => at + (room / 2).max(1),
+                }
+                .min(bytes.len());
+                match form {
+                    TextForm::Escaped => escape_into(piece, &bytes[at..end]),
+                    TextForm::Hex => hex_into(piece, &bytes[at..end]),
+                }
+                at = end;
+            }
+            piece.push(b'"');
+        } else {
+            piece.push(b'"');
+            cell.write(&mut JsonBuffer(piece), row);
+            piece.push(b'"');
+        }
+        cursor.column += 1;
+        cursor.offset = 0;
+        if piece.len() >= PIECE_BYTES && cursor.column < cells.len() {
+            return;
+        }
+    }
+    piece.push(b']');
+    cursor.row += 1;
+    cursor.column = 0;
+    cursor.in_row = false;
 }
 
 /// What results with large rows may take in rendered pieces at once, across every fetch,
@@ -211,12 +281,12 @@ impl RenderBudget {
         output: &Arc<StatementOutput>,
         mut cursor: RowCursor,
     ) -> Result<Option<(bytes::Bytes, RowCursor)>, std::io::Error> {
-        if output.rendered.largest_row <= LARGE_ROW_BYTES {
+        if output.rendered.largest_whole_cell <= LARGE_CELL_BYTES {
             let piece = render_piece(output, &mut cursor);
             return Ok((!piece.is_empty()).then(|| (bytes::Bytes::from(piece), cursor)));
         }
         let fail = |e: String| std::io::Error::other(format!("rendering the result failed: {e}"));
-        let need = u32::try_from((output.rendered.largest_row + PIECE_BYTES).div_ceil(1024))
+        let need = u32::try_from((output.rendered.largest_whole_cell + PIECE_BYTES).div_ceil(1024))
             .unwrap_or(u32::MAX)
             .min(self.capacity_kib);
         let held = Arc::clone(&self.kib)
@@ -351,23 +421,61 @@ mod tests {
 
     use super::*;
 
-    /// A result of several batches, with rows of hostile text larger than a piece.
+    /// A result of several batches, with rows of hostile text and binary values larger
+    /// than a piece, and values of every length around a piece's size (so that pieces end
+    /// at every kind of place: in an escape, in a UTF-8 character, between cells).
     fn output() -> StatementOutput {
         let schema = Arc::new(Schema::new(vec![
             Field::new("n", DataType::Int64, true),
             Field::new("s", DataType::Utf8, true),
+            Field::new("b", DataType::Binary, true),
         ]));
-        let batch = |start: i64, texts: Vec<Option<String>>| {
-            let n: ArrayRef =
-                Arc::new(Int64Array::from_iter((start..).take(texts.len()).map(Some)));
-            let s: ArrayRef = Arc::new(StringArray::from(texts));
-            RecordBatch::try_new(Arc::clone(&schema), vec![n, s]).unwrap()
+        let batch = |start: i64, rows: Vec<(Option<String>, Option<Vec<u8>>)>| {
+            let n: ArrayRef = Arc::new(Int64Array::from_iter((start..).take(rows.len()).map(Some)));
+            let s: ArrayRef = Arc::new(StringArray::from_iter(rows.iter().map(|r| r.0.clone())));
+            let b: ArrayRef = Arc::new(arrow_array::BinaryArray::from_iter(
+                rows.iter().map(|r| r.1.clone()),
+            ));
+            RecordBatch::try_new(Arc::clone(&schema), vec![n, s, b]).unwrap()
         };
+        // Lengths around a piece's size, from a fixed seed.
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |below: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % below as u64) as usize
+        };
+        let mixed: Vec<(Option<String>, Option<Vec<u8>>)> = (0..120)
+            .map(|_| {
+                let text: String = (0..next(PIECE_BYTES / 2))
+                    .map(|_| ['a', 'é', '\u{1}', '"', '😀'][next(5)])
+                    .collect();
+                let bytes = vec![0xa5; next(PIECE_BYTES)];
+                (Some(text), (next(4) > 0).then_some(bytes))
+            })
+            .collect();
         let batches = vec![
-            batch(0, (0..5000).map(|i| Some(format!("\"{i}\u{1}"))).collect()),
+            batch(
+                0,
+                (0..5000)
+                    .map(|i| (Some(format!("\"{i}\u{1}")), Some(vec![i as u8])))
+                    .collect(),
+            ),
             batch(5000, vec![]),
-            batch(5000, vec![Some("\n".repeat(3 * PIECE_BYTES)), None]),
-            batch(5002, vec![Some("é".into())]),
+            batch(
+                5000,
+                vec![
+                    (
+                        Some("\n".repeat(3 * PIECE_BYTES)),
+                        Some(vec![0xab; PIECE_BYTES + 3]),
+                    ),
+                    (None, None),
+                    (Some("é".repeat(PIECE_BYTES)), Some(Vec::new())),
+                ],
+            ),
+            batch(5003, mixed),
+            batch(5123, vec![(Some(String::new()), None)]),
         ];
         StatementOutput::new(schema, batches)
     }
@@ -383,38 +491,33 @@ mod tests {
             if piece.is_empty() {
                 break;
             }
-            // A piece ends at the first row that takes it past its size.
-            assert!(
-                piece.len() < PIECE_BYTES + 7 * PIECE_BYTES,
-                "{}",
-                piece.len()
-            );
+            // A piece ends once it is full, within a long value too; only a cell that is
+            // not text (here an integer) is written whole past it.
+            assert!(piece.len() <= PIECE_BYTES + 32, "{}", piece.len());
             pieces += 1;
             rendered.extend_from_slice(&piece);
         }
         rendered.push(b']');
-        assert!(pieces >= 3, "{pieces}");
+        assert!(pieces >= 40, "{pieces}");
         let rows: Vec<Vec<Option<String>>> = serde_json::from_slice(&rendered).unwrap();
         assert_eq!(rows, output.to_result().rows);
         // The count puts a comma after each row; the answer between them.
         assert_eq!(output.rendered.bytes, rendered.len() - 2 + 1);
-        assert_eq!(output.rendered.largest_row, 6 * PIECE_BYTES + 12);
+        assert_eq!(output.rendered.largest_whole_cell, 0);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn large_rows_render_within_the_budget_and_give_it_back() {
+    async fn large_cells_render_within_the_budget_and_give_it_back() {
         let output = Arc::new(output());
         // Room for one large piece at a time.
-        let budget = RenderBudget::new(output.rendered.largest_row + PIECE_BYTES);
+        let budget = RenderBudget::new(LARGE_CELL_BYTES + 1 + PIECE_BYTES);
         let mut cursor = RowCursor::default();
         let mut held = Vec::new();
         let mut rendered = b"[".to_vec();
-        // Force the large-row path whatever the rows' size.
-        let output = if output.rendered.largest_row > LARGE_ROW_BYTES {
-            output
-        } else {
+        // The path of a result with a large cell that is not text, for these rows.
+        let output = {
             let mut big = (*output).clone();
-            big.rendered.largest_row = LARGE_ROW_BYTES + 1;
+            big.rendered.largest_whole_cell = LARGE_CELL_BYTES + 1;
             Arc::new(big)
         };
         let first = budget.render(&output, cursor).await.unwrap().unwrap();

@@ -320,8 +320,9 @@ pub(crate) struct StatementOutput {
 pub(crate) struct RenderedSize {
     /// All the rows (with a comma after each).
     pub bytes: usize,
-    /// The largest row.
-    pub largest_row: usize,
+    /// The largest cell that is not a string or binary: one a fetch writes whole (text is
+    /// written a part at a time, whatever its size).
+    pub largest_whole_cell: usize,
 }
 
 impl RenderedSize {
@@ -332,19 +333,16 @@ impl RenderedSize {
         use crate::types::cell::{CellWriter, JsonLength, JsonSink as _, write_json_row};
         let cells: Vec<CellWriter<'_>> = batch.columns().iter().map(CellWriter::new).collect();
         let mut count = JsonLength::up_to(limit);
-        let mut largest_row = 0;
         for row in 0..batch.num_rows() {
-            let before = count.bytes;
             write_json_row(&mut count, &cells, row);
             count.raw(b",");
             if count.over() {
                 return None;
             }
-            largest_row = largest_row.max(count.bytes - before);
         }
         Some(RenderedSize {
             bytes: count.bytes,
-            largest_row,
+            largest_whole_cell: count.largest_whole_cell,
         })
     }
 
@@ -352,7 +350,7 @@ impl RenderedSize {
     fn add(self, other: RenderedSize) -> RenderedSize {
         RenderedSize {
             bytes: self.bytes.saturating_add(other.bytes),
-            largest_row: self.largest_row.max(other.largest_row),
+            largest_whole_cell: self.largest_whole_cell.max(other.largest_whole_cell),
         }
     }
 }

@@ -130,6 +130,44 @@ impl<'a> CellWriter<'a> {
     }
 }
 
+/// How a text cell's bytes are written: escaped as a JSON string's contents, or as hex.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TextForm {
+    /// A string's bytes, escaped.
+    Escaped,
+    /// Binary bytes, two hex digits each.
+    Hex,
+}
+
+impl<'a> CellWriter<'a> {
+    /// Row `row`'s bytes and their form, for a column of strings or binary (whose cells can
+    /// be written a part at a time, from any byte on); `None` for other columns.
+    pub(crate) fn text(&self, row: usize) -> Option<(&'a [u8], TextForm)> {
+        if self.display.is_some() {
+            return None;
+        }
+        let array = self.array;
+        Some(match array.data_type() {
+            DataType::Utf8 => (
+                array.as_string::<i32>().value(row).as_bytes(),
+                TextForm::Escaped,
+            ),
+            DataType::LargeUtf8 => (
+                array.as_string::<i64>().value(row).as_bytes(),
+                TextForm::Escaped,
+            ),
+            DataType::Utf8View => (
+                array.as_string_view().value(row).as_bytes(),
+                TextForm::Escaped,
+            ),
+            DataType::Binary => (array.as_binary::<i32>().value(row), TextForm::Hex),
+            DataType::LargeBinary => (array.as_binary::<i64>().value(row), TextForm::Hex),
+            DataType::BinaryView => (array.as_binary_view().value(row), TextForm::Hex),
+            _ => return None,
+        })
+    }
+}
+
 impl CellWriter<'_> {
     /// The length of row `row`'s value as [`CellWriter::write`] writes it, when that is
     /// known without writing it (integers and booleans, which need no escapes).
@@ -190,35 +228,50 @@ pub(crate) struct JsonBuffer<'a>(pub(crate) &'a mut Vec<u8>);
 
 impl fmt::Write for JsonBuffer<'_> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
-        let out = &mut *self.0;
-        let bytes = s.as_bytes();
-        let mut plain = 0;
-        for (i, &b) in bytes.iter().enumerate() {
-            if ESCAPED_LEN[usize::from(b)] == 1 {
-                continue;
-            }
-            out.extend_from_slice(&bytes[plain..i]);
-            plain = i + 1;
-            match b {
-                b'"' => out.extend_from_slice(b"\\\""),
-                b'\\' => out.extend_from_slice(b"\\\\"),
-                0x08 => out.extend_from_slice(b"\\b"),
-                0x0c => out.extend_from_slice(b"\\f"),
-                b'\n' => out.extend_from_slice(b"\\n"),
-                b'\r' => out.extend_from_slice(b"\\r"),
-                b'\t' => out.extend_from_slice(b"\\t"),
-                _ => {
-                    const HEX: &[u8; 16] = b"0123456789abcdef";
-                    out.extend_from_slice(b"\\u00");
-                    out.push(HEX[usize::from(b >> 4)]);
-                    out.push(HEX[usize::from(b & 0xf)]);
-                }
-            }
-        }
-        out.extend_from_slice(&bytes[plain..]);
+        escape_into(self.0, s.as_bytes());
         Ok(())
     }
 }
+
+/// Appends `bytes` escaped as a JSON string's contents, as `serde_json` escapes them. Any
+/// run of a string's bytes may be escaped on its own (UTF-8 goes through as it is), so a
+/// long string can be written a part at a time.
+pub(crate) fn escape_into(out: &mut Vec<u8>, bytes: &[u8]) {
+    let mut plain = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        if ESCAPED_LEN[usize::from(b)] == 1 {
+            continue;
+        }
+        out.extend_from_slice(&bytes[plain..i]);
+        plain = i + 1;
+        match b {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            0x08 => out.extend_from_slice(b"\\b"),
+            0x0c => out.extend_from_slice(b"\\f"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            _ => {
+                out.extend_from_slice(b"\\u00");
+                out.push(HEX_DIGITS[usize::from(b >> 4)]);
+                out.push(HEX_DIGITS[usize::from(b & 0xf)]);
+            }
+        }
+    }
+    out.extend_from_slice(&bytes[plain..]);
+}
+
+/// Appends `bytes` as lower-case hex.
+pub(crate) fn hex_into(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.reserve(bytes.len() * 2);
+    for b in bytes {
+        out.push(HEX_DIGITS[usize::from(b >> 4)]);
+        out.push(HEX_DIGITS[usize::from(b & 0xf)]);
+    }
+}
+
+const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
 
 impl JsonSink for JsonBuffer<'_> {
     fn raw(&mut self, bytes: &[u8]) {
@@ -232,13 +285,19 @@ impl JsonSink for JsonBuffer<'_> {
 pub(crate) struct JsonLength {
     /// Bytes counted.
     pub(crate) bytes: usize,
+    /// The largest cell counted that is not text (one written whole, never in parts).
+    pub(crate) largest_whole_cell: usize,
     limit: usize,
 }
 
 impl JsonLength {
     /// A count that stops taking text once it passes `limit`.
     pub(crate) fn up_to(limit: usize) -> Self {
-        JsonLength { bytes: 0, limit }
+        JsonLength {
+            bytes: 0,
+            largest_whole_cell: 0,
+            limit,
+        }
     }
 
     /// Whether the count passed its limit.
@@ -267,9 +326,14 @@ impl JsonSink for JsonLength {
     fn cell(&mut self, cell: &CellWriter<'_>, row: usize) {
         // Counted without being formatted where the length is known: a large numeric
         // result is counted at a few nanoseconds a value.
-        match cell.known_len(row) {
-            Some(len) => self.bytes = self.bytes.saturating_add(len),
-            None => cell.write(self, row),
+        if let Some(len) = cell.known_len(row) {
+            self.bytes = self.bytes.saturating_add(len);
+            return;
+        }
+        let before = self.bytes;
+        cell.write(self, row);
+        if cell.text(row).is_none() {
+            self.largest_whole_cell = self.largest_whole_cell.max(self.bytes - before);
         }
     }
 }
@@ -294,7 +358,7 @@ pub(crate) fn write_json_row(sink: &mut impl JsonSink, cells: &[CellWriter<'_>],
 }
 
 fn write_hex(out: &mut impl fmt::Write, bytes: &[u8]) -> fmt::Result {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
+    const HEX: &[u8; 16] = HEX_DIGITS;
     // In pieces of a small buffer: a large value is never built whole.
     let mut text = [0u8; 512];
     for piece in bytes.chunks(text.len() / 2) {

@@ -551,8 +551,9 @@ async fn statements_belong_to_the_key_that_made_them() {
 
 /// A result's size is what its JSON weighs, escapes and nested values included (not its
 /// Arrow size): a row of control characters or a list of booleans renders several times
-/// larger than it is held. Many fetches of a kept result with a row larger than a piece
-/// take turns within the render budget, and each gets the whole row.
+/// larger than it is held. Many fetches of a kept result with a string larger than a piece
+/// each get it whole (written a part at a time), and of one with a large list (written
+/// whole) take turns within the render budget.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn results_are_limited_by_what_their_json_weighs() {
     let mut server = Server::start("attack-rendered", &[], "max_result_bytes = 4000000\n");
@@ -583,6 +584,17 @@ async fn results_are_limited_by_what_their_json_weighs() {
         let cell = body["result_set"]["rows"][0][0].as_str().unwrap();
         assert_eq!(cell.len(), 500000);
         assert!(cell.bytes().all(|b| b == 1));
+    }
+    // A list of 1.2 MB as JSON: a cell written whole, within the render budget.
+    let (_, body) = submit(&base, "", "SELECT array_repeat(1, 400000) AS l").await;
+    let body = finished(&base, "", body).await;
+    assert_eq!(body["status"], "finished", "{body}");
+    let id = body["statement_id"].as_str().unwrap().to_owned();
+    let fetches = (0..4).map(|_| client.get(format!("{base}/v1/statements/{id}")).send());
+    for answer in futures::future::join_all(fetches).await {
+        let body: serde_json::Value = answer.unwrap().json().await.unwrap();
+        let cell = body["result_set"]["rows"][0][0].as_str().unwrap();
+        assert_eq!(cell.matches('1').count(), 400000);
     }
     let (_, body) = submit(&base, "", "SELECT 1").await;
     assert_eq!(body["result_set"]["rows"][0][0], "1", "{body}");
