@@ -172,7 +172,8 @@ impl RowCursor {
 /// end (empty then): cells straight into the piece (none built on its own), a long string
 /// or binary value a part at a time across pieces.
 fn render_piece(output: &StatementOutput, cursor: &mut RowCursor) -> Vec<u8> {
-    let mut piece = Vec::new();
+    // A piece ends a little past its size (a cell's last escape, a row's closing bracket).
+    let mut piece = Vec::with_capacity(PIECE_BYTES + 64);
     while piece.len() < PIECE_BYTES {
         let Some(batch) = output.batches.get(cursor.batch) else {
             break;
@@ -295,7 +296,9 @@ impl RenderBudget {
             .map_err(|e| fail(e.to_string()))?;
         let output = Arc::clone(output);
         let (piece, cursor) = tokio::task::spawn_blocking(move || {
-            let piece = render_piece(&output, &mut cursor);
+            let mut piece = render_piece(&output, &mut cursor);
+            // What the budget charged is what the piece holds, not a doubled capacity.
+            piece.shrink_to_fit();
             (piece, cursor)
         })
         .await

@@ -46,6 +46,9 @@ pub(crate) struct CellWriter<'a> {
     array: &'a ArrayRef,
     /// Arrow's display, for the types sluice does not store (or why it cannot display).
     display: Option<Result<ArrayFormatter<'a>, arrow_schema::ArrowError>>,
+    /// Which rows are SQL NULL, logically: a column of the null type, and a dictionary's
+    /// keys whose value is null, have no null buffer of their own.
+    nulls: Option<arrow_buffer::NullBuffer>,
 }
 
 impl<'a> CellWriter<'a> {
@@ -71,17 +74,21 @@ impl<'a> CellWriter<'a> {
                 &FormatOptions::default(),
             )),
         };
-        CellWriter { array, display }
+        CellWriter {
+            array,
+            display,
+            nulls: array.logical_nulls(),
+        }
     }
 
     /// Whether row `row` is SQL NULL (which [`CellWriter::write`] does not write).
     pub(crate) fn is_null(&self, row: usize) -> bool {
-        self.array.is_null(row)
+        self.nulls.as_ref().is_some_and(|n| n.is_null(row))
     }
 
     /// Writes row `row`'s value (nothing for SQL NULL).
     pub(crate) fn write(&self, out: &mut impl fmt::Write, row: usize) {
-        if self.array.is_null(row) {
+        if self.is_null(row) {
             return;
         }
         let array = self.array;
@@ -324,6 +331,10 @@ impl JsonSink for JsonLength {
     }
 
     fn cell(&mut self, cell: &CellWriter<'_>, row: usize) {
+        // Past the limit nothing more is counted: the count's answer is known.
+        if self.over() {
+            return;
+        }
         // Counted without being formatted where the length is known: a large numeric
         // result is counted at a few nanoseconds a value.
         if let Some(len) = cell.known_len(row) {
@@ -437,6 +448,30 @@ mod tests {
             format_cell(&columns[1], 0).as_deref(),
             Some("[true, false, true]")
         );
+        // Null logically, without a null buffer of their own: `null`, not `""`.
+        let none: ArrayRef = Arc::new(arrow_array::NullArray::new(1));
+        let keys = arrow_array::Int32Array::from(vec![0]);
+        let values: ArrayRef = Arc::new(StringArray::from(vec![None::<&str>]));
+        let null_value: ArrayRef =
+            Arc::new(DictionaryArray::<Int32Type>::try_new(keys, values).unwrap());
+        for column in [none, null_value] {
+            assert_eq!(format_cell(&column, 0), None);
+            let cells = [CellWriter::new(&column)];
+            let mut out = Vec::new();
+            write_json_row(&mut JsonBuffer(&mut out), &cells, 0);
+            assert_eq!(out, b"[null]");
+        }
+    }
+
+    #[test]
+    fn a_count_past_its_limit_counts_no_further_cell() {
+        let text: ArrayRef = Arc::new(StringArray::from(vec!["x".repeat(100)]));
+        let cells: Vec<CellWriter<'_>> = (0..3).map(|_| CellWriter::new(&text)).collect();
+        let mut count = JsonLength::up_to(10);
+        write_json_row(&mut count, &cells, 0);
+        assert!(count.over());
+        // The first cell, its quotes and the row's syntax; the others' text is not read.
+        assert!(count.bytes < 130, "{}", count.bytes);
     }
 
     #[test]
