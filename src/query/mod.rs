@@ -451,6 +451,15 @@ impl StatementOutput {
     }
 }
 
+/// What a field takes in a result's metadata: its name, escaped, and the object around it
+/// with its type's name.
+fn field_metadata_bytes(name: &str) -> usize {
+    use std::fmt::Write as _;
+    let mut count = crate::types::cell::JsonLength::up_to(usize::MAX);
+    let _ = count.write_str(name);
+    count.bytes.saturating_add(64)
+}
+
 /// The sluice type name of a result field.
 pub(crate) fn sluice_type_name(field: &Field) -> &'static str {
     if let Some(t) = ColumnType::from_field(field) {
@@ -823,7 +832,21 @@ impl QueryEngine {
         let mut stream = execute_stream(physical, task).map_err(Collected::DataFusion)?;
         let mut batches = Vec::new();
         let mut rows = 0usize;
-        let mut rendered = RenderedSize::default();
+        // The fields' names are written in every answer's metadata too.
+        let mut rendered = RenderedSize {
+            bytes: schema
+                .fields()
+                .iter()
+                .map(|f| field_metadata_bytes(f.name()))
+                .fold(0usize, usize::saturating_add),
+            largest_whole_cell: 0,
+        };
+        if rendered.bytes > self.limits.max_result_bytes {
+            return Err(Collected::Query(QueryError::ResultTooLarge {
+                limit: self.limits.max_result_bytes,
+                unit: "bytes",
+            }));
+        }
         while let Some(batch) = stream.next().await {
             let batch = batch.map_err(Collected::DataFusion)?;
             rows += batch.num_rows();

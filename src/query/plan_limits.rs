@@ -8,7 +8,9 @@
 //! expansion on the syntax tree first. The plan SQL planning makes shares the copies, so it
 //! is small; the analyzer and optimizer rewrite every copy separately. [`check_size`] counts
 //! the plan as they will see it (nodes,
-//! expressions and fields, nested types included, subqueries included), stopping at the caps,
+//! expressions and fields, nested types included, subqueries included, and the bytes of the
+//! fields' names in every node: long names repeated through a join of many tables cost
+//! gigabytes without making the plan large in nodes), stopping at the caps,
 //! before any of them runs; past a cap the statement answers `statement_too_complex`. What is
 //! counted is also what planning is charged in the statement's memory budget
 //! ([`PLAN_NODE_BYTES`] and the rest), held until the statement ends.
@@ -71,20 +73,29 @@ pub(crate) const PLAN_NODE_BYTES: usize = 4 << 10;
 pub(crate) const PLAN_EXPRESSION_BYTES: usize = 512;
 pub(crate) const PLAN_FIELD_BYTES: usize = 256;
 
+/// What planning is charged per byte of a field's name (and qualifier) in each plan node's
+/// schema: the rules copy names as they rebuild schemas, so long names cost in proportion,
+/// once per node they reach (a join of many tables whose columns have long names holds
+/// every name at every level).
+pub(crate) const PLAN_NAME_BYTE_COPIES: usize = 6;
+
 /// How large a plan is (see the module docs).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct PlanSize {
     pub(crate) nodes: usize,
     pub(crate) expressions: usize,
     pub(crate) fields: usize,
+    /// Bytes of the names and qualifiers of every node's fields.
+    pub(crate) name_bytes: usize,
 }
 
 impl PlanSize {
     /// What planning a plan of this size is charged.
     pub(crate) fn bytes(&self) -> usize {
-        self.nodes * PLAN_NODE_BYTES
-            + self.expressions * PLAN_EXPRESSION_BYTES
-            + self.fields * PLAN_FIELD_BYTES
+        (self.nodes * PLAN_NODE_BYTES)
+            .saturating_add(self.expressions * PLAN_EXPRESSION_BYTES)
+            .saturating_add(self.fields * PLAN_FIELD_BYTES)
+            .saturating_add(self.name_bytes.saturating_mul(PLAN_NAME_BYTE_COPIES))
     }
 }
 
@@ -102,7 +113,11 @@ pub(crate) fn check_size(plan: &LogicalPlan) -> std::result::Result<PlanSize, Qu
             return Ok(TreeNodeRecursion::Stop);
         }
         let mut budget = MAX_PLAN_FIELDS.saturating_sub(size.fields);
-        for field in node.schema().fields() {
+        for (qualifier, field) in node.schema().iter() {
+            size.name_bytes = size
+                .name_bytes
+                .saturating_add(field.name().len())
+                .saturating_add(qualifier.map_or(0, |q| q.table().len()));
             if count_fields(field.data_type(), &mut budget).is_none() {
                 over = Some(format!(
                     "the statement's plan has more than {MAX_PLAN_FIELDS} fields (nested \
@@ -597,6 +612,31 @@ mod tests {
             .unwrap()
             .pop_front()
             .unwrap()
+    }
+
+    /// A join of `tables` copies of a one-column table whose column's name is `name_len`
+    /// bytes long.
+    fn long_names(tables: usize, name_len: usize) -> String {
+        let name = "n".repeat(name_len);
+        let mut sql = format!("WITH t AS (SELECT 1 AS \"{name}\") SELECT * FROM t a0");
+        for i in 1..tables {
+            sql.push_str(&format!(" CROSS JOIN t a{i}"));
+        }
+        sql
+    }
+
+    #[tokio::test]
+    async fn long_names_through_a_join_are_charged_at_every_level() {
+        let short = check_size(&plan(&long_names(20, 1)).await).unwrap();
+        let long = check_size(&plan(&long_names(20, 10_000)).await).unwrap();
+        assert_eq!(short.nodes, long.nodes);
+        // Every join level holds the names of all the tables below it: about n^2 / 2 names.
+        assert!(long.name_bytes >= 200 * 10_000, "{long:?}");
+        assert!(long.bytes() > 10 * short.bytes(), "{short:?} {long:?}");
+        // The red team's statement (140 tables, names of 100,000 bytes) is charged past any
+        // budget a server gives (it took 5 GB).
+        let attack = check_size(&plan(&long_names(140, 100_000)).await).unwrap();
+        assert!(attack.bytes() > 5 << 30, "{attack:?}");
     }
 
     #[tokio::test]
