@@ -52,6 +52,7 @@
 //! | [`Cause::TableBackpressure`] | | a table's unflushed data is over its budget |
 //! | [`Cause::StatementsBusy`] | | too many statements are running |
 //! | [`Cause::StatementMemory`] | | other statements hold the server's statement memory |
+//! | [`Cause::AnswerMemory`] | | answers not yet read by their clients hold the memory for them |
 //!
 //! The contract's other names (`RaftLogPressure`, `ColdBackpressure`,
 //! `RaftUncommittedBackpressure`) are refusals of a Raft group and its cold tier, which sluice
@@ -150,6 +151,8 @@ pub enum Cause {
     StatementsBusy,
     /// Other statements hold the server's statement memory.
     StatementMemory,
+    /// Answers not yet read by their clients hold the memory for them (stream reads).
+    AnswerMemory,
     /// No live process serves the stream: its owner died (and was not taken over yet), or did
     /// not answer a forwarded request it never received.
     OwnerUnavailable,
@@ -176,6 +179,7 @@ impl Cause {
             Cause::StorageUnavailable => "StorageUnavailable",
             Cause::TableBackpressure => "TableBackpressure",
             Cause::StatementsBusy => "StatementsBusy",
+            Cause::AnswerMemory => "AnswerMemory",
             Cause::StatementMemory => "StatementMemory",
             Cause::OwnerUnavailable => "OwnerUnavailable",
             Cause::OwnerMoved => "OwnerMoved",
@@ -198,7 +202,8 @@ impl Cause {
             | Cause::StorageUnavailable
             | Cause::TableBackpressure
             | Cause::StatementsBusy
-            | Cause::StatementMemory => None,
+            | Cause::StatementMemory
+            | Cause::AnswerMemory => None,
         }
     }
 }

@@ -7,6 +7,7 @@ mod console;
 mod deadline;
 mod error;
 mod forward;
+mod held;
 mod iceberg;
 mod ingest;
 mod listener;
@@ -86,8 +87,10 @@ pub struct Shared {
     local_owner: Owner,
     /// Sends stream requests to the peer that serves the stream ([`forward`]).
     forward_client: reqwest::Client,
-    /// What results with large rows may take in rendered pieces at once.
+    /// What results with large cells may take in rendered pieces at once.
     render_budget: statements::RenderBudget,
+    /// What stream read answers not yet written may hold at once.
+    read_budget: held::AnswerBudget,
 }
 
 impl AppState {
@@ -95,6 +98,7 @@ impl AppState {
     pub fn new(db: Arc<Database>, api_keys: Vec<String>) -> Self {
         AppState(Arc::new(Shared {
             render_budget: statements::RenderBudget::new(db.max_result_bytes()),
+            read_budget: held::AnswerBudget::new(streams::READ_ANSWER_BYTES),
             metrics: Arc::new(Metrics::new(&db)),
             db,
             statements: Arc::new(Statements::new(StatementLimits::default())),

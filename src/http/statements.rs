@@ -8,9 +8,9 @@ use axum::http::header;
 use axum::response::{IntoResponse as _, Response};
 use serde::Deserialize;
 use serde_json::json;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::error::Outcome;
+use super::held::{AnswerBudget, held};
 use super::{ApiError, AppState};
 use crate::query::StatementOutput;
 use crate::query::statements::{Owner, Statement, StatementState, SubmitError};
@@ -253,26 +253,17 @@ fn render_row(piece: &mut Vec<u8>, cells: &[CellWriter<'_>], cursor: &mut RowCur
     cursor.in_row = false;
 }
 
-/// What results with large rows may take in rendered pieces at once, across every fetch,
-/// in KiB: the largest result there can be (`max_result_bytes`), so that any row can be
-/// rendered, and many fetches of huge rows take turns rather than each holding its own.
-/// A piece holds its share until the connection has written it.
+/// What results with large cells that are not text (written whole) may take in rendered
+/// pieces at once, across every fetch: the largest result there can be (`max_result_bytes`),
+/// so that any cell can be rendered, and many fetches of huge cells take turns rather than
+/// each holding its own. A piece holds its share until the connection has written it.
 #[derive(Debug, Clone)]
-pub(super) struct RenderBudget {
-    kib: Arc<Semaphore>,
-    capacity_kib: u32,
-}
+pub(super) struct RenderBudget(AnswerBudget);
 
 impl RenderBudget {
     /// A budget for results of up to `max_result_bytes`.
     pub(super) fn new(max_result_bytes: usize) -> Self {
-        let capacity_kib = u32::try_from(max_result_bytes.div_ceil(1024))
-            .unwrap_or(u32::MAX)
-            .clamp(1, u32::try_from(Semaphore::MAX_PERMITS).unwrap_or(u32::MAX));
-        RenderBudget {
-            kib: Arc::new(Semaphore::new(capacity_kib as usize)),
-            capacity_kib,
-        }
+        RenderBudget(AnswerBudget::new(max_result_bytes))
     }
 
     /// The next piece of `output`'s rows from `cursor` and the cursor after it, or `None`
@@ -287,13 +278,11 @@ impl RenderBudget {
             return Ok((!piece.is_empty()).then(|| (bytes::Bytes::from(piece), cursor)));
         }
         let fail = |e: String| std::io::Error::other(format!("rendering the result failed: {e}"));
-        let need = u32::try_from((output.rendered.largest_whole_cell + PIECE_BYTES).div_ceil(1024))
-            .unwrap_or(u32::MAX)
-            .min(self.capacity_kib);
-        let held = Arc::clone(&self.kib)
-            .acquire_many_owned(need)
+        let share = self
+            .0
+            .hold(output.rendered.largest_whole_cell + PIECE_BYTES)
             .await
-            .map_err(|e| fail(e.to_string()))?;
+            .ok_or_else(|| fail("the render budget is closed".into()))?;
         let output = Arc::clone(output);
         let (piece, cursor) = tokio::task::spawn_blocking(move || {
             let mut piece = render_piece(&output, &mut cursor);
@@ -306,23 +295,7 @@ impl RenderBudget {
         if piece.is_empty() {
             return Ok(None);
         }
-        Ok(Some((
-            bytes::Bytes::from_owner(HeldPiece { piece, _held: held }),
-            cursor,
-        )))
-    }
-}
-
-/// A rendered piece with its share of the [`RenderBudget`], given back when the piece is
-/// dropped (written out, or the answer abandoned).
-struct HeldPiece {
-    piece: Vec<u8>,
-    _held: OwnedSemaphorePermit,
-}
-
-impl AsRef<[u8]> for HeldPiece {
-    fn as_ref(&self) -> &[u8] {
-        &self.piece
+        Ok(Some((held(piece, share), cursor)))
     }
 }
 
@@ -545,6 +518,9 @@ mod tests {
         rendered.push(b']');
         let rows: Vec<Vec<Option<String>>> = serde_json::from_slice(&rendered).unwrap();
         assert_eq!(rows, output.to_result().rows);
-        assert_eq!(budget.kib.available_permits(), budget.capacity_kib as usize);
+        assert_eq!(
+            budget.0.free_bytes(),
+            (LARGE_CELL_BYTES + 1 + PIECE_BYTES).div_ceil(1024) * 1024
+        );
     }
 }

@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use serde_json::json;
 
+use super::held::{Share, held};
 use super::{ApiError, AppState, forward};
 use crate::db::NamePlace;
 use crate::error::{Applied, Cause, Classify as _, ErrorClass, Kind};
@@ -36,6 +37,64 @@ const PRODUCER_SEQ: &str = "producer-seq";
 const DEFAULT_READ_BYTES: usize = 8 << 20;
 /// Most data one SSE data event carries.
 const SSE_EVENT_BYTES: usize = 1 << 20;
+
+/// What stream read answers (catch-up, long-poll, SSE events) hold at once, rendered and not
+/// yet read by their clients, across every connection. An answer takes its share before it
+/// reads: as much of what it asks for as is free, at least [`READ_FLOOR_BYTES`] (waited for
+/// at most [`READ_WAIT`], then 503 `AnswerMemory` with `Retry-After`), and reads no more than
+/// its share, so many readers (or readers that do not read) get shorter answers rather than
+/// each holding its own copy of the stream.
+pub(super) const READ_ANSWER_BYTES: usize = 256 << 20;
+
+/// The least share a read answer waits for.
+const READ_FLOOR_BYTES: usize = 64 << 10;
+
+/// How long a read answer waits for its share.
+const READ_WAIT: Duration = Duration::from_secs(10);
+
+/// What an answer's syntax adds to the data it carries (a JSON array's brackets).
+const READ_SLACK_BYTES: usize = 1 << 10;
+
+/// A share of the read budget for an answer of up to `want` bytes of data, and the data
+/// it may carry.
+async fn read_share(state: &AppState, want: usize) -> Result<(Share, usize), ApiError> {
+    let (share, granted) = state
+        .read_budget
+        .grant(want + READ_SLACK_BYTES, READ_FLOOR_BYTES, READ_WAIT)
+        .await
+        .ok_or_else(|| {
+            ApiError::classified(
+                ErrorClass::retry(Cause::AnswerMemory),
+                "answers not yet read by their clients hold the memory for stream reads; \
+                 retry shortly"
+                    .into(),
+            )
+        })?;
+    Ok((
+        share,
+        granted.saturating_sub(READ_SLACK_BYTES).clamp(1, want),
+    ))
+}
+
+/// `body` with its share, grown first if the body is larger than the share (one message
+/// larger than a share goes whole).
+async fn held_answer(state: &AppState, mut share: Share, body: Vec<u8>) -> Result<Bytes, ApiError> {
+    let covered = share.num_permits() * 1024;
+    if body.len() > covered
+        && !state
+            .read_budget
+            .grow(&mut share, body.len() - covered, READ_WAIT)
+            .await
+    {
+        return Err(ApiError::classified(
+            ErrorClass::retry(Cause::AnswerMemory),
+            "answers not yet read by their clients hold the memory for stream reads; retry \
+             shortly"
+                .into(),
+        ));
+    }
+    Ok(held(body, share))
+}
 
 // ---- wire forms ------------------------------------------------------------------------
 
@@ -1182,8 +1241,9 @@ async fn read(
         ReadFrom::At(o) => o,
         _ => 0,
     };
-    let result = streams.read(&stream, offset, q.max_bytes).await?;
-    Ok(read_answer(&result, &start_text, headers, ndjson))
+    let (share, granted) = read_share(state, q.max_bytes).await?;
+    let result = streams.read(&stream, offset, granted).await?;
+    read_answer(state, share, &result, &start_text, headers, ndjson).await
 }
 
 /// A catch-up read of a stream another node owns, answered here from the sealed data in
@@ -1210,24 +1270,31 @@ async fn sealed_read(
         ReadFrom::At(offset) => offset,
         ReadFrom::Now => return Ok(None),
     };
-    let Some(result) = state.db.read_sealed(name, offset, q.max_bytes).await else {
+    let (share, granted) = read_share(state, q.max_bytes).await?;
+    let Some(result) = state.db.read_sealed(name, offset, granted).await else {
         return Ok(None);
     };
-    Ok(Some(read_answer(
+    read_answer(
+        state,
+        share,
         &result,
         &start_text,
         headers,
         wants_ndjson(headers),
-    )))
+    )
+    .await
+    .map(Some)
 }
 
 /// The answer to a catch-up read: its data, or `304` when the client holds this answer.
-fn read_answer(
+async fn read_answer(
+    state: &AppState,
+    share: Share,
     result: &ReadResult,
     start_text: &str,
     headers: &HeaderMap,
     ndjson: bool,
-) -> Response {
+) -> Result<Response, ApiError> {
     let tag = etag(
         &result.incarnation,
         start_text,
@@ -1241,13 +1308,14 @@ fn read_answer(
     {
         let mut response = StatusCode::NOT_MODIFIED.into_response();
         set(response.headers_mut(), "etag", tag);
-        return response;
+        return Ok(response);
     }
-    let mut response = (StatusCode::OK, render(result, ndjson)).into_response();
+    let body = held_answer(state, share, render(result, ndjson)).await?;
+    let mut response = (StatusCode::OK, body).into_response();
     let h = response.headers_mut();
     result_headers(h, result, ndjson);
     set(h, "etag", tag);
-    response
+    Ok(response)
 }
 
 fn data_headers(h: &mut HeaderMap, content_type: &str, ndjson: bool) {
@@ -1312,9 +1380,11 @@ async fn long_poll(
     let cursor = response_cursor(q.cursor.as_deref());
     loop {
         changes.borrow_and_update();
-        let result = streams.read(&stream, offset, q.max_bytes).await?;
+        let (share, granted) = read_share(state, q.max_bytes).await?;
+        let result = streams.read(&stream, offset, granted).await?;
         if !result.records.is_empty() {
-            let mut response = (StatusCode::OK, render(&result, ndjson)).into_response();
+            let body = held_answer(state, share, render(&result, ndjson)).await?;
+            let mut response = (StatusCode::OK, body).into_response();
             let h = response.headers_mut();
             result_headers(h, &result, ndjson);
             set(h, CURSOR, &cursor);
@@ -1423,6 +1493,8 @@ async fn shutting_down(closing: &mut tokio::sync::watch::Receiver<bool>) {
 }
 
 struct SseState {
+    /// The read budget each event takes its share of.
+    state: AppState,
     streams: Streams,
     stream: Arc<Stream>,
     changes: tokio::sync::watch::Receiver<u64>,
@@ -1457,15 +1529,19 @@ impl SseState {
     }
 
     /// The next piece of the event stream, or `None` when it ends.
-    async fn next_chunk(&mut self) -> Option<Vec<u8>> {
+    async fn next_chunk(&mut self) -> Option<Bytes> {
         if self.done {
             return None;
         }
         loop {
             self.changes.borrow_and_update();
+            // An event's data is at most its share's half: base64 and the event's lines
+            // take up to about a half more. No share in time ends the events (the client
+            // reconnects from the last offset it got).
+            let (share, granted) = read_share(&self.state, 2 * SSE_EVENT_BYTES).await.ok()?;
             let result = match self
                 .streams
-                .read(&self.stream, self.offset, SSE_EVENT_BYTES)
+                .read(&self.stream, self.offset, granted / 2)
                 .await
             {
                 Ok(r) => r,
@@ -1479,13 +1555,15 @@ impl SseState {
             if result.closed_at_tail {
                 self.control(&mut out, result.next, true, true);
                 self.done = true;
-                return Some(out);
+                return held_answer(&self.state, share, out).await.ok();
             }
             if !result.records.is_empty() || self.first {
                 self.first = false;
                 self.control(&mut out, result.next, result.up_to_date, false);
-                return Some(out);
+                return held_answer(&self.state, share, out).await.ok();
             }
+            // Nothing to send: the share is not held while waiting.
+            drop(share);
             let wake = tokio::select! {
                 changed = self.changes.changed() => {
                     if changed.is_err() { Wake::End } else { Wake::Changed }
@@ -1499,7 +1577,7 @@ impl SseState {
                 Wake::KeepAlive => {
                     let mut out = Vec::new();
                     self.control(&mut out, self.offset, true, false);
-                    return Some(out);
+                    return Some(Bytes::from(out));
                 }
             }
         }
@@ -1512,6 +1590,7 @@ fn sse(state: &AppState, stream: Arc<Stream>, q: &ReadQuery) -> Response {
     let info = stream.info();
     let encoding = sse_encoding(&info.content_type);
     let sse_state = SseState {
+        state: state.clone(),
         changes: stream.subscribe(),
         closing: streams.closing(),
         offset: start_offset(&stream, from),
@@ -1526,7 +1605,7 @@ fn sse(state: &AppState, stream: Arc<Stream>, q: &ReadQuery) -> Response {
     };
     let events = futures::stream::unfold(sse_state, |mut s| async move {
         let chunk = s.next_chunk().await?;
-        Some((Ok::<_, std::convert::Infallible>(Bytes::from(chunk)), s))
+        Some((Ok::<_, std::convert::Infallible>(chunk), s))
     });
     let mut response = Response::new(Body::from_stream(events));
     let h = response.headers_mut();

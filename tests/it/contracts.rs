@@ -1264,13 +1264,14 @@ fn every_cause() -> Vec<sluice::error::Cause> {
         OwnerMoved,
         BodyAdmission,
         StreamStateFull,
+        AnswerMemory,
     ];
     for cause in &all {
         match cause {
             LogDiskPressure | LogUnavailable | ShuttingDown | LeaseExpired | EarlierWriteFailed
             | Fenced | StorageUnavailable | TableBackpressure | StatementsBusy
-            | StatementMemory | OwnerUnavailable | OwnerMoved | BodyAdmission | StreamStateFull => {
-            }
+            | StatementMemory | OwnerUnavailable | OwnerMoved | BodyAdmission | StreamStateFull
+            | AnswerMemory => {}
         }
     }
     all

@@ -1187,3 +1187,84 @@ async fn creates_refused_by_a_full_server_sweep_at_most_once_a_second() {
         println!("the machine was too slow to check that nothing swept");
     }
 }
+
+/// Stream readers that ask for a large read and never read the answer hold no more than the
+/// read budget (256 MiB) between them, not a copy each; a reader meanwhile gets its data or
+/// a 503 that says why and when to come back, and all of it once they are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_readers_that_do_not_read_hold_no_more_than_the_read_budget() {
+    let server = Server::start("read-budget", &[], "");
+    let (at, pid) = (addr(&server), server.child.id());
+    let base = server.base.clone();
+    let client = reqwest::Client::new();
+    let url = format!("{base}/v1/stream/fan");
+    let r = client
+        .put(&url)
+        .header("content-type", "application/octet-stream")
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(r.status(), 201);
+    for _ in 0..2 {
+        let r = client
+            .post(&url)
+            .header("content-type", "application/octet-stream")
+            .body(vec![7u8; 4 << 20])
+            .send()
+            .await
+            .expect("append");
+        assert!(r.status().is_success(), "{}", r.status());
+    }
+    let before = rss_kib(pid);
+    // A small receive buffer: the kernel takes little of each answer off the server.
+    let mut open = Vec::new();
+    for _ in 0..100 {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(4096).expect("buffer");
+        let mut s = socket.connect(at).await.expect("connect");
+        tokio::io::AsyncWriteExt::write_all(
+            &mut s,
+            b"GET /v1/stream/fan?offset=-1 HTTP/1.1\r\nHost: localhost\r\n\r\n",
+        )
+        .await
+        .expect("ask");
+        open.push(s);
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let grown = rss_kib(pid).saturating_sub(before);
+    println!("RSS grew by {grown} KiB with 100 readers of 8 MiB that do not read");
+    // Without the budget: 100 answers of 8 MiB each (800 MiB).
+    assert!(grown < 400 << 10, "RSS grew by {grown} KiB");
+    let r = client
+        .get(format!("{url}?offset=-1"))
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await
+        .expect("read");
+    match r.status().as_u16() {
+        200 => assert!(!r.bytes().await.expect("body").is_empty()),
+        503 => {
+            assert!(r.headers().contains_key("retry-after"));
+            assert_eq!(r.headers()["x-sluice-not-applied"], "AnswerMemory");
+        }
+        other => panic!("a read beside them answered {other}"),
+    }
+    drop(open);
+    // Their shares come back as their connections go.
+    let mut whole = 0;
+    for _ in 0..50 {
+        let r = client
+            .get(format!("{url}?offset=-1"))
+            .send()
+            .await
+            .expect("read");
+        if r.status() == 200 {
+            whole = r.bytes().await.expect("body").len();
+            if whole == 8 << 20 {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(whole, 8 << 20);
+}
