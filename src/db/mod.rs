@@ -240,7 +240,7 @@ pub struct Database {
     /// Reads of other nodes' streams their snapshots did not answer lately.
     sealed_misses: names::SealedMisses,
     /// Listings of streams, one at a time ([`Database::list_streams`]).
-    listings: tokio::sync::Semaphore,
+    listings: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for Database {
@@ -504,7 +504,7 @@ impl Database {
             takeovers: takeover::Takeovers::default(),
             names: names::NameLocks::default(),
             sealed_misses: names::SealedMisses::default(),
-            listings: tokio::sync::Semaphore::new(1),
+            listings: Arc::new(tokio::sync::Semaphore::new(1)),
         }))
     }
 

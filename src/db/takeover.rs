@@ -171,32 +171,34 @@ impl Database {
         self: &Arc<Self>,
         request: crate::stream::ListRequest,
     ) -> Result<(Vec<crate::stream::StreamSummary>, bool), StreamError> {
-        let _turn = self
-            .listings
-            .acquire()
+        // The turn goes with the walk: a listing given up meanwhile does not end its turn
+        // before its walk does.
+        let turn = Arc::clone(&self.listings)
+            .acquire_owned()
             .await
             .map_err(|e| StreamError::Task(e.to_string()))?;
         let db = Arc::clone(self);
-        tokio::task::spawn_blocking(move || db.list_streams_now(&request))
-            .await
-            .map_err(|e| StreamError::Task(format!("listing streams: {e}")))
+        tokio::task::spawn_blocking(move || {
+            let listed = db.list_streams_now(&request);
+            drop(turn);
+            listed
+        })
+        .await
+        .map_err(|e| StreamError::Task(format!("listing streams: {e}")))
     }
 
     fn list_streams_now(
         &self,
         request: &crate::stream::ListRequest,
     ) -> (Vec<crate::stream::StreamSummary>, bool) {
-        let (mut streams, mut truncated) = if self.node.is_fenced() {
-            (Vec::new(), false)
-        } else {
-            self.streams.list(request)
-        };
-        for hosted in self.takeovers.hosted() {
-            let (more, more_truncated) = hosted.streams.list(request);
-            streams.extend(more);
-            truncated |= more_truncated;
+        let mut listings = Vec::new();
+        if !self.node.is_fenced() {
+            listings.push(self.streams.list(request));
         }
-        streams.sort_by(|a, b| a.name.cmp(&b.name));
+        for hosted in self.takeovers.hosted() {
+            listings.push(hosted.streams.list(request));
+        }
+        let (mut streams, mut truncated) = crate::stream::merge_listings(listings, |s| &s.name);
         if streams.len() > request.limit {
             streams.truncate(request.limit);
             truncated = true;

@@ -68,18 +68,17 @@ impl AnswerBudget {
         Some((share, floor_kib as usize * 1024))
     }
 
-    /// Adds `more` bytes to `share` (waited for, at most `wait`: `false` past it).
-    pub(super) async fn grow(&self, share: &mut Share, more: usize, wait: Duration) -> bool {
-        let need = kib(more).min(self.capacity_kib);
-        if need == 0 {
-            return true;
-        }
-        match tokio::time::timeout(wait, Arc::clone(&self.kib).acquire_many_owned(need)).await {
-            Ok(Ok(extra)) => {
-                share.merge(extra);
-                true
-            }
-            _ => false,
+    /// Waits for a share of `bytes` (at most the whole budget), at most `wait`: `None` past
+    /// it.
+    pub(super) async fn hold_within(&self, bytes: usize, wait: Duration) -> Option<Share> {
+        tokio::time::timeout(wait, self.hold(bytes)).await.ok()?
+    }
+
+    /// Gives back what `share` holds beyond `bytes`.
+    pub(super) fn fit(share: &mut Share, bytes: usize) {
+        let keep = kib(bytes).max(1) as usize;
+        if share.num_permits() > keep {
+            drop(share.split(share.num_permits() - keep));
         }
     }
 
@@ -127,15 +126,19 @@ mod tests {
         drop(second);
         let (mut third, bytes) = budget.grant(600 << 10, 64 << 10, wait).await.unwrap();
         assert_eq!(bytes, 424 << 10);
-        assert!(!budget.grow(&mut third, 1, wait).await);
+        assert!(budget.hold_within(1, wait).await.is_none());
         let body = held(vec![1; 10], first);
         assert_eq!(&body[..], &[1; 10]);
         // The body holds the first share until it is dropped.
-        assert!(!budget.grow(&mut third, 100 << 10, wait).await);
+        assert!(budget.hold_within(100 << 10, wait).await.is_none());
         drop(body);
-        assert!(budget.grow(&mut third, 100 << 10, wait).await);
-        assert_eq!(third.num_permits(), 524);
-        drop(third);
+        let fourth = budget.hold_within(100 << 10, wait).await.unwrap();
+        assert_eq!(fourth.num_permits(), 100);
+        // A share fitted to a smaller body gives the rest back.
+        AnswerBudget::fit(&mut third, 10 << 10);
+        assert_eq!(third.num_permits(), 10);
+        assert_eq!(budget.free_bytes(), (1 << 20) - (110 << 10));
+        drop((third, fourth));
         assert_eq!(budget.free_bytes(), 1 << 20);
         // An answer larger than the whole budget waits for all of it, not forever.
         let all = budget.hold(10 << 20).await.unwrap();

@@ -191,6 +191,18 @@ fn render_piece(output: &StatementOutput, cursor: &mut RowCursor) -> Vec<u8> {
     piece
 }
 
+/// Moves `cursor` past empty batches; whether it is past every row.
+fn past_the_rows(output: &StatementOutput, cursor: &mut RowCursor) -> bool {
+    while let Some(batch) = output.batches.get(cursor.batch) {
+        if cursor.row < batch.num_rows() {
+            return false;
+        }
+        cursor.batch += 1;
+        cursor.row = 0;
+    }
+    true
+}
+
 /// Writes row `cursor.row` from where `cursor` stands until the row ends (the cursor then
 /// at the next row) or the piece is full (the cursor where to go on).
 fn render_row(piece: &mut Vec<u8>, cells: &[CellWriter<'_>], cursor: &mut RowCursor) {
@@ -277,25 +289,28 @@ impl RenderBudget {
             let piece = render_piece(output, &mut cursor);
             return Ok((!piece.is_empty()).then(|| (bytes::Bytes::from(piece), cursor)));
         }
+        if past_the_rows(output, &mut cursor) {
+            return Ok(None);
+        }
         let fail = |e: String| std::io::Error::other(format!("rendering the result failed: {e}"));
-        let share = self
+        let mut share = self
             .0
             .hold(output.rendered.largest_whole_cell + PIECE_BYTES)
             .await
             .ok_or_else(|| fail("the render budget is closed".into()))?;
         let output = Arc::clone(output);
-        let (piece, cursor) = tokio::task::spawn_blocking(move || {
+        // The share goes with the rendering: a fetch given up meanwhile (its answer dropped)
+        // does not give it back before the piece it pays for is gone.
+        let rendered = tokio::task::spawn_blocking(move || {
             let mut piece = render_piece(&output, &mut cursor);
             // What the budget charged is what the piece holds, not a doubled capacity.
             piece.shrink_to_fit();
-            (piece, cursor)
+            AnswerBudget::fit(&mut share, piece.len());
+            (!piece.is_empty()).then(|| (held(piece, share), cursor))
         })
         .await
         .map_err(|e| fail(e.to_string()))?;
-        if piece.is_empty() {
-            return Ok(None);
-        }
-        Ok(Some((held(piece, share), cursor)))
+        Ok(rendered)
     }
 }
 

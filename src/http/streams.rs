@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use serde_json::json;
 
-use super::held::{Share, held};
+use super::held::{AnswerBudget, Share, held};
 use super::{ApiError, AppState, forward};
 use crate::db::NamePlace;
 use crate::error::{Applied, Cause, Classify as _, ErrorClass, Kind};
@@ -60,40 +60,72 @@ const READ_SLACK_BYTES: usize = 1 << 10;
 async fn read_share(state: &AppState, want: usize) -> Result<(Share, usize), ApiError> {
     let (share, granted) = state
         .read_budget
-        .grant(want + READ_SLACK_BYTES, READ_FLOOR_BYTES, READ_WAIT)
+        .grant(
+            want + READ_SLACK_BYTES,
+            READ_FLOOR_BYTES.min(want + READ_SLACK_BYTES),
+            READ_WAIT,
+        )
         .await
-        .ok_or_else(|| {
-            ApiError::classified(
-                ErrorClass::retry(Cause::AnswerMemory),
-                "answers not yet read by their clients hold the memory for stream reads; \
-                 retry shortly"
-                    .into(),
-            )
-        })?;
+        .ok_or_else(answer_memory)?;
     Ok((
         share,
         granted.saturating_sub(READ_SLACK_BYTES).clamp(1, want),
     ))
 }
 
-/// `body` with its share, grown first if the body is larger than the share (one message
-/// larger than a share goes whole).
-async fn held_answer(state: &AppState, mut share: Share, body: Vec<u8>) -> Result<Bytes, ApiError> {
-    let covered = share.num_permits() * 1024;
-    if body.len() > covered
-        && !state
+/// The answer `render` makes, within its share: a body larger than the share (one record
+/// larger than it goes whole) waits for a share of its own first, the smaller share given
+/// up meanwhile (a reader never waits for more while it holds some). `need` is at most what
+/// the body takes; the share kept is what it takes.
+async fn held_answer(
+    state: &AppState,
+    mut share: Share,
+    need: usize,
+    render: impl FnOnce() -> Vec<u8>,
+) -> Result<Bytes, ApiError> {
+    if need > share.num_permits() * 1024 {
+        drop(share);
+        share = state
             .read_budget
-            .grow(&mut share, body.len() - covered, READ_WAIT)
+            .hold_within(need, READ_WAIT)
             .await
-    {
-        return Err(ApiError::classified(
-            ErrorClass::retry(Cause::AnswerMemory),
-            "answers not yet read by their clients hold the memory for stream reads; retry \
-             shortly"
-                .into(),
-        ));
+            .ok_or_else(answer_memory)?;
     }
+    let body = render();
+    AnswerBudget::fit(&mut share, body.len());
     Ok(held(body, share))
+}
+
+/// The refusal of a read whose answer finds no room.
+fn answer_memory() -> ApiError {
+    ApiError::classified(
+        ErrorClass::retry(Cause::AnswerMemory),
+        "answers not yet read by their clients hold the memory for stream reads; retry shortly"
+            .into(),
+    )
+}
+
+/// At most what [`render`] makes of `result`.
+fn rendered_len(result: &ReadResult) -> usize {
+    // A JSON array's brackets; its commas take the place of the messages' newlines.
+    result.records.iter().map(Bytes::len).sum::<usize>() + 2
+}
+
+/// At most what [`sse_data`] and a control event make of `records`.
+fn sse_len(encoding: SseEncoding, records: &[Bytes]) -> usize {
+    let bytes: usize = records.iter().map(Bytes::len).sum::<usize>() + 2;
+    let payload = match encoding {
+        SseEncoding::Base64 => bytes.div_ceil(3) * 4,
+        // Text that is not UTF-8 is replaced, three bytes for one at most.
+        _ if records.iter().all(|r| std::str::from_utf8(r).is_ok()) => bytes,
+        _ => bytes * 3,
+    };
+    // Each line of the payload is a `data:` field of its own.
+    let lines = 1 + records
+        .iter()
+        .map(|r| r.iter().filter(|b| matches!(b, b'\r' | b'\n')).count())
+        .sum::<usize>();
+    payload + 6 * lines + 512
 }
 
 // ---- wire forms ------------------------------------------------------------------------
@@ -1270,10 +1302,16 @@ async fn sealed_read(
         ReadFrom::At(offset) => offset,
         ReadFrom::Now => return Ok(None),
     };
-    let (share, granted) = read_share(state, q.max_bytes).await?;
-    let Some(result) = state.db.read_sealed(name, offset, granted).await else {
+    // The share is taken once there is something to answer: most such reads find nothing
+    // to read here (this node does not serve the stream, or is not in a cluster) and go on.
+    let Some(result) = state.db.read_sealed(name, offset, q.max_bytes).await else {
         return Ok(None);
     };
+    let share = state
+        .read_budget
+        .hold_within(rendered_len(&result), READ_WAIT)
+        .await
+        .ok_or_else(answer_memory)?;
     read_answer(
         state,
         share,
@@ -1310,7 +1348,10 @@ async fn read_answer(
         set(response.headers_mut(), "etag", tag);
         return Ok(response);
     }
-    let body = held_answer(state, share, render(result, ndjson)).await?;
+    let body = held_answer(state, share, rendered_len(result), || {
+        render(result, ndjson)
+    })
+    .await?;
     let mut response = (StatusCode::OK, body).into_response();
     let h = response.headers_mut();
     result_headers(h, result, ndjson);
@@ -1383,13 +1424,16 @@ async fn long_poll(
         let (share, granted) = read_share(state, q.max_bytes).await?;
         let result = streams.read(&stream, offset, granted).await?;
         if !result.records.is_empty() {
-            let body = held_answer(state, share, render(&result, ndjson)).await?;
+            let need = rendered_len(&result);
+            let body = held_answer(state, share, need, || render(&result, ndjson)).await?;
             let mut response = (StatusCode::OK, body).into_response();
             let h = response.headers_mut();
             result_headers(h, &result, ndjson);
             set(h, CURSOR, &cursor);
             return Ok(response);
         }
+        // Nothing to send: no share is held while waiting.
+        drop(share);
         let timed_out = if result.closed_at_tail {
             false
         } else {
@@ -1541,26 +1585,27 @@ impl SseState {
             let (share, granted) = read_share(&self.state, 2 * SSE_EVENT_BYTES).await.ok()?;
             let result = match self
                 .streams
-                .read(&self.stream, self.offset, granted / 2)
+                .read(&self.stream, self.offset, (granted / 2).max(1))
                 .await
             {
                 Ok(r) => r,
                 Err(_) => return None,
             };
-            let mut out = Vec::new();
-            if !result.records.is_empty() {
-                sse_data(&mut out, self.encoding, &result.records);
-            }
+            let closed = result.closed_at_tail;
             self.offset = result.next;
-            if result.closed_at_tail {
-                self.control(&mut out, result.next, true, true);
-                self.done = true;
-                return held_answer(&self.state, share, out).await.ok();
-            }
-            if !result.records.is_empty() || self.first {
+            if closed || !result.records.is_empty() || self.first {
                 self.first = false;
-                self.control(&mut out, result.next, result.up_to_date, false);
-                return held_answer(&self.state, share, out).await.ok();
+                self.done = closed;
+                let need = sse_len(self.encoding, &result.records);
+                let event = || {
+                    let mut out = Vec::new();
+                    if !result.records.is_empty() {
+                        sse_data(&mut out, self.encoding, &result.records);
+                    }
+                    self.control(&mut out, result.next, closed || result.up_to_date, closed);
+                    out
+                };
+                return held_answer(&self.state, share, need, event).await.ok();
             }
             // Nothing to send: the share is not held while waiting.
             drop(share);
@@ -1738,17 +1783,16 @@ pub(super) async fn list(
     let mut incomplete = false;
     if !headers.contains_key(forward::FORWARDED) {
         let peers = forward::list_on_peers(&state, query.as_deref().unwrap_or(""), &headers).await;
+        let mut listings = vec![(std::mem::take(&mut streams), truncated)];
         for listing in peers {
             match listing {
-                Some((more, more_truncated)) => {
-                    streams.extend(more);
-                    truncated |= more_truncated;
-                }
+                Some(listed) => listings.push(listed),
                 None => incomplete = true,
             }
         }
         let name = |s: &serde_json::Value| s["name"].as_str().unwrap_or_default().to_owned();
-        streams.sort_by_key(name);
+        (streams, truncated) =
+            crate::stream::merge_listings(listings, |s| s["name"].as_str().unwrap_or_default());
         streams.dedup_by_key(|s| name(s));
         if streams.len() > limit {
             streams.truncate(limit);

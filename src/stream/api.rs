@@ -266,6 +266,29 @@ pub(crate) fn keep_within_producers<T>(
     cut
 }
 
+/// Listings of several sources (each in name order, each with whether it stopped short)
+/// as one in name order: what follows the first name where a source stopped short is left
+/// out (that source's streams after it are not known, so a listing that goes on from the
+/// last name shown would skip them); the second value says whether anything was left out
+/// or any source stopped short.
+pub(crate) fn merge_listings<T>(
+    listings: Vec<(Vec<T>, bool)>,
+    name: impl Fn(&T) -> &str,
+) -> (Vec<T>, bool) {
+    let truncated = listings.iter().any(|(_, t)| *t);
+    let bound: Option<String> = listings
+        .iter()
+        .filter(|(_, t)| *t)
+        .filter_map(|(l, _)| l.last().map(|s| name(s).to_owned()))
+        .min();
+    let mut merged: Vec<T> = listings.into_iter().flat_map(|(l, _)| l).collect();
+    merged.sort_by(|a, b| name(a).cmp(name(b)));
+    if let Some(bound) = bound {
+        merged.retain(|s| name(s) <= bound.as_str());
+    }
+    (merged, truncated)
+}
+
 /// One stream as a listing shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamSummary {
@@ -396,6 +419,22 @@ pub struct ReadResult {
 #[cfg(test)]
 mod tests {
     use super::keep_within_producers;
+
+    #[test]
+    fn merged_listings_stop_where_a_source_stopped_short() {
+        use super::merge_listings;
+        // The first source stopped after a1 (its a2 is not known): b1 cannot come before it.
+        let merged = merge_listings(
+            vec![(vec!["a1"], true), (vec!["b1"], false), (vec!["a0"], false)],
+            |s| s,
+        );
+        assert_eq!(merged, (vec!["a0", "a1"], true));
+        let merged = merge_listings(vec![(vec!["a1"], false), (vec!["b1"], false)], |s| s);
+        assert_eq!(merged, (vec!["a1", "b1"], false));
+        // A source that stopped short with nothing listed bounds nothing it did not show.
+        let merged = merge_listings(vec![(vec![], true), (vec!["b1"], false)], |s: &&str| s);
+        assert_eq!(merged, (vec!["b1"], true));
+    }
 
     #[test]
     fn a_listing_keeps_the_streams_whose_producers_fit_and_always_the_first() {

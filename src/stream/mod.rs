@@ -72,7 +72,7 @@ pub use api::{
     MAX_PRODUCER_NUMBER, MAX_TOKEN_BYTES, ProducerSummary, ReadResult, StreamError, StreamInfo,
     StreamSummary, format_offset,
 };
-pub(crate) use api::{keep_within_producers, parse_offset};
+pub(crate) use api::{keep_within_producers, merge_listings, parse_offset};
 pub use codec::{ForkSpec, Lifetime, Op, ProducerTuple};
 use cold::ColdStore;
 pub(crate) use json::JsonTextError;

@@ -46,9 +46,17 @@ pub(crate) struct CellWriter<'a> {
     array: &'a ArrayRef,
     /// Arrow's display, for the types sluice does not store (or why it cannot display).
     display: Option<Result<ArrayFormatter<'a>, arrow_schema::ArrowError>>,
-    /// Which rows are SQL NULL, logically: a column of the null type, and a dictionary's
-    /// keys whose value is null, have no null buffer of their own.
-    nulls: Option<arrow_buffer::NullBuffer>,
+    /// Which rows are SQL NULL.
+    nulls: Nulls,
+}
+
+/// How a column says which rows are SQL NULL: by its null buffer, or logically (a column of
+/// the null type has none, a dictionary's key can point at a null value). The logical form is
+/// made only where it differs, since making it walks the column.
+enum Nulls {
+    Buffer,
+    All,
+    Logical(Option<arrow_buffer::NullBuffer>),
 }
 
 impl<'a> CellWriter<'a> {
@@ -77,13 +85,30 @@ impl<'a> CellWriter<'a> {
         CellWriter {
             array,
             display,
-            nulls: array.logical_nulls(),
+            nulls: match array.data_type() {
+                DataType::Null => Nulls::All,
+                DataType::Dictionary(..)
+                    if array
+                        .as_any_dictionary_opt()
+                        .is_some_and(|d| d.values().logical_null_count() == 0) =>
+                {
+                    Nulls::Buffer
+                }
+                DataType::Dictionary(..) | DataType::RunEndEncoded(..) => {
+                    Nulls::Logical(array.logical_nulls())
+                }
+                _ => Nulls::Buffer,
+            },
         }
     }
 
     /// Whether row `row` is SQL NULL (which [`CellWriter::write`] does not write).
     pub(crate) fn is_null(&self, row: usize) -> bool {
-        self.nulls.as_ref().is_some_and(|n| n.is_null(row))
+        match &self.nulls {
+            Nulls::Buffer => self.array.is_null(row),
+            Nulls::All => true,
+            Nulls::Logical(nulls) => nulls.as_ref().is_some_and(|n| n.is_null(row)),
+        }
     }
 
     /// Writes row `row`'s value (nothing for SQL NULL).

@@ -1215,7 +1215,8 @@ async fn stream_readers_that_do_not_read_hold_no_more_than_the_read_budget() {
             .expect("append");
         assert!(r.status().is_success(), "{}", r.status());
     }
-    let before = rss_kib(pid);
+    let start = rss_kib(pid);
+    let before = start;
     // A small receive buffer: the kernel takes little of each answer off the server.
     let mut open = Vec::new();
     for _ in 0..100 {
@@ -1267,4 +1268,44 @@ async fn stream_readers_that_do_not_read_hold_no_more_than_the_read_budget() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(whole, 8 << 20);
+    // Long-polls waiting at the tail hold nothing; woken by one large append, they hold no
+    // more than the budget between them (a share too small for the record waits for one
+    // that fits, holding nothing meanwhile).
+    let mut open = Vec::new();
+    for _ in 0..150 {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(4096).expect("buffer");
+        let mut s = socket.connect(at).await.expect("connect");
+        tokio::io::AsyncWriteExt::write_all(
+            &mut s,
+            b"GET /v1/stream/fan?offset=now&live=long-poll HTTP/1.1\r\nHost: localhost\r\n\r\n",
+        )
+        .await
+        .expect("ask");
+        open.push(s);
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Waiting, they leave the whole budget to a catch-up read.
+    let r = client
+        .get(format!("{url}?offset=-1"))
+        .send()
+        .await
+        .expect("read");
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.bytes().await.expect("body").len(), 8 << 20);
+    let r = client
+        .post(&url)
+        .header("content-type", "application/octet-stream")
+        .body(vec![9u8; 6 << 20])
+        .send()
+        .await
+        .expect("append");
+    assert!(r.status().is_success(), "{}", r.status());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // (Measured from before the readers above: what they freed stays in the process.)
+    let grown = rss_kib(pid).saturating_sub(start);
+    println!("RSS grew by {grown} KiB with 150 long-polls woken by 6 MiB that do not read");
+    // Without the budget: 150 answers of 6 MiB (900 MiB).
+    assert!(grown < 400 << 10, "RSS grew by {grown} KiB");
+    drop(open);
 }
