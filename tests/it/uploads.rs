@@ -1308,4 +1308,43 @@ async fn stream_readers_that_do_not_read_hold_no_more_than_the_read_budget() {
     // Without the budget: 150 answers of 6 MiB (900 MiB).
     assert!(grown < 400 << 10, "RSS grew by {grown} KiB");
     drop(open);
+    // Readers that ask for one byte get a record of 6 MiB whole: each waits for a share
+    // that fits it before it is rendered, rather than rendering it beside a small one.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let offset = next_offset(&client, &url).await;
+    let mut open = Vec::new();
+    for _ in 0..120 {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(4096).expect("buffer");
+        let mut s = socket.connect(at).await.expect("connect");
+        tokio::io::AsyncWriteExt::write_all(
+            &mut s,
+            format!(
+                "GET /v1/stream/fan?offset={offset}&max_bytes=1 HTTP/1.1\r\nHost: localhost\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .expect("ask");
+        open.push(s);
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let grown = rss_kib(pid).saturating_sub(start);
+    println!("RSS grew by {grown} KiB with 120 readers of one byte of a 6 MiB record");
+    // Without the wait: 120 records of 6 MiB (720 MiB).
+    assert!(grown < 400 << 10, "RSS grew by {grown} KiB");
+    drop(open);
+}
+
+/// The offset of the last record of the stream at `url` (8 MiB in: the test's third).
+async fn next_offset(client: &reqwest::Client, url: &str) -> String {
+    let r = client
+        .get(format!("{url}?offset=-1&max_bytes=8388608"))
+        .send()
+        .await
+        .expect("read");
+    r.headers()["stream-next-offset"]
+        .to_str()
+        .expect("offset")
+        .to_owned()
 }
