@@ -238,7 +238,7 @@ pub(crate) trait JsonSink: fmt::Write + Sized {
 /// How many bytes each byte of a string's contents takes once escaped for JSON: two for a
 /// quote, a backslash and the control characters with a short escape, six (`\u00XX`) for the
 /// other control characters, one for the rest (UTF-8 goes as it is).
-const ESCAPED_LEN: [u8; 256] = {
+pub(crate) const ESCAPED_LEN: [u8; 256] = {
     let mut table = [1u8; 256];
     let mut b = 0;
     while b < 0x20 {

@@ -152,16 +152,17 @@ impl Sink for Discard {
     fn put_byte(&mut self, _: u8) {}
 }
 
-/// Per-byte class used by the string scanner: 1 for bytes that end the fast path.
+/// Per-byte class used by the string scanner: 1 for bytes that end the fast path (a quote,
+/// a backslash, a control character: the bytes JSON escapes).
 static STRING_STOP: [u8; 256] = {
     let mut table = [0u8; 256];
     let mut i = 0;
-    while i < 0x20 {
-        table[i] = 1;
+    while i < 256 {
+        if super::cell::ESCAPED_LEN[i] != 1 {
+            table[i] = 1;
+        }
         i += 1;
     }
-    table[b'"' as usize] = 1;
-    table[b'\\' as usize] = 1;
     table
 };
 

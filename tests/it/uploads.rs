@@ -1217,20 +1217,7 @@ async fn stream_readers_that_do_not_read_hold_no_more_than_the_read_budget() {
     }
     let start = rss_kib(pid);
     let before = start;
-    // A small receive buffer: the kernel takes little of each answer off the server.
-    let mut open = Vec::new();
-    for _ in 0..100 {
-        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-        socket.set_recv_buffer_size(4096).expect("buffer");
-        let mut s = socket.connect(at).await.expect("connect");
-        tokio::io::AsyncWriteExt::write_all(
-            &mut s,
-            b"GET /v1/stream/fan?offset=-1 HTTP/1.1\r\nHost: localhost\r\n\r\n",
-        )
-        .await
-        .expect("ask");
-        open.push(s);
-    }
+    let open = readers_that_do_not_read(at, 100, "/v1/stream/fan?offset=-1").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let grown = rss_kib(pid).saturating_sub(before);
     println!("RSS grew by {grown} KiB with 100 readers of 8 MiB that do not read");
@@ -1271,19 +1258,7 @@ async fn stream_readers_that_do_not_read_hold_no_more_than_the_read_budget() {
     // Long-polls waiting at the tail hold nothing; woken by one large append, they hold no
     // more than the budget between them (a share too small for the record waits for one
     // that fits, holding nothing meanwhile).
-    let mut open = Vec::new();
-    for _ in 0..150 {
-        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-        socket.set_recv_buffer_size(4096).expect("buffer");
-        let mut s = socket.connect(at).await.expect("connect");
-        tokio::io::AsyncWriteExt::write_all(
-            &mut s,
-            b"GET /v1/stream/fan?offset=now&live=long-poll HTTP/1.1\r\nHost: localhost\r\n\r\n",
-        )
-        .await
-        .expect("ask");
-        open.push(s);
-    }
+    let open = readers_that_do_not_read(at, 150, "/v1/stream/fan?offset=now&live=long-poll").await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     // Waiting, they leave the whole budget to a catch-up read.
     let r = client
@@ -1312,28 +1287,35 @@ async fn stream_readers_that_do_not_read_hold_no_more_than_the_read_budget() {
     // that fits it before it is rendered, rather than rendering it beside a small one.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let offset = next_offset(&client, &url).await;
-    let mut open = Vec::new();
-    for _ in 0..120 {
-        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-        socket.set_recv_buffer_size(4096).expect("buffer");
-        let mut s = socket.connect(at).await.expect("connect");
-        tokio::io::AsyncWriteExt::write_all(
-            &mut s,
-            format!(
-                "GET /v1/stream/fan?offset={offset}&max_bytes=1 HTTP/1.1\r\nHost: localhost\r\n\r\n"
-            )
-            .as_bytes(),
-        )
-        .await
-        .expect("ask");
-        open.push(s);
-    }
+    let path = format!("/v1/stream/fan?offset={offset}&max_bytes=1");
+    let open = readers_that_do_not_read(at, 120, &path).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let grown = rss_kib(pid).saturating_sub(start);
     println!("RSS grew by {grown} KiB with 120 readers of one byte of a 6 MiB record");
     // Without the wait: 120 records of 6 MiB (720 MiB).
     assert!(grown < 400 << 10, "RSS grew by {grown} KiB");
     drop(open);
+}
+
+/// `n` connections that each ask for `path` and never read the answer, with a small receive
+/// buffer (the kernel takes little of each answer off the server).
+async fn readers_that_do_not_read(
+    at: SocketAddr,
+    n: usize,
+    path: &str,
+) -> Vec<tokio::net::TcpStream> {
+    let mut open = Vec::new();
+    for _ in 0..n {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(4096).expect("buffer");
+        let mut s = socket.connect(at).await.expect("connect");
+        let ask = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n");
+        tokio::io::AsyncWriteExt::write_all(&mut s, ask.as_bytes())
+            .await
+            .expect("ask");
+        open.push(s);
+    }
+    open
 }
 
 /// The offset of the last record of the stream at `url` (8 MiB in: the test's third).
