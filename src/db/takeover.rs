@@ -198,17 +198,13 @@ impl Database {
         for hosted in self.takeovers.hosted() {
             listings.push(hosted.streams.list(request));
         }
-        let (mut streams, mut truncated) = crate::stream::merge_listings(listings, |s| &s.name);
-        if streams.len() > request.limit {
-            streams.truncate(request.limit);
-            truncated = true;
-        }
-        truncated |= crate::stream::keep_within_producers(
-            &mut streams,
-            |s| s.producers.len(),
+        crate::stream::merge_listings(
+            listings,
+            request.limit,
             request.max_producers,
-        );
-        (streams, truncated)
+            |s| &s.name,
+            |s| s.producers.len(),
+        )
     }
 
     /// Resolves once this node was fenced under object-store durability: another process

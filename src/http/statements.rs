@@ -174,15 +174,10 @@ impl RowCursor {
 fn render_piece(output: &StatementOutput, cursor: &mut RowCursor) -> Vec<u8> {
     // A piece ends a little past its size (a cell's last escape, a row's closing bracket).
     let mut piece = Vec::with_capacity(PIECE_BYTES + 64);
-    while piece.len() < PIECE_BYTES {
+    while piece.len() < PIECE_BYTES && !past_the_rows(output, cursor) {
         let Some(batch) = output.batches.get(cursor.batch) else {
             break;
         };
-        if cursor.row >= batch.num_rows() {
-            cursor.batch += 1;
-            cursor.row = 0;
-            continue;
-        }
         let cells: Vec<CellWriter<'_>> = batch.columns().iter().map(CellWriter::new).collect();
         while piece.len() < PIECE_BYTES && cursor.row < batch.num_rows() {
             render_row(&mut piece, &cells, cursor);

@@ -1790,18 +1790,12 @@ pub(super) async fn list(
                 None => incomplete = true,
             }
         }
-        let name = |s: &serde_json::Value| s["name"].as_str().unwrap_or_default().to_owned();
-        (streams, truncated) =
-            crate::stream::merge_listings(listings, |s| s["name"].as_str().unwrap_or_default());
-        streams.dedup_by_key(|s| name(s));
-        if streams.len() > limit {
-            streams.truncate(limit);
-            truncated = true;
-        }
-        truncated |= crate::stream::keep_within_producers(
-            &mut streams,
-            |s| s["producers"].as_array().map_or(0, Vec::len),
+        (streams, truncated) = crate::stream::merge_listings(
+            listings,
+            limit,
             MAX_LISTED_PRODUCERS,
+            |s| s["name"].as_str().unwrap_or_default(),
+            |s| s["producers"].as_array().map_or(0, Vec::len),
         );
     }
     let mut answer = json!({"streams": streams, "truncated": truncated});

@@ -436,10 +436,10 @@ impl Segment {
     /// and repair read it after a restart, from disk now rather than the page cache), so its
     /// pages were only kept until memory ran short, and each write took a page the system
     /// had not used lately: on the VMs these benches run on, the copy into such pages was
-    /// a large share of the server's CPU during bulk ingest (`copy_folio_from_iter_atomic` under the
-    /// log's `writev`; benches/README.md, "The log's pages dropped once synced"). Dropped,
-    /// they are freed and reused by the next writes. Only clean pages are dropped, so this is
-    /// called after a sync; a failure costs speed only.
+    /// a large share of the server's CPU during bulk ingest (`copy_folio_from_iter_atomic`
+    /// under the log's `writev`; benches/README.md, "The log's pages dropped once synced").
+    /// Dropped, they are freed and reused by the next writes. Only clean pages are dropped,
+    /// so this is called after a sync; a failure costs speed only.
     pub(super) fn uncache_synced(&mut self) -> bool {
         let end = self.len.saturating_sub(UNCACHE_LAG_BYTES);
         let end = end - end % PAGE_BYTES;

@@ -267,15 +267,19 @@ pub(crate) fn keep_within_producers<T>(
 }
 
 /// Listings of several sources (each in name order, each with whether it stopped short)
-/// as one in name order: what follows the first name where a source stopped short is left
-/// out (that source's streams after it are not known, so a listing that goes on from the
-/// last name shown would skip them); the second value says whether anything was left out
-/// or any source stopped short.
+/// as one in name order, each name once, within `limit` streams and `max_producers` (see
+/// [`keep_within_producers`]). What follows the first name where a source stopped short is
+/// left out: that source's streams after it are not known, so a listing that goes on from
+/// the last name shown would skip them. The second value says whether anything was left
+/// out or any source stopped short.
 pub(crate) fn merge_listings<T>(
     listings: Vec<(Vec<T>, bool)>,
+    limit: usize,
+    max_producers: usize,
     name: impl Fn(&T) -> &str,
+    producers: impl Fn(&T) -> usize,
 ) -> (Vec<T>, bool) {
-    let truncated = listings.iter().any(|(_, t)| *t);
+    let mut truncated = listings.iter().any(|(_, t)| *t);
     let bound: Option<String> = listings
         .iter()
         .filter(|(_, t)| *t)
@@ -283,9 +287,15 @@ pub(crate) fn merge_listings<T>(
         .min();
     let mut merged: Vec<T> = listings.into_iter().flat_map(|(l, _)| l).collect();
     merged.sort_by(|a, b| name(a).cmp(name(b)));
+    merged.dedup_by(|a, b| name(a) == name(b));
     if let Some(bound) = bound {
         merged.retain(|s| name(s) <= bound.as_str());
     }
+    if merged.len() > limit {
+        merged.truncate(limit);
+        truncated = true;
+    }
+    truncated |= keep_within_producers(&mut merged, producers, max_producers);
     (merged, truncated)
 }
 
@@ -423,17 +433,32 @@ mod tests {
     #[test]
     fn merged_listings_stop_where_a_source_stopped_short() {
         use super::merge_listings;
+        let merge = |listings: Vec<(Vec<&'static str>, bool)>, limit: usize| {
+            merge_listings(listings, limit, usize::MAX, |s| s, |_| 0)
+        };
         // The first source stopped after a1 (its a2 is not known): b1 cannot come before it.
-        let merged = merge_listings(
+        let merged = merge(
             vec![(vec!["a1"], true), (vec!["b1"], false), (vec!["a0"], false)],
-            |s| s,
+            10,
         );
         assert_eq!(merged, (vec!["a0", "a1"], true));
-        let merged = merge_listings(vec![(vec!["a1"], false), (vec!["b1"], false)], |s| s);
+        let merged = merge(vec![(vec!["a1"], false), (vec!["b1"], false)], 10);
         assert_eq!(merged, (vec!["a1", "b1"], false));
         // A source that stopped short with nothing listed bounds nothing it did not show.
-        let merged = merge_listings(vec![(vec![], true), (vec!["b1"], false)], |s: &&str| s);
+        let merged = merge(vec![(vec![], true), (vec!["b1"], false)], 10);
         assert_eq!(merged, (vec!["b1"], true));
+        // Each name once; past the limit, cut and truncated.
+        let merged = merge(vec![(vec!["a", "c"], false), (vec!["a", "b"], false)], 2);
+        assert_eq!(merged, (vec!["a", "b"], true));
+        // Within the producers: the first kept whatever its count.
+        let merged = merge_listings(
+            vec![(vec![("a", 8), ("b", 8)], false)],
+            10,
+            10,
+            |s| s.0,
+            |s| s.1,
+        );
+        assert_eq!(merged, (vec![("a", 8)], true));
     }
 
     #[test]

@@ -777,9 +777,9 @@ fn remove_stream(registry: &mut Registry, name: &str, footprint: &Footprint, col
 /// The mutation runs on the caller's task, and moves to a task of its own only if the
 /// caller stops waiting ([`Finish`]): a task per append (its cell, its scheduling and the
 /// wake of the waiting handler) was a measurable share of the server's CPU under many
-/// connections. As
-/// when it was a task, a mutation that panics answers [`LogError::WriterGone`] rather than
-/// unwinding its caller (an HTTP connection, a subscription's wake delivery).
+/// connections. As when it was a task, a mutation that panics answers
+/// [`LogError::WriterGone`] rather than unwinding its caller (an HTTP connection, a
+/// subscription's wake delivery).
 ///
 /// [`LogError::WriterGone`]: crate::log::LogError::WriterGone
 async fn to_completion<T: Send + 'static>(

@@ -394,13 +394,12 @@ pub(crate) fn write_json_row(sink: &mut impl JsonSink, cells: &[CellWriter<'_>],
 }
 
 fn write_hex(out: &mut impl fmt::Write, bytes: &[u8]) -> fmt::Result {
-    const HEX: &[u8; 16] = HEX_DIGITS;
     // In pieces of a small buffer: a large value is never built whole.
     let mut text = [0u8; 512];
     for piece in bytes.chunks(text.len() / 2) {
         for (i, b) in piece.iter().enumerate() {
-            text[2 * i] = HEX[usize::from(b >> 4)];
-            text[2 * i + 1] = HEX[usize::from(b & 0xf)];
+            text[2 * i] = HEX_DIGITS[usize::from(b >> 4)];
+            text[2 * i + 1] = HEX_DIGITS[usize::from(b & 0xf)];
         }
         // Hex digits are ASCII.
         out.write_str(std::str::from_utf8(&text[..2 * piece.len()]).map_err(|_| fmt::Error)?)?;
